@@ -1,0 +1,48 @@
+# The README's two commands: `make demo` and `make test`. Each does all the set-up it needs on a fresh
+# Linux machine with Rust and Python >= 3.10: a virtual environment in .venv (reusing packages the
+# system Python already has, such as a multi-GB torch), the abi3 wheel built by maturin, and the
+# Python dependencies from PyPI.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: demo test test-rust test-python wheel install dev bench clean
+
+$(VENV)/.created:
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PIP) install -q --upgrade pip "maturin>=1.5,<2"
+	touch $@
+
+# Build the one abi3 wheel (cp310-abi3: loads on every CPython >= 3.10) and install it with its extras.
+wheel: $(VENV)/.created
+	rm -rf dist
+	$(VENV)/bin/maturin build --release --quiet -o dist
+	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
+
+install: wheel
+	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
+	$(PIP) install -q "$$(ls dist/*.whl)[test,demo,bench]"
+
+# Editable install for development: Python edits are live, Rust edits need `make dev` again.
+dev: $(VENV)/.created
+	$(PIP) install -q -e ".[test,demo,bench]"
+
+demo: install
+	$(VENV)/bin/gradwire demo
+
+test-rust:
+	cargo test --workspace --exclude gradwire-python --quiet
+
+test-python: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test: test-rust test-python
+
+bench: install
+	$(PY) bench/kernels.py
+	$(PY) bench/dct_codec.py
+
+clean:
+	rm -rf $(VENV) dist target

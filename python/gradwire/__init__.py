@@ -1,0 +1,52 @@
+"""gradwire: compact, fast and safe transport of gradients and model updates.
+
+The data path reads top to bottom: tensor → codec (:mod:`gradwire.codecs`) → frame bytes
+(:mod:`gradwire.frame`, bit-level work in Rust via :mod:`gradwire.wire`) → transport → frame →
+decode / aggregate → update.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import wire
+from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
+from .errors import FrameError, WireError
+from .feedback import ErrorFeedback
+from .frame import (
+    Entry,
+    Frame,
+    Limits,
+    decode,
+    decode_bundle,
+    decode_entry,
+    read_frame,
+    register_decoder,
+    write_frame,
+)
+
+try:
+    __version__ = _version("gradwire")
+except PackageNotFoundError:  # running from a source tree without an install
+    __version__ = "0.0.0"
+
+__all__ = [
+    "CODECS",
+    "Codec",
+    "DCTCodec",
+    "Entry",
+    "ErrorFeedback",
+    "Frame",
+    "FrameError",
+    "IdentityCodec",
+    "Limits",
+    "WireError",
+    "decode",
+    "decode_bundle",
+    "decode_entry",
+    "make_codec",
+    "read_frame",
+    "register_decoder",
+    "wire",
+    "write_frame",
+]

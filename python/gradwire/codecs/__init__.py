@@ -1,0 +1,29 @@
+"""Codecs: one file per codec, all following :class:`gradwire.codecs.base.Codec`.
+
+Pick one by name with :func:`make_codec` (``make_codec("dct", topk=32)``) or build the class directly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import Codec
+from .dct import DCTCodec
+from .identity import IdentityCodec
+
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "CODECS", "make_codec"]
+
+#: Codec factories by name.
+CODECS: dict[str, Callable[..., Codec]] = {
+    "identity": IdentityCodec,
+    "dct": DCTCodec,
+}
+
+
+def make_codec(name: str, **params) -> Codec:
+    """Build the codec called ``name`` with its keyword parameters."""
+    try:
+        factory = CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(sorted(CODECS))}") from None
+    return factory(**params)

@@ -1,0 +1,256 @@
+"""Frames: building and reading the bytes of docs/FORMAT.md, and decoding them into tensors.
+
+The byte work (layout, limits, CRC-32C) is Rust's; this module turns records into numpy views and
+dispatches each record to the decoder registered for its codec id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import _native
+from .errors import FrameError
+from .wire import BytesLike, as_u8
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Entry",
+    "Frame",
+    "Limits",
+    "SERVER_SENDER",
+    "decode",
+    "decode_bundle",
+    "decode_entry",
+    "read_frame",
+    "register_decoder",
+    "write_frame",
+]
+
+#: The sender id the aggregation server puts on its own frames.
+SERVER_SENDER = 0xFFFFFFFF
+
+# Element codes of FORMAT.md §4.1, by numpy dtype. bf16 has no numpy dtype: its payload travels as
+# uint16 words and is tagged through ``Entry.section_elems``.
+_ELEM_BY_NUMPY = {
+    np.dtype(np.uint8): 0,
+    np.dtype(np.int8): 1,
+    np.dtype(np.uint16): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.uint32): 4,
+    np.dtype(np.int32): 5,
+    np.dtype(np.uint64): 6,
+    np.dtype(np.int64): 7,
+    np.dtype(np.float16): 8,
+    np.dtype(np.float32): 10,
+    np.dtype(np.float64): 11,
+}
+ELEM_BF16 = 9
+_NUMPY_BY_ELEM = {code: dt for dt, code in _ELEM_BY_NUMPY.items()}
+_NUMPY_BY_ELEM[ELEM_BF16] = np.dtype("<u2")
+
+_DTYPE_CODE = {torch.float16: 8, torch.bfloat16: 9, torch.float32: 10, torch.float64: 11}
+_DTYPE_BY_CODE = {code: dt for dt, code in _DTYPE_CODE.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The FORMAT.md code of a floating-point torch dtype."""
+    try:
+        return _DTYPE_CODE[dtype]
+    except KeyError:
+        raise ValueError(f"gradwire frames carry floating-point tensors, not {dtype}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Ceilings a reader applies before allocating anything the bytes announce."""
+
+    max_frame_bytes: int = 2**31
+    max_entries: int = 2**20
+    max_tensor_elements: int = 2**31
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Entry:
+    """One tensor record: how a codec represents one named tensor.
+
+    ``sections`` maps section names to 1-D numpy arrays; the element type on the wire comes from the
+    array's dtype, except that names listed in ``section_elems`` use the code given there (bf16).
+    """
+
+    name: str
+    codec: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    params: bytes = b""
+    sections: dict[str, np.ndarray] = field(default_factory=dict)
+    section_elems: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def nbytes(self) -> int:
+        """Bytes this record's payload takes in a frame (excluding the record's own header)."""
+        return len(self.params) + sum(int(a.nbytes) for a in self.sections.values())
+
+    def section(self, name: str, dtype, count: Optional[int] = None) -> np.ndarray:
+        """The section ``name`` as a numpy array of ``dtype``, checked as hostile input."""
+        try:
+            arr = self.sections[name]
+        except KeyError:
+            raise FrameError(f"record {self.name!r}: section {name!r} is missing") from None
+        want = np.dtype(dtype)
+        if arr.dtype != want:
+            raise FrameError(
+                f"record {self.name!r}: section {name!r} has element type {arr.dtype}, expected {want}"
+            )
+        if count is not None and arr.shape[0] != count:
+            raise FrameError(
+                f"record {self.name!r}: section {name!r} holds {arr.shape[0]} elements, expected {count}"
+            )
+        return arr
+
+
+@dataclass
+class Frame:
+    round: int
+    sender: int
+    bundle: bool
+    entries: list[Entry]
+
+    def entry(self) -> Entry:
+        """The record of a tensor frame."""
+        if self.bundle:
+            raise FrameError("expected a tensor frame, got a bundle frame (use decode_bundle)")
+        return self.entries[0]
+
+
+def _section_spec(entry: Entry, name: str, arr) -> tuple[str, int, np.ndarray]:
+    if isinstance(arr, (bytes, bytearray, memoryview)):
+        arr = np.frombuffer(arr, dtype=np.uint8)
+    arr = np.asarray(arr)
+    if name in entry.section_elems:
+        elem = entry.section_elems[name]
+    else:
+        try:
+            elem = _ELEM_BY_NUMPY[arr.dtype.newbyteorder("=")]
+        except KeyError:
+            raise ValueError(f"section {name!r}: numpy dtype {arr.dtype} has no element code") from None
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return name, elem, as_u8(np.ascontiguousarray(arr.reshape(-1)))
+
+
+def write_frame(
+    entries: Sequence[Entry], *, round: int = 0, sender: int = 0, bundle: bool = False
+) -> bytes:
+    """Serialize records into one frame; a tensor frame (``bundle=False``) takes exactly one."""
+    if not bundle and len(entries) != 1:
+        raise ValueError(f"a tensor frame holds exactly one record, got {len(entries)}")
+    specs = []
+    for e in entries:
+        sections = [_section_spec(e, n, a) for n, a in e.sections.items()]
+        specs.append(
+            (
+                e.name,
+                int(e.codec),
+                dtype_code(e.dtype),
+                [int(d) for d in e.shape],
+                np.frombuffer(bytes(e.params), dtype=np.uint8),
+                sections,
+            )
+        )
+    return _native.encode_frame(int(round), int(sender), bool(bundle), specs)
+
+
+def read_frame(data: BytesLike, *, limits: Optional[Limits] = None) -> Frame:
+    """Parse and check a frame; sections are zero-copy numpy views into ``data``."""
+    lim = limits or DEFAULT_LIMITS
+    buf = as_u8(data)
+    round_, sender, bundle, raw = _native.decode_frame(
+        buf, lim.max_frame_bytes, lim.max_entries, lim.max_tensor_elements
+    )
+    entries = []
+    for name, codec, dtype, shape, (p0, p1), sections in raw:
+        secs: dict[str, np.ndarray] = {}
+        elems: dict[str, int] = {}
+        for sname, elem, s0, s1 in sections:
+            secs[sname] = buf[s0:s1].view(_NUMPY_BY_ELEM[elem])
+            if elem == ELEM_BF16:
+                elems[sname] = ELEM_BF16
+        entries.append(
+            Entry(
+                name=name,
+                codec=codec,
+                dtype=_DTYPE_BY_CODE[dtype],
+                shape=tuple(shape),
+                params=buf[p0:p1].tobytes(),
+                sections=secs,
+                section_elems=elems,
+            )
+        )
+    return Frame(round=round_, sender=sender, bundle=bundle, entries=entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding: every codec registers a function from a record to a dense tensor under its id.
+
+Decoder = Callable[[Entry, Optional[torch.device]], torch.Tensor]
+_DECODERS: dict[int, Decoder] = {}
+
+
+def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
+    """Register the decoder of codec ``codec_id``; ``gradwire.decode`` finds it from the frame alone."""
+
+    def deco(fn: Decoder) -> Decoder:
+        if codec_id in _DECODERS and _DECODERS[codec_id] is not fn:
+            raise ValueError(f"codec id {codec_id} already has a decoder")
+        _DECODERS[codec_id] = fn
+        return fn
+
+    return deco
+
+
+def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Decode one record into a dense tensor of its shape and dtype."""
+    try:
+        fn = _DECODERS[entry.codec]
+    except KeyError:
+        raise FrameError(f"record {entry.name!r}: unknown codec id {entry.codec}") from None
+    return fn(entry, device)
+
+
+def _as_frame(frame, limits) -> Frame:
+    return frame if isinstance(frame, Frame) else read_frame(frame, limits=limits)
+
+
+def decode(
+    frame: BytesLike | Frame, *, device: Optional[torch.device | str] = None, limits: Optional[Limits] = None
+) -> torch.Tensor:
+    """Decode a tensor frame made by any codec."""
+    f = _as_frame(frame, limits)
+    return decode_entry(f.entry(), _device(device))
+
+
+def decode_bundle(
+    frame: BytesLike | Frame, *, device: Optional[torch.device | str] = None, limits: Optional[Limits] = None
+) -> dict[str, torch.Tensor]:
+    """Decode every record of a frame (bundle or tensor frame) into ``{name: tensor}``."""
+    f = _as_frame(frame, limits)
+    dev = _device(device)
+    return {e.name: decode_entry(e, dev) for e in f.entries}
+
+
+def _device(device) -> Optional[torch.device]:
+    return None if device is None else torch.device(device)
+

@@ -1,0 +1,155 @@
+"""An independent reader of gradwire frames, written from docs/FORMAT.md alone.
+
+Pure Python (struct and math only): it shares no code with gradwire, so when it and gradwire agree on
+the golden frames, the document and the implementation agree.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+MAGIC = b"GWIR"
+ELEM = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
+        6: ("Q", 8), 7: ("q", 8), 8: ("e", 2), 9: (None, 2), 10: ("f", 4), 11: ("d", 8)}
+
+
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+class Reader:
+    def __init__(self, data: bytes, pos: int = 0):
+        self.data, self.pos = data, pos
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("field runs past the end")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def u(self, fmt: str) -> int:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
+
+
+def _values(elem: int, payload: bytes) -> list:
+    fmt, size = ELEM[elem]
+    n = len(payload) // size
+    if elem == 9:  # bf16: the high half of an f32
+        return [struct.unpack("<f", b"\0\0" + payload[2 * i:2 * i + 2])[0] for i in range(n)]
+    return list(struct.unpack("<%d%s" % (n, fmt), payload))
+
+
+def parse(data: bytes) -> dict:
+    """The frame as plain Python: header fields and records with their sections as value lists."""
+    if len(data) < 36 or data[:4] != MAGIC:
+        raise ValueError("not a gradwire frame")
+    r = Reader(data, 4)
+    version, flags, total_len, rnd, sender, count = (r.u("H"), r.u("H"), r.u("Q"), r.u("Q"), r.u("I"), r.u("I"))
+    if version != 1 or flags & ~1 or total_len != len(data):
+        raise ValueError("bad header")
+    if crc32c(data[:-4]) != struct.unpack("<I", data[-4:])[0]:
+        raise ValueError("crc mismatch")
+    entries = []
+    for _ in range(count):
+        name = r.take(r.u("H")).decode("utf-8")
+        codec, dtype, ndim = r.u("H"), r.u("B"), r.u("B")
+        shape = [r.u("Q") for _ in range(ndim)]
+        params = r.take(r.u("I"))
+        sections = {}
+        for _ in range(r.u("B")):
+            sname = r.take(r.u("B")).decode("ascii")
+            elem = r.u("B")
+            sections[sname] = _values(elem, r.take(r.u("Q")))
+        entries.append(dict(name=name, codec=codec, dtype=dtype, shape=shape, params=params, sections=sections))
+    if r.pos != len(data) - 4:
+        raise ValueError("bytes left before the crc")
+    return dict(bundle=bool(flags & 1), round=rnd, sender=sender, entries=entries)
+
+
+def unpack_bits(data: bytes, bits: int, count: int) -> list[int]:
+    stream = int.from_bytes(data, "little")
+    return [(stream >> (i * bits)) & ((1 << bits) - 1) for i in range(count)]
+
+
+def dct_matrix(n: int) -> list[list[float]]:
+    return [[math.sqrt((1 if f == 0 else 2) / n) * math.cos(math.pi * (2 * i + 1) * f / (2 * n)) for i in range(n)]
+            for f in range(n)]
+
+
+def _inverse_nd(coeffs: list[float], dims: list[int]) -> list[float]:
+    """x = X ×_1 D^T ×_2 D^T …: a 1-D inverse DCT along each dimension of a row-major chunk."""
+    x = list(coeffs)
+    for axis, n in enumerate(dims):
+        d = dct_matrix(n)
+        inner = math.prod(dims[axis + 1:])
+        outer = math.prod(dims[:axis])
+        y = [0.0] * len(x)
+        for o in range(outer):
+            for i in range(inner):
+                base = o * n * inner + i
+                col = [x[base + f * inner] for f in range(n)]
+                for t in range(n):
+                    y[base + t * inner] = sum(d[f][t] * col[f] for f in range(n))
+        x = y
+    return x
+
+
+def largest_divisor(n: int, cap: int = 64) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def decode_entry(e: dict) -> list[float]:
+    """The record's tensor, flattened in row-major order."""
+    numel = math.prod(e["shape"])
+    if e["codec"] == 0:
+        return [float(v) for v in e["sections"]["data"]]
+    if e["codec"] != 1:
+        raise ValueError("codec not in format v1")
+    p = Reader(e["params"])
+    mode, cnd = p.u("B"), p.u("B")
+    chunk = [p.u("I") for _ in range(cnd)]
+    k, index_bits, value_bits, coding, pad = p.u("I"), p.u("B"), p.u("B"), p.u("B"), p.u("Q")
+    assert value_bits == 8 and coding == 0
+    c = math.prod(chunk)
+    n_chunks = (numel + pad) // c
+    idx = unpack_bits(bytes(e["sections"]["idx"]), index_bits, n_chunks * k)
+    val, scale, mn = e["sections"]["val"], e["sections"]["scale"], e["sections"]["min"]
+    chunks = []
+    for j in range(n_chunks):
+        coeffs = [0.0] * c
+        for t in range(j * k, (j + 1) * k):
+            coeffs[idx[t]] = (val[t] + 128) * scale[j] + mn[j]
+        chunks.append(_inverse_nd(coeffs, chunk))
+    if mode == 0:
+        flat = [v for ch in chunks for v in ch]
+        return flat[:numel]
+    # tiles: the tensor viewed as a matrix (rows, cols), or as a vector
+    shape = e["shape"]
+    rows, cols = (shape[0], numel // shape[0]) if len(shape) >= 2 else (1, numel)
+    a, b = (chunk[0], chunk[1]) if cnd == 2 else (1, chunk[0])
+    out = [0.0] * numel
+    tiles_per_row = cols // b
+    for j, ch in enumerate(chunks):
+        u, v = divmod(j, tiles_per_row)
+        for r_ in range(a):
+            for s in range(b):
+                out[(u * a + r_) * cols + v * b + s] = ch[r_ * b + s]
+    return out
