@@ -1,0 +1,411 @@
+"""The orthonormal DCT-II by cached basis matrices, and the two ways of cutting a tensor into chunks.
+
+Everything here is plain torch and device-agnostic: bases are built once in float64 and cached per
+``(n, device, dtype)``; transforms are matrix products, so they run wherever the tensor lives.
+
+Transform (docs/FORMAT.md §5.2). With ``D_N[f, n] = sqrt(2/N) cos(pi (2n + 1) f / (2N))`` for
+``f >= 1`` and ``D_N[0, n] = sqrt(1/N)``, a chunk of shape ``(n_1, ..., n_d)`` is transformed by a 1-D
+DCT along each of *its* dimensions — never across the chunk index of a batch of chunks. This equals
+``scipy.fft.dctn(x, norm="ortho")``; the inverse uses the transposed matrices.
+
+Chunking:
+
+- mode 0, :data:`MODE_FLAT` (Panthalia): flatten, zero-pad to a multiple of ``C = prod(chunk_shape)``,
+  cut into consecutive chunks;
+- mode 1, :data:`MODE_TILES` (DeMo): view the tensor as a matrix ``(shape[0], numel / shape[0])`` (a
+  vector if ``ndim <= 1``) and cut it into tiles whose sides are the largest divisors ``<= 64``.
+
+A :class:`ChunkPlan` records one such cut; :func:`to_chunks` and :func:`from_chunks` move between a
+tensor and the flat-chunk layout ``(num_chunks, C)``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = [
+    "MAX_TILE",
+    "MIN_RANGE",
+    "MODE_FLAT",
+    "MODE_TILES",
+    "ChunkPlan",
+    "clear_basis_cache",
+    "dct",
+    "dct_basis",
+    "dct_chunks",
+    "dct_nd",
+    "decode_chunks",
+    "dequantize_int8",
+    "encode_chunks",
+    "from_chunks",
+    "idct",
+    "idct_chunks",
+    "idct_nd",
+    "largest_divisor_at_most",
+    "plan_chunks",
+    "plan_flat",
+    "plan_tiles",
+    "quantize_int8",
+    "select_topk",
+    "tile_chunk_shape",
+    "to_chunks",
+]
+
+MODE_FLAT = 0
+MODE_TILES = 1
+#: The largest tile side of mode 1.
+MAX_TILE = 64
+
+# ---------------------------------------------------------------------------------------------
+# Bases
+
+_BASES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+_BASES_LOCK = threading.Lock()
+
+
+def _basis_f64(n: int) -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.float64)
+    d = torch.cos(math.pi * (2.0 * i[None, :] + 1.0) * i[:, None] / (2.0 * n))  # [f, n]
+    d *= math.sqrt(2.0 / n)
+    d[0] = math.sqrt(1.0 / n)
+    return d
+
+
+def dct_basis(n: int, device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The orthonormal DCT-II matrix ``D_n`` (``X = D_n @ x``), cached per ``(n, device, dtype)``.
+
+    Built in float64 on the CPU and cast, so every device and dtype holds the same rounded basis.
+    The returned tensor is shared: do not modify it in place.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"DCT size must be >= 1, got {n}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"DCT basis dtype must be floating point, got {dtype}")
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (n, dev, dtype)
+    basis = _BASES.get(key)
+    if basis is None:
+        basis = _basis_f64(n).to(device=dev, dtype=dtype)
+        with _BASES_LOCK:
+            basis = _BASES.setdefault(key, basis)
+    return basis
+
+
+def clear_basis_cache() -> None:
+    """Forget every cached basis (frees their memory)."""
+    with _BASES_LOCK:
+        _BASES.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms
+
+
+def _apply_along(x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+    d = dct_basis(x.shape[dim], x.device, x.dtype)
+    # forward: X[..., f, ...] = sum_n D[f, n] x[..., n, ...]; inverse: sum_f D[f, n] X[..., f, ...]
+    m = d if inverse else d.T
+    return torch.movedim(torch.movedim(x, dim, -1) @ m, -1, dim)
+
+
+def _check_float(x: torch.Tensor) -> None:
+    if not x.is_floating_point():
+        raise TypeError(f"DCT needs a floating-point tensor, got {x.dtype}")
+
+
+def dct(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Orthonormal DCT-II of ``x`` along ``dim`` (``scipy.fft.dct(x, norm="ortho", axis=dim)``)."""
+    _check_float(x)
+    return _apply_along(x, dim, inverse=False)
+
+
+def idct(X: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Inverse of :func:`dct` along ``dim`` (orthonormal DCT-III)."""
+    _check_float(X)
+    return _apply_along(X, dim, inverse=True)
+
+
+def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tensor:
+    """1-D transforms along each of the last ``ndim`` dimensions of ``x``."""
+    _check_float(x)
+    if ndim > x.ndim:
+        raise ValueError(f"cannot transform {ndim} dimensions of a {x.ndim}-D tensor")
+    lead = x.ndim - ndim
+    shape = x.shape
+    # Contract the first chunk axis with its basis each time: tensordot appends the new axis at the
+    # end, so after ``ndim`` steps the axes are back in their original order.
+    y = x.reshape(-1, *shape[lead:]) if lead != 1 else x
+    for k in range(ndim):
+        d = dct_basis(y.shape[1], y.device, y.dtype)
+        # forward contracts n of D[f, n]; inverse contracts f
+        y = torch.tensordot(y, d, dims=([1], [0 if inverse else 1]))
+    return y.reshape(shape)
+
+
+def dct_chunks(chunks: torch.Tensor) -> torch.Tensor:
+    """Transform a batch of chunks ``(num_chunks, *chunk_shape)``: an n-D DCT per chunk.
+
+    Each chunk is transformed along each of its own dimensions; dimension 0, the chunk index, is never
+    transformed, so changing one chunk changes only that chunk's coefficients.
+    """
+    if chunks.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(chunks.shape)}")
+    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False)
+
+
+def idct_chunks(coeffs: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`dct_chunks`."""
+    if coeffs.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(coeffs.shape)}")
+    return _transform_trailing(coeffs, coeffs.ndim - 1, inverse=True)
+
+
+def dct_nd(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II along every dimension of ``x`` (``scipy.fft.dctn(x, norm="ortho")``)."""
+    if x.ndim == 0 or x.numel() == 0:
+        _check_float(x)
+        return x.clone()
+    return _transform_trailing(x.unsqueeze(0), x.ndim, inverse=False).squeeze(0)
+
+
+def idct_nd(X: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`dct_nd`."""
+    if X.ndim == 0 or X.numel() == 0:
+        _check_float(X)
+        return X.clone()
+    return _transform_trailing(X.unsqueeze(0), X.ndim, inverse=True).squeeze(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunking
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is ``<= cap`` (``n >= 1``, ``cap >= 1``)."""
+    n, cap = int(n), int(cap)
+    if n < 1 or cap < 1:
+        raise ValueError(f"need n >= 1 and cap >= 1, got n={n}, cap={cap}")
+    if n <= cap:
+        return n
+    # Scan divisor pairs up to sqrt(n): O(sqrt(n)) rather than O(cap) for large caps.
+    best = 1
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            if i <= cap and i > best:
+                best = i
+            j = n // i
+            if j <= cap and j > best:
+                best = j
+        i += 1
+    return best
+
+
+def _prod(dims: Sequence[int]) -> int:
+    p = 1
+    for d in dims:
+        p *= int(d)
+    return p
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a tensor of ``shape`` is cut into ``num_chunks`` chunks of ``chunk_shape``.
+
+    ``grid`` is the tile grid ``(R // a, S // b)`` (or ``(numel // a,)``) of mode 1, and ``()`` in
+    mode 0.
+    """
+
+    mode: int
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    pad_count: int
+    num_chunks: int
+    grid: tuple[int, ...] = ()
+
+    @property
+    def chunk_numel(self) -> int:
+        """``C``, the element count of one chunk."""
+        return _prod(self.chunk_shape)
+
+    @property
+    def numel(self) -> int:
+        return _prod(self.shape)
+
+
+def plan_flat(shape: Sequence[int], chunk_shape: Sequence[int]) -> ChunkPlan:
+    """Mode 0: flatten, zero-pad to a multiple of ``C``, consecutive chunks of ``chunk_shape``."""
+    shape = tuple(int(d) for d in shape)
+    chunk_shape = tuple(int(d) for d in chunk_shape)
+    if not chunk_shape or any(d < 1 for d in chunk_shape):
+        raise ValueError(f"chunk_shape must be non-empty with every dimension >= 1, got {chunk_shape}")
+    c = _prod(chunk_shape)
+    numel = _prod(shape)
+    pad = (c - numel % c) % c
+    return ChunkPlan(MODE_FLAT, shape, chunk_shape, pad, (numel + pad) // c)
+
+
+def _matrix_view(shape: tuple[int, ...]) -> tuple[int, ...]:
+    numel = _prod(shape)
+    if len(shape) >= 2:
+        return (shape[0], numel // shape[0])
+    return (numel,)
+
+
+def tile_chunk_shape(shape: Sequence[int], max_tile: int = MAX_TILE) -> tuple[int, ...]:
+    """Mode 1's chunk shape for a tensor of ``shape`` (which must hold at least one element)."""
+    shape = tuple(int(d) for d in shape)
+    if _prod(shape) < 1:
+        raise ValueError(f"tile chunking needs at least one element, got shape {shape}")
+    return tuple(largest_divisor_at_most(m, max_tile) for m in _matrix_view(shape))
+
+
+def plan_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> ChunkPlan:
+    """Mode 1: the tensor as a matrix ``(shape[0], numel / shape[0])`` (or a vector) cut into tiles."""
+    shape = tuple(int(d) for d in shape)
+    chunk_shape = tile_chunk_shape(shape, max_tile)
+    matrix = _matrix_view(shape)
+    grid = tuple(m // c for m, c in zip(matrix, chunk_shape))
+    return ChunkPlan(MODE_TILES, shape, chunk_shape, 0, _prod(grid), grid)
+
+
+def plan_chunks(mode: int, shape: Sequence[int], chunk_shape: Optional[Sequence[int]] = None) -> ChunkPlan:
+    """:func:`plan_flat` (mode 0, needs ``chunk_shape``) or :func:`plan_tiles` (mode 1)."""
+    if mode == MODE_FLAT:
+        if chunk_shape is None:
+            raise ValueError("mode 0 (flat) needs a chunk_shape")
+        return plan_flat(shape, chunk_shape)
+    if mode == MODE_TILES:
+        return plan_tiles(shape)
+    raise ValueError(f"unknown chunking mode {mode}")
+
+
+def to_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """Cut ``x`` (of ``plan.shape``) into the flat-chunk layout ``(num_chunks, C)``."""
+    if tuple(x.shape) != plan.shape:
+        raise ValueError(f"tensor shape {tuple(x.shape)} does not match the plan's {plan.shape}")
+    c = plan.chunk_numel
+    if plan.mode == MODE_FLAT:
+        flat = x.reshape(-1)
+        if plan.pad_count:
+            flat = torch.cat([flat, flat.new_zeros(plan.pad_count)])
+        return flat.reshape(plan.num_chunks, c)
+    if len(plan.chunk_shape) == 1:
+        return x.reshape(plan.num_chunks, c)
+    (a, b), (gu, gv) = plan.chunk_shape, plan.grid
+    tiles = x.reshape(gu, a, gv, b).permute(0, 2, 1, 3)  # (u, v, row-in-tile, col-in-tile)
+    return tiles.reshape(plan.num_chunks, c)
+
+
+def from_chunks(chunks: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """Put chunks ``(num_chunks, C)`` (or ``(num_chunks, *chunk_shape)``) back into ``plan.shape``.
+
+    Mode 0 drops the padding; mode 1 puts every tile back in place.
+    """
+    c = plan.chunk_numel
+    if chunks.ndim < 1 or chunks.shape[0] != plan.num_chunks or chunks.numel() != plan.num_chunks * c:
+        raise ValueError(
+            f"expected {plan.num_chunks} chunks of {c} elements, got shape {tuple(chunks.shape)}"
+        )
+    flat = chunks.reshape(plan.num_chunks, c)
+    if plan.mode == MODE_FLAT:
+        out = flat.reshape(-1)
+        if plan.pad_count:
+            out = out[: out.shape[0] - plan.pad_count]
+        return out.reshape(plan.shape)
+    if len(plan.chunk_shape) == 1:
+        return flat.reshape(plan.shape)
+    (a, b), (gu, gv) = plan.chunk_shape, plan.grid
+    return flat.reshape(gu, gv, a, b).permute(0, 2, 1, 3).reshape(plan.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Top-k selection and per-chunk int8 quantization: the math the DCT codec and the Panthalia API share.
+
+#: Floor of a chunk's value range before it is divided into 255 steps.
+MIN_RANGE = 1e-8
+
+
+def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` entries of largest magnitude of each row of ``coeffs`` ``(num_chunks, C)``.
+
+    Returns ``(idx, vals)``, both ``(num_chunks, k)``: ``idx`` (int64) ascending within each row, so the
+    index set is canonical and decoding is deterministic, and ``vals`` the coefficients at ``idx``.
+    """
+    if coeffs.ndim != 2:
+        raise ValueError(f"expected (num_chunks, C) coefficients, got shape {tuple(coeffs.shape)}")
+    k = int(k)
+    if not 1 <= k <= coeffs.shape[1]:
+        raise ValueError(f"k must lie in [1, {coeffs.shape[1]}] (the chunk size), got {k}")
+    _, idx = torch.topk(coeffs.abs(), k, dim=1, largest=True, sorted=False)
+    idx, _ = torch.sort(idx, dim=1)
+    return idx, torch.gather(coeffs, 1, idx)
+
+
+def _quant_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def quantize_int8(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row linear int8 quantization of ``values`` ``(batch, k)``.
+
+    ``scale = max(max - min, 1e-8) / 255`` and ``q = clamp(round((v - min) / scale) - 128, -128, 127)``
+    with round-half-even, computed in float32 (float64 input stays float64). Returns
+    ``(q int8 (batch, k), scales (batch,), mins (batch,))``.
+    """
+    if values.ndim != 2:
+        raise ValueError(f"expected (batch, k) values, got shape {tuple(values.shape)}")
+    if values.shape[1] < 1:
+        raise ValueError("cannot quantize rows of zero values")
+    v = values.to(_quant_dtype(values.dtype))
+    mins = v.amin(dim=1)
+    maxs = v.amax(dim=1)
+    scales = (maxs - mins).clamp_min(MIN_RANGE) / 255.0
+    q = torch.round((v - mins[:, None]) / scales[:, None]) - 128.0
+    return q.clamp_(-128.0, 127.0).to(torch.int8), scales, mins
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_int8`: ``(q + 128) * scale + min`` per row.
+
+    Computed in the dtype of ``scales`` (float32 on the wire). ``scales``/``mins`` may be ``(batch,)``
+    or ``(batch, 1)``.
+    """
+    dtype = _quant_dtype(scales.dtype)
+    s = scales.to(dtype).reshape(-1, 1)
+    m = mins.to(dtype).reshape(-1, 1)
+    return (q.to(dtype) + 128.0) * s + m
+
+
+def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """Dense tensor of ``plan.shape`` from each chunk's coefficients ``values`` at positions ``idx``.
+
+    A zero ``(num_chunks, C)`` array gets the values scattered in, then the inverse transform per chunk
+    and the chunks put back. Runs on ``values``' device in ``values``' dtype. Positions within a row
+    must be distinct (the decoder checks they are strictly ascending), which keeps this deterministic.
+    """
+    c = plan.chunk_numel
+    n = plan.num_chunks
+    if idx.shape != values.shape or idx.ndim != 2 or idx.shape[0] != n:
+        raise ValueError(
+            f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
+        )
+    dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
+    dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
+    chunks = idct_chunks(dense.reshape(n, *plan.chunk_shape))
+    return from_chunks(chunks, plan)
+
+
+def encode_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """The DCT coefficients ``(num_chunks, C)`` of ``x`` cut per ``plan`` (in ``x``'s dtype)."""
+    n = plan.num_chunks
+    chunks = to_chunks(x, plan).reshape(n, *plan.chunk_shape)
+    return dct_chunks(chunks).reshape(n, plan.chunk_numel)
