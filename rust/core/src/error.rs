@@ -1,0 +1,256 @@
+//! The single error type of gradwire-core.
+//!
+//! Every way an input can be wrong has its own variant carrying the values involved, and the
+//! `Display` text names the problem. Variants fall in two groups: kernel input errors (bit
+//! packing, quartic and zero-run coding) and frame errors (the frame format of
+//! `docs/FORMAT.md`); [`WireError::is_frame_error`] tells them apart.
+
+use thiserror::Error;
+
+/// Convenience alias used throughout the crate.
+pub type Result<T, E = WireError> = std::result::Result<T, E>;
+
+/// Everything that can be wrong with an input to gradwire-core.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum WireError {
+    // ----------------------------------------------------------------- bit packing
+    /// A bit width outside `1..=32`.
+    #[error("bit width {bits} is outside 1..=32")]
+    InvalidBitWidth { bits: u32 },
+
+    /// A value with bits set at or above the bit width.
+    #[error("value {value} at index {index} does not fit in {bits} bits")]
+    ValueTooWide { index: usize, value: u32, bits: u32 },
+
+    /// `count * bits` (or a derived size) does not fit in the address space.
+    #[error("size overflow: {count} values of {bits} bits do not fit in memory")]
+    SizeOverflow { count: usize, bits: u32 },
+
+    /// The input holds fewer bytes than the operation needs.
+    #[error("input too short: need {needed} bytes, got {got}")]
+    InputTooShort { needed: usize, got: usize },
+
+    /// The input must be exactly `expected` bytes long.
+    #[error("input length mismatch: expected exactly {expected} bytes, got {got}")]
+    LengthMismatch { expected: usize, got: usize },
+
+    /// The output buffer given to an `_into` function has the wrong size.
+    #[error("output buffer has {got} slots, need exactly {needed}")]
+    OutputSizeMismatch { needed: usize, got: usize },
+
+    /// Nonzero bits after the last value of a bit-packed stream.
+    #[error("nonzero padding bits {bits:#04x} in the last byte (index {byte_index}) of the bit stream")]
+    NonzeroPaddingBits { byte_index: usize, bits: u8 },
+
+    // ----------------------------------------------------------------- 3LC quartic
+    /// A ternary value outside `{-1, 0, 1}`.
+    #[error("trit {value} at index {index} is not -1, 0 or 1")]
+    InvalidTrit { index: usize, value: i8 },
+
+    /// A quartic byte above 242 (five base-3 digits hold at most 242).
+    #[error("byte {value} at index {index} is above 242 and is not a quartic byte")]
+    InvalidQuarticByte { index: usize, value: u8 },
+
+    /// A padding digit of the quartic encoding that is not the padding value 0.
+    #[error("quartic padding digit {digit} in plane {plane} of byte {index} is not 0 (non-canonical encoding)")]
+    NonzeroQuarticPadding { index: usize, plane: usize, digit: u8 },
+
+    // ----------------------------------------------------------------- 3LC zero-run
+    /// A zero-run encoder input byte above 242 (those values are run codes).
+    #[error("byte {value} at index {index} is above 242; zero-run input must be quartic bytes")]
+    ZeroRunInputByte { index: usize, value: u8 },
+
+    /// Decoding would produce more bytes than the caller expects.
+    #[error("zero-run output exceeds the expected {expected} bytes (decodes to {decoded})")]
+    ZeroRunTooLong { expected: usize, decoded: usize },
+
+    /// Decoding produced fewer bytes than the caller expects.
+    #[error("zero-run output is {decoded} bytes, expected {expected}")]
+    ZeroRunTooShort { expected: usize, decoded: usize },
+
+    // ----------------------------------------------------------------- frame: envelope
+    /// Fewer bytes than the smallest possible frame.
+    #[error("frame too short: {got} bytes, a frame has at least 36")]
+    FrameTooShort { got: usize },
+
+    /// The first four bytes are not `GWIR`.
+    #[error("bad magic: expected 47 57 49 52 (\"GWIR\"), found {found:02x?}")]
+    BadMagic { found: [u8; 4] },
+
+    /// A frame version this reader does not know.
+    #[error("unsupported frame version {version} (this reader knows version 1)")]
+    UnsupportedVersion { version: u16 },
+
+    /// `total_len` is larger than the bytes received.
+    #[error("frame truncated: header says {declared} bytes, got {got}")]
+    FrameTruncated { declared: u64, got: usize },
+
+    /// More bytes were received than `total_len` says.
+    #[error("trailing bytes after frame: header says {declared} bytes, got {got}")]
+    FrameTrailingBytes { declared: u64, got: usize },
+
+    /// `total_len` above the reader's (or writer's) limit.
+    #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
+    FrameTooLarge { len: u64, limit: u64 },
+
+    /// The stored CRC-32C does not match the frame's bytes.
+    #[error("checksum mismatch: frame says {stored:#010x}, computed {computed:#010x}")]
+    ChecksumMismatch { stored: u32, computed: u32 },
+
+    /// Reserved flag bits (1..=15) are set.
+    #[error("reserved flag bits set: flags = {flags:#06x}")]
+    ReservedFlags { flags: u16 },
+
+    // ----------------------------------------------------------------- frame: structure
+    /// A tensor frame (bundle bit clear) whose `entry_count` is not 1.
+    #[error("tensor frame must hold exactly 1 entry, entry_count is {count}")]
+    TensorFrameEntryCount { count: u32 },
+
+    /// More records than the limit allows.
+    #[error("entry_count {count} exceeds the limit of {limit} entries")]
+    TooManyEntries { count: u32, limit: u32 },
+
+    /// A field that runs past the end of the records.
+    #[error("field `{field}` at offset {offset} needs {needed} bytes, only {available} left before the checksum")]
+    FieldOverrun { field: &'static str, offset: usize, needed: u64, available: usize },
+
+    /// A tensor name longer than 1024 bytes.
+    #[error("entry {entry}: name of {len} bytes exceeds the maximum of 1024")]
+    NameTooLong { entry: usize, len: usize },
+
+    /// A tensor name that is not UTF-8.
+    #[error("entry {entry}: name at offset {offset} is not valid UTF-8")]
+    NameNotUtf8 { entry: usize, offset: usize },
+
+    /// An empty tensor name in a bundle frame.
+    #[error("entry {entry}: empty name in a bundle frame")]
+    EmptyName { entry: usize },
+
+    /// A tensor name used twice in a bundle frame.
+    #[error("entry {entry}: duplicate name {name:?} in bundle")]
+    DuplicateName { entry: usize, name: String },
+
+    /// A section name length outside `1..=32`.
+    #[error("entry {entry}, section {section}: name length {len} is outside 1..=32")]
+    SectionNameLength { entry: usize, section: usize, len: usize },
+
+    /// A section name with a byte outside `[a-z0-9_]`.
+    #[error("entry {entry}, section {section}: name {name:?} has bytes outside [a-z0-9_]")]
+    SectionNameInvalid { entry: usize, section: usize, name: String },
+
+    /// A section name used twice in one record.
+    #[error("entry {entry}, section {section}: duplicate section name {name:?}")]
+    DuplicateSection { entry: usize, section: usize, name: String },
+
+    /// `ndim` above 8.
+    #[error("entry {entry}: ndim {ndim} exceeds the maximum of 8")]
+    TooManyDims { entry: usize, ndim: u8 },
+
+    /// The product of the shape does not fit in 64 bits.
+    #[error("entry {entry}: element count of shape {shape:?} overflows 64 bits")]
+    NumelOverflow { entry: usize, shape: Vec<u64> },
+
+    /// More elements than the limit allows.
+    #[error("entry {entry}: {numel} elements exceed the limit of {limit}")]
+    TooManyElements { entry: usize, numel: u64, limit: u64 },
+
+    /// `params_len` above 4096.
+    #[error("entry {entry}: params_len {len} exceeds the maximum of 4096")]
+    ParamsTooLong { entry: usize, len: u64 },
+
+    /// More than 32 sections.
+    #[error("entry {entry}: {count} sections exceed the maximum of 32")]
+    TooManySections { entry: usize, count: usize },
+
+    /// An element type code that is not in table 4.1.
+    #[error("entry {entry}, section {section}: unknown element type code {code}")]
+    UnknownElemType { entry: usize, section: usize, code: u8 },
+
+    /// A dtype code that is not a floating point code (8..=11).
+    #[error("entry {entry}: dtype code {code} is not a floating point type (8, 9, 10 or 11)")]
+    InvalidDtype { entry: usize, code: u8 },
+
+    /// A section byte length that is not a multiple of its element size.
+    #[error("entry {entry}, section {section}: byte_len {byte_len} is not a multiple of the element size {elem_size}")]
+    SectionLength { entry: usize, section: usize, byte_len: u64, elem_size: u8 },
+
+    /// Bytes between the last record and the checksum.
+    #[error("{count} bytes left over between the last record and the checksum")]
+    LeftoverBytes { count: usize },
+
+    /// The writer was asked for a field value the format cannot hold.
+    #[error("cannot write frame: {what} is {value}, above the format's maximum of {max}")]
+    FieldTooLarge { what: &'static str, value: u64, max: u64 },
+}
+
+impl WireError {
+    /// True for errors about the frame format (structure, envelope, limits), false for kernel
+    /// input errors. The Python glue raises `FrameError` for the former and `WireError` for
+    /// the latter.
+    pub fn is_frame_error(&self) -> bool {
+        use WireError::*;
+        match self {
+            InvalidBitWidth { .. }
+            | ValueTooWide { .. }
+            | SizeOverflow { .. }
+            | InputTooShort { .. }
+            | LengthMismatch { .. }
+            | OutputSizeMismatch { .. }
+            | NonzeroPaddingBits { .. }
+            | InvalidTrit { .. }
+            | InvalidQuarticByte { .. }
+            | NonzeroQuarticPadding { .. }
+            | ZeroRunInputByte { .. }
+            | ZeroRunTooLong { .. }
+            | ZeroRunTooShort { .. } => false,
+            FrameTooShort { .. }
+            | BadMagic { .. }
+            | UnsupportedVersion { .. }
+            | FrameTruncated { .. }
+            | FrameTrailingBytes { .. }
+            | FrameTooLarge { .. }
+            | ChecksumMismatch { .. }
+            | ReservedFlags { .. }
+            | TensorFrameEntryCount { .. }
+            | TooManyEntries { .. }
+            | FieldOverrun { .. }
+            | NameTooLong { .. }
+            | NameNotUtf8 { .. }
+            | EmptyName { .. }
+            | DuplicateName { .. }
+            | SectionNameLength { .. }
+            | SectionNameInvalid { .. }
+            | DuplicateSection { .. }
+            | TooManyDims { .. }
+            | NumelOverflow { .. }
+            | TooManyElements { .. }
+            | ParamsTooLong { .. }
+            | TooManySections { .. }
+            | UnknownElemType { .. }
+            | InvalidDtype { .. }
+            | SectionLength { .. }
+            | LeftoverBytes { .. }
+            | FieldTooLarge { .. } => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_problem() {
+        let e = WireError::ValueTooWide { index: 3, value: 5000, bits: 12 };
+        assert_eq!(e.to_string(), "value 5000 at index 3 does not fit in 12 bits");
+        assert!(!e.is_frame_error());
+        let e = WireError::FrameTruncated { declared: 1000, got: 998 };
+        assert_eq!(e.to_string(), "frame truncated: header says 1000 bytes, got 998");
+        assert!(e.is_frame_error());
+        let e = WireError::ChecksumMismatch { stored: 0xdeadbeef, computed: 0x12 };
+        assert_eq!(e.to_string(), "checksum mismatch: frame says 0xdeadbeef, computed 0x00000012");
+        let e = WireError::BadMagic { found: *b"GWIX" };
+        assert_eq!(e.to_string(), "bad magic: expected 47 57 49 52 (\"GWIR\"), found [47, 57, 49, 58]");
+    }
+}

@@ -1,0 +1,31 @@
+//! gradwire-core: the pure-Rust half of gradwire.
+//!
+//! * [`bitpack`]: fixed-width LSB-first bit packing (FORMAT.md section 6);
+//! * [`quartic`] and [`zero_run`]: the two lossless stages of 3LC;
+//! * [`checksum`]: the CRC-32C frame checksum;
+//! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
+//!
+//! Every function validates its input and reports problems as a [`WireError`]; nothing here
+//! panics on bad input.
+
+#![forbid(unsafe_code)]
+
+pub mod bitpack;
+pub mod checksum;
+pub mod error;
+pub mod frame;
+pub mod quartic;
+pub mod zero_run;
+
+pub use bitpack::{
+    pack_bits, pack_bits_into, packed_len, padding_is_zero, unpack_bits, unpack_bits_exact,
+    unpack_bits_exact_into, unpack_bits_into,
+};
+pub use checksum::crc32c;
+pub use error::{Result, WireError};
+pub use frame::{
+    elem_size, frame_len, is_float_dtype, parse_frame, write_frame, write_frame_into, EntrySpec,
+    EntryView, FrameHeader, FrameView, FrameWriter, Limits, SectionView,
+};
+pub use quartic::{quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len};
+pub use zero_run::{zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode};
