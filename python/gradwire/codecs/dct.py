@@ -1,0 +1,316 @@
+"""The DCT top-k int8 codec (id 1): Panthalia's chunked DCT (mode 0) and DeMo's tiles (mode 1).
+
+Encoding (docs/FORMAT.md §5.2): cut the tensor into chunks, an orthonormal DCT-II along each dimension
+of every chunk, keep each chunk's ``k`` coefficients of largest magnitude — their positions sorted
+ascending, so the index set is canonical and decoding deterministic — and quantize them to int8 with a
+per-chunk scale and minimum. Positions are packed at ``ceil(log2 C)`` bits (12 for 64×64 chunks).
+
+The math runs in float32 on the tensor's device; only the compact payload (positions, int8 values,
+scales, minimums) crosses to the host. The reconstruction :meth:`DCTCodec.compress` returns is computed
+by the very function the decoder runs on the same quantized data, so it equals what receivers decode,
+bit for bit on the same device.
+
+The decoder treats every record as hostile: each field and section is checked, with a
+:class:`~gradwire.errors.FrameError` naming the rule, before the dense output is allocated.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .. import dct as _dct
+from .. import wire
+from ..errors import FrameError
+from ..frame import Entry, register_decoder
+from .base import Codec
+
+__all__ = ["DCTCodec", "MAX_CHUNK_NUMEL", "index_bits_for", "pack_params", "unpack_params"]
+
+#: The largest chunk element count ``C`` a record may announce.
+MAX_CHUNK_NUMEL = 1 << 24
+#: Highest ``chunk_ndim``.
+MAX_CHUNK_NDIM = 8
+VALUE_BITS = 8
+INDEX_CODING_FIXED = 0
+#: Section names, in their order in a record.
+SECTIONS = ("idx", "val", "scale", "min")
+
+_MODES = {"flat": _dct.MODE_FLAT, "tiles": _dct.MODE_TILES}
+_MODE_NAMES = {v: k for k, v in _MODES.items()}
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TAIL = struct.Struct("<IBBBQ")  # k, index_bits, value_bits, index_coding, pad_count
+
+
+def index_bits_for(c: int) -> int:
+    """Bits per packed position for chunks of ``c`` elements: ``max(1, ceil(log2 c))``."""
+    return max(1, (int(c) - 1).bit_length())
+
+
+def pack_params(mode: int, chunk_shape: Sequence[int], k: int, pad_count: int) -> bytes:
+    """The ``params`` bytes of a DCT record (FORMAT.md §5.2)."""
+    c = 1
+    for d in chunk_shape:
+        c *= int(d)
+    nd = len(chunk_shape)
+    return (
+        struct.pack(f"<BB{nd}I", mode, nd, *chunk_shape)
+        + _TAIL.pack(k, index_bits_for(c), VALUE_BITS, INDEX_CODING_FIXED, pad_count)
+    )
+
+
+def unpack_params(params: bytes) -> dict:
+    """Parse a record's ``params`` into a dict (no range checks beyond the layout's length)."""
+    if len(params) < 2:
+        raise ValueError(f"params too short: {len(params)} bytes")
+    mode, nd = params[0], params[1]
+    if len(params) != 2 + 4 * nd + _TAIL.size:
+        raise ValueError(f"params length {len(params)} does not fit chunk_ndim {nd}")
+    chunk_shape = struct.unpack_from(f"<{nd}I", params, 2)
+    k, index_bits, value_bits, index_coding, pad_count = _TAIL.unpack_from(params, 2 + 4 * nd)
+    return dict(
+        mode=mode,
+        chunk_shape=tuple(chunk_shape),
+        k=k,
+        index_bits=index_bits,
+        value_bits=value_bits,
+        index_coding=index_coding,
+        pad_count=pad_count,
+    )
+
+
+def _reconstruct(
+    idx: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, plan: _dct.ChunkPlan
+) -> torch.Tensor:
+    """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
+    return _dct.decode_chunks(idx, _dct.dequantize_int8(q, scales, mins), plan)
+
+
+class DCTCodec(Codec):
+    """Chunked DCT, top-k per chunk, int8 values.
+
+    ``mode="flat"`` (Panthalia, FORMAT mode 0): the flattened tensor, zero-padded, in chunks of
+    ``chunk_shape``. ``mode="tiles"`` (DeMo, mode 1): the tensor as a matrix cut into tiles whose sides
+    are the largest divisors ``<= 64`` of its dimensions; ``chunk_shape`` is then not used. Each chunk
+    keeps ``min(topk, C)`` coefficients.
+    """
+
+    codec_id = 1
+    name = "dct"
+
+    def __init__(
+        self,
+        chunk_shape: Union[int, Sequence[int]] = (64, 64),
+        topk: int = 32,
+        mode: Union[str, int] = "flat",
+    ):
+        if isinstance(chunk_shape, int):
+            chunk_shape = (chunk_shape,)
+        chunk_shape = tuple(int(d) for d in chunk_shape)
+        if not 1 <= len(chunk_shape) <= MAX_CHUNK_NDIM:
+            raise ValueError(f"chunk_shape must have 1 to {MAX_CHUNK_NDIM} dimensions, got {chunk_shape}")
+        if any(d < 1 for d in chunk_shape):
+            raise ValueError(f"chunk_shape dimensions must be >= 1, got {chunk_shape}")
+        c = 1
+        for d in chunk_shape:
+            c *= d
+        if c > MAX_CHUNK_NUMEL:
+            raise ValueError(f"chunk_shape {chunk_shape} has {c} elements, more than 2^24")
+        if isinstance(mode, str):
+            if mode not in _MODES:
+                raise ValueError(f"mode must be 'flat' or 'tiles', got {mode!r}")
+            mode = _MODES[mode]
+        elif mode not in _MODE_NAMES:
+            raise ValueError(f"mode must be 0 (flat) or 1 (tiles), got {mode!r}")
+        topk = int(topk)
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self.chunk_shape = chunk_shape
+        self.topk = topk
+        self.mode = mode
+
+    def plan(self, shape: Sequence[int]) -> _dct.ChunkPlan:
+        """How a tensor of ``shape`` is cut into chunks by this codec."""
+        shape = tuple(int(d) for d in shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if self.mode == _dct.MODE_TILES:
+            if numel == 0:
+                # Mode 1 needs an element; an empty tensor goes as an (empty) mode-0 record.
+                return _dct.plan_flat(shape, (1,))
+            return _dct.plan_tiles(shape)
+        return _dct.plan_flat(shape, self.chunk_shape)
+
+    def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
+        if tensor.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"expected a float16/bfloat16/float32/float64 tensor, got {tensor.dtype}")
+        x = tensor.detach()
+        plan = self.plan(x.shape)
+        c = plan.chunk_numel
+        k = min(self.topk, c)
+        bits = index_bits_for(c)
+
+        coeffs = _dct.encode_chunks(x.to(torch.float32), plan)
+        idx, top = _dct.select_topk(coeffs, k)
+        q, scales, mins = _dct.quantize_int8(top)
+        recon = _reconstruct(idx, q, scales, mins, plan).to(tensor.dtype)
+
+        # Only the compact payload crosses to the host.
+        idx_host = idx.to(torch.int16 if c <= (1 << 15) else torch.int32).cpu().numpy()
+        q_host = q.cpu().numpy().reshape(-1)
+        scales_host = scales.cpu().numpy()
+        mins_host = mins.cpu().numpy()
+        if not (np.isfinite(scales_host).all() and np.isfinite(mins_host).all()):
+            raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
+
+        entry = Entry(
+            name=name,
+            codec=self.codec_id,
+            dtype=tensor.dtype,
+            shape=tuple(x.shape),
+            params=pack_params(plan.mode, plan.chunk_shape, k, plan.pad_count),
+            sections={
+                "idx": np.frombuffer(wire.pack_bits(idx_host.reshape(-1).astype(np.uint32), bits), dtype=np.uint8),
+                "val": q_host,
+                "scale": scales_host.astype(np.float32, copy=False),
+                "min": mins_host.astype(np.float32, copy=False),
+            },
+        )
+        return entry, recon
+
+    def __repr__(self) -> str:
+        return f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def _bad(entry: Entry, rule: str) -> FrameError:
+    return FrameError(f"record {entry.name!r}: dct: {rule}")
+
+
+def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int]:
+    """Validate ``entry.params`` against the record's shape; returns ``(plan, k, index_bits)``."""
+    p = entry.params
+    if len(p) < 2:
+        raise _bad(entry, f"params must be at least 2 bytes (mode, chunk_ndim), got {len(p)}")
+    mode, nd = p[0], p[1]
+    if mode not in _MODE_NAMES:
+        raise _bad(entry, f"mode must be 0 (flat) or 1 (tiles), got {mode}")
+    if not 1 <= nd <= MAX_CHUNK_NDIM:
+        raise _bad(entry, f"chunk_ndim must lie in 1..{MAX_CHUNK_NDIM}, got {nd}")
+    want_len = 2 + 4 * nd + _TAIL.size
+    if len(p) != want_len:
+        raise _bad(entry, f"params length must be {want_len} bytes for chunk_ndim {nd}, got {len(p)}")
+    chunk_shape = struct.unpack_from(f"<{nd}I", p, 2)
+    if any(d < 1 for d in chunk_shape):
+        raise _bad(entry, f"chunk_shape dimensions must be >= 1, got {chunk_shape}")
+    c = 1
+    for d in chunk_shape:
+        c *= d
+    if c > MAX_CHUNK_NUMEL:
+        raise _bad(entry, f"chunk element count C = {c} exceeds 2^24")
+    k, index_bits, value_bits, index_coding, pad_count = _TAIL.unpack_from(p, 2 + 4 * nd)
+    if not 1 <= k <= c:
+        raise _bad(entry, f"k must satisfy 1 <= k <= C = {c}, got {k}")
+    want_bits = index_bits_for(c)
+    if index_bits != want_bits:
+        raise _bad(entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}")
+    if value_bits != VALUE_BITS:
+        raise _bad(entry, f"value_bits must be 8, got {value_bits}")
+    if index_coding != INDEX_CODING_FIXED:
+        raise _bad(entry, f"index_coding must be 0 (fixed-width packing), got {index_coding}")
+
+    numel = entry.numel
+    if mode == _dct.MODE_FLAT:
+        want_pad = (c - numel % c) % c
+        if pad_count != want_pad:
+            raise _bad(entry, f"pad_count must be (C - numel mod C) mod C = {want_pad}, got {pad_count}")
+        plan = _dct.plan_flat(entry.shape, chunk_shape)
+    else:
+        if pad_count != 0:
+            raise _bad(entry, f"pad_count must be 0 in mode 1 (tiles), got {pad_count}")
+        if numel < 1:
+            raise _bad(entry, "mode 1 (tiles) needs a tensor of at least one element")
+        want_shape = _dct.tile_chunk_shape(entry.shape)
+        if tuple(chunk_shape) != want_shape:
+            raise _bad(
+                entry,
+                f"mode 1 (tiles) chunk_shape must be {want_shape} for tensor shape {tuple(entry.shape)}"
+                f" (recomputed), got {tuple(chunk_shape)}",
+            )
+        plan = _dct.plan_tiles(entry.shape)
+    return plan, k, index_bits
+
+
+def _section(entry: Entry, name: str, dtype, count: int, count_rule: str) -> np.ndarray:
+    arr = entry.sections[name]
+    want = np.dtype(dtype)
+    if name in entry.section_elems or arr.dtype != want:
+        raise _bad(entry, f"section {name!r} must have element type {want}, got {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] != count:
+        raise _bad(entry, f"section {name!r} must hold {count_rule} = {count} elements, got {arr.size}")
+    return arr
+
+
+def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int):
+    names = list(entry.sections)
+    for s in SECTIONS:
+        if s not in entry.sections:
+            raise _bad(entry, f"section {s!r} is missing")
+    for s in names:
+        if s not in SECTIONS:
+            raise _bad(entry, f"unexpected section {s!r} (a DCT record has exactly idx, val, scale, min)")
+    if tuple(names) != SECTIONS:
+        raise _bad(entry, f"sections must be in the order idx, val, scale, min, got {', '.join(names)}")
+
+    n = plan.num_chunks
+    total = n * k
+    c = plan.chunk_numel
+    idx_bytes = _section(entry, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)")
+    val = _section(entry, "val", np.int8, total, "num_chunks * k")
+    scale = _section(entry, "scale", np.float32, n, "num_chunks")
+    mins = _section(entry, "min", np.float32, n, "num_chunks")
+
+    try:
+        idx = wire.unpack_bits_exact(idx_bytes, bits, total)
+    except ValueError as e:
+        raise _bad(entry, f"section 'idx': {e}") from None
+    idx = np.asarray(idx).reshape(n, k)
+    if total and int(idx.max()) >= c:
+        raise _bad(entry, f"index out of range: every index must be < C = {c}, got {int(idx.max())}")
+    if k > 1 and n and not bool(np.all(idx[:, 1:] > idx[:, :-1])):
+        raise _bad(entry, "indices must be strictly ascending within each chunk (no repeats)")
+    if not bool(np.all(np.isfinite(scale))):
+        raise _bad(entry, "scales must be finite")
+    if not bool(np.all(scale > 0)):
+        raise _bad(entry, "scales must be > 0")
+    if not bool(np.all(np.isfinite(mins))):
+        raise _bad(entry, "mins must be finite")
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = scale * np.float32(255.0)
+        ok = np.isfinite(top) & np.isfinite(top + mins)
+    if not bool(np.all(ok)):
+        raise _bad(entry, "dequantized coefficients must be finite ((val + 128) * scale + min overflows float32)")
+    return idx, val, scale, mins
+
+
+@register_decoder(DCTCodec.codec_id)
+def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+    """Decode a DCT record, validating every field as hostile input first."""
+    if entry.dtype not in _FLOAT_DTYPES:
+        raise _bad(entry, f"dtype must be a floating-point type, got {entry.dtype}")
+    plan, k, bits = _check_params(entry)
+    idx, val, scale, mins = _check_sections(entry, plan, k, bits)
+    # Everything is checked; only now is anything of the tensor's size allocated.
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    idx_t = torch.from_numpy(idx.astype(np.int64)).to(dev)
+    q_t = torch.from_numpy(np.array(val, dtype=np.int8)).reshape(plan.num_chunks, k).to(dev)
+    s_t = torch.from_numpy(np.array(scale, dtype=np.float32)).to(dev)
+    m_t = torch.from_numpy(np.array(mins, dtype=np.float32)).to(dev)
+    return _reconstruct(idx_t, q_t, s_t, m_t, plan).to(entry.dtype)

@@ -1,0 +1,102 @@
+"""Error feedback: carry what a codec dropped into the next step.
+
+:class:`ErrorFeedback` wraps any codec. For each named tensor it adds the stored residual to the input,
+compresses the sum, and keeps ``input + residual - reconstruction`` — the reconstruction being exactly
+what receivers decode — as the next residual. Over ``T`` steps the decoded updates therefore sum to the
+inputs' sum minus the final residual: nothing is lost, only delayed.
+
+Error feedback is the sender's business and never lives inside a codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import torch
+
+from .codecs.base import Codec
+from .frame import Entry, write_frame
+
+__all__ = ["ErrorFeedback"]
+
+
+class ErrorFeedback:
+    """Per-tensor residuals around ``codec``.
+
+    Residuals are float32 and live on the device of the tensor they belong to. Records keep the
+    tensor's own dtype: the codec works on the float32 sum and the record is tagged with the original
+    dtype, so receivers decode to that dtype and the residual accounts for that rounding too.
+    """
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+        self._residuals: dict[str, torch.Tensor] = {}
+
+    # -- compression -----------------------------------------------------------------------------
+
+    def compress(self, tensor: torch.Tensor, name: str = "") -> Entry:
+        """The record for ``tensor`` plus its stored residual; stores the new residual."""
+        if not tensor.is_floating_point():
+            raise ValueError(f"expected a floating-point tensor, got {tensor.dtype}")
+        x = tensor.detach().to(torch.float32)
+        r = self._residuals.get(name)
+        if r is not None:
+            if tuple(r.shape) != tuple(x.shape):
+                raise ValueError(
+                    f"tensor {name!r} has shape {tuple(x.shape)} but its residual has {tuple(r.shape)};"
+                    " call reset(name) if the tensor changed"
+                )
+            x = x + r.to(device=x.device, dtype=torch.float32)
+        entry, recon = self.codec.compress(x, name)
+        if tensor.dtype != torch.float32:
+            # Receivers decode to the record's dtype: tag it with the original one and account for the
+            # final rounding here (decoders compute in their own precision and cast at the end).
+            entry = dataclasses.replace(entry, dtype=tensor.dtype)
+            recon = recon.to(tensor.dtype)
+        self._residuals[name] = x - recon.to(device=x.device, dtype=torch.float32)
+        return entry
+
+    def encode(self, tensor: torch.Tensor, name: str = "", *, round: int = 0, sender: int = 0) -> bytes:
+        """A tensor frame holding ``tensor`` (with its residual) compressed."""
+        return write_frame([self.compress(tensor, name)], round=round, sender=sender)
+
+    def encode_bundle(
+        self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0
+    ) -> bytes:
+        """One bundle frame holding every named tensor (with its residual) compressed."""
+        entries = [self.compress(t, n) for n, t in tensors.items()]
+        return write_frame(entries, round=round, sender=sender, bundle=True)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def residual(self, name: str = "") -> Optional[torch.Tensor]:
+        """The residual stored for ``name`` (float32), or ``None`` before its first compression."""
+        return self._residuals.get(name)
+
+    def names(self) -> list[str]:
+        """Names with a stored residual."""
+        return list(self._residuals)
+
+    def reset(self, name: Optional[str] = None) -> None:
+        """Forget every residual, or only ``name``'s."""
+        if name is None:
+            self._residuals.clear()
+        else:
+            self._residuals.pop(name, None)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """``{name: residual}``, plain tensors (saveable with ``safetensors.torch.save_file``)."""
+        return {n: r.detach().clone().contiguous() for n, r in self._residuals.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Replace every residual with ``state``'s (converted to float32; devices kept as given)."""
+        new = {}
+        for n, r in state.items():
+            if not isinstance(r, torch.Tensor) or not r.is_floating_point():
+                raise ValueError(f"residual {n!r} must be a floating-point tensor")
+            new[str(n)] = r.detach().to(torch.float32).clone()
+        self._residuals = new
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback({self.codec!r}, residuals={len(self._residuals)})"

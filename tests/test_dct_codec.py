@@ -1,0 +1,417 @@
+"""gradwire.DCTCodec: frames of DCT top-k int8 records (FORMAT.md §5.2), and the decoder's checks."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import gradwire
+from gradwire import FrameError, wire
+from gradwire.codecs.dct import DCTCodec, index_bits_for, pack_params, unpack_params
+from gradwire.frame import read_frame, write_frame
+
+CUDA = torch.cuda.is_available()
+
+
+def _rand(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def _entry(frame: bytes):
+    return read_frame(frame).entries[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips
+
+SHAPES = [
+    (4096,),  # 1-D, whole chunks
+    (1000,),  # 1-D, padded
+    (97,),  # prime length
+    (13, 7),  # odd sizes
+    (64, 64),
+    (130, 70),
+    (8, 3, 3, 3),  # conv weight
+    (32, 16, 3, 3),  # conv weight
+    (),  # scalar
+    (1,),
+]
+
+
+@pytest.mark.parametrize("mode", ["flat", "tiles"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_frame_round_trip_equals_compress_reconstruction(mode, shape):
+    codec = DCTCodec(chunk_shape=(64, 64), topk=32, mode=mode)
+    x = _rand(shape, seed=1)
+    entry, recon = codec.compress(x, "w")
+    frame = write_frame([entry])
+    out = gradwire.decode(frame)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.equal(out, recon)  # bit for bit: receivers decode exactly what the sender accounted for
+    assert torch.equal(codec.decode(codec.encode(x)), recon)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mode", ["flat", "tiles"])
+def test_other_dtypes_round_trip_in_their_dtype(dtype, mode):
+    codec = DCTCodec(topk=64, mode=mode)
+    x = _rand((96, 80), dtype, seed=2)
+    entry, recon = codec.compress(x)
+    assert entry.dtype == dtype and recon.dtype == dtype
+    out = gradwire.decode(write_frame([entry]))
+    assert out.dtype == dtype and torch.equal(out, recon)
+
+
+@pytest.mark.parametrize("mode", ["flat", "tiles"])
+@pytest.mark.parametrize("shape", [(64, 64), (100, 30), (37,), (8, 3, 3, 3)], ids=str)
+def test_keeping_every_coefficient_reconstructs_within_quantization_error(mode, shape):
+    codec = DCTCodec(chunk_shape=(16, 16), topk=10**6, mode=mode)  # k_eff = C
+    x = _rand(shape, seed=3)
+    out = codec.decode(codec.encode(x))
+    assert (out - x).abs().max() < 0.1
+    assert (out - x).norm() < 0.05 * x.norm()
+
+
+def test_topk_keeps_the_largest_coefficients():
+    from gradwire.dct import idct_nd
+
+    coeffs = torch.zeros(64, 64)
+    coeffs[0, 3], coeffs[5, 1], coeffs[63, 63] = 4.0, -2.0, 1.0
+    x = idct_nd(coeffs)
+    codec = DCTCodec(topk=3)
+    entry, recon = codec.compress(x)
+    idx = wire.unpack_bits(entry.sections["idx"], 12, 3)
+    assert idx.tolist() == [3, 5 * 64 + 1, 64 * 64 - 1]
+    assert (recon - x).abs().max() < 1e-3
+
+
+def test_indices_packed_at_12_bits_for_64x64_chunks():
+    x = _rand((3 * 4096,), seed=4)
+    entry = _entry(DCTCodec(chunk_shape=(64, 64), topk=32).encode(x))
+    p = unpack_params(entry.params)
+    assert p == dict(mode=0, chunk_shape=(64, 64), k=32, index_bits=12, value_bits=8, index_coding=0, pad_count=0)
+    assert entry.sections["idx"].dtype == np.uint8
+    assert entry.sections["idx"].shape == (3 * 32 * 12 // 8,)  # 144 bytes
+    assert entry.sections["val"].dtype == np.int8 and entry.sections["val"].shape == (96,)
+    assert entry.sections["scale"].dtype == np.float32 and entry.sections["scale"].shape == (3,)
+    assert entry.sections["min"].dtype == np.float32 and entry.sections["min"].shape == (3,)
+    assert list(entry.sections) == ["idx", "val", "scale", "min"]
+
+
+def test_indices_ascend_within_each_chunk():
+    entry = _entry(DCTCodec(topk=50).encode(_rand((5, 4096), seed=5)))
+    idx = wire.unpack_bits_exact(entry.sections["idx"], 12, 5 * 50).reshape(5, 50).astype(np.int64)
+    assert np.all(np.diff(idx, axis=1) > 0)
+
+
+def test_k_is_capped_at_the_chunk_size():
+    entry, _ = DCTCodec(chunk_shape=(4, 4), topk=32).compress(_rand((40,), seed=6))
+    p = unpack_params(entry.params)
+    assert p["k"] == 16 and p["index_bits"] == 4 and p["pad_count"] == 8
+
+
+@pytest.mark.parametrize(
+    "shape, chunk_shape",
+    [((64, 3, 3, 3), (64, 27)), ((4096, 1024), (64, 64)), ((100, 30), (50, 30)), ((97,), (1,)), ((), (1,))],
+)
+def test_tiles_mode_records_the_tile_shape(shape, chunk_shape):
+    x = torch.zeros(shape) if math.prod(shape) > 10**5 else _rand(shape, seed=7)
+    entry, _ = DCTCodec(mode="tiles", topk=8).compress(x)
+    p = unpack_params(entry.params)
+    assert p["mode"] == 1 and p["chunk_shape"] == chunk_shape and p["pad_count"] == 0
+
+
+def test_empty_tensor_round_trips_in_both_modes():
+    for mode in ("flat", "tiles"):
+        x = torch.zeros(0, 5)
+        out = gradwire.decode(DCTCodec(mode=mode).encode(x))
+        assert out.shape == (0, 5)
+
+
+def test_index_bits_rule():
+    assert [index_bits_for(c) for c in (1, 2, 3, 4, 5, 4096, 4097, 1 << 24)] == [1, 1, 2, 2, 3, 12, 13, 24]
+
+
+def test_non_finite_input_is_rejected():
+    x = _rand((64,), seed=8)
+    x[3] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        DCTCodec(chunk_shape=(64,)).compress(x)
+    x[3] = float("inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        DCTCodec(chunk_shape=(64,)).compress(x)
+
+
+def test_integer_tensors_are_rejected():
+    with pytest.raises(ValueError):
+        DCTCodec().compress(torch.arange(10))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(chunk_shape=()), dict(chunk_shape=(0, 4)), dict(chunk_shape=(1,) * 9), dict(chunk_shape=(4097, 4096)),
+     dict(topk=0), dict(mode="zigzag"), dict(mode=2)],
+)
+def test_bad_codec_parameters_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        DCTCodec(**kwargs)
+
+
+def test_make_codec_builds_a_dct_codec():
+    codec = gradwire.make_codec("dct", topk=8, mode="tiles")
+    assert isinstance(codec, DCTCodec) and codec.topk == 8
+
+
+def test_bundle_of_several_tensors_round_trips():
+    codec = DCTCodec(topk=16)
+    tensors = {"a": _rand((64, 64), seed=9), "b": _rand((10,), torch.bfloat16, seed=10), "c": _rand((3, 3, 3, 3), seed=11)}
+    out = gradwire.decode_bundle(codec.encode_bundle(tensors))
+    assert list(out) == ["a", "b", "c"]
+    for n, t in tensors.items():
+        assert torch.equal(out[n], codec.compress(t, n)[1])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["flat", "tiles"])
+def test_cuda_round_trip_equals_compress_reconstruction(mode):
+    codec = DCTCodec(topk=32, mode=mode)
+    x = _rand((300, 200), seed=12).cuda()
+    entry, recon = codec.compress(x)
+    assert recon.device == x.device
+    out = gradwire.decode(write_frame([entry]), device=x.device)
+    assert out.device == x.device and torch.equal(out, recon)
+    # ... and the CPU decodes the same frame to the same values up to float rounding.
+    torch.testing.assert_close(gradwire.decode(write_frame([entry])), recon.cpu(), atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed records: each rule raises FrameError naming it. Records are edited and re-written with
+# write_frame, so the CRC is valid and only the DCT decoder can object.
+
+
+def _good(mode="flat", shape=(100, 70), topk=8, chunk_shape=(16, 16)):
+    codec = DCTCodec(chunk_shape=chunk_shape, topk=topk, mode=mode)
+    entry = _entry(codec.encode(_rand(shape, seed=13), name="w"))
+    entry.sections = {k: np.array(v) for k, v in entry.sections.items()}  # writable copies
+    return entry
+
+
+def _decode_edited(entry):
+    return gradwire.decode(write_frame([entry]))
+
+
+def _params(entry, **changes):
+    p = unpack_params(entry.params)
+    p.update(changes)
+    c = math.prod(p["chunk_shape"])
+    nd = len(p["chunk_shape"])
+    return struct.pack(f"<BB{nd}I", p["mode"], nd, *p["chunk_shape"]) + struct.pack(
+        "<IBBBQ", p["k"], changes.get("index_bits", index_bits_for(c)), p["value_bits"], p["index_coding"], p["pad_count"]
+    )
+
+
+def test_unedited_record_decodes():
+    _decode_edited(_good())
+    _decode_edited(_good("tiles"))
+
+
+PARAM_CASES = [
+    ("short params", lambda e: b"\x00", "params must be at least 2 bytes"),
+    ("mode", lambda e: _params(e, mode=2), "mode must be 0"),
+    ("chunk_ndim 0", lambda e: b"\x00\x00" + e.params[2 + 8 :], "chunk_ndim must lie in 1..8"),
+    ("chunk_ndim 9", lambda e: _params(e, chunk_shape=(1,) * 9), "chunk_ndim must lie in 1..8"),
+    ("params length", lambda e: e.params + b"\x00", "params length must be"),
+    ("params truncated", lambda e: e.params[:-1], "params length must be"),
+    ("zero dim", lambda e: _params(e, chunk_shape=(0, 16)), "chunk_shape dimensions must be >= 1"),
+    ("C too large", lambda e: _params(e, chunk_shape=(4097, 4096)), "exceeds 2^24"),
+    ("k zero", lambda e: _params(e, k=0), "1 <= k <= C"),
+    ("k above C", lambda e: _params(e, k=257), "1 <= k <= C"),
+    ("index_bits", lambda e: _params(e, index_bits=9), "index_bits must equal max(1, ceil(log2 C))"),
+    ("value_bits", lambda e: _params(e, value_bits=4), "value_bits must be 8"),
+    ("index_coding", lambda e: _params(e, index_coding=1), "index_coding must be 0"),
+    ("pad_count", lambda e: _params(e, pad_count=0), "pad_count must be (C - numel mod C) mod C"),
+    ("pad_count plus C", lambda e: _params(e, pad_count=unpack_params(e.params)["pad_count"] + 256), "pad_count must be"),
+]
+
+
+@pytest.mark.parametrize("case", PARAM_CASES, ids=[c[0] for c in PARAM_CASES])
+def test_malformed_params_raise_frame_error_naming_the_rule(case):
+    _, edit, rule = case
+    e = _good()
+    e.params = edit(e)
+    with pytest.raises(FrameError, match=_re(rule)) as info:
+        _decode_edited(e)
+    assert "dct" in str(info.value)
+
+
+def _re(s):
+    import re
+
+    return re.escape(s)
+
+
+def test_mode1_pad_count_must_be_zero():
+    e = _good("tiles")
+    e.params = _params(e, pad_count=3)
+    with pytest.raises(FrameError, match="pad_count must be 0 in mode 1"):
+        _decode_edited(e)
+
+
+def test_mode1_chunk_shape_is_recomputed_and_must_match():
+    e = _good("tiles")  # (100, 70) -> tiles (50, 35)
+    assert unpack_params(e.params)["chunk_shape"] == (50, 35)
+    e.params = _params(e, chunk_shape=(35, 50))
+    with pytest.raises(FrameError, match=r"mode 1 \(tiles\) chunk_shape must be \(50, 35\)"):
+        _decode_edited(e)
+    e.params = _params(e, chunk_shape=(50, 35, 1))
+    with pytest.raises(FrameError, match="chunk_shape must be"):
+        _decode_edited(e)
+
+
+def test_mode1_needs_an_element():
+    e = gradwire.Entry(
+        name="w", codec=1, dtype=torch.float32, shape=(0, 4), params=pack_params(1, (1, 1), 1, 0),
+        sections={"idx": np.zeros(0, np.uint8), "val": np.zeros(0, np.int8),
+                  "scale": np.zeros(0, np.float32), "min": np.zeros(0, np.float32)},
+    )
+    with pytest.raises(FrameError, match="at least one element"):
+        _decode_edited(e)
+
+
+@pytest.mark.parametrize("name", ["idx", "val", "scale", "min"])
+def test_missing_section_is_rejected(name):
+    e = _good()
+    del e.sections[name]
+    with pytest.raises(FrameError, match=f"section '{name}' is missing"):
+        _decode_edited(e)
+
+
+def test_unexpected_section_is_rejected():
+    e = _good()
+    e.sections["extra"] = np.zeros(1, np.uint8)
+    with pytest.raises(FrameError, match="unexpected section 'extra'"):
+        _decode_edited(e)
+
+
+def test_sections_out_of_order_are_rejected():
+    e = _good()
+    e.sections = {k: e.sections[k] for k in ("val", "idx", "scale", "min")}
+    with pytest.raises(FrameError, match="order"):
+        _decode_edited(e)
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [("idx", np.uint16), ("val", np.uint8), ("scale", np.float64), ("min", np.float16), ("scale", np.int32)]
+)
+def test_section_of_the_wrong_type_is_rejected(name, dtype):
+    e = _good()
+    e.sections[name] = e.sections[name].astype(dtype)
+    with pytest.raises(FrameError, match=f"section '{name}' must have element type"):
+        _decode_edited(e)
+
+
+def test_bf16_tagged_scale_is_rejected():
+    e = _good()
+    e.sections["scale"] = np.zeros(e.sections["scale"].shape, np.uint16)
+    e.section_elems = {"scale": 9}
+    with pytest.raises(FrameError, match="section 'scale' must have element type"):
+        _decode_edited(e)
+
+
+@pytest.mark.parametrize("name, rule", [("idx", "ceil(num_chunks * k * index_bits / 8)"), ("val", "num_chunks * k"),
+                                        ("scale", "num_chunks"), ("min", "num_chunks")])
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_section_of_the_wrong_length_is_rejected(name, rule, delta):
+    e = _good()
+    a = e.sections[name]
+    e.sections[name] = a[:-1] if delta < 0 else np.concatenate([a, a[:1]])
+    with pytest.raises(FrameError, match=_re(f"section '{name}' must hold {rule}")):
+        _decode_edited(e)
+
+
+def _set_indices(e, idx):
+    p = unpack_params(e.params)
+    e.sections["idx"] = np.frombuffer(wire.pack_bits(idx.reshape(-1).astype(np.uint32), p["index_bits"]), np.uint8).copy()
+
+
+def _indices(e):
+    p = unpack_params(e.params)
+    n = e.sections["scale"].shape[0]
+    return wire.unpack_bits_exact(e.sections["idx"], p["index_bits"], n * p["k"]).reshape(n, p["k"]).astype(np.int64)
+
+
+def test_nonzero_padding_bits_are_rejected():
+    e = _good(shape=(3, 16), topk=3, chunk_shape=(16,))  # 3 chunks * 3 * 4 bits = 36 bits -> 4 padding bits
+    assert e.sections["idx"].shape == (5,)
+    e.sections["idx"][-1] |= 0x80
+    with pytest.raises(FrameError, match="idx"):
+        _decode_edited(e)
+
+
+def test_index_out_of_range_is_rejected():
+    e = _good(shape=(10, 10), topk=4, chunk_shape=(5, 5))  # C = 25, 5-bit indices can reach 31
+    idx = _indices(e)
+    idx[1, -1] = 25
+    _set_indices(e, idx)
+    with pytest.raises(FrameError, match="index out of range"):
+        _decode_edited(e)
+
+
+@pytest.mark.parametrize("how", ["repeat", "descending"])
+def test_indices_repeated_or_not_ascending_are_rejected(how):
+    e = _good()
+    idx = _indices(e)
+    if how == "repeat":
+        idx[2, 1] = idx[2, 0]
+    else:
+        idx[2] = idx[2][::-1]
+    _set_indices(e, idx)
+    with pytest.raises(FrameError, match="strictly ascending"):
+        _decode_edited(e)
+
+
+@pytest.mark.parametrize(
+    "name, value, rule",
+    [("scale", 0.0, "scales must be > 0"), ("scale", -1.0, "scales must be > 0"),
+     ("scale", np.nan, "scales must be finite"), ("scale", np.inf, "scales must be finite"),
+     ("min", np.nan, "mins must be finite"), ("min", -np.inf, "mins must be finite"),
+     ("scale", 3e38, "dequantized coefficients must be finite")],
+)
+def test_bad_scales_and_mins_are_rejected(name, value, rule):
+    e = _good()
+    e.sections[name][1] = value
+    with pytest.raises(FrameError, match=_re(rule)):
+        _decode_edited(e)
+
+
+def test_checks_run_before_the_dense_output_is_allocated(monkeypatch):
+    import gradwire.dct
+
+    def boom(*a, **k):
+        raise AssertionError("dense output allocated before validation")
+
+    e = _good()
+    e.shape = (1 << 30,)  # a 4 GiB output if it were allocated
+    e.params = _params(e, pad_count=0)
+    monkeypatch.setattr(gradwire.dct, "decode_chunks", boom)
+    with pytest.raises(FrameError, match="section 'idx' must hold"):
+        _decode_edited(e)
+
+
+def test_decoder_rejects_a_hostile_record_from_raw_bytes_too():
+    # A bit flip inside a section is caught by the CRC; the same change with a valid CRC reaches the
+    # DCT decoder and is caught there.
+    e = _good()
+    e.sections["scale"][0] = -e.sections["scale"][0]
+    frame = write_frame([e])
+    with pytest.raises(FrameError, match="scales must be > 0"):
+        gradwire.decode(frame)
+    bad = bytearray(frame)
+    bad[-10] ^= 1
+    with pytest.raises(FrameError):
+        gradwire.decode(bytes(bad))
