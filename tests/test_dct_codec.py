@@ -133,6 +133,15 @@ def test_empty_tensor_round_trips_in_both_modes():
         assert out.shape == (0, 5)
 
 
+def test_long_1d_chunks_decode_without_a_basis_matrix():
+    # A valid record may announce a 1-D chunk of up to 2^24 elements; it decodes by FFT, no n×n basis.
+    codec = DCTCodec(chunk_shape=(1 << 20,), topk=4)
+    x = _rand((5,), seed=14)
+    entry, recon = codec.compress(x)
+    assert unpack_params(entry.params)["index_bits"] == 20
+    assert torch.equal(gradwire.decode(write_frame([entry])), recon)
+
+
 def test_index_bits_rule():
     assert [index_bits_for(c) for c in (1, 2, 3, 4, 5, 4096, 4097, 1 << 24)] == [1, 1, 2, 2, 3, 12, 13, 24]
 

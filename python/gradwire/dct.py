@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 __all__ = [
+    "BASIS_CACHE_BYTES",
+    "MATMUL_MAX_N",
     "MAX_TILE",
     "MIN_RANGE",
     "MODE_FLAT",
@@ -64,8 +67,16 @@ MAX_TILE = 64
 # ---------------------------------------------------------------------------------------------
 # Bases
 
-_BASES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+#: Axes up to this length are transformed by a cached basis matrix; longer ones (a 1-D chunk of up
+#: to 2^24 elements is a valid record) by an O(n log n) FFT, so no n×n matrix is ever built for them.
+MATMUL_MAX_N = 1024
+#: Bytes of bases the cache keeps (least recently used evicted first). Bounded so that records with
+#: many different chunk sizes cannot grow it without limit.
+BASIS_CACHE_BYTES = 256 << 20
+
+_BASES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 _BASES_LOCK = threading.Lock()
+_cache_bytes = 0
 
 
 def _basis_f64(n: int) -> torch.Tensor:
@@ -74,6 +85,34 @@ def _basis_f64(n: int) -> torch.Tensor:
     d *= math.sqrt(2.0 / n)
     d[0] = math.sqrt(1.0 / n)
     return d
+
+
+def _norm_device(device) -> torch.device:
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _cached(key: tuple, build) -> torch.Tensor:
+    global _cache_bytes
+    with _BASES_LOCK:
+        t = _BASES.get(key)
+        if t is not None:
+            _BASES.move_to_end(key)
+            return t
+    t = build()
+    size = t.numel() * t.element_size()
+    with _BASES_LOCK:
+        if key in _BASES:
+            return _BASES[key]
+        if size <= BASIS_CACHE_BYTES:
+            _BASES[key] = t
+            _cache_bytes += size
+            while _cache_bytes > BASIS_CACHE_BYTES:
+                _, old = _BASES.popitem(last=False)
+                _cache_bytes -= old.numel() * old.element_size()
+    return t
 
 
 def dct_basis(n: int, device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -87,33 +126,76 @@ def dct_basis(n: int, device: Optional[torch.device | str] = None, dtype: torch.
         raise ValueError(f"DCT size must be >= 1, got {n}")
     if not dtype.is_floating_point:
         raise ValueError(f"DCT basis dtype must be floating point, got {dtype}")
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    key = (n, dev, dtype)
-    basis = _BASES.get(key)
-    if basis is None:
-        basis = _basis_f64(n).to(device=dev, dtype=dtype)
-        with _BASES_LOCK:
-            basis = _BASES.setdefault(key, basis)
-    return basis
+    dev = _norm_device(device)
+    return _cached(("basis", n, dev, dtype), lambda: _basis_f64(n).to(device=dev, dtype=dtype))
+
+
+def _twiddle(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``s_k * exp(-i pi k / (2n))`` with the orthonormal scale ``s_k``, complex, for the FFT path."""
+
+    def build():
+        k = torch.arange(n, dtype=torch.float64)
+        s = torch.full((n,), math.sqrt(2.0 / n), dtype=torch.float64)
+        s[0] = math.sqrt(1.0 / n)
+        w = torch.polar(s, -math.pi * k / (2.0 * n))
+        return w.to(device=device, dtype=torch.complex128 if dtype == torch.float64 else torch.complex64)
+
+    return _cached(("twiddle", n, device, dtype), build)
 
 
 def clear_basis_cache() -> None:
     """Forget every cached basis (frees their memory)."""
+    global _cache_bytes
     with _BASES_LOCK:
         _BASES.clear()
+        _cache_bytes = 0
 
 
 # ---------------------------------------------------------------------------------------------
 # Transforms
 
 
+def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _dct_last_fft(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II along the last axis by one complex FFT (Makhoul's reordering)."""
+    n = x.shape[-1]
+    y = x.to(_fft_dtype(x.dtype))
+    v = torch.cat([y[..., ::2], y[..., 1::2].flip(-1)], dim=-1)
+    out = (torch.fft.fft(v, dim=-1) * _twiddle(n, y.device, y.dtype)).real
+    return out.to(x.dtype)
+
+
+def _idct_last_fft(X: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_dct_last_fft` along the last axis."""
+    n = X.shape[-1]
+    Y = X.to(_fft_dtype(X.dtype))
+    w = _twiddle(n, Y.device, Y.dtype)
+    c = Y / w.abs()  # undo the orthonormal scale: the cosine sums C_k
+    c_rev = torch.cat([torch.zeros_like(c[..., :1]), c.flip(-1)[..., :-1]], dim=-1)  # C_{n-k}, C_n = 0
+    # exp(-i pi k/2n) V_k = C_k - i C_{n-k}, so V_k = conj(w_k / s_k) (C_k - i C_{n-k})
+    v = torch.fft.ifft(torch.complex(c, -c_rev) * (w / w.abs()).conj(), dim=-1).real
+    m = (n + 1) // 2
+    out = torch.empty_like(v)
+    out[..., ::2] = v[..., :m]
+    out[..., 1::2] = v[..., m:].flip(-1)
+    return out.to(X.dtype)
+
+
+def _apply_last(x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """The 1-D transform along the last axis of ``x``."""
+    n = x.shape[-1]
+    if n > MATMUL_MAX_N:
+        return _idct_last_fft(x) if inverse else _dct_last_fft(x)
+    d = dct_basis(n, x.device, x.dtype)
+    # forward: X[..., f] = sum_n D[f, n] x[..., n]; inverse: x[..., n] = sum_f D[f, n] X[..., f]
+    return x @ (d if inverse else d.T)
+
+
 def _apply_along(x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
-    d = dct_basis(x.shape[dim], x.device, x.dtype)
-    # forward: X[..., f, ...] = sum_n D[f, n] x[..., n, ...]; inverse: sum_f D[f, n] X[..., f, ...]
-    m = d if inverse else d.T
-    return torch.movedim(torch.movedim(x, dim, -1) @ m, -1, dim)
+    return torch.movedim(_apply_last(torch.movedim(x, dim, -1), inverse), -1, dim)
 
 
 def _check_float(x: torch.Tensor) -> None:
@@ -140,13 +222,17 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
         raise ValueError(f"cannot transform {ndim} dimensions of a {x.ndim}-D tensor")
     lead = x.ndim - ndim
     shape = x.shape
-    # Contract the first chunk axis with its basis each time: tensordot appends the new axis at the
-    # end, so after ``ndim`` steps the axes are back in their original order.
+    # Each step transforms axis 1 and leaves the result as the last axis (tensordot appends the new
+    # axis; the FFT path moves it there), so after ``ndim`` steps the axes are back in order.
     y = x.reshape(-1, *shape[lead:]) if lead != 1 else x
-    for k in range(ndim):
-        d = dct_basis(y.shape[1], y.device, y.dtype)
-        # forward contracts n of D[f, n]; inverse contracts f
-        y = torch.tensordot(y, d, dims=([1], [0 if inverse else 1]))
+    for _ in range(ndim):
+        n = y.shape[1]
+        if n > MATMUL_MAX_N:
+            y = _apply_last(torch.movedim(y, 1, -1), inverse)
+        else:
+            d = dct_basis(n, y.device, y.dtype)
+            # forward contracts n of D[f, n]; inverse contracts f
+            y = torch.tensordot(y, d, dims=([1], [0 if inverse else 1]))
     return y.reshape(shape)
 
 
