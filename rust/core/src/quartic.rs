@@ -101,6 +101,11 @@ pub fn quartic_encode_into(trits: &[i8], out: &mut [u8]) -> Result<()> {
 
 /// Decodes `count` trits from exactly `ceil(count/5)` quartic bytes.
 pub fn quartic_decode(data: &[u8], count: usize) -> Result<Vec<i8>> {
+    // Check the length before allocating `count` bytes: `count` comes from the caller/frame.
+    let l = quartic_len(count);
+    if data.len() != l {
+        return Err(WireError::LengthMismatch { expected: l, got: data.len() });
+    }
     let mut out = vec![0i8; count];
     quartic_decode_into(data, &mut out)?;
     Ok(out)

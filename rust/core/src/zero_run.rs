@@ -93,11 +93,18 @@ pub fn zero_run_decoded_len(data: &[u8]) -> usize {
     data.len() + extra
 }
 
+/// The decoded length of `data`, checked against `expected_len` when given (the size to
+/// allocate for [`zero_run_decode_into`]).
+pub fn zero_run_output_len(data: &[u8], expected_len: Option<usize>) -> Result<usize> {
+    let decoded = zero_run_decoded_len(data);
+    check_expected(decoded, expected_len)?;
+    Ok(decoded)
+}
+
 /// Decodes zero-run bytes. With `expected_len`, a decoded length other than it is an error,
 /// detected before any output is allocated; without it the output is at most 14× the input.
 pub fn zero_run_decode(data: &[u8], expected_len: Option<usize>) -> Result<Vec<u8>> {
-    let decoded = zero_run_decoded_len(data);
-    check_expected(decoded, expected_len)?;
+    let decoded = zero_run_output_len(data, expected_len)?;
     let mut out = Vec::with_capacity(decoded);
     let mut rest = data;
     while !rest.is_empty() {
@@ -191,6 +198,8 @@ mod tests {
         assert_eq!(zero_run_decode(&enc, Some(17)).unwrap().len(), 17);
         assert_eq!(zero_run_decode(&enc, Some(16)), Err(WireError::ZeroRunTooLong { expected: 16, decoded: 17 }));
         assert_eq!(zero_run_decode(&enc, Some(18)), Err(WireError::ZeroRunTooShort { expected: 18, decoded: 17 }));
+        assert_eq!(zero_run_output_len(&enc, None), Ok(17));
+        assert_eq!(zero_run_output_len(&enc, Some(16)), Err(WireError::ZeroRunTooLong { expected: 16, decoded: 17 }));
         let mut out = vec![0u8; 17];
         zero_run_decode_into(&enc, &mut out).unwrap();
         let mut expect = vec![7];

@@ -1,0 +1,129 @@
+"""Type stubs for ``gradwire._native``, the Rust core of gradwire (crate ``gradwire-python``).
+
+Byte inputs are 1-D C-contiguous ``numpy.uint8`` arrays (the wrappers in ``gradwire.wire`` view
+any bytes-like object with ``np.frombuffer``, without copying); the module is built against the
+stable ABI (abi3, CPython >= 3.10), which has no buffer protocol for extension code. Every kernel
+runs with the GIL released. Array outputs own their memory (no copy is made to hand them over).
+
+Errors: problems with a frame raise :class:`FrameError`; every other invalid input raises
+:class:`WireError`. Both are ``ValueError`` subclasses and their message names the problem
+(for instance ``"value 5000 at index 3 does not fit in 12 bits"`` or
+``"checksum mismatch: frame says 0x1a2b3c4d, computed 0x5e6f7a8b"``). A non-contiguous array
+raises ``ValueError``; an array of the wrong dtype or number of dimensions raises ``TypeError``;
+an integer argument out of range raises ``OverflowError``.
+"""
+
+from typing import Optional
+
+import numpy as np
+import numpy.typing as npt
+
+class WireError(ValueError):
+    """Input a gradwire kernel cannot encode or decode (a ``ValueError``)."""
+
+class FrameError(WireError):
+    """A frame, or one of its records, breaks a rule of docs/FORMAT.md (a ``WireError``)."""
+
+def pack_bits(values: npt.NDArray[np.uint32], bits: int) -> bytes:
+    """Pack ``values`` at ``bits`` bits each (1..32) into an LSB-first bit stream.
+
+    Value ``i`` occupies stream bits ``[i*bits, (i+1)*bits)``; stream bit ``m`` is bit ``m % 8`` of
+    byte ``m // 8``. The result is ``ceil(len(values)*bits/8)`` bytes, unused high bits of the
+    last byte zero (docs/FORMAT.md section 6).
+
+    Raises ``WireError`` if ``bits`` is outside 1..32 or a value does not fit (the message names
+    the first such index and value).
+    """
+
+def unpack_bits(data: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint32]:
+    """Unpack ``count`` values of ``bits`` bits from an LSB-first bit stream (lenient form).
+
+    ``data`` must hold at least ``ceil(count*bits/8)`` bytes; extra bytes and padding bits are
+    ignored. Raises ``WireError`` on a bad width, too short data or a size overflow.
+    """
+
+def unpack_bits_exact(data: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint32]:
+    """Strict :func:`unpack_bits`: ``data`` must be exactly ``ceil(count*bits/8)`` bytes and its
+    padding bits zero, so exactly one byte string decodes to a given list of values.
+
+    Raises ``WireError`` otherwise.
+    """
+
+def quartic_encode(trits: npt.NDArray[np.int8]) -> bytes:
+    """3LC quartic encoding: five trits (-1, 0, 1) per byte, ``ceil(n/5)`` bytes, each <= 242.
+
+    Digits ``d = q + 1`` are padded with ``d = 0`` to a multiple of 5 and cut into five planes of
+    ``L = ceil(n/5)`` digits; byte ``i`` is ``81*p0[i] + 27*p1[i] + 9*p2[i] + 3*p3[i] + p4[i]``.
+    Raises ``WireError`` naming the first trit outside {-1, 0, 1}.
+    """
+
+def quartic_decode(data: npt.NDArray[np.uint8], count: int) -> npt.NDArray[np.int8]:
+    """Decode ``count`` trits from exactly ``ceil(count/5)`` quartic bytes.
+
+    Raises ``WireError`` on a wrong length, a byte above 242, or a nonzero padding digit
+    (the encoding is canonical).
+    """
+
+def zero_run_encode(data: npt.NDArray[np.uint8]) -> bytes:
+    """3LC zero-run encoding of quartic bytes.
+
+    A maximal run of ``r`` bytes equal to 121 becomes ``r // 14`` bytes 255, then with
+    ``rem = r % 14``: ``243 + rem - 2`` if ``rem >= 2``, the byte 121 if ``rem == 1``, nothing if
+    ``rem == 0``. Other bytes are copied. Raises ``WireError`` if a byte is above 242.
+    """
+
+def zero_run_decode(data: npt.NDArray[np.uint8], expected_len: Optional[int] = None) -> bytes:
+    """Invert :func:`zero_run_encode`: each byte ``b > 242`` becomes ``b - 241`` bytes 121.
+
+    With ``expected_len``, a decoded length other than it raises ``WireError`` before any output
+    is allocated; without it the output is at most 14 times the input.
+    """
+
+def crc32c(data: npt.NDArray[np.uint8], value: int = 0) -> int:
+    """CRC-32C (Castagnoli) of ``data``, continuing from the running checksum ``value``.
+
+    ``crc32c(b, crc32c(a)) == crc32c(a + b)``; ``crc32c(b"123456789") == 0xE3069283``.
+    """
+
+# (name, codec, dtype, shape, params, sections); sections are (name, elem code, payload bytes).
+_SectionSpec = tuple[str, int, npt.NDArray[np.uint8]]
+_EntrySpec = tuple[str, int, int, list[int], npt.NDArray[np.uint8], list[_SectionSpec]]
+
+def encode_frame(round: int, sender: int, bundle: bool, entries: list[_EntrySpec]) -> bytes:
+    """Write a version-1 frame (docs/FORMAT.md) holding ``entries``.
+
+    Each entry is ``(name, codec, dtype, shape, params, sections)`` with ``codec`` a u16,
+    ``dtype`` a float code (8 f16, 9 bf16, 10 f32, 11 f64), ``shape`` up to 8 dimensions,
+    ``params`` (<= 4096 bytes) and ``sections`` a list of ``(name, elem, payload)`` with ``name``
+    1..32 bytes of ``[a-z0-9_]`` and ``elem`` an element code 0..11 (payload length a multiple of
+    its size). A tensor frame (``bundle=False``) holds exactly one entry; bundle names are
+    non-empty and unique. The writer applies every rule the reader checks, under the default
+    limits (2 GiB frame, 2**20 entries, 2**31 elements per tensor), and raises ``FrameError``
+    for a violation, so it never writes a frame :func:`decode_frame` would reject.
+    The frame is built in a single allocation with the checksum appended.
+    """
+
+# (name, elem code, start, end): the payload is data[start:end].
+_SectionView = tuple[str, int, int, int]
+# (name, codec, dtype, shape, (params_start, params_end), sections)
+_EntryView = tuple[str, int, int, tuple[int, ...], tuple[int, int], list[_SectionView]]
+
+def decode_frame(
+    data: npt.NDArray[np.uint8],
+    max_frame_bytes: int = 2**31,
+    max_entries: int = 2**20,
+    max_tensor_elements: int = 2**31,
+) -> tuple[int, int, bool, list[_EntryView]]:
+    """Parse and validate a version-1 frame; returns ``(round, sender, bundle, entries)``.
+
+    Checks, in order: length >= 36, magic, version, ``total_len`` equal to ``len(data)``
+    (truncated vs. trailing bytes), the ``max_frame_bytes`` limit, the CRC-32C, reserved flags,
+    then every structural rule of FORMAT.md section 7 (entry count, names, section names,
+    ``ndim``, element-count overflow and ``max_tensor_elements``, params and section limits,
+    element and dtype codes, payload lengths, no leftover bytes). Raises ``FrameError`` naming
+    the broken rule.
+
+    Payloads are not copied: each entry gives byte offsets into ``data``, so the caller takes
+    zero-copy slices ``data[start:end]`` of its own buffer. Codec-specific rules (section 5) are
+    left to the codec layer.
+    """
