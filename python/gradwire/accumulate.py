@@ -1,0 +1,107 @@
+"""Summing many records of one tensor, in the codec's own domain where the codec allows it.
+
+A codec that is linear in its transform domain (the DCT: orthonormal, so sums and L2 norms are the same
+in both domains) registers an accumulator factory with :func:`register_accumulator`. Its accumulator adds
+each record's sparse coefficients into one coefficient array and runs one inverse transform at the end,
+so the cost of a sum grows with the bytes received, not with senders × parameters. Every other codec
+falls back to :class:`DenseAccumulator`, which decodes each record and adds the dense tensors.
+
+Sums run in a fixed order (the order of :meth:`Accumulator.add` calls) and never use atomics, so the
+same records added in the same order give bit-identical results on every node.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol
+
+import torch
+
+from .frame import Entry, decode_entry
+
+__all__ = [
+    "Accumulator",
+    "DenseAccumulator",
+    "entry_norm",
+    "make_accumulator",
+    "register_accumulator",
+    "register_norm",
+]
+
+
+class Accumulator(Protocol):
+    """A weighted sum of records of one tensor (same name, shape and dtype)."""
+
+    def add(self, entry: Entry, weight: float = 1.0) -> None: ...
+
+    def finish(self) -> torch.Tensor:
+        """The dense float32 sum, of the records' shape."""
+        ...
+
+
+class DenseAccumulator:
+    """Decodes each record and adds it: works for every codec."""
+
+    def __init__(self, shape: tuple[int, ...], device: Optional[torch.device] = None):
+        self.shape = tuple(shape)
+        self.device = device
+        self.total: Optional[torch.Tensor] = None
+        self.count = 0
+
+    def add(self, entry: Entry, weight: float = 1.0) -> None:
+        if tuple(entry.shape) != self.shape:
+            raise ValueError(f"record {entry.name!r} has shape {tuple(entry.shape)}, the sum has {self.shape}")
+        t = decode_entry(entry, self.device).to(torch.float32)
+        if weight != 1.0:
+            t = t * weight
+        self.total = t if self.total is None else self.total + t
+        self.count += 1
+
+    def finish(self) -> torch.Tensor:
+        if self.total is None:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+        return self.total
+
+
+AccumulatorFactory = Callable[[Entry, Optional[torch.device]], Accumulator]
+_FACTORIES: dict[int, AccumulatorFactory] = {}
+_NORMS: dict[int, Callable[[Entry], float]] = {}
+
+
+def register_accumulator(codec_id: int) -> Callable[[AccumulatorFactory], AccumulatorFactory]:
+    """Register a transform-domain accumulator for codec ``codec_id``.
+
+    The factory gets the first record of the sum and the device; later records of other parameters must
+    still be accepted (an accumulator may decode those densely).
+    """
+
+    def deco(factory: AccumulatorFactory) -> AccumulatorFactory:
+        _FACTORIES[codec_id] = factory
+        return factory
+
+    return deco
+
+
+def register_norm(codec_id: int) -> Callable[[Callable[[Entry], float]], Callable[[Entry], float]]:
+    """Register how to compute the L2 norm of a record's tensor without decoding it densely."""
+
+    def deco(fn: Callable[[Entry], float]) -> Callable[[Entry], float]:
+        _NORMS[codec_id] = fn
+        return fn
+
+    return deco
+
+
+def make_accumulator(first: Entry, device: Optional[torch.device] = None) -> Accumulator:
+    """The best accumulator for records like ``first``: its codec's own, or a dense one."""
+    factory = _FACTORIES.get(first.codec)
+    if factory is not None:
+        return factory(first, device)
+    return DenseAccumulator(tuple(first.shape), device)
+
+
+def entry_norm(entry: Entry) -> float:
+    """L2 norm of the tensor a record decodes to (in the codec's domain where it registered one)."""
+    fn = _NORMS.get(entry.codec)
+    if fn is not None:
+        return float(fn(entry))
+    return float(decode_entry(entry).to(torch.float32).norm())
