@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
+from .codecs import MinMaxUInt8
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -40,6 +41,7 @@ __all__ = [
     "FrameError",
     "IdentityCodec",
     "Limits",
+    "MinMaxUInt8",
     "WireError",
     "decode",
     "decode_bundle",

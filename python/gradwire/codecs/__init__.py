@@ -10,13 +10,15 @@ from typing import Callable
 from .base import Codec
 from .dct import DCTCodec
 from .identity import IdentityCodec
+from .minmax import MinMaxUInt8
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
     "identity": IdentityCodec,
     "dct": DCTCodec,
+    "minmax": MinMaxUInt8,
 }
 
 

@@ -1,0 +1,155 @@
+"""Checks and conversions shared by the codecs' encoders and decoders.
+
+Decoders treat a record as hostile input: every helper here raises :class:`~gradwire.errors.FrameError`
+with a message of the form ``record 'name': codec: rule`` before anything of the tensor's size is
+allocated. Encoders use the same helpers to put float payloads (f16, bf16, f32) into sections.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import FrameError, WireError
+from ..frame import ELEM_BF16, Entry
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "VALUE_DTYPES",
+    "bad",
+    "check_float_input",
+    "check_record_dtype",
+    "expect_sections",
+    "float_section",
+    "matrix_shape",
+    "params",
+    "section",
+    "tensor_from_values",
+    "values_payload",
+    "wire_call",
+]
+
+#: Tensor dtypes a record may carry (FORMAT.md §4.1, floating-point codes).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: Element types a codec may choose for the float values it sends.
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_NUMPY_VALUE = {torch.float16: np.float16, torch.float32: np.float32}
+
+
+def bad(entry: Entry, codec: str, rule: str) -> FrameError:
+    """The error for a record that breaks ``rule``."""
+    return FrameError(f"record {entry.name!r}: {codec}: {rule}")
+
+
+def check_float_input(tensor: torch.Tensor) -> None:
+    """Encoders take floating-point tensors only."""
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"expected a float16/bfloat16/float32/float64 tensor, got {tensor.dtype}")
+
+
+def check_record_dtype(entry: Entry, codec: str) -> None:
+    if entry.dtype not in FLOAT_DTYPES:
+        raise bad(entry, codec, f"dtype must be a floating-point type, got {entry.dtype}")
+
+
+def params(entry: Entry, codec: str, layout: struct.Struct, fields: str) -> tuple:
+    """Unpack ``entry.params``, which must be exactly ``layout.size`` bytes (``fields`` names them)."""
+    if len(entry.params) != layout.size:
+        raise bad(entry, codec, f"params must be {layout.size} bytes ({fields}), got {len(entry.params)}")
+    return layout.unpack(entry.params)
+
+
+def expect_sections(entry: Entry, codec: str, names: Sequence[str]) -> None:
+    """The record holds exactly the sections ``names``, in that order."""
+    have = list(entry.sections)
+    for s in names:
+        if s not in entry.sections:
+            raise bad(entry, codec, f"section {s!r} is missing")
+    for s in have:
+        if s not in names:
+            raise bad(entry, codec, f"unexpected section {s!r} (expected exactly {', '.join(names)})")
+    if tuple(have) != tuple(names):
+        raise bad(entry, codec, f"sections must be in the order {', '.join(names)}, got {', '.join(have)}")
+
+
+def section(entry: Entry, codec: str, name: str, dtype, count: int, count_rule: str) -> np.ndarray:
+    """Section ``name`` with element type ``dtype`` holding exactly ``count`` elements."""
+    arr = entry.sections[name]
+    want = np.dtype(dtype)
+    if name in entry.section_elems or arr.dtype != want:
+        got = "bf16" if entry.section_elems.get(name) == ELEM_BF16 else str(arr.dtype)
+        raise bad(entry, codec, f"section {name!r} must have element type {want}, got {got}")
+    if arr.ndim != 1 or arr.shape[0] != count:
+        raise bad(entry, codec, f"section {name!r} must hold {count_rule} = {count} elements, got {arr.size}")
+    return arr
+
+
+def float_section(
+    entry: Entry,
+    codec: str,
+    name: str,
+    count: int,
+    count_rule: str,
+    allowed: Iterable[torch.dtype] = VALUE_DTYPES,
+    finite: bool = True,
+) -> torch.Tensor:
+    """Section ``name`` of f16, bf16 or f32 values (as ``allowed``) as a CPU tensor of that dtype."""
+    arr = entry.sections[name]
+    allowed = tuple(allowed)
+    if entry.section_elems.get(name) == ELEM_BF16:
+        dtype = torch.bfloat16
+    elif arr.dtype == np.float16:
+        dtype = torch.float16
+    elif arr.dtype == np.float32:
+        dtype = torch.float32
+    else:
+        dtype = None
+    if dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        got = str(dtype).replace("torch.", "") if dtype is not None else str(arr.dtype)
+        raise bad(entry, codec, f"section {name!r} must have element type {names}, got {got}")
+    if arr.ndim != 1 or arr.shape[0] != count:
+        raise bad(entry, codec, f"section {name!r} must hold {count_rule} = {count} elements, got {arr.size}")
+    t = tensor_from_values(arr, dtype)
+    if finite and count and not bool(torch.isfinite(t).all()):
+        raise bad(entry, codec, f"section {name!r} must hold finite values")
+    return t
+
+
+def tensor_from_values(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of ``dtype`` from a section's array (bf16 sections are uint16 words)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.array(arr, dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(arr, dtype=_NUMPY_VALUE[dtype]))
+
+
+def values_payload(values: torch.Tensor) -> tuple[np.ndarray, Optional[int]]:
+    """A 1-D float tensor (f16, bf16 or f32, any device) as a section array and its bf16 tag, if any."""
+    host = values.detach().reshape(-1).contiguous().cpu()
+    if host.dtype == torch.bfloat16:
+        return host.view(torch.int16).numpy().view(np.uint16), ELEM_BF16
+    return host.numpy(), None
+
+
+def wire_call(entry: Entry, codec: str, what: str, fn, *args):
+    """Run a :mod:`gradwire.wire` kernel on record bytes; its ``WireError`` becomes a ``FrameError``."""
+    try:
+        return fn(*args)
+    except FrameError:
+        raise
+    except (WireError, ValueError) as e:
+        raise bad(entry, codec, f"{what}: {e}") from None
+
+
+def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+    """The matrix view ``(shape[0], numel / shape[0])`` of a tensor; ``(numel, 1)`` for ``ndim <= 1``."""
+    shape = tuple(int(d) for d in shape)
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    if len(shape) <= 1:
+        return (shape[0] if shape else 1), 1
+    return shape[0], rest

@@ -1,0 +1,138 @@
+"""MinMax uint8 (id 10): Bagua's low-precision quantizer (FORMAT.md §5.10).
+
+The flattened tensor is cut into chunks of ``chunk`` elements (the last one may be shorter). Each chunk
+sends its minimum and maximum as f32 and one byte per element:
+``code = clamp(round((x - min) · 255 / (max - min)), 0, 255)``, decoded as
+``min + code · ((max - min) / 255)``. Both ends are clamped, so the minimum always maps to 0 and the
+maximum to 255 (one public implementation lets float rounding send the minimum to -1, which wraps to
+255 in a byte). A constant chunk (``max == min``) sends code 0 and decodes exactly.
+
+This is the quantizer of low-precision decentralized SGD (Bagua): peers exchange quantized model
+differences; it is also an ordinary codec, composable with :class:`~gradwire.ErrorFeedback`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..frame import Entry, register_decoder
+from . import _record as rec
+from .base import Codec
+
+__all__ = ["MAX_CHUNK", "MinMaxUInt8", "dequantize", "quantize"]
+
+_CODEC = "minmax"
+_PARAMS = struct.Struct("<I")  # chunk
+#: Largest ``chunk`` a record may announce.
+MAX_CHUNK = 1 << 31
+SECTIONS = ("min", "max", "codes")
+
+
+def quantize(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(codes uint8 [n], mins f32 [chunks], maxs f32 [chunks])`` of a flat float32 tensor."""
+    n = flat.numel()
+    num_chunks = -(-n // chunk)
+    pad = num_chunks * chunk - n
+    x = flat
+    if pad:
+        # Repeating the last element leaves the last chunk's min and max unchanged.
+        x = torch.cat([flat, flat[-1:].expand(pad)])
+    x = x.view(num_chunks, chunk)
+    mins = x.amin(dim=1)
+    maxs = x.amax(dim=1)
+    span = maxs - mins
+    safe = torch.where(span > 0, span, torch.ones_like(span))
+    codes = torch.round((x - mins[:, None]) * 255.0 / safe[:, None])
+    codes = torch.where(span[:, None] > 0, codes, torch.zeros_like(codes)).clamp_(0, 255)
+    return codes.to(torch.uint8).reshape(-1)[:n], mins, maxs
+
+
+def dequantize(codes: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The flat float32 values of ``codes``. Encoder and decoder both call exactly this."""
+    n = codes.numel()
+    num_chunks = mins.numel()
+    steps = (maxs - mins) / 255.0
+    c = torch.zeros(num_chunks * chunk, dtype=torch.float32, device=codes.device)
+    c[:n] = codes
+    out = mins[:, None] + c.view(num_chunks, chunk) * steps[:, None]
+    return out.reshape(-1)[:n]
+
+
+class MinMaxUInt8(Codec):
+    """Per-chunk min/max linear quantization to one byte per element (Bagua's ``MinMaxUInt8``).
+
+    Costs ``numel + 8 · ceil(numel / chunk)`` bytes: 1.008 bytes per element at ``chunk=1024``.
+    """
+
+    codec_id = 10
+    name = "minmax"
+
+    def __init__(self, chunk: int = 1024):
+        chunk = int(chunk)
+        if not 1 <= chunk < MAX_CHUNK:
+            raise ValueError(f"chunk must lie in [1, 2^31), got {chunk}")
+        self.chunk = chunk
+
+    def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
+        rec.check_float_input(tensor)
+        flat = tensor.detach().reshape(-1).to(torch.float32)
+        codes, mins, maxs = quantize(flat, self.chunk)
+        mins_host = mins.cpu().numpy()
+        maxs_host = maxs.cpu().numpy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = np.isfinite(maxs_host - mins_host).all()
+        if not ok:
+            raise ValueError(f"tensor {name!r} holds non-finite values (or a range too wide for float32)")
+        recon = dequantize(codes, mins, maxs, self.chunk).reshape(tensor.shape).to(tensor.dtype)
+        entry = Entry(
+            name=name,
+            codec=self.codec_id,
+            dtype=tensor.dtype,
+            shape=tuple(tensor.shape),
+            params=_PARAMS.pack(self.chunk),
+            sections={"min": mins_host, "max": maxs_host, "codes": codes.cpu().numpy()},
+        )
+        return entry, recon
+
+    def __repr__(self) -> str:
+        return f"MinMaxUInt8(chunk={self.chunk})"
+
+
+def unpack_params(params: bytes) -> dict:
+    """A record's parameters as a dict (layout only; the decoder checks ranges)."""
+    (chunk,) = _PARAMS.unpack(params)
+    return dict(chunk=chunk)
+
+
+@register_decoder(MinMaxUInt8.codec_id)
+def _decode_minmax(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+    rec.check_record_dtype(entry, _CODEC)
+    (chunk,) = rec.params(entry, _CODEC, _PARAMS, "u32 chunk")
+    if not 1 <= chunk < MAX_CHUNK:
+        raise rec.bad(entry, _CODEC, f"chunk must lie in [1, 2^31), got {chunk}")
+    n = entry.numel
+    num_chunks = -(-n // chunk)
+    rec.expect_sections(entry, _CODEC, SECTIONS)
+    mins = rec.section(entry, _CODEC, "min", np.float32, num_chunks, "ceil(numel / chunk)")
+    maxs = rec.section(entry, _CODEC, "max", np.float32, num_chunks, "ceil(numel / chunk)")
+    codes = rec.section(entry, _CODEC, "codes", np.uint8, n, "numel")
+    if not (np.isfinite(mins).all() and np.isfinite(maxs).all()):
+        raise rec.bad(entry, _CODEC, "every chunk's min and max must be finite")
+    if not bool(np.all(maxs >= mins)):
+        raise rec.bad(entry, _CODEC, "every chunk's max must be >= its min")
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = np.isfinite(maxs - mins).all()
+    if not ok:
+        raise rec.bad(entry, _CODEC, "max - min must be finite in float32")
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    out = dequantize(
+        torch.from_numpy(np.array(codes)).to(dev),
+        torch.from_numpy(np.array(mins)).to(dev),
+        torch.from_numpy(np.array(maxs)).to(dev),
+        chunk,
+    )
+    return out.reshape(entry.shape).to(entry.dtype)
