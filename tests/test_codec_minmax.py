@@ -1,4 +1,4 @@
-"""gradwire.MinMaxUInt8 (id 10): Bagua's per-chunk min/max uint8 quantizer (FORMAT.md §5.10)."""
+"""gradwire.MinMaxUInt8 (id 10): Bagua's per-chunk min/max uint8 quantizer (FORMAT.md §5.11)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
-from .codecs import MinMaxUInt8
+from .codecs import MinMaxUInt8, ThreeLC
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -42,6 +42,7 @@ __all__ = [
     "IdentityCodec",
     "Limits",
     "MinMaxUInt8",
+    "ThreeLC",
     "WireError",
     "decode",
     "decode_bundle",

@@ -11,14 +11,16 @@ from .base import Codec
 from .dct import DCTCodec
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
+from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "ThreeLC", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
     "identity": IdentityCodec,
     "dct": DCTCodec,
     "minmax": MinMaxUInt8,
+    "3lc": ThreeLC,
 }
 
 

@@ -1,4 +1,4 @@
-"""MinMax uint8 (id 10): Bagua's low-precision quantizer (FORMAT.md §5.10).
+"""MinMax uint8 (id 10): Bagua's low-precision quantizer (FORMAT.md §5.11).
 
 The flattened tensor is cut into chunks of ``chunk`` elements (the last one may be shorter). Each chunk
 sends its minimum and maximum as f32 and one byte per element:
