@@ -58,7 +58,10 @@ pub fn pack_bits_into(values: &[u32], bits: u32, out: &mut [u8]) -> Result<()> {
     let mask = check_bits(bits)?;
     let needed = packed_len(values.len(), bits)?;
     if out.len() != needed {
-        return Err(WireError::OutputSizeMismatch { needed, got: out.len() });
+        return Err(WireError::OutputSizeMismatch {
+            needed,
+            got: out.len(),
+        });
     }
     let bad = dispatch_width!(bits, pack_const, values, out);
     if bad != 0 {
@@ -69,7 +72,11 @@ pub fn pack_bits_into(values: &[u32], bits: u32, out: &mut [u8]) -> Result<()> {
 
 fn first_too_wide(values: &[u32], mask: u32, bits: u32) -> WireError {
     match values.iter().position(|&v| v & !mask != 0) {
-        Some(index) => WireError::ValueTooWide { index, value: values[index], bits },
+        Some(index) => WireError::ValueTooWide {
+            index,
+            value: values[index],
+            bits,
+        },
         // Unreachable when called after a failed pack; keep a sensible error anyway.
         None => WireError::InvalidBitWidth { bits },
     }
@@ -80,7 +87,10 @@ fn first_too_wide(values: &[u32], mask: u32, bits: u32) -> WireError {
 pub fn unpack_bits(data: &[u8], bits: u32, count: usize) -> Result<Vec<u32>> {
     let needed = packed_len(count, bits)?;
     if data.len() < needed {
-        return Err(WireError::InputTooShort { needed, got: data.len() });
+        return Err(WireError::InputTooShort {
+            needed,
+            got: data.len(),
+        });
     }
     let mut out = vec![0u32; count];
     unpack_bits_into(data, bits, &mut out)?;
@@ -92,7 +102,10 @@ pub fn unpack_bits_into(data: &[u8], bits: u32, out: &mut [u32]) -> Result<()> {
     check_bits(bits)?;
     let needed = packed_len(out.len(), bits)?;
     if data.len() < needed {
-        return Err(WireError::InputTooShort { needed, got: data.len() });
+        return Err(WireError::InputTooShort {
+            needed,
+            got: data.len(),
+        });
     }
     dispatch_width!(bits, unpack_const, &data[..needed], out);
     Ok(())
@@ -117,10 +130,16 @@ pub fn unpack_bits_exact_into(data: &[u8], bits: u32, out: &mut [u32]) -> Result
 fn check_exact(data: &[u8], bits: u32, count: usize) -> Result<()> {
     let needed = packed_len(count, bits)?;
     if data.len() != needed {
-        return Err(WireError::LengthMismatch { expected: needed, got: data.len() });
+        return Err(WireError::LengthMismatch {
+            expected: needed,
+            got: data.len(),
+        });
     }
     if let Some((byte_index, bits_found)) = nonzero_padding(data, bits, count) {
-        return Err(WireError::NonzeroPaddingBits { byte_index, bits: bits_found });
+        return Err(WireError::NonzeroPaddingBits {
+            byte_index,
+            bits: bits_found,
+        });
     }
     Ok(())
 }
@@ -352,7 +371,11 @@ mod tests {
         let padded = [0xABC, 0x123, 0xFFF, 0x000, 0x801, 0];
         for p in padded.chunks(2) {
             let (v0, v1) = (p[0] as u32, p[1] as u32);
-            expect.extend_from_slice(&[(v0 & 0xFF) as u8, ((v0 >> 8) | ((v1 & 0xF) << 4)) as u8, (v1 >> 4) as u8]);
+            expect.extend_from_slice(&[
+                (v0 & 0xFF) as u8,
+                ((v0 >> 8) | ((v1 & 0xF) << 4)) as u8,
+                (v1 >> 4) as u8,
+            ]);
         }
         expect.truncate(8); // 5 values * 12 bits = 60 bits = 8 bytes
         assert_eq!(packed, expect);
@@ -361,11 +384,20 @@ mod tests {
 
     #[test]
     fn twelve_bit_rule_many() {
-        let values: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(2654435761u32) >> 20).collect();
+        let values: Vec<u32> = (0..1000u32)
+            .map(|i| i.wrapping_mul(2654435761u32) >> 20)
+            .collect();
         let packed = pack_bits(&values, 12).unwrap();
         assert_eq!(packed.len(), 1500);
         for (p, v) in packed.chunks(3).zip(values.chunks(2)) {
-            assert_eq!(p, [(v[0] & 0xFF) as u8, ((v[0] >> 8) | ((v[1] & 0xF) << 4)) as u8, (v[1] >> 4) as u8]);
+            assert_eq!(
+                p,
+                [
+                    (v[0] & 0xFF) as u8,
+                    ((v[0] >> 8) | ((v[1] & 0xF) << 4)) as u8,
+                    (v[1] >> 4) as u8
+                ]
+            );
         }
     }
 
@@ -374,8 +406,9 @@ mod tests {
         for bits in 1..=32u32 {
             for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 63, 64, 100] {
                 let mask = mask_of(bits);
-                let values: Vec<u32> =
-                    (0..n as u32).map(|i| i.wrapping_mul(0x9E37_79B9).rotate_left(i % 32) & mask).collect();
+                let values: Vec<u32> = (0..n as u32)
+                    .map(|i| i.wrapping_mul(0x9E37_79B9).rotate_left(i % 32) & mask)
+                    .collect();
                 let packed = pack_bits(&values, bits).unwrap();
                 assert_eq!(packed, reference_pack(&values, bits), "bits {bits} n {n}");
                 assert_eq!(unpack_bits(&packed, bits, n).unwrap(), values);
@@ -387,10 +420,22 @@ mod tests {
 
     #[test]
     fn rejects_bad_width() {
-        assert_eq!(pack_bits(&[1], 0), Err(WireError::InvalidBitWidth { bits: 0 }));
-        assert_eq!(pack_bits(&[1], 33), Err(WireError::InvalidBitWidth { bits: 33 }));
-        assert_eq!(unpack_bits(&[1], 0, 1), Err(WireError::InvalidBitWidth { bits: 0 }));
-        assert_eq!(unpack_bits_exact(&[1], 40, 1), Err(WireError::InvalidBitWidth { bits: 40 }));
+        assert_eq!(
+            pack_bits(&[1], 0),
+            Err(WireError::InvalidBitWidth { bits: 0 })
+        );
+        assert_eq!(
+            pack_bits(&[1], 33),
+            Err(WireError::InvalidBitWidth { bits: 33 })
+        );
+        assert_eq!(
+            unpack_bits(&[1], 0, 1),
+            Err(WireError::InvalidBitWidth { bits: 0 })
+        );
+        assert_eq!(
+            unpack_bits_exact(&[1], 40, 1),
+            Err(WireError::InvalidBitWidth { bits: 40 })
+        );
     }
 
     #[test]
@@ -399,16 +444,40 @@ mod tests {
         values[3] = 5000;
         values[11] = 9999;
         let err = pack_bits(&values, 12).unwrap_err();
-        assert_eq!(err, WireError::ValueTooWide { index: 3, value: 5000, bits: 12 });
-        assert_eq!(err.to_string(), "value 5000 at index 3 does not fit in 12 bits");
+        assert_eq!(
+            err,
+            WireError::ValueTooWide {
+                index: 3,
+                value: 5000,
+                bits: 12
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "value 5000 at index 3 does not fit in 12 bits"
+        );
         // In the tail too.
         let mut values = vec![0u32; 10];
         values[9] = 2;
-        assert_eq!(pack_bits(&values, 1), Err(WireError::ValueTooWide { index: 9, value: 2, bits: 1 }));
+        assert_eq!(
+            pack_bits(&values, 1),
+            Err(WireError::ValueTooWide {
+                index: 9,
+                value: 2,
+                bits: 1
+            })
+        );
         for bits in [8, 16] {
             let mut values = vec![0u32; 17];
             values[5] = 1 << bits;
-            assert_eq!(pack_bits(&values, bits), Err(WireError::ValueTooWide { index: 5, value: 1 << bits, bits }));
+            assert_eq!(
+                pack_bits(&values, bits),
+                Err(WireError::ValueTooWide {
+                    index: 5,
+                    value: 1 << bits,
+                    bits
+                })
+            );
         }
     }
 
@@ -416,25 +485,55 @@ mod tests {
     fn length_rules() {
         let packed = pack_bits(&[1, 2, 3], 5).unwrap(); // 15 bits -> 2 bytes
         assert_eq!(packed.len(), 2);
-        assert_eq!(unpack_bits(&packed[..1], 5, 3), Err(WireError::InputTooShort { needed: 2, got: 1 }));
+        assert_eq!(
+            unpack_bits(&packed[..1], 5, 3),
+            Err(WireError::InputTooShort { needed: 2, got: 1 })
+        );
         let mut longer = packed.clone();
         longer.push(0xFF);
         assert_eq!(unpack_bits(&longer, 5, 3).unwrap(), vec![1, 2, 3]);
-        assert_eq!(unpack_bits_exact(&longer, 5, 3), Err(WireError::LengthMismatch { expected: 2, got: 3 }));
+        assert_eq!(
+            unpack_bits_exact(&longer, 5, 3),
+            Err(WireError::LengthMismatch {
+                expected: 2,
+                got: 3
+            })
+        );
         let mut dirty = packed.clone();
         dirty[1] |= 0x80;
         assert!(!padding_is_zero(&dirty, 5, 3));
         assert_eq!(unpack_bits(&dirty, 5, 3).unwrap(), vec![1, 2, 3]);
-        assert_eq!(unpack_bits_exact(&dirty, 5, 3), Err(WireError::NonzeroPaddingBits { byte_index: 1, bits: 0x80 }));
+        assert_eq!(
+            unpack_bits_exact(&dirty, 5, 3),
+            Err(WireError::NonzeroPaddingBits {
+                byte_index: 1,
+                bits: 0x80
+            })
+        );
         let mut out = [0u8; 3];
-        assert_eq!(pack_bits_into(&[1, 2, 3], 5, &mut out), Err(WireError::OutputSizeMismatch { needed: 2, got: 3 }));
+        assert_eq!(
+            pack_bits_into(&[1, 2, 3], 5, &mut out),
+            Err(WireError::OutputSizeMismatch { needed: 2, got: 3 })
+        );
     }
 
     #[test]
     fn count_overflow_is_checked() {
-        assert_eq!(packed_len(usize::MAX, 2), Err(WireError::SizeOverflow { count: usize::MAX, bits: 2 }));
-        assert!(matches!(unpack_bits(&[], 32, usize::MAX / 4), Err(WireError::SizeOverflow { .. })));
-        assert!(matches!(unpack_bits_exact(&[], 3, usize::MAX), Err(WireError::SizeOverflow { .. })));
+        assert_eq!(
+            packed_len(usize::MAX, 2),
+            Err(WireError::SizeOverflow {
+                count: usize::MAX,
+                bits: 2
+            })
+        );
+        assert!(matches!(
+            unpack_bits(&[], 32, usize::MAX / 4),
+            Err(WireError::SizeOverflow { .. })
+        ));
+        assert!(matches!(
+            unpack_bits_exact(&[], 3, usize::MAX),
+            Err(WireError::SizeOverflow { .. })
+        ));
         assert!(!padding_is_zero(&[], 3, usize::MAX));
     }
 
@@ -447,7 +546,10 @@ mod tests {
     fn width_and_values() -> impl Strategy<Value = (u32, Vec<u32>)> {
         (1u32..=32).prop_flat_map(|bits| {
             let mask = mask_of(bits);
-            (Just(bits), proptest::collection::vec(any::<u32>().prop_map(move |v| v & mask), 0..300))
+            (
+                Just(bits),
+                proptest::collection::vec(any::<u32>().prop_map(move |v| v & mask), 0..300),
+            )
         })
     }
 

@@ -40,7 +40,9 @@ pub enum WireError {
     OutputSizeMismatch { needed: usize, got: usize },
 
     /// Nonzero bits after the last value of a bit-packed stream.
-    #[error("nonzero padding bits {bits:#04x} in the last byte (index {byte_index}) of the bit stream")]
+    #[error(
+        "nonzero padding bits {bits:#04x} in the last byte (index {byte_index}) of the bit stream"
+    )]
     NonzeroPaddingBits { byte_index: usize, bits: u8 },
 
     // ----------------------------------------------------------------- 3LC quartic
@@ -54,7 +56,11 @@ pub enum WireError {
 
     /// A padding digit of the quartic encoding that is not the padding value 0.
     #[error("quartic padding digit {digit} in plane {plane} of byte {index} is not 0 (non-canonical encoding)")]
-    NonzeroQuarticPadding { index: usize, plane: usize, digit: u8 },
+    NonzeroQuarticPadding {
+        index: usize,
+        plane: usize,
+        digit: u8,
+    },
 
     // ----------------------------------------------------------------- 3LC zero-run
     /// A zero-run encoder input byte above 242 (those values are run codes).
@@ -113,7 +119,12 @@ pub enum WireError {
 
     /// A field that runs past the end of the records.
     #[error("field `{field}` at offset {offset} needs {needed} bytes, only {available} left before the checksum")]
-    FieldOverrun { field: &'static str, offset: usize, needed: u64, available: usize },
+    FieldOverrun {
+        field: &'static str,
+        offset: usize,
+        needed: u64,
+        available: usize,
+    },
 
     /// A tensor name longer than 1024 bytes.
     #[error("entry {entry}: name of {len} bytes exceeds the maximum of 1024")]
@@ -133,15 +144,27 @@ pub enum WireError {
 
     /// A section name length outside `1..=32`.
     #[error("entry {entry}, section {section}: name length {len} is outside 1..=32")]
-    SectionNameLength { entry: usize, section: usize, len: usize },
+    SectionNameLength {
+        entry: usize,
+        section: usize,
+        len: usize,
+    },
 
     /// A section name with a byte outside `[a-z0-9_]`.
     #[error("entry {entry}, section {section}: name {name:?} has bytes outside [a-z0-9_]")]
-    SectionNameInvalid { entry: usize, section: usize, name: String },
+    SectionNameInvalid {
+        entry: usize,
+        section: usize,
+        name: String,
+    },
 
     /// A section name used twice in one record.
     #[error("entry {entry}, section {section}: duplicate section name {name:?}")]
-    DuplicateSection { entry: usize, section: usize, name: String },
+    DuplicateSection {
+        entry: usize,
+        section: usize,
+        name: String,
+    },
 
     /// `ndim` above 8.
     #[error("entry {entry}: ndim {ndim} exceeds the maximum of 8")]
@@ -153,7 +176,11 @@ pub enum WireError {
 
     /// More elements than the limit allows.
     #[error("entry {entry}: {numel} elements exceed the limit of {limit}")]
-    TooManyElements { entry: usize, numel: u64, limit: u64 },
+    TooManyElements {
+        entry: usize,
+        numel: u64,
+        limit: u64,
+    },
 
     /// `params_len` above 4096.
     #[error("entry {entry}: params_len {len} exceeds the maximum of 4096")]
@@ -165,7 +192,11 @@ pub enum WireError {
 
     /// An element type code that is not in table 4.1.
     #[error("entry {entry}, section {section}: unknown element type code {code}")]
-    UnknownElemType { entry: usize, section: usize, code: u8 },
+    UnknownElemType {
+        entry: usize,
+        section: usize,
+        code: u8,
+    },
 
     /// A dtype code that is not a floating point code (8..=11).
     #[error("entry {entry}: dtype code {code} is not a floating point type (8, 9, 10 or 11)")]
@@ -173,7 +204,12 @@ pub enum WireError {
 
     /// A section byte length that is not a multiple of its element size.
     #[error("entry {entry}, section {section}: byte_len {byte_len} is not a multiple of the element size {elem_size}")]
-    SectionLength { entry: usize, section: usize, byte_len: u64, elem_size: u8 },
+    SectionLength {
+        entry: usize,
+        section: usize,
+        byte_len: u64,
+        elem_size: u8,
+    },
 
     /// Bytes between the last record and the checksum.
     #[error("{count} bytes left over between the last record and the checksum")]
@@ -181,7 +217,11 @@ pub enum WireError {
 
     /// The writer was asked for a field value the format cannot hold.
     #[error("cannot write frame: {what} is {value}, above the format's maximum of {max}")]
-    FieldTooLarge { what: &'static str, value: u64, max: u64 },
+    FieldTooLarge {
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
 }
 
 impl WireError {
@@ -242,15 +282,37 @@ mod tests {
 
     #[test]
     fn messages_name_the_problem() {
-        let e = WireError::ValueTooWide { index: 3, value: 5000, bits: 12 };
-        assert_eq!(e.to_string(), "value 5000 at index 3 does not fit in 12 bits");
+        let e = WireError::ValueTooWide {
+            index: 3,
+            value: 5000,
+            bits: 12,
+        };
+        assert_eq!(
+            e.to_string(),
+            "value 5000 at index 3 does not fit in 12 bits"
+        );
         assert!(!e.is_frame_error());
-        let e = WireError::FrameTruncated { declared: 1000, got: 998 };
-        assert_eq!(e.to_string(), "frame truncated: header says 1000 bytes, got 998");
+        let e = WireError::FrameTruncated {
+            declared: 1000,
+            got: 998,
+        };
+        assert_eq!(
+            e.to_string(),
+            "frame truncated: header says 1000 bytes, got 998"
+        );
         assert!(e.is_frame_error());
-        let e = WireError::ChecksumMismatch { stored: 0xdeadbeef, computed: 0x12 };
-        assert_eq!(e.to_string(), "checksum mismatch: frame says 0xdeadbeef, computed 0x00000012");
+        let e = WireError::ChecksumMismatch {
+            stored: 0xdeadbeef,
+            computed: 0x12,
+        };
+        assert_eq!(
+            e.to_string(),
+            "checksum mismatch: frame says 0xdeadbeef, computed 0x00000012"
+        );
         let e = WireError::BadMagic { found: *b"GWIX" };
-        assert_eq!(e.to_string(), "bad magic: expected 47 57 49 52 (\"GWIR\"), found [47, 57, 49, 58]");
+        assert_eq!(
+            e.to_string(),
+            "bad magic: expected 47 57 49 52 (\"GWIR\"), found [47, 57, 49, 58]"
+        );
     }
 }

@@ -90,7 +90,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_frame_bytes: 1 << 31, max_entries: 1 << 20, max_tensor_elements: 1 << 31 }
+        Limits {
+            max_frame_bytes: 1 << 31,
+            max_entries: 1 << 20,
+            max_tensor_elements: 1 << 31,
+        }
     }
 }
 
@@ -106,7 +110,12 @@ pub struct FrameHeader {
 impl FrameHeader {
     /// A version-1 header.
     pub fn new(bundle: bool, round: u64, sender: u32) -> Self {
-        FrameHeader { version: VERSION, bundle, round, sender }
+        FrameHeader {
+            version: VERSION,
+            bundle,
+            round,
+            sender,
+        }
     }
 }
 
@@ -160,7 +169,12 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, field: &'static str) -> Result<Range<usize>> {
         let available = self.remaining();
-        let overrun = || WireError::FieldOverrun { field, offset: self.pos, needed: n, available };
+        let overrun = || WireError::FieldOverrun {
+            field,
+            offset: self.pos,
+            needed: n,
+            available,
+        };
         let n_usize = usize::try_from(n).map_err(|_| overrun())?;
         if n_usize > available {
             return Err(overrun());
@@ -173,7 +187,12 @@ impl<'a> Cursor<'a> {
     fn bytes(&mut self, n: u64, field: &'static str) -> Result<&'a [u8]> {
         let r = self.take(n, field)?;
         let buf: &'a [u8] = self.buf;
-        buf.get(r.clone()).ok_or(WireError::FieldOverrun { field, offset: r.start, needed: n, available: 0 })
+        buf.get(r.clone()).ok_or(WireError::FieldOverrun {
+            field,
+            offset: r.start,
+            needed: n,
+            available: 0,
+        })
     }
 
     fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N]> {
@@ -245,7 +264,10 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
         Err(_) => return Err(WireError::FrameTrailingBytes { declared, got }),
     }
     if declared > limits.max_frame_bytes {
-        return Err(WireError::FrameTooLarge { len: declared, limit: limits.max_frame_bytes });
+        return Err(WireError::FrameTooLarge {
+            len: declared,
+            limit: limits.max_frame_bytes,
+        });
     }
     let body_end = got - CRC_LEN;
     let stored = le_u32(data, body_end);
@@ -274,10 +296,16 @@ pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>>
         return Err(WireError::TensorFrameEntryCount { count: entry_count });
     }
     if entry_count > limits.max_entries {
-        return Err(WireError::TooManyEntries { count: entry_count, limit: limits.max_entries });
+        return Err(WireError::TooManyEntries {
+            count: entry_count,
+            limit: limits.max_entries,
+        });
     }
     let body_end = data.len() - CRC_LEN;
-    let mut cur = Cursor { buf: &data[..body_end], pos: HEADER_LEN };
+    let mut cur = Cursor {
+        buf: &data[..body_end],
+        pos: HEADER_LEN,
+    };
     // Never trust entry_count for the allocation: cap it by what the bytes can hold.
     let cap = (entry_count as usize).min(cur.remaining() / MIN_ENTRY_LEN);
     let mut entries = Vec::with_capacity(cap);
@@ -285,32 +313,50 @@ pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>>
     for e in 0..entry_count as usize {
         let entry = parse_entry(&mut cur, e, header.bundle, limits)?;
         if header.bundle && !names.insert(entry.name) {
-            return Err(WireError::DuplicateName { entry: e, name: entry.name.to_owned() });
+            return Err(WireError::DuplicateName {
+                entry: e,
+                name: entry.name.to_owned(),
+            });
         }
         entries.push(entry);
     }
     if cur.remaining() != 0 {
-        return Err(WireError::LeftoverBytes { count: cur.remaining() });
+        return Err(WireError::LeftoverBytes {
+            count: cur.remaining(),
+        });
     }
     Ok(FrameView { header, entries })
 }
 
-fn parse_entry<'a>(cur: &mut Cursor<'a>, e: usize, bundle: bool, limits: &Limits) -> Result<EntryView<'a>> {
+fn parse_entry<'a>(
+    cur: &mut Cursor<'a>,
+    e: usize,
+    bundle: bool,
+    limits: &Limits,
+) -> Result<EntryView<'a>> {
     let name_len = cur.u16("name_len")? as usize;
     if name_len > MAX_NAME_LEN {
-        return Err(WireError::NameTooLong { entry: e, len: name_len });
+        return Err(WireError::NameTooLong {
+            entry: e,
+            len: name_len,
+        });
     }
     let name_offset = cur.pos;
     let name_bytes = cur.bytes(name_len as u64, "name")?;
-    let name = std::str::from_utf8(name_bytes)
-        .map_err(|_| WireError::NameNotUtf8 { entry: e, offset: name_offset })?;
+    let name = std::str::from_utf8(name_bytes).map_err(|_| WireError::NameNotUtf8 {
+        entry: e,
+        offset: name_offset,
+    })?;
     if bundle && name.is_empty() {
         return Err(WireError::EmptyName { entry: e });
     }
     let codec = cur.u16("codec")?;
     let dtype = cur.u8("dtype")?;
     if !is_float_dtype(dtype) {
-        return Err(WireError::InvalidDtype { entry: e, code: dtype });
+        return Err(WireError::InvalidDtype {
+            entry: e,
+            code: dtype,
+        });
     }
     let ndim = cur.u8("ndim")?;
     if ndim as usize > MAX_NDIM {
@@ -323,49 +369,89 @@ fn parse_entry<'a>(cur: &mut Cursor<'a>, e: usize, bundle: bool, limits: &Limits
     let numel = numel_of(e, &shape, limits)?;
     let params_len = cur.u32("params_len")?;
     if params_len as usize > MAX_PARAMS_LEN {
-        return Err(WireError::ParamsTooLong { entry: e, len: u64::from(params_len) });
+        return Err(WireError::ParamsTooLong {
+            entry: e,
+            len: u64::from(params_len),
+        });
     }
     let params = cur.take(u64::from(params_len), "params")?;
     let section_count = cur.u8("section_count")? as usize;
     if section_count > MAX_SECTIONS {
-        return Err(WireError::TooManySections { entry: e, count: section_count });
+        return Err(WireError::TooManySections {
+            entry: e,
+            count: section_count,
+        });
     }
     let mut sections: Vec<SectionView<'a>> = Vec::with_capacity(section_count);
     for s in 0..section_count {
         let len = cur.u8("section name_len")? as usize;
         if len == 0 || len > MAX_SECTION_NAME_LEN {
-            return Err(WireError::SectionNameLength { entry: e, section: s, len });
+            return Err(WireError::SectionNameLength {
+                entry: e,
+                section: s,
+                len,
+            });
         }
         let raw = cur.bytes(len as u64, "section name")?;
         let name = section_name(e, s, raw)?;
         if sections.iter().any(|x| x.name == name) {
-            return Err(WireError::DuplicateSection { entry: e, section: s, name: name.to_owned() });
+            return Err(WireError::DuplicateSection {
+                entry: e,
+                section: s,
+                name: name.to_owned(),
+            });
         }
         let elem = cur.u8("elem")?;
-        let size = elem_size(elem).ok_or(WireError::UnknownElemType { entry: e, section: s, code: elem })?;
+        let size = elem_size(elem).ok_or(WireError::UnknownElemType {
+            entry: e,
+            section: s,
+            code: elem,
+        })?;
         let byte_len = cur.u64("byte_len")?;
         if byte_len % u64::from(size) != 0 {
-            return Err(WireError::SectionLength { entry: e, section: s, byte_len, elem_size: size });
+            return Err(WireError::SectionLength {
+                entry: e,
+                section: s,
+                byte_len,
+                elem_size: size,
+            });
         }
         let range = cur.take(byte_len, "payload")?;
         sections.push(SectionView { name, elem, range });
     }
-    Ok(EntryView { name, codec, dtype, shape, numel, params, sections })
+    Ok(EntryView {
+        name,
+        codec,
+        dtype,
+        shape,
+        numel,
+        params,
+        sections,
+    })
 }
 
 fn numel_of(e: usize, shape: &[u64], limits: &Limits) -> Result<u64> {
     let numel = shape
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| WireError::NumelOverflow { entry: e, shape: shape.to_vec() })?;
+        .ok_or_else(|| WireError::NumelOverflow {
+            entry: e,
+            shape: shape.to_vec(),
+        })?;
     if numel > limits.max_tensor_elements {
-        return Err(WireError::TooManyElements { entry: e, numel, limit: limits.max_tensor_elements });
+        return Err(WireError::TooManyElements {
+            entry: e,
+            numel,
+            limit: limits.max_tensor_elements,
+        });
     }
     Ok(numel)
 }
 
 fn section_name(e: usize, s: usize, raw: &[u8]) -> Result<&str> {
-    let ok = raw.iter().all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    let ok = raw
+        .iter()
+        .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     match std::str::from_utf8(raw) {
         Ok(name) if ok => Ok(name),
         _ => Err(WireError::SectionNameInvalid {
@@ -414,10 +500,18 @@ impl FrameWriter {
     }
 
     /// Validates and writes a frame into `out`, which must be exactly [`FrameWriter::frame_len`] bytes.
-    pub fn write_into(&self, header: &FrameHeader, entries: &[EntrySpec<'_>], out: &mut [u8]) -> Result<()> {
+    pub fn write_into(
+        &self,
+        header: &FrameHeader,
+        entries: &[EntrySpec<'_>],
+        out: &mut [u8],
+    ) -> Result<()> {
         let len = validate(header, entries, &self.limits)?;
         if out.len() != len {
-            return Err(WireError::OutputSizeMismatch { needed: len, got: out.len() });
+            return Err(WireError::OutputSizeMismatch {
+                needed: len,
+                got: out.len(),
+            });
         }
         emit(header, entries, out)
     }
@@ -429,7 +523,11 @@ pub fn write_frame(header: &FrameHeader, entries: &[EntrySpec<'_>]) -> Result<Ve
 }
 
 /// Validates and returns the exact length of the frame `write_frame` would produce.
-pub fn frame_len(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) -> Result<usize> {
+pub fn frame_len(
+    header: &FrameHeader,
+    entries: &[EntrySpec<'_>],
+    limits: &Limits,
+) -> Result<usize> {
     validate(header, entries, limits)
 }
 
@@ -444,37 +542,55 @@ pub fn write_frame_into(
 }
 
 fn too_large(total: u64, limits: &Limits) -> WireError {
-    WireError::FrameTooLarge { len: total, limit: limits.max_frame_bytes }
+    WireError::FrameTooLarge {
+        len: total,
+        limit: limits.max_frame_bytes,
+    }
 }
 
 /// Applies every reader rule to the input and returns the frame length.
 fn validate(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) -> Result<usize> {
     if header.version != VERSION {
-        return Err(WireError::UnsupportedVersion { version: header.version });
+        return Err(WireError::UnsupportedVersion {
+            version: header.version,
+        });
     }
     let count = u32::try_from(entries.len()).unwrap_or(u32::MAX);
     if !header.bundle && count != 1 {
         return Err(WireError::TensorFrameEntryCount { count });
     }
     if count > limits.max_entries {
-        return Err(WireError::TooManyEntries { count, limit: limits.max_entries });
+        return Err(WireError::TooManyEntries {
+            count,
+            limit: limits.max_entries,
+        });
     }
     let mut total = MIN_FRAME_LEN as u64;
-    let mut names: HashSet<&str> = HashSet::with_capacity(if header.bundle { entries.len() } else { 0 });
+    let mut names: HashSet<&str> =
+        HashSet::with_capacity(if header.bundle { entries.len() } else { 0 });
     for (e, entry) in entries.iter().enumerate() {
         if entry.name.len() > MAX_NAME_LEN {
-            return Err(WireError::NameTooLong { entry: e, len: entry.name.len() });
+            return Err(WireError::NameTooLong {
+                entry: e,
+                len: entry.name.len(),
+            });
         }
         if header.bundle {
             if entry.name.is_empty() {
                 return Err(WireError::EmptyName { entry: e });
             }
             if !names.insert(entry.name) {
-                return Err(WireError::DuplicateName { entry: e, name: entry.name.to_owned() });
+                return Err(WireError::DuplicateName {
+                    entry: e,
+                    name: entry.name.to_owned(),
+                });
             }
         }
         if !is_float_dtype(entry.dtype) {
-            return Err(WireError::InvalidDtype { entry: e, code: entry.dtype });
+            return Err(WireError::InvalidDtype {
+                entry: e,
+                code: entry.dtype,
+            });
         }
         if entry.shape.len() > MAX_NDIM {
             let ndim = u8::try_from(entry.shape.len()).unwrap_or(u8::MAX);
@@ -482,31 +598,57 @@ fn validate(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) ->
         }
         numel_of(e, entry.shape, limits)?;
         if entry.params.len() > MAX_PARAMS_LEN {
-            return Err(WireError::ParamsTooLong { entry: e, len: entry.params.len() as u64 });
+            return Err(WireError::ParamsTooLong {
+                entry: e,
+                len: entry.params.len() as u64,
+            });
         }
         if entry.sections.len() > MAX_SECTIONS {
-            return Err(WireError::TooManySections { entry: e, count: entry.sections.len() });
+            return Err(WireError::TooManySections {
+                entry: e,
+                count: entry.sections.len(),
+            });
         }
-        let mut size = (MIN_ENTRY_LEN + entry.name.len() + 8 * entry.shape.len() + entry.params.len()) as u64;
+        let mut size =
+            (MIN_ENTRY_LEN + entry.name.len() + 8 * entry.shape.len() + entry.params.len()) as u64;
         for (s, &(name, elem, payload)) in entry.sections.iter().enumerate() {
             if name.is_empty() || name.len() > MAX_SECTION_NAME_LEN {
-                return Err(WireError::SectionNameLength { entry: e, section: s, len: name.len() });
+                return Err(WireError::SectionNameLength {
+                    entry: e,
+                    section: s,
+                    len: name.len(),
+                });
             }
             section_name(e, s, name.as_bytes())?;
             if entry.sections[..s].iter().any(|x| x.0 == name) {
-                return Err(WireError::DuplicateSection { entry: e, section: s, name: name.to_owned() });
+                return Err(WireError::DuplicateSection {
+                    entry: e,
+                    section: s,
+                    name: name.to_owned(),
+                });
             }
-            let esize = elem_size(elem).ok_or(WireError::UnknownElemType { entry: e, section: s, code: elem })?;
+            let esize = elem_size(elem).ok_or(WireError::UnknownElemType {
+                entry: e,
+                section: s,
+                code: elem,
+            })?;
             let byte_len = payload.len() as u64;
             if byte_len % u64::from(esize) != 0 {
-                return Err(WireError::SectionLength { entry: e, section: s, byte_len, elem_size: esize });
+                return Err(WireError::SectionLength {
+                    entry: e,
+                    section: s,
+                    byte_len,
+                    elem_size: esize,
+                });
             }
             size = size
                 .checked_add(1 + name.len() as u64 + 1 + 8)
                 .and_then(|x| x.checked_add(byte_len))
                 .ok_or_else(|| too_large(u64::MAX, limits))?;
         }
-        total = total.checked_add(size).ok_or_else(|| too_large(u64::MAX, limits))?;
+        total = total
+            .checked_add(size)
+            .ok_or_else(|| too_large(u64::MAX, limits))?;
         if total > limits.max_frame_bytes {
             return Err(too_large(total, limits));
         }
@@ -528,7 +670,10 @@ impl Out<'_> {
         let end = self.pos + bytes.len();
         let needed = end;
         let got = self.buf.len();
-        let dst = self.buf.get_mut(self.pos..end).ok_or(WireError::OutputSizeMismatch { needed, got })?;
+        let dst = self
+            .buf
+            .get_mut(self.pos..end)
+            .ok_or(WireError::OutputSizeMismatch { needed, got })?;
         dst.copy_from_slice(bytes);
         self.pos = end;
         Ok(())
@@ -569,7 +714,10 @@ fn emit(header: &FrameHeader, entries: &[EntrySpec<'_>], buf: &mut [u8]) -> Resu
     }
     let body_end = o.pos;
     if body_end + CRC_LEN != total {
-        return Err(WireError::OutputSizeMismatch { needed: body_end + CRC_LEN, got: total });
+        return Err(WireError::OutputSizeMismatch {
+            needed: body_end + CRC_LEN,
+            got: total,
+        });
     }
     let crc = crc32c(&o.buf[..body_end], 0);
     o.put(&crc.to_le_bytes())
@@ -613,7 +761,14 @@ mod tests {
             self.b(&v.to_le_bytes())
         }
         /// A codec-0 record with fields as given (lengths from the slices).
-        fn entry(self, name: &[u8], dtype: u8, shape: &[u64], params: &[u8], sections: &[(&[u8], u8, &[u8])]) -> Raw {
+        fn entry(
+            self,
+            name: &[u8],
+            dtype: u8,
+            shape: &[u64],
+            params: &[u8],
+            sections: &[(&[u8], u8, &[u8])],
+        ) -> Raw {
             self.entry_codec(name, 0, dtype, shape, params, sections)
         }
         fn entry_codec(
@@ -625,11 +780,19 @@ mod tests {
             params: &[u8],
             sections: &[(&[u8], u8, &[u8])],
         ) -> Raw {
-            let mut r = self.u16(name.len() as u16).b(name).u16(codec).u8(dtype).u8(shape.len() as u8);
+            let mut r = self
+                .u16(name.len() as u16)
+                .b(name)
+                .u16(codec)
+                .u8(dtype)
+                .u8(shape.len() as u8);
             for &d in shape {
                 r = r.u64(d);
             }
-            r = r.u32(params.len() as u32).b(params).u8(sections.len() as u8);
+            r = r
+                .u32(params.len() as u32)
+                .b(params)
+                .u8(sections.len() as u8);
             for &(n, elem, p) in sections {
                 r = r.u8(n.len() as u8).b(n).u8(elem).u64(p.len() as u64).b(p);
             }
@@ -663,7 +826,14 @@ mod tests {
         let payload: Vec<u8> = (0..24).collect();
         let idx = [1u8, 2, 3];
         let entries = vec![
-            EntrySpec { name: "layer.0.w", codec: 0, dtype: codes::F32, shape: &[2, 3], params: &[], sections: data_section(&payload) },
+            EntrySpec {
+                name: "layer.0.w",
+                codec: 0,
+                dtype: codes::F32,
+                shape: &[2, 3],
+                params: &[],
+                sections: data_section(&payload),
+            },
             EntrySpec {
                 name: "b",
                 codec: 1,
@@ -680,10 +850,21 @@ mod tests {
     fn round_trip_bundle() {
         let f = sample();
         let v = parse(&f).unwrap();
-        assert_eq!(v.header, FrameHeader { version: 1, bundle: true, round: 42, sender: 0xFFFF_FFFF });
+        assert_eq!(
+            v.header,
+            FrameHeader {
+                version: 1,
+                bundle: true,
+                round: 42,
+                sender: 0xFFFF_FFFF
+            }
+        );
         assert_eq!(v.entries.len(), 2);
         let e0 = &v.entries[0];
-        assert_eq!((e0.name, e0.codec, e0.dtype, e0.shape.as_slice(), e0.numel), ("layer.0.w", 0, 10, &[2u64, 3][..], 6));
+        assert_eq!(
+            (e0.name, e0.codec, e0.dtype, e0.shape.as_slice(), e0.numel),
+            ("layer.0.w", 0, 10, &[2u64, 3][..], 6)
+        );
         assert!(e0.params.is_empty());
         let d = e0.section("data").unwrap();
         assert_eq!(&f[d.range.clone()], (0..24).collect::<Vec<u8>>().as_slice());
@@ -694,8 +875,21 @@ mod tests {
         assert_eq!(e1.sections[0].elem, codes::U8);
         // Matches a hand-built frame byte for byte.
         let mut hand = Raw::new(1, 2)
-            .entry(b"layer.0.w", 10, &[2, 3], &[], &[(b"data", 10, &(0..24).collect::<Vec<u8>>())])
-            .entry_codec(b"b", 1, 9, &[], &[9, 8, 7], &[(b"idx", 0, &[1, 2, 3]), (b"val", 1, &[1, 2])]);
+            .entry(
+                b"layer.0.w",
+                10,
+                &[2, 3],
+                &[],
+                &[(b"data", 10, &(0..24).collect::<Vec<u8>>())],
+            )
+            .entry_codec(
+                b"b",
+                1,
+                9,
+                &[],
+                &[9, 8, 7],
+                &[(b"idx", 0, &[1, 2, 3]), (b"val", 1, &[1, 2])],
+            );
         hand.0[16..24].copy_from_slice(&42u64.to_le_bytes());
         hand.0[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(hand.finish(), f);
@@ -707,14 +901,23 @@ mod tests {
         assert_eq!(empty_bundle.len(), 36);
         assert_eq!(parse(&empty_bundle).unwrap().entries.len(), 0);
         // Tensor frame with an empty name, scalar shape, no sections.
-        let e = EntrySpec { name: "", codec: 0, dtype: codes::F16, shape: &[], params: &[], sections: vec![] };
+        let e = EntrySpec {
+            name: "",
+            codec: 0,
+            dtype: codes::F16,
+            shape: &[],
+            params: &[],
+            sections: vec![],
+        };
         let f = write_frame(&FrameHeader::new(false, 1, 2), &[e]).unwrap();
         assert_eq!(f.len(), 36 + 11);
         let v = parse(&f).unwrap();
         assert_eq!(v.entries[0].name, "");
         assert!(!v.header.bundle);
         // A zero-sized dimension is fine.
-        let f = Raw::new(0, 1).entry(b"x", 10, &[0, u64::MAX], &[], &[]).finish();
+        let f = Raw::new(0, 1)
+            .entry(b"x", 10, &[0, u64::MAX], &[], &[])
+            .finish();
         assert_eq!(parse(&f).unwrap().entries[0].numel, 0);
     }
 
@@ -727,13 +930,25 @@ mod tests {
             let err = parse(&g).expect_err("flip accepted");
             let byte = bit / 8;
             match byte {
-                0..=3 => assert!(matches!(err, WireError::BadMagic { .. }), "bit {bit}: {err}"),
-                4..=5 => assert!(matches!(err, WireError::UnsupportedVersion { .. }), "bit {bit}: {err}"),
-                8..=15 => assert!(
-                    matches!(err, WireError::FrameTruncated { .. } | WireError::FrameTrailingBytes { .. }),
+                0..=3 => assert!(
+                    matches!(err, WireError::BadMagic { .. }),
                     "bit {bit}: {err}"
                 ),
-                _ => assert!(matches!(err, WireError::ChecksumMismatch { .. }), "bit {bit}: {err}"),
+                4..=5 => assert!(
+                    matches!(err, WireError::UnsupportedVersion { .. }),
+                    "bit {bit}: {err}"
+                ),
+                8..=15 => assert!(
+                    matches!(
+                        err,
+                        WireError::FrameTruncated { .. } | WireError::FrameTrailingBytes { .. }
+                    ),
+                    "bit {bit}: {err}"
+                ),
+                _ => assert!(
+                    matches!(err, WireError::ChecksumMismatch { .. }),
+                    "bit {bit}: {err}"
+                ),
             }
         }
     }
@@ -746,17 +961,31 @@ mod tests {
             if n < 36 {
                 assert_eq!(err, WireError::FrameTooShort { got: n });
             } else {
-                assert_eq!(err, WireError::FrameTruncated { declared: f.len() as u64, got: n });
+                assert_eq!(
+                    err,
+                    WireError::FrameTruncated {
+                        declared: f.len() as u64,
+                        got: n
+                    }
+                );
             }
         }
         let mut longer = f.clone();
         longer.push(0);
-        assert_eq!(parse(&longer), Err(WireError::FrameTrailingBytes { declared: f.len() as u64, got: f.len() + 1 }));
+        assert_eq!(
+            parse(&longer),
+            Err(WireError::FrameTrailingBytes {
+                declared: f.len() as u64,
+                got: f.len() + 1
+            })
+        );
     }
 
     #[test]
     fn envelope_violations() {
-        let ok = Raw::new(0, 1).entry(b"t", 10, &[1], &[], &[(b"data", 10, &[0; 4])]).finish();
+        let ok = Raw::new(0, 1)
+            .entry(b"t", 10, &[1], &[], &[(b"data", 10, &[0; 4])])
+            .finish();
         assert!(parse(&ok).is_ok());
 
         let mut g = ok.clone();
@@ -778,12 +1007,24 @@ mod tests {
         let n = g.len();
         g[n - 1] ^= 0xFF;
         assert!(matches!(parse(&g), Err(WireError::ChecksumMismatch { .. })));
-        let small = Limits { max_frame_bytes: ok.len() as u64 - 1, ..Limits::default() };
-        assert_eq!(parse_frame(&ok, &small), Err(WireError::FrameTooLarge { len: ok.len() as u64, limit: ok.len() as u64 - 1 }));
+        let small = Limits {
+            max_frame_bytes: ok.len() as u64 - 1,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_frame(&ok, &small),
+            Err(WireError::FrameTooLarge {
+                len: ok.len() as u64,
+                limit: ok.len() as u64 - 1
+            })
+        );
         // Limit is checked before the CRC.
         let mut g = ok.clone();
         g[n - 1] ^= 0xFF;
-        assert!(matches!(parse_frame(&g, &small), Err(WireError::FrameTooLarge { .. })));
+        assert!(matches!(
+            parse_frame(&g, &small),
+            Err(WireError::FrameTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -791,77 +1032,246 @@ mod tests {
         let d4: &[u8] = &[0; 4];
         let sec = [(b"data".as_slice(), 10u8, d4)];
         let cases: Vec<(Vec<u8>, WireError)> = vec![
-            (Raw::new(0, 0).finish(), WireError::TensorFrameEntryCount { count: 0 }),
             (
-                Raw::new(0, 2).entry(b"a", 10, &[], &[], &[]).entry(b"b", 10, &[], &[], &[]).finish(),
+                Raw::new(0, 0).finish(),
+                WireError::TensorFrameEntryCount { count: 0 },
+            ),
+            (
+                Raw::new(0, 2)
+                    .entry(b"a", 10, &[], &[], &[])
+                    .entry(b"b", 10, &[], &[], &[])
+                    .finish(),
                 WireError::TensorFrameEntryCount { count: 2 },
             ),
             (
                 Raw::new(1, 2).entry(b"a", 10, &[], &[], &[]).finish(),
-                WireError::FieldOverrun { field: "name_len", offset: 44, needed: 2, available: 0 },
-            ),
-            (Raw::new(1, 1).u16(1025).b(&[b'a'; 1025]).finish(), WireError::NameTooLong { entry: 0, len: 1025 }),
-            (Raw::new(1, 1).u16(5).b(b"ab").finish(), WireError::FieldOverrun { field: "name", offset: 34, needed: 5, available: 2 }),
-            (Raw::new(1, 1).entry(&[0xC3, 0x28], 10, &[], &[], &[]).finish(), WireError::NameNotUtf8 { entry: 0, offset: 34 }),
-            (Raw::new(1, 1).entry(b"", 10, &[], &[], &[]).finish(), WireError::EmptyName { entry: 0 }),
-            (
-                Raw::new(1, 3).entry(b"a", 10, &[], &[], &[]).entry(b"b", 10, &[], &[], &[]).entry(b"a", 10, &[], &[], &[]).finish(),
-                WireError::DuplicateName { entry: 2, name: "a".into() },
-            ),
-            (Raw::new(0, 1).entry(b"t", 4, &[], &[], &[]).finish(), WireError::InvalidDtype { entry: 0, code: 4 }),
-            (Raw::new(0, 1).entry(b"t", 12, &[], &[], &[]).finish(), WireError::InvalidDtype { entry: 0, code: 12 }),
-            (Raw::new(0, 1).entry(b"t", 10, &[1; 9], &[], &[]).finish(), WireError::TooManyDims { entry: 0, ndim: 9 }),
-            (
-                Raw::new(0, 1).entry(b"t", 10, &[1 << 32, 1 << 32], &[], &[]).finish(),
-                WireError::NumelOverflow { entry: 0, shape: vec![1 << 32, 1 << 32] },
+                WireError::FieldOverrun {
+                    field: "name_len",
+                    offset: 44,
+                    needed: 2,
+                    available: 0,
+                },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[1 << 16, (1 << 15) + 1], &[], &[]).finish(),
-                WireError::TooManyElements { entry: 0, numel: (1 << 31) + (1 << 16), limit: 1 << 31 },
-            ),
-            (Raw::new(0, 1).entry(b"t", 10, &[], &[0; 4097], &[]).finish(), WireError::ParamsTooLong { entry: 0, len: 4097 }),
-            (
-                Raw::new(0, 1).u16(1).b(b"t").u16(0).u8(10).u8(0).u32(0).u8(33).finish(),
-                WireError::TooManySections { entry: 0, count: 33 },
+                Raw::new(1, 1).u16(1025).b(&[b'a'; 1025]).finish(),
+                WireError::NameTooLong {
+                    entry: 0,
+                    len: 1025,
+                },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"", 10, d4)]).finish(),
-                WireError::SectionNameLength { entry: 0, section: 0, len: 0 },
+                Raw::new(1, 1).u16(5).b(b"ab").finish(),
+                WireError::FieldOverrun {
+                    field: "name",
+                    offset: 34,
+                    needed: 5,
+                    available: 2,
+                },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(&[b'a'; 33], 10, d4)]).finish(),
-                WireError::SectionNameLength { entry: 0, section: 0, len: 33 },
+                Raw::new(1, 1)
+                    .entry(&[0xC3, 0x28], 10, &[], &[], &[])
+                    .finish(),
+                WireError::NameNotUtf8 {
+                    entry: 0,
+                    offset: 34,
+                },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"data", 10, d4), (b"Idx", 0, d4)]).finish(),
-                WireError::SectionNameInvalid { entry: 0, section: 1, name: "Idx".into() },
+                Raw::new(1, 1).entry(b"", 10, &[], &[], &[]).finish(),
+                WireError::EmptyName { entry: 0 },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"a-b", 0, d4)]).finish(),
-                WireError::SectionNameInvalid { entry: 0, section: 0, name: "a-b".into() },
+                Raw::new(1, 3)
+                    .entry(b"a", 10, &[], &[], &[])
+                    .entry(b"b", 10, &[], &[], &[])
+                    .entry(b"a", 10, &[], &[], &[])
+                    .finish(),
+                WireError::DuplicateName {
+                    entry: 2,
+                    name: "a".into(),
+                },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"data", 10, d4), (b"data", 10, d4)]).finish(),
-                WireError::DuplicateSection { entry: 0, section: 1, name: "data".into() },
+                Raw::new(0, 1).entry(b"t", 4, &[], &[], &[]).finish(),
+                WireError::InvalidDtype { entry: 0, code: 4 },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"data", 12, d4)]).finish(),
-                WireError::UnknownElemType { entry: 0, section: 0, code: 12 },
+                Raw::new(0, 1).entry(b"t", 12, &[], &[], &[]).finish(),
+                WireError::InvalidDtype { entry: 0, code: 12 },
             ),
             (
-                Raw::new(0, 1).entry(b"t", 10, &[], &[], &[(b"data", 10, &[0; 6])]).finish(),
-                WireError::SectionLength { entry: 0, section: 0, byte_len: 6, elem_size: 4 },
+                Raw::new(0, 1).entry(b"t", 10, &[1; 9], &[], &[]).finish(),
+                WireError::TooManyDims { entry: 0, ndim: 9 },
             ),
             (
-                Raw::new(0, 1).u16(1).b(b"t").u16(0).u8(10).u8(0).u32(0).u8(1).u8(4).b(b"data").u8(0).u64(100).b(&[0; 10]).finish(),
-                WireError::FieldOverrun { field: "payload", offset: 58, needed: 100, available: 10 },
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[1 << 32, 1 << 32], &[], &[])
+                    .finish(),
+                WireError::NumelOverflow {
+                    entry: 0,
+                    shape: vec![1 << 32, 1 << 32],
+                },
             ),
             (
-                Raw::new(0, 1).u16(1).b(b"t").u16(0).u8(10).u8(0).u32(0).u8(1).u8(4).b(b"data").u8(0).u64(u64::MAX).finish(),
-                WireError::FieldOverrun { field: "payload", offset: 58, needed: u64::MAX, available: 0 },
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[1 << 16, (1 << 15) + 1], &[], &[])
+                    .finish(),
+                WireError::TooManyElements {
+                    entry: 0,
+                    numel: (1 << 31) + (1 << 16),
+                    limit: 1 << 31,
+                },
             ),
-            (Raw::new(0, 1).entry(b"t", 10, &[4], &[], &sec).u8(0).finish(), WireError::LeftoverBytes { count: 1 }),
-            (Raw::new(1, 0).u32(0).finish(), WireError::LeftoverBytes { count: 4 }),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[0; 4097], &[])
+                    .finish(),
+                WireError::ParamsTooLong {
+                    entry: 0,
+                    len: 4097,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .u16(1)
+                    .b(b"t")
+                    .u16(0)
+                    .u8(10)
+                    .u8(0)
+                    .u32(0)
+                    .u8(33)
+                    .finish(),
+                WireError::TooManySections {
+                    entry: 0,
+                    count: 33,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"", 10, d4)])
+                    .finish(),
+                WireError::SectionNameLength {
+                    entry: 0,
+                    section: 0,
+                    len: 0,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(&[b'a'; 33], 10, d4)])
+                    .finish(),
+                WireError::SectionNameLength {
+                    entry: 0,
+                    section: 0,
+                    len: 33,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"data", 10, d4), (b"Idx", 0, d4)])
+                    .finish(),
+                WireError::SectionNameInvalid {
+                    entry: 0,
+                    section: 1,
+                    name: "Idx".into(),
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"a-b", 0, d4)])
+                    .finish(),
+                WireError::SectionNameInvalid {
+                    entry: 0,
+                    section: 0,
+                    name: "a-b".into(),
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"data", 10, d4), (b"data", 10, d4)])
+                    .finish(),
+                WireError::DuplicateSection {
+                    entry: 0,
+                    section: 1,
+                    name: "data".into(),
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"data", 12, d4)])
+                    .finish(),
+                WireError::UnknownElemType {
+                    entry: 0,
+                    section: 0,
+                    code: 12,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[], &[], &[(b"data", 10, &[0; 6])])
+                    .finish(),
+                WireError::SectionLength {
+                    entry: 0,
+                    section: 0,
+                    byte_len: 6,
+                    elem_size: 4,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .u16(1)
+                    .b(b"t")
+                    .u16(0)
+                    .u8(10)
+                    .u8(0)
+                    .u32(0)
+                    .u8(1)
+                    .u8(4)
+                    .b(b"data")
+                    .u8(0)
+                    .u64(100)
+                    .b(&[0; 10])
+                    .finish(),
+                WireError::FieldOverrun {
+                    field: "payload",
+                    offset: 58,
+                    needed: 100,
+                    available: 10,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .u16(1)
+                    .b(b"t")
+                    .u16(0)
+                    .u8(10)
+                    .u8(0)
+                    .u32(0)
+                    .u8(1)
+                    .u8(4)
+                    .b(b"data")
+                    .u8(0)
+                    .u64(u64::MAX)
+                    .finish(),
+                WireError::FieldOverrun {
+                    field: "payload",
+                    offset: 58,
+                    needed: u64::MAX,
+                    available: 0,
+                },
+            ),
+            (
+                Raw::new(0, 1)
+                    .entry(b"t", 10, &[4], &[], &sec)
+                    .u8(0)
+                    .finish(),
+                WireError::LeftoverBytes { count: 1 },
+            ),
+            (
+                Raw::new(1, 0).u32(0).finish(),
+                WireError::LeftoverBytes { count: 4 },
+            ),
         ];
         for (i, (frame, expected)) in cases.iter().enumerate() {
             assert_eq!(parse(frame).as_ref().map(|_| ()), Err(expected), "case {i}");
@@ -869,65 +1279,262 @@ mod tests {
         }
         // Entry limit, checked before anything is read or allocated.
         let f = Raw::new(1, u32::MAX).finish();
-        assert_eq!(parse(&f), Err(WireError::TooManyEntries { count: u32::MAX, limit: 1 << 20 }));
-        let lim = Limits { max_entries: 1, ..Limits::default() };
-        let f = Raw::new(1, 2).entry(b"a", 10, &[], &[], &[]).entry(b"b", 10, &[], &[], &[]).finish();
-        assert_eq!(parse_frame(&f, &lim), Err(WireError::TooManyEntries { count: 2, limit: 1 }));
+        assert_eq!(
+            parse(&f),
+            Err(WireError::TooManyEntries {
+                count: u32::MAX,
+                limit: 1 << 20
+            })
+        );
+        let lim = Limits {
+            max_entries: 1,
+            ..Limits::default()
+        };
+        let f = Raw::new(1, 2)
+            .entry(b"a", 10, &[], &[], &[])
+            .entry(b"b", 10, &[], &[], &[])
+            .finish();
+        assert_eq!(
+            parse_frame(&f, &lim),
+            Err(WireError::TooManyEntries { count: 2, limit: 1 })
+        );
         // A huge declared count with no bytes is an overrun, not an allocation.
         let f = Raw::new(1, 1 << 20).finish();
-        assert!(matches!(parse(&f), Err(WireError::FieldOverrun { field: "name_len", .. })));
+        assert!(matches!(
+            parse(&f),
+            Err(WireError::FieldOverrun {
+                field: "name_len",
+                ..
+            })
+        ));
         // Element limit is configurable.
-        let lim = Limits { max_tensor_elements: 5, ..Limits::default() };
+        let lim = Limits {
+            max_tensor_elements: 5,
+            ..Limits::default()
+        };
         let f = Raw::new(0, 1).entry(b"t", 10, &[2, 3], &[], &[]).finish();
-        assert_eq!(parse_frame(&f, &lim), Err(WireError::TooManyElements { entry: 0, numel: 6, limit: 5 }));
+        assert_eq!(
+            parse_frame(&f, &lim),
+            Err(WireError::TooManyElements {
+                entry: 0,
+                numel: 6,
+                limit: 5
+            })
+        );
         // Boundary values are accepted.
         let f = Raw::new(0, 1)
-            .entry(&[b'n'; 1024], 11, &[1; 8], &[0; 4096], &[(&[b'z'; 32], 7, &[0; 16]), (b"0_9", 6, &[])])
+            .entry(
+                &[b'n'; 1024],
+                11,
+                &[1; 8],
+                &[0; 4096],
+                &[(&[b'z'; 32], 7, &[0; 16]), (b"0_9", 6, &[])],
+            )
             .finish();
         assert!(parse(&f).is_ok());
         let names: Vec<Vec<u8>> = (0..32).map(|i| format!("s{i}").into_bytes()).collect();
-        let secs: Vec<(&[u8], u8, &[u8])> = names.iter().map(|n| (n.as_slice(), 0u8, &[][..])).collect();
+        let secs: Vec<(&[u8], u8, &[u8])> =
+            names.iter().map(|n| (n.as_slice(), 0u8, &[][..])).collect();
         assert!(parse(&Raw::new(0, 1).entry(b"t", 8, &[], &[], &secs).finish()).is_ok());
     }
 
     #[test]
     fn writer_rejects_what_reader_rejects() {
         let h = FrameHeader::new(true, 0, 0);
-        let ok = |name| EntrySpec { name, codec: 0, dtype: codes::F32, shape: &[], params: &[], sections: vec![] };
+        let ok = |name| EntrySpec {
+            name,
+            codec: 0,
+            dtype: codes::F32,
+            shape: &[],
+            params: &[],
+            sections: vec![],
+        };
         let long = "x".repeat(1025);
         let cases: Vec<(FrameHeader, Vec<EntrySpec>, WireError)> = vec![
-            (FrameHeader { version: 2, ..h }, vec![], WireError::UnsupportedVersion { version: 2 }),
-            (FrameHeader::new(false, 0, 0), vec![], WireError::TensorFrameEntryCount { count: 0 }),
-            (FrameHeader::new(false, 0, 0), vec![ok("a"), ok("b")], WireError::TensorFrameEntryCount { count: 2 }),
-            (h, vec![ok(&long)], WireError::NameTooLong { entry: 0, len: 1025 }),
+            (
+                FrameHeader { version: 2, ..h },
+                vec![],
+                WireError::UnsupportedVersion { version: 2 },
+            ),
+            (
+                FrameHeader::new(false, 0, 0),
+                vec![],
+                WireError::TensorFrameEntryCount { count: 0 },
+            ),
+            (
+                FrameHeader::new(false, 0, 0),
+                vec![ok("a"), ok("b")],
+                WireError::TensorFrameEntryCount { count: 2 },
+            ),
+            (
+                h,
+                vec![ok(&long)],
+                WireError::NameTooLong {
+                    entry: 0,
+                    len: 1025,
+                },
+            ),
             (h, vec![ok("")], WireError::EmptyName { entry: 0 }),
-            (h, vec![ok("a"), ok("a")], WireError::DuplicateName { entry: 1, name: "a".into() }),
-            (h, vec![EntrySpec { dtype: 3, ..ok("a") }], WireError::InvalidDtype { entry: 0, code: 3 }),
-            (h, vec![EntrySpec { shape: &[1; 9], ..ok("a") }], WireError::TooManyDims { entry: 0, ndim: 9 }),
-            (h, vec![EntrySpec { shape: &[u64::MAX, 2], ..ok("a") }], WireError::NumelOverflow { entry: 0, shape: vec![u64::MAX, 2] }),
-            (h, vec![EntrySpec { shape: &[1 << 32], ..ok("a") }], WireError::TooManyElements { entry: 0, numel: 1 << 32, limit: 1 << 31 }),
-            (h, vec![EntrySpec { params: &[0; 4097], ..ok("a") }], WireError::ParamsTooLong { entry: 0, len: 4097 }),
-            (h, vec![EntrySpec { sections: vec![("s", 0, &[]); 33], ..ok("a") }], WireError::TooManySections { entry: 0, count: 33 }),
-            (h, vec![EntrySpec { sections: vec![("", 0, &[])], ..ok("a") }], WireError::SectionNameLength { entry: 0, section: 0, len: 0 }),
-            (h, vec![EntrySpec { sections: vec![("é", 0, &[])], ..ok("a") }], WireError::SectionNameInvalid { entry: 0, section: 0, name: "é".into() }),
-            (h, vec![EntrySpec { sections: vec![("s", 0, &[]), ("s", 0, &[])], ..ok("a") }], WireError::DuplicateSection { entry: 0, section: 1, name: "s".into() }),
-            (h, vec![EntrySpec { sections: vec![("s", 13, &[])], ..ok("a") }], WireError::UnknownElemType { entry: 0, section: 0, code: 13 }),
-            (h, vec![EntrySpec { sections: vec![("s", 11, &[0; 12])], ..ok("a") }], WireError::SectionLength { entry: 0, section: 0, byte_len: 12, elem_size: 8 }),
+            (
+                h,
+                vec![ok("a"), ok("a")],
+                WireError::DuplicateName {
+                    entry: 1,
+                    name: "a".into(),
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    dtype: 3,
+                    ..ok("a")
+                }],
+                WireError::InvalidDtype { entry: 0, code: 3 },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    shape: &[1; 9],
+                    ..ok("a")
+                }],
+                WireError::TooManyDims { entry: 0, ndim: 9 },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    shape: &[u64::MAX, 2],
+                    ..ok("a")
+                }],
+                WireError::NumelOverflow {
+                    entry: 0,
+                    shape: vec![u64::MAX, 2],
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    shape: &[1 << 32],
+                    ..ok("a")
+                }],
+                WireError::TooManyElements {
+                    entry: 0,
+                    numel: 1 << 32,
+                    limit: 1 << 31,
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    params: &[0; 4097],
+                    ..ok("a")
+                }],
+                WireError::ParamsTooLong {
+                    entry: 0,
+                    len: 4097,
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("s", 0, &[]); 33],
+                    ..ok("a")
+                }],
+                WireError::TooManySections {
+                    entry: 0,
+                    count: 33,
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("", 0, &[])],
+                    ..ok("a")
+                }],
+                WireError::SectionNameLength {
+                    entry: 0,
+                    section: 0,
+                    len: 0,
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("é", 0, &[])],
+                    ..ok("a")
+                }],
+                WireError::SectionNameInvalid {
+                    entry: 0,
+                    section: 0,
+                    name: "é".into(),
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("s", 0, &[]), ("s", 0, &[])],
+                    ..ok("a")
+                }],
+                WireError::DuplicateSection {
+                    entry: 0,
+                    section: 1,
+                    name: "s".into(),
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("s", 13, &[])],
+                    ..ok("a")
+                }],
+                WireError::UnknownElemType {
+                    entry: 0,
+                    section: 0,
+                    code: 13,
+                },
+            ),
+            (
+                h,
+                vec![EntrySpec {
+                    sections: vec![("s", 11, &[0; 12])],
+                    ..ok("a")
+                }],
+                WireError::SectionLength {
+                    entry: 0,
+                    section: 0,
+                    byte_len: 12,
+                    elem_size: 8,
+                },
+            ),
         ];
         for (i, (hdr, entries, expected)) in cases.into_iter().enumerate() {
             assert_eq!(write_frame(&hdr, &entries), Err(expected), "case {i}");
         }
-        let w = FrameWriter::new(Limits { max_frame_bytes: 40, ..Limits::default() });
-        assert_eq!(w.write(&h, &[ok("abcdef")]), Err(WireError::FrameTooLarge { len: 53, limit: 40 }));
-        let w = FrameWriter::new(Limits { max_entries: 1, ..Limits::default() });
-        assert_eq!(w.write(&h, &[ok("a"), ok("b")]), Err(WireError::TooManyEntries { count: 2, limit: 1 }));
+        let w = FrameWriter::new(Limits {
+            max_frame_bytes: 40,
+            ..Limits::default()
+        });
+        assert_eq!(
+            w.write(&h, &[ok("abcdef")]),
+            Err(WireError::FrameTooLarge { len: 53, limit: 40 })
+        );
+        let w = FrameWriter::new(Limits {
+            max_entries: 1,
+            ..Limits::default()
+        });
+        assert_eq!(
+            w.write(&h, &[ok("a"), ok("b")]),
+            Err(WireError::TooManyEntries { count: 2, limit: 1 })
+        );
         // write_into needs the exact size.
         let entries = [ok("a")];
         let n = frame_len(&h, &entries, &Limits::default()).unwrap();
         let mut buf = vec![0u8; n + 1];
         assert_eq!(
             write_frame_into(&h, &entries, &Limits::default(), &mut buf),
-            Err(WireError::OutputSizeMismatch { needed: n, got: n + 1 })
+            Err(WireError::OutputSizeMismatch {
+                needed: n,
+                got: n + 1
+            })
         );
         write_frame_into(&h, &entries, &Limits::default(), &mut buf[..n]).unwrap();
         assert_eq!(&buf[..n], write_frame(&h, &entries).unwrap().as_slice());
@@ -948,7 +1555,11 @@ mod tests {
     fn owned_entry() -> impl Strategy<Value = OwnedEntry> {
         let section = ("[a-z0-9_]{1,32}", 0u8..12, 0usize..6).prop_flat_map(|(n, elem, k)| {
             let size = elem_size(elem).unwrap_or(1) as usize;
-            (Just(n), Just(elem), proptest::collection::vec(any::<u8>(), k * size..=k * size))
+            (
+                Just(n),
+                Just(elem),
+                proptest::collection::vec(any::<u8>(), k * size..=k * size),
+            )
         });
         (
             "\\PC{1,12}",
@@ -961,7 +1572,14 @@ mod tests {
             .prop_map(|(name, codec, dtype, shape, params, mut sections)| {
                 let mut seen = HashSet::new();
                 sections.retain(|s| seen.insert(s.0.clone()));
-                OwnedEntry { name, codec, dtype, shape, params, sections }
+                OwnedEntry {
+                    name,
+                    codec,
+                    dtype,
+                    shape,
+                    params,
+                    sections,
+                }
             })
     }
 

@@ -24,10 +24,13 @@ pub use bitpack::{
 pub use checksum::crc32c;
 pub use error::{Result, WireError};
 pub use frame::{
-    elem_size, frame_len, is_float_dtype, parse_frame, parse_header, write_frame, write_frame_into, EntrySpec,
-    EntryView, FrameHeader, FrameView, FrameWriter, Limits, SectionView,
+    elem_size, frame_len, is_float_dtype, parse_frame, parse_header, write_frame, write_frame_into,
+    EntrySpec, EntryView, FrameHeader, FrameView, FrameWriter, Limits, SectionView,
 };
-pub use quartic::{quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len};
+pub use quartic::{
+    quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len,
+};
 pub use zero_run::{
-    zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode, zero_run_output_len,
+    zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode,
+    zero_run_output_len,
 };

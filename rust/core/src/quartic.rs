@@ -52,7 +52,10 @@ pub fn quartic_encode_into(trits: &[i8], out: &mut [u8]) -> Result<()> {
     let n = trits.len();
     let l = quartic_len(n);
     if out.len() != l {
-        return Err(WireError::OutputSizeMismatch { needed: l, got: out.len() });
+        return Err(WireError::OutputSizeMismatch {
+            needed: l,
+            got: out.len(),
+        });
     }
     // Columns 0..full have all five digits present; the rest have padding in the high planes.
     let full = n.saturating_sub(4 * l);
@@ -93,7 +96,10 @@ pub fn quartic_encode_into(trits: &[i8], out: &mut [u8]) -> Result<()> {
     }
     if worst > 2 {
         if let Some(index) = trits.iter().position(|&t| !(-1..=1).contains(&t)) {
-            return Err(WireError::InvalidTrit { index, value: trits[index] });
+            return Err(WireError::InvalidTrit {
+                index,
+                value: trits[index],
+            });
         }
     }
     Ok(())
@@ -104,7 +110,10 @@ pub fn quartic_decode(data: &[u8], count: usize) -> Result<Vec<i8>> {
     // Check the length before allocating `count` bytes: `count` comes from the caller/frame.
     let l = quartic_len(count);
     if data.len() != l {
-        return Err(WireError::LengthMismatch { expected: l, got: data.len() });
+        return Err(WireError::LengthMismatch {
+            expected: l,
+            got: data.len(),
+        });
     }
     let mut out = vec![0i8; count];
     quartic_decode_into(data, &mut out)?;
@@ -117,10 +126,16 @@ pub fn quartic_decode_into(data: &[u8], out: &mut [i8]) -> Result<()> {
     let n = out.len();
     let l = quartic_len(n);
     if data.len() != l {
-        return Err(WireError::LengthMismatch { expected: l, got: data.len() });
+        return Err(WireError::LengthMismatch {
+            expected: l,
+            got: data.len(),
+        });
     }
     if let Some(index) = first_invalid_byte(data) {
-        return Err(WireError::InvalidQuarticByte { index, value: data[index] });
+        return Err(WireError::InvalidQuarticByte {
+            index,
+            value: data[index],
+        });
     }
     let full = n.saturating_sub(4 * l);
     if full > 0 {
@@ -128,15 +143,31 @@ pub fn quartic_decode_into(data: &[u8], out: &mut [i8]) -> Result<()> {
         let (p1, rest) = rest.split_at_mut(l);
         let (p2, rest) = rest.split_at_mut(l);
         let (p3, p4) = rest.split_at_mut(l);
-        let (p0, p1, p2, p3, p4) =
-            (&mut p0[..full], &mut p1[..full], &mut p2[..full], &mut p3[..full], &mut p4[..full]);
-        for (i, &b) in data[..full].iter().enumerate() {
-            let t = &TABLE[b as usize];
-            p0[i] = t[0];
-            p1[i] = t[1];
-            p2[i] = t[2];
-            p3[i] = t[3];
-            p4[i] = t[4];
+        let (p0, p1, p2, p3, p4) = (
+            &mut p0[..full],
+            &mut p1[..full],
+            &mut p2[..full],
+            &mut p3[..full],
+            &mut p4[..full],
+        );
+        let data = &data[..full];
+        // Division by constants on 16-bit lanes: LLVM vectorises this loop (a table lookup per
+        // byte would be a gather and five scalar stores).
+        for i in 0..full {
+            let b = u16::from(data[i]);
+            let d0 = b / 81;
+            let r = b - 81 * d0;
+            let d1 = r / 27;
+            let r = r - 27 * d1;
+            let d2 = r / 9;
+            let r = r - 9 * d2;
+            let d3 = r / 3;
+            let d4 = r - 3 * d3;
+            p0[i] = d0 as i8 - 1;
+            p1[i] = d1 as i8 - 1;
+            p2[i] = d2 as i8 - 1;
+            p3[i] = d3 as i8 - 1;
+            p4[i] = d4 as i8 - 1;
         }
     }
     for (i, &b) in data.iter().enumerate().skip(full) {
@@ -145,7 +176,11 @@ pub fn quartic_decode_into(data: &[u8], out: &mut [i8]) -> Result<()> {
             match out.get_mut(plane * l + i) {
                 Some(o) => *o = q,
                 None if q != -1 => {
-                    return Err(WireError::NonzeroQuarticPadding { index: i, plane, digit: (q + 1) as u8 })
+                    return Err(WireError::NonzeroQuarticPadding {
+                        index: i,
+                        plane,
+                        digit: (q + 1) as u8,
+                    })
                 }
                 None => {}
             }
@@ -154,14 +189,37 @@ pub fn quartic_decode_into(data: &[u8], out: &mut [i8]) -> Result<()> {
     Ok(())
 }
 
-/// Index of the first byte above 242, if any (fast path: a vectorisable max over blocks).
-fn first_invalid_byte(data: &[u8]) -> Option<usize> {
-    for (blk, chunk) in data.chunks(4096).enumerate() {
-        if chunk.iter().fold(0u8, |m, &b| m.max(b)) > QUARTIC_MAX {
-            return chunk.iter().position(|&b| b > QUARTIC_MAX).map(|p| blk * 4096 + p);
+/// Index of the first byte above 242, if any (fast path: a SWAR scan of 256-byte blocks).
+pub(crate) fn first_invalid_byte(data: &[u8]) -> Option<usize> {
+    const BLK: usize = 256;
+    for (blk, chunk) in data.chunks(BLK).enumerate() {
+        if has_byte_above_242(chunk) {
+            return chunk
+                .iter()
+                .position(|&b| b > QUARTIC_MAX)
+                .map(|p| blk * BLK + p);
         }
     }
     None
+}
+
+/// True if some byte of `s` is above 242. Word-at-a-time: a byte `b` is ≥ 243 iff its high bit
+/// is set and `(b & 0x7F) + 13` reaches 128; the sums cannot carry into the next byte.
+#[inline(always)]
+pub(crate) fn has_byte_above_242(s: &[u8]) -> bool {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const THIRTEEN: u64 = 0x0D0D_0D0D_0D0D_0D0D;
+    let words = s.chunks_exact(8);
+    let rest = words.remainder();
+    let mut acc = 0u64;
+    for w in words {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(w);
+        let x = u64::from_le_bytes(a);
+        acc |= ((x & LOW7) + THIRTEEN) & x;
+    }
+    acc & HIGH != 0 || rest.iter().any(|&b| b > QUARTIC_MAX)
 }
 
 #[cfg(test)]
@@ -171,10 +229,16 @@ mod tests {
 
     #[test]
     fn required_vectors() {
-        assert_eq!(quartic_encode(&[0, -1, 1, 0, 0, 1, 0]).unwrap(), vec![147, 45]);
+        assert_eq!(
+            quartic_encode(&[0, -1, 1, 0, 0, 1, 0]).unwrap(),
+            vec![147, 45]
+        );
         assert_eq!(quartic_encode(&[0; 7]).unwrap(), vec![120, 117]);
         assert_eq!(quartic_encode(&[0; 10]).unwrap(), vec![121, 121]);
-        assert_eq!(quartic_decode(&[147, 45], 7).unwrap(), vec![0, -1, 1, 0, 0, 1, 0]);
+        assert_eq!(
+            quartic_decode(&[147, 45], 7).unwrap(),
+            vec![0, -1, 1, 0, 0, 1, 0]
+        );
         assert_eq!(quartic_decode(&[120, 117], 7).unwrap(), vec![0; 7]);
         assert_eq!(quartic_decode(&[121, 121], 10).unwrap(), vec![0; 10]);
     }
@@ -193,30 +257,100 @@ mod tests {
 
     #[test]
     fn rejects_bad_trit() {
-        assert_eq!(quartic_encode(&[0, 0, 2, 0]), Err(WireError::InvalidTrit { index: 2, value: 2 }));
-        assert_eq!(quartic_encode(&[0; 20].iter().copied().chain([-2]).collect::<Vec<_>>()),
-                   Err(WireError::InvalidTrit { index: 20, value: -2 }));
+        assert_eq!(
+            quartic_encode(&[0, 0, 2, 0]),
+            Err(WireError::InvalidTrit { index: 2, value: 2 })
+        );
+        assert_eq!(
+            quartic_encode(&[0; 20].iter().copied().chain([-2]).collect::<Vec<_>>()),
+            Err(WireError::InvalidTrit {
+                index: 20,
+                value: -2
+            })
+        );
         let mut v = vec![0i8; 100];
         v[37] = i8::MIN;
-        assert_eq!(quartic_encode(&v), Err(WireError::InvalidTrit { index: 37, value: i8::MIN }));
+        assert_eq!(
+            quartic_encode(&v),
+            Err(WireError::InvalidTrit {
+                index: 37,
+                value: i8::MIN
+            })
+        );
     }
 
     #[test]
     fn rejects_bad_bytes_and_lengths() {
-        assert_eq!(quartic_decode(&[121, 243], 10), Err(WireError::InvalidQuarticByte { index: 1, value: 243 }));
-        assert_eq!(quartic_decode(&[121, 121], 11), Err(WireError::LengthMismatch { expected: 3, got: 2 }));
-        assert_eq!(quartic_decode(&[121, 121], 5), Err(WireError::LengthMismatch { expected: 1, got: 2 }));
+        assert_eq!(
+            quartic_decode(&[121, 243], 10),
+            Err(WireError::InvalidQuarticByte {
+                index: 1,
+                value: 243
+            })
+        );
+        assert_eq!(
+            quartic_decode(&[121, 121], 11),
+            Err(WireError::LengthMismatch {
+                expected: 3,
+                got: 2
+            })
+        );
+        assert_eq!(
+            quartic_decode(&[121, 121], 5),
+            Err(WireError::LengthMismatch {
+                expected: 1,
+                got: 2
+            })
+        );
         // 7 trits, L = 2: (plane 4, byte 0), (plane 3, byte 1), (plane 4, byte 1) are padding.
-        assert!(matches!(quartic_decode(&[120, 120], 7), Err(WireError::NonzeroQuarticPadding { index: 1, plane: 3, digit: 1 })));
-        assert!(matches!(quartic_decode(&[120, 118], 7), Err(WireError::NonzeroQuarticPadding { index: 1, plane: 4, digit: 1 })));
-        assert!(matches!(quartic_decode(&[121, 117], 7), Err(WireError::NonzeroQuarticPadding { index: 0, plane: 4, digit: 1 })));
+        assert!(matches!(
+            quartic_decode(&[120, 120], 7),
+            Err(WireError::NonzeroQuarticPadding {
+                index: 1,
+                plane: 3,
+                digit: 1
+            })
+        ));
+        assert!(matches!(
+            quartic_decode(&[120, 118], 7),
+            Err(WireError::NonzeroQuarticPadding {
+                index: 1,
+                plane: 4,
+                digit: 1
+            })
+        ));
+        assert!(matches!(
+            quartic_decode(&[121, 117], 7),
+            Err(WireError::NonzeroQuarticPadding {
+                index: 0,
+                plane: 4,
+                digit: 1
+            })
+        ));
+    }
+
+    #[test]
+    fn swar_scan_is_exact() {
+        for b in 0..=255u8 {
+            for at in [0usize, 7, 8, 13, 63, 255, 256, 300] {
+                let mut v = vec![121u8; 301];
+                v[at] = b;
+                let expect = (b > 242).then_some(at);
+                assert_eq!(first_invalid_byte(&v), expect, "byte {b} at {at}");
+                assert_eq!(has_byte_above_242(&v), b > 242);
+            }
+        }
     }
 
     #[test]
     fn table_matches_arithmetic() {
         for b in 0..=242u32 {
             let t = TABLE[b as usize];
-            let back: u32 = t.iter().zip(W).map(|(&q, w)| (q + 1) as u32 * w as u32).sum();
+            let back: u32 = t
+                .iter()
+                .zip(W)
+                .map(|(&q, w)| (q + 1) as u32 * w as u32)
+                .sum();
             assert_eq!(back, b);
         }
     }

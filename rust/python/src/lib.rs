@@ -42,10 +42,17 @@ fn slice<'a, T: Element>(arr: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResu
 
 /// pack_bits(values, bits) -> bytes
 #[pyfunction]
-fn pack_bits<'py>(py: Python<'py>, values: PyReadonlyArray1<'py, u32>, bits: u32) -> PyResult<Bound<'py, PyBytes>> {
+fn pack_bits<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArray1<'py, u32>,
+    bits: u32,
+) -> PyResult<Bound<'py, PyBytes>> {
     let v = slice(&values, "values")?;
     let len = gw::packed_len(v.len(), bits).map_err(py_err)?;
-    PyBytes::new_with(py, len, |buf| py.detach(|| gw::pack_bits_into(v, bits, buf)).map_err(py_err))
+    PyBytes::new_with(py, len, |buf| {
+        py.detach(|| gw::pack_bits_into(v, bits, buf))
+            .map_err(py_err)
+    })
 }
 
 /// unpack_bits(data, bits, count) -> ndarray[uint32]
@@ -57,7 +64,9 @@ fn unpack_bits<'py>(
     count: usize,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let d = slice(&data, "data")?;
-    let out = py.detach(|| gw::unpack_bits(d, bits, count)).map_err(py_err)?;
+    let out = py
+        .detach(|| gw::unpack_bits(d, bits, count))
+        .map_err(py_err)?;
     Ok(PyArray1::from_vec(py, out))
 }
 
@@ -70,16 +79,22 @@ fn unpack_bits_exact<'py>(
     count: usize,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let d = slice(&data, "data")?;
-    let out = py.detach(|| gw::unpack_bits_exact(d, bits, count)).map_err(py_err)?;
+    let out = py
+        .detach(|| gw::unpack_bits_exact(d, bits, count))
+        .map_err(py_err)?;
     Ok(PyArray1::from_vec(py, out))
 }
 
 /// quartic_encode(trits) -> bytes
 #[pyfunction]
-fn quartic_encode<'py>(py: Python<'py>, trits: PyReadonlyArray1<'py, i8>) -> PyResult<Bound<'py, PyBytes>> {
+fn quartic_encode<'py>(
+    py: Python<'py>,
+    trits: PyReadonlyArray1<'py, i8>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let t = slice(&trits, "trits")?;
     PyBytes::new_with(py, gw::quartic_len(t.len()), |buf| {
-        py.detach(|| gw::quartic_encode_into(t, buf)).map_err(py_err)
+        py.detach(|| gw::quartic_encode_into(t, buf))
+            .map_err(py_err)
     })
 }
 
@@ -97,7 +112,10 @@ fn quartic_decode<'py>(
 
 /// zero_run_encode(data) -> bytes
 #[pyfunction]
-fn zero_run_encode<'py>(py: Python<'py>, data: PyReadonlyArray1<'py, u8>) -> PyResult<Bound<'py, PyBytes>> {
+fn zero_run_encode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let d = slice(&data, "data")?;
     let out = py.detach(|| gw::zero_run_encode(d)).map_err(py_err)?;
     Ok(PyBytes::new(py, &out))
@@ -113,8 +131,13 @@ fn zero_run_decode<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let d = slice(&data, "data")?;
     // The length is checked against expected_len before the output is allocated.
-    let len = py.detach(|| gw::zero_run_output_len(d, expected_len)).map_err(py_err)?;
-    PyBytes::new_with(py, len, |buf| py.detach(|| gw::zero_run_decode_into(d, buf)).map_err(py_err))
+    let len = py
+        .detach(|| gw::zero_run_output_len(d, expected_len))
+        .map_err(py_err)?;
+    PyBytes::new_with(py, len, |buf| {
+        py.detach(|| gw::zero_run_decode_into(d, buf))
+            .map_err(py_err)
+    })
 }
 
 /// crc32c(data, value=0) -> int
@@ -126,7 +149,14 @@ fn crc32c(py: Python<'_>, data: PyReadonlyArray1<'_, u8>, value: u32) -> PyResul
 }
 
 type SectionIn<'py> = (String, u8, PyReadonlyArray1<'py, u8>);
-type EntryIn<'py> = (String, u16, u8, Vec<u64>, PyReadonlyArray1<'py, u8>, Vec<SectionIn<'py>>);
+type EntryIn<'py> = (
+    String,
+    u16,
+    u8,
+    Vec<u64>,
+    PyReadonlyArray1<'py, u8>,
+    Vec<SectionIn<'py>>,
+);
 
 /// encode_frame(round, sender, bundle, entries) -> bytes
 #[pyfunction]
@@ -154,14 +184,24 @@ fn encode_frame<'py>(
     }
     let header = gw::FrameHeader::new(bundle, round, sender);
     let limits = gw::Limits::default();
-    let len = py.detach(|| gw::frame_len(&header, &specs, &limits)).map_err(py_err)?;
+    let len = py
+        .detach(|| gw::frame_len(&header, &specs, &limits))
+        .map_err(py_err)?;
     PyBytes::new_with(py, len, |buf| {
-        py.detach(|| gw::write_frame_into(&header, &specs, &limits, buf)).map_err(py_err)
+        py.detach(|| gw::write_frame_into(&header, &specs, &limits, buf))
+            .map_err(py_err)
     })
 }
 
 type SectionOut<'a> = (&'a str, u8, usize, usize);
-type EntryOut<'a, 'py> = (&'a str, u16, u8, Bound<'py, PyTuple>, (usize, usize), Vec<SectionOut<'a>>);
+type EntryOut<'a, 'py> = (
+    &'a str,
+    u16,
+    u8,
+    Bound<'py, PyTuple>,
+    (usize, usize),
+    Vec<SectionOut<'a>>,
+);
 
 /// decode_frame(data, max_frame_bytes=2**31, max_entries=2**20, max_tensor_elements=2**31)
 ///     -> (round, sender, bundle, entries)
@@ -175,13 +215,28 @@ fn decode_frame<'py>(
     max_tensor_elements: u64,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let d = slice(&data, "data")?;
-    let limits = gw::Limits { max_frame_bytes, max_entries, max_tensor_elements };
+    let limits = gw::Limits {
+        max_frame_bytes,
+        max_entries,
+        max_tensor_elements,
+    };
     let view = py.detach(|| gw::parse_frame(d, &limits)).map_err(py_err)?;
     let mut entries: Vec<EntryOut<'_, 'py>> = Vec::with_capacity(view.entries.len());
     for e in &view.entries {
         let shape = PyTuple::new(py, &e.shape)?;
-        let sections = e.sections.iter().map(|s| (s.name, s.elem, s.range.start, s.range.end)).collect();
-        entries.push((e.name, e.codec, e.dtype, shape, (e.params.start, e.params.end), sections));
+        let sections = e
+            .sections
+            .iter()
+            .map(|s| (s.name, s.elem, s.range.start, s.range.end))
+            .collect();
+        entries.push((
+            e.name,
+            e.codec,
+            e.dtype,
+            shape,
+            (e.params.start, e.params.end),
+            sections,
+        ));
     }
     let h = view.header;
     (h.round, h.sender, h.bundle, entries).into_pyobject(py)
