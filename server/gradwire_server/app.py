@@ -1,0 +1,118 @@
+"""The FastAPI application: wiring of store, metrics, round engine and routers; startup and shutdown.
+
+Lifespan: open the store, recover every run (last committed version plus the acknowledged updates of
+its open round), start the round drivers, then ``/readyz`` turns 200. On shutdown (uvicorn handles
+SIGTERM) the drivers stop after any round close in flight, and the store closes cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .errors import ApiError
+from .metrics import Metrics
+from .rounds import RoundEngine
+from .routes import health, nodes, runs, state, updates
+from .settings import ServerSettings
+from .store import Store
+
+__all__ = ["ServerContext", "create_app"]
+
+log = logging.getLogger("gradwire_server")
+
+
+class ServerContext:
+    """What every request handler reaches through ``request.app.state.server``."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.ready = False
+        self.store: Optional[Store] = None
+        self.engine: Optional[RoundEngine] = None
+        self.metrics = Metrics(live_nodes=self._live_nodes)
+        self.admin_token = self._admin_token()
+
+    def _admin_token(self) -> str:
+        if self.settings.admin_token is not None:
+            return self.settings.admin_token.get_secret_value()
+        path = Path(self.settings.data_dir) / "admin_token"
+        if path.exists():
+            return path.read_text().strip()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        log.warning("no admin token configured; generated one into %s", path)
+        return token
+
+    def _live_nodes(self) -> float:
+        if self.store is None or not self.ready:
+            return 0.0
+        return float(self.store.live_nodes(self.settings.live_window_rounds))
+
+
+def _is_update_submission(request: Request) -> bool:
+    return request.method == "POST" and request.url.path.endswith("/updates")
+
+
+def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
+    """The gradwire aggregation server as an ASGI app (serve it with uvicorn)."""
+    settings = settings or ServerSettings()
+    ctx = ServerContext(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        ctx.store = Store(settings.data_dir)
+        ctx.engine = RoundEngine(ctx.store, ctx.metrics, settings)
+        await ctx.engine.start()
+        ctx.ready = True
+        log.info("gradwire server ready: data in %s, %d run(s)", settings.data_dir, len(ctx.engine.runs))
+        try:
+            yield
+        finally:
+            ctx.ready = False
+            await ctx.engine.stop()
+            ctx.store.close()
+            log.info("gradwire server stopped cleanly")
+
+    app = FastAPI(
+        title="gradwire aggregation server",
+        version=__version__,
+        summary="Compressed gradient submission, robust aggregation, AdamW on master weights, compressed updates back.",
+        lifespan=lifespan,
+    )
+    app.state.server = ctx
+
+    def error_response(request: Request, status: int, reason: str, detail: str, headers=None) -> JSONResponse:
+        ctx.metrics.reject(reason, update=_is_update_submission(request))
+        return JSONResponse({"error": reason, "detail": detail}, status_code=status, headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return error_response(request, exc.status, exc.reason, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(request, 422, "invalid_request", detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(request, exc.status_code, reason, str(exc.detail))
+
+    for module in (health, runs, nodes, state, updates):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,75 @@
+"""Bearer tokens: one admin token, and one token per node stored only as its SHA-256 hash."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Optional
+
+from fastapi import Request
+
+from .errors import ApiError
+
+__all__ = ["Principal", "hash_token", "new_token", "principal"]
+
+
+def new_token() -> str:
+    """32 random bytes, URL-safe base64: a node's token, shown once at registration."""
+    return secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the admin, or node ``node_id`` of run ``run_id``."""
+
+    admin: bool
+    run_id: Optional[str] = None
+    node_id: Optional[int] = None
+
+    def require_admin(self) -> None:
+        if not self.admin:
+            raise ApiError(403, "forbidden", "this endpoint needs the admin token")
+
+    def require_member(self, run_id: str) -> None:
+        """The admin, or a node of ``run_id``."""
+        if not self.admin and self.run_id != run_id:
+            raise ApiError(403, "forbidden", "this token belongs to a node of another run")
+
+    def require_node(self, run_id: str) -> int:
+        """A node of ``run_id``; returns its node id."""
+        if self.admin:
+            raise ApiError(403, "forbidden", "updates are submitted with a node token, not the admin token")
+        if self.run_id != run_id:
+            raise ApiError(403, "forbidden", "this token belongs to a node of another run")
+        assert self.node_id is not None
+        return self.node_id
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization")
+    if not header:
+        raise ApiError(401, "missing_token", "send 'Authorization: Bearer <token>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "missing_token", "the Authorization header must be 'Bearer <token>'",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return token.strip()
+
+
+async def principal(request: Request) -> Principal:
+    """FastAPI dependency: authenticate the bearer token (401 ``missing_token`` / ``invalid_token``)."""
+    token = _bearer(request)
+    server = request.app.state.server
+    if hmac.compare_digest(token.encode(), server.admin_token.encode()):
+        return Principal(admin=True)
+    node = server.store.node_by_token_hash(hash_token(token))
+    if node is None:
+        raise ApiError(401, "invalid_token", "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return Principal(admin=False, run_id=node.run_id, node_id=node.node_id)

@@ -1,0 +1,85 @@
+"""``RunConfig``: everything a run fixes when it is created (docs/API.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import gradwire
+
+__all__ = ["AggregationConfig", "CodecConfig", "OptimizerConfig", "RunConfig"]
+
+
+class CodecConfig(BaseModel):
+    """A codec by registry name (``gradwire.CODECS``) and its keyword parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    codec: str = "dct"
+    params: dict[str, Any] = Field(default_factory=lambda: {"chunk_shape": [64, 64], "topk": 32})
+
+    @model_validator(mode="after")
+    def _buildable(self) -> "CodecConfig":
+        try:
+            self.build()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"codec {self.codec!r} with params {self.params}: {exc}") from None
+        return self
+
+    def build(self) -> gradwire.Codec:
+        params = dict(self.params)
+        if "wire_dtype" in params and isinstance(params["wire_dtype"], str):
+            import torch
+
+            params["wire_dtype"] = getattr(torch, params["wire_dtype"])
+        return gradwire.make_codec(self.codec, **params)
+
+
+class OptimizerConfig(BaseModel):
+    """AdamW on the fp32 master weights, with linear warm-up then a constant or cosine schedule."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_rounds: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_rounds: Optional[int] = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "OptimizerConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        if self.schedule == "cosine" and self.total_rounds is None:
+            raise ValueError("schedule 'cosine' needs total_rounds")
+        return self
+
+
+class AggregationConfig(BaseModel):
+    """The rule that turns a round's updates into one gradient."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: Literal["mean", "clipped_mean", "trimmed_mean", "median"] = "mean"
+    trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
+
+
+class RunConfig(BaseModel):
+    """A run's configuration; every field has a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uplink: CodecConfig = Field(default_factory=CodecConfig)
+    downlink: CodecConfig = Field(default_factory=CodecConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    quorum: int = Field(1, ge=1, description="Aggregate as soon as this many distinct nodes submitted.")
+    min_updates: int = Field(1, ge=1, description="At the deadline, aggregate if at least this many updates.")
+    round_deadline_s: float = Field(30.0, gt=0, description="Seconds from the moment a round opens.")
+    max_frame_bytes: int = Field(64 << 20, ge=36)
+    max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
+    late_policy: Literal["reject", "staleness"] = "reject"
+    keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")

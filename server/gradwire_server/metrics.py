@@ -1,0 +1,48 @@
+"""The server's Prometheus metrics, in a registry of their own (one per app, so apps never collide)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """Counters, gauges and histograms exposed at ``GET /metrics``."""
+
+    def __init__(self, live_nodes: Callable[[], float]):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.updates_accepted = Counter(
+            "gradwire_updates_accepted", "Update frames accepted (202), duplicates excluded.", registry=r)
+        self.updates_rejected = Counter(
+            "gradwire_updates_rejected", "Update submissions refused, by reason.", ["reason"], registry=r)
+        self.requests_rejected = Counter(
+            "gradwire_requests_rejected", "Other requests refused with a 4xx, by reason.", ["reason"], registry=r)
+        self.bytes_in = Counter("gradwire_bytes_in", "Update frame bytes received.", registry=r)
+        self.bytes_out = Counter("gradwire_bytes_out", "Update frame and state bytes sent.", registry=r)
+        self.compression_ratio = Gauge(
+            "gradwire_compression_ratio", "Dense fp32 bytes / frame bytes of the last accepted update.", registry=r)
+        self.round_duration = Histogram(
+            "gradwire_round_duration_seconds", "From a round opening to its version being published.",
+            buckets=_ROUND_BUCKETS, registry=r)
+        self.decode_seconds = Histogram(
+            "gradwire_decode_seconds", "Parsing and validating one submitted frame.", buckets=_LATENCY_BUCKETS,
+            registry=r)
+        self.aggregate_seconds = Histogram(
+            "gradwire_aggregate_seconds", "Aggregating one round's updates into one gradient.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.publish_seconds = Histogram(
+            "gradwire_publish_seconds", "Closing a round: aggregate, AdamW, downlink encode, durable publish.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.live_nodes = Gauge("gradwire_live_nodes", "Nodes that submitted in the last N rounds.", registry=r)
+        self.live_nodes.set_function(live_nodes)
+        self.version = Gauge("gradwire_version", "Current published version, by run.", ["run"], registry=r)
+
+    def reject(self, reason: str, *, update: bool) -> None:
+        (self.updates_rejected if update else self.requests_rejected).labels(reason=reason).inc()

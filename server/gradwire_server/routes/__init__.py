@@ -1,0 +1,1 @@
+"""One router per resource: health (and metrics), runs, nodes, state, updates."""

@@ -1,0 +1,40 @@
+"""``PUT /v1/runs/{run_id}/state`` (initial model, admin) and ``GET`` (current fp32 master weights)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel
+
+from ..auth import Principal, principal
+from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server
+
+router = APIRouter(prefix="/v1/runs/{run_id}/state", tags=["state"])
+
+
+class StateSet(BaseModel):
+    version: int
+    weights_hash: str
+
+
+@router.put("", response_model=StateSet, summary="Set the initial model (admin): safetensors bytes",
+            openapi_extra=octet_request("The model's tensors as safetensors; stored as fp32 master weights."),
+            responses={400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR})
+async def put_state(run_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+    who.require_admin()
+    ctx = server(request)
+    ctx.engine.runtime(run_id)
+    body = await read_body(request, ctx.settings.max_state_bytes, reason="state_too_large")
+    return await ctx.engine.set_state(run_id, body)
+
+
+@router.get("", response_class=Response, summary="The fp32 master weights at the current version",
+            responses={200: octet_response("safetensors bytes", VERSION_HEADERS), 401: ERROR, 403: ERROR,
+                       404: ERROR, 409: ERROR})
+async def get_state(run_id: str, request: Request, who: Principal = Depends(principal)) -> Response:
+    ctx = server(request)
+    ctx.engine.runtime(run_id)
+    who.require_member(run_id)
+    data, version, h = await ctx.engine.state_bytes(run_id)
+    ctx.metrics.bytes_out.inc(len(data))
+    return Response(data, media_type="application/octet-stream",
+                    headers={"X-Gradwire-Version": str(version), "X-Gradwire-Weights-Hash": h})

@@ -1,0 +1,379 @@
+"""Durable state: SQLite for runs, nodes, versions and submission records; files for tensors and frames.
+
+Layout under ``data_dir``::
+
+    gradwire.sqlite3                       runs, nodes, versions, submissions (WAL, synchronous=FULL)
+    runs/<run_id>/weights/v<version>.safetensors    fp32 master weights at <version>
+    runs/<run_id>/moments/v<version>.safetensors    AdamW exp_avg.* / exp_avg_sq.* after <version> steps
+    runs/<run_id>/residual/v<version>.safetensors   downlink error-feedback residual at <version>
+    runs/<run_id>/diffs/v<version>.gwf              the frame that published <version>
+    runs/<run_id>/submissions/r<round>-n<node>.gwf  an acknowledged update, kept until its round closes
+
+Every file is written atomically: a temporary file in the same directory, fsync, rename over the final
+name, fsync of the directory. A submission is acknowledged only after its file is durable *and* its row
+is committed. Publishing a version writes its four files first and then commits one SQLite transaction
+that moves the run's version: that commit is the only point at which a version exists, so a crash at
+any moment leaves either the old version (whose files were never touched) or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+__all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id          TEXT PRIMARY KEY,
+    config          TEXT NOT NULL,
+    created_at      REAL NOT NULL,
+    version         INTEGER NOT NULL DEFAULT 0,
+    weights_hash    TEXT,
+    has_state       INTEGER NOT NULL DEFAULT 0,
+    round_opened_at REAL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    run_id      TEXT NOT NULL REFERENCES runs(run_id),
+    node_id     INTEGER NOT NULL,
+    name        TEXT,
+    token_hash  TEXT NOT NULL UNIQUE,
+    created_at  REAL NOT NULL,
+    PRIMARY KEY (run_id, node_id)
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    run_id       TEXT NOT NULL REFERENCES runs(run_id),
+    node_id      INTEGER NOT NULL,
+    round        INTEGER NOT NULL,
+    target_round INTEGER NOT NULL,
+    sha256       TEXT NOT NULL,
+    nbytes       INTEGER NOT NULL,
+    weight       REAL NOT NULL,
+    norm         REAL NOT NULL,
+    received_at  REAL NOT NULL,
+    PRIMARY KEY (run_id, node_id, round)
+);
+CREATE INDEX IF NOT EXISTS submissions_target ON submissions (run_id, target_round);
+CREATE TABLE IF NOT EXISTS versions (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id),
+    version       INTEGER NOT NULL,
+    weights_hash  TEXT NOT NULL,
+    frame_bytes   INTEGER NOT NULL,
+    updates       INTEGER NOT NULL,
+    published_at  REAL NOT NULL,
+    PRIMARY KEY (run_id, version)
+);
+"""
+
+_VERSIONED = re.compile(r"^v(\d+)\.(safetensors|gwf)$")
+_SUBMISSION = re.compile(r"^r(\d+)-n(\d+)\.gwf$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    config: dict
+    created_at: float
+    version: int
+    weights_hash: Optional[str]
+    has_state: bool
+    round_opened_at: Optional[float]
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    run_id: str
+    node_id: int
+    name: Optional[str]
+
+
+@dataclass(frozen=True)
+class SubmissionRecord:
+    run_id: str
+    node_id: int
+    round: int
+    target_round: int
+    sha256: str
+    nbytes: int
+    weight: float
+    norm: float
+    received_at: float
+
+
+class Store:
+    """SQLite plus files under ``data_dir``. Thread-safe: one connection behind a lock."""
+
+    def __init__(self, data_dir: os.PathLike | str):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.data_dir / "gradwire.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before it returns, which a 202 promises.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- transactions -----------------------------------------------------------------------------
+
+    def _tx(self, statements: Iterable[tuple], expect_one: bool = False) -> list[int]:
+        """Run statements in one transaction; with ``expect_one`` each must change exactly one row."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                out = []
+                for sql, args in statements:
+                    n = cur.execute(sql, args).rowcount
+                    if expect_one and n != 1:
+                        raise RuntimeError(f"expected one row changed, got {n}: {sql.split()[0]} ...")
+                    out.append(n)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            return out
+
+    def _one(self, sql: str, args: tuple = ()):
+        with self._lock:
+            return self._db.execute(sql, args).fetchone()
+
+    def _all(self, sql: str, args: tuple = ()):
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.data_dir / "runs" / run_id
+
+    def _versioned(self, run_id: str, kind: str, version: int) -> Path:
+        ext = "gwf" if kind == "diffs" else "safetensors"
+        return self.run_dir(run_id) / kind / f"v{version:09d}.{ext}"
+
+    def submission_path(self, run_id: str, round: int, node_id: int) -> Path:
+        return self.run_dir(run_id) / "submissions" / f"r{round:09d}-n{node_id}.gwf"
+
+    def diff_path(self, run_id: str, version: int) -> Path:
+        return self._versioned(run_id, "diffs", version)
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def create_run(self, config: dict) -> str:
+        run_id = secrets.token_hex(8)
+        self._tx([("INSERT INTO runs (run_id, config, created_at) VALUES (?, ?, ?)",
+                   (run_id, json.dumps(config), time.time()))])
+        return run_id
+
+    @staticmethod
+    def _run(row) -> RunRecord:
+        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6])
+
+    def get_run(self, run_id: str) -> Optional[RunRecord]:
+        row = self._one("SELECT run_id, config, created_at, version, weights_hash, has_state, round_opened_at "
+                        "FROM runs WHERE run_id = ?", (run_id,))
+        return None if row is None else self._run(row)
+
+    def list_runs(self) -> list[RunRecord]:
+        rows = self._all("SELECT run_id, config, created_at, version, weights_hash, has_state, round_opened_at "
+                         "FROM runs ORDER BY created_at")
+        return [self._run(r) for r in rows]
+
+    def set_initial_state(self, run_id: str, weights: Mapping[str, torch.Tensor], weights_hash: str) -> float:
+        """Store version 0's weights; fails (returns nothing new) if any update was already recorded."""
+        atomic_write(self._versioned(run_id, "weights", 0), st_save(dict(weights)))
+        opened = time.time()
+        self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ? "
+                   "WHERE run_id = ? AND version = 0", (weights_hash, opened, run_id))])
+        return opened
+
+    def any_submission(self, run_id: str) -> bool:
+        return self._one("SELECT 1 FROM submissions WHERE run_id = ? LIMIT 1", (run_id,)) is not None
+
+    # -- nodes ------------------------------------------------------------------------------------
+
+    def add_node(self, run_id: str, name: Optional[str], token_hash: str) -> int:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                (last,) = cur.execute("SELECT COALESCE(MAX(node_id), 0) FROM nodes WHERE run_id = ?",
+                                      (run_id,)).fetchone()
+                node_id = last + 1
+                cur.execute("INSERT INTO nodes (run_id, node_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+                            (run_id, node_id, name, token_hash, time.time()))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        return node_id
+
+    def node_by_token_hash(self, token_hash: str) -> Optional[NodeRecord]:
+        row = self._one("SELECT run_id, node_id, name FROM nodes WHERE token_hash = ?", (token_hash,))
+        return None if row is None else NodeRecord(*row)
+
+    def node_count(self, run_id: str) -> int:
+        return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ?", (run_id,))[0]
+
+    # -- submissions ------------------------------------------------------------------------------
+
+    _SUB_COLS = "run_id, node_id, round, target_round, sha256, nbytes, weight, norm, received_at"
+
+    def get_submission(self, run_id: str, node_id: int, round: int) -> Optional[SubmissionRecord]:
+        row = self._one(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND node_id = ? AND round = ?",
+                        (run_id, node_id, round))
+        return None if row is None else SubmissionRecord(*row)
+
+    def record_submission(self, rec: SubmissionRecord, frame: bytes | memoryview) -> None:
+        """Make an update durable: its frame file, then its row. Only then may the server answer 202."""
+        atomic_write(self.submission_path(rec.run_id, rec.round, rec.node_id), frame)
+        self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
+                    rec.norm, rec.received_at))])
+
+    def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
+        rows = self._all(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? "
+                         "ORDER BY node_id, round", (run_id, target_round))
+        return [SubmissionRecord(*r) for r in rows]
+
+    def read_submission(self, rec: SubmissionRecord) -> bytes:
+        return self.submission_path(rec.run_id, rec.round, rec.node_id).read_bytes()
+
+    def live_nodes(self, window: int) -> int:
+        """Distinct nodes, over all runs, with an update counted in one of the last ``window`` rounds."""
+        return self._one(
+            "SELECT COUNT(*) FROM (SELECT DISTINCT s.run_id, s.node_id FROM submissions s "
+            "JOIN runs r ON r.run_id = s.run_id WHERE s.target_round > r.version - ?)", (window,))[0]
+
+    # -- versions ---------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        run_id: str,
+        version: int,
+        frame: bytes,
+        weights: Mapping[str, torch.Tensor],
+        moments: Mapping[str, torch.Tensor],
+        residual: Mapping[str, torch.Tensor],
+        weights_hash: str,
+        updates: int,
+        opened_at: float,
+    ) -> None:
+        """Durably publish ``version`` (the frame that produces it and the state after it), then commit.
+
+        The SQLite transaction at the end is the commit point: before it, recovery ignores (and removes)
+        the new files; after it, the new version is the run's.
+        """
+        atomic_write(self.diff_path(run_id, version), frame)
+        atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
+        atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
+        atomic_write(self._versioned(run_id, "residual", version), st_save(dict(residual)))
+        self._tx([
+            ("UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ? WHERE run_id = ? AND version = ?",
+             (version, weights_hash, opened_at, run_id, version - 1)),
+            ("INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
+             "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
+        ], expect_one=True)
+
+    def version_hash(self, run_id: str, version: int) -> Optional[str]:
+        row = self._one("SELECT weights_hash FROM versions WHERE run_id = ? AND version = ?", (run_id, version))
+        return None if row is None else row[0]
+
+    def load_tensors(self, run_id: str, kind: str, version: int) -> Optional[dict[str, torch.Tensor]]:
+        """``kind`` in weights/moments/residual; ``None`` if that file does not exist."""
+        path = self._versioned(run_id, kind, version)
+        if not path.exists():
+            return None
+        return dict(st_load(path.read_bytes()))
+
+    def weights_bytes(self, run_id: str, version: int) -> bytes:
+        return self._versioned(run_id, "weights", version).read_bytes()
+
+    def read_diffs(self, run_id: str, first: int, last: int) -> bytes:
+        """The frames publishing versions ``first..last`` concatenated (each self-delimiting)."""
+        return b"".join(self.diff_path(run_id, v).read_bytes() for v in range(first, last + 1))
+
+    def oldest_diff(self, run_id: str, version: int, keep: int) -> int:
+        """The oldest version whose diff is retained when the run is at ``version``."""
+        return max(1, version - keep + 1)
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def prune(self, run_id: str, version: int, keep_versions: int) -> None:
+        """Remove what the committed ``version`` no longer needs: older states, closed rounds' frames,
+        diffs beyond ``keep_versions``, uncommitted newer files and leftover temporaries.
+
+        Safe at any moment after a commit and at recovery: it only deletes files no committed state
+        refers to.
+        """
+        root = self.run_dir(run_id)
+        oldest_diff = self.oldest_diff(run_id, version, keep_versions)
+        for kind in ("weights", "moments", "residual", "diffs"):
+            folder = root / kind
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                if path.name.endswith(".tmp"):
+                    path.unlink(missing_ok=True)
+                    continue
+                m = _VERSIONED.match(path.name)
+                if m is None:
+                    continue
+                v = int(m.group(1))
+                stale = v > version or (v < oldest_diff if kind == "diffs" else v < version)
+                if stale:
+                    path.unlink(missing_ok=True)
+        folder = root / "submissions"
+        if folder.is_dir():
+            open_round = {(r.round, r.node_id) for r in self.submissions_for(run_id, version)}
+            for path in folder.iterdir():
+                m = _SUBMISSION.match(path.name)
+                if m is None or (int(m.group(1)), int(m.group(2))) not in open_round:
+                    # closed rounds, temporaries, and files written before a crash that never got their row
+                    path.unlink(missing_ok=True)
