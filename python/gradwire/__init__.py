@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
-from .codecs import MinMaxUInt8, ThreeLC
+from .codecs import MinMaxUInt8, OneBit, SignSGD, ThreeLC
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -42,6 +42,8 @@ __all__ = [
     "IdentityCodec",
     "Limits",
     "MinMaxUInt8",
+    "OneBit",
+    "SignSGD",
     "ThreeLC",
     "WireError",
     "decode",

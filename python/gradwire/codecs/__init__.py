@@ -11,9 +11,10 @@ from .base import Codec
 from .dct import DCTCodec
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
+from .sign import OneBit, SignSGD
 from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "ThreeLC", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "SignSGD", "ThreeLC", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -21,6 +22,8 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "dct": DCTCodec,
     "minmax": MinMaxUInt8,
     "3lc": ThreeLC,
+    "onebit": OneBit,
+    "signsgd": SignSGD,
 }
 
 
