@@ -17,6 +17,7 @@ The decoder treats every record as hostile: each field and section is checked, w
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -25,10 +26,21 @@ import torch
 from .. import dct as _dct
 from .. import wire
 from ..errors import FrameError
-from ..frame import Entry, register_decoder
+from ..accumulate import register_accumulator, register_norm
+from ..frame import Entry, decode_entry, register_decoder
 from .base import Codec
 
-__all__ = ["DCTCodec", "MAX_CHUNK_NUMEL", "index_bits_for", "pack_params", "unpack_params"]
+__all__ = [
+    "DCTAccumulator",
+    "DCTCodec",
+    "MAX_CHUNK_NUMEL",
+    "ParsedRecord",
+    "dct_record_norm",
+    "index_bits_for",
+    "pack_params",
+    "parse_record",
+    "unpack_params",
+]
 
 #: The largest chunk element count ``C`` a record may announce.
 MAX_CHUNK_NUMEL = 1 << 24
@@ -300,17 +312,129 @@ def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int):
     return idx, val, scale, mins
 
 
-@register_decoder(DCTCodec.codec_id)
-def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
-    """Decode a DCT record, validating every field as hostile input first."""
+@dataclass(frozen=True)
+class ParsedRecord:
+    """A DCT record after every check: what it decodes to, before the inverse transform.
+
+    ``idx`` (int64, ``(num_chunks, k)``) holds each chunk's positions, strictly ascending; ``values``
+    (float32, same shape) the dequantized coefficients at those positions. Both live on the device
+    :func:`parse_record` was given.
+    """
+
+    plan: _dct.ChunkPlan
+    k: int
+    idx: torch.Tensor
+    values: torch.Tensor
+
+    def same_layout(self, other: "ParsedRecord") -> bool:
+        """Whether both records put their coefficients into the same ``(num_chunks, C)`` array."""
+        return self.plan == other.plan
+
+
+def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedRecord:
+    """Validate a DCT record as hostile input and return its positions and dequantized coefficients.
+
+    The one parser of the codec's sections: the decoder, the transform-domain accumulator and the norm
+    all go through it, so a new index coding or value width is added here once.
+    """
     if entry.dtype not in _FLOAT_DTYPES:
         raise _bad(entry, f"dtype must be a floating-point type, got {entry.dtype}")
     plan, k, bits = _check_params(entry)
     idx, val, scale, mins = _check_sections(entry, plan, k, bits)
-    # Everything is checked; only now is anything of the tensor's size allocated.
+    # Everything is checked; only now is anything of the record's size allocated.
     dev = torch.device("cpu") if device is None else torch.device(device)
     idx_t = torch.from_numpy(idx.astype(np.int64)).to(dev)
     q_t = torch.from_numpy(np.array(val, dtype=np.int8)).reshape(plan.num_chunks, k).to(dev)
     s_t = torch.from_numpy(np.array(scale, dtype=np.float32)).to(dev)
     m_t = torch.from_numpy(np.array(mins, dtype=np.float32)).to(dev)
-    return _reconstruct(idx_t, q_t, s_t, m_t, plan).to(entry.dtype)
+    return ParsedRecord(plan, k, idx_t, _dct.dequantize_int8(q_t, s_t, m_t))
+
+
+@register_decoder(DCTCodec.codec_id)
+def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+    """Decode a DCT record, validating every field as hostile input first."""
+    rec = parse_record(entry, device)
+    return _dct.decode_chunks(rec.idx, rec.values, rec.plan).to(entry.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summing records in the transform domain (gradwire.accumulate)
+
+
+class DCTAccumulator:
+    """A weighted sum of DCT records of one tensor, added coefficient by coefficient.
+
+    The DCT is linear and orthonormal, so the sum of decoded records is the inverse transform of the
+    summed coefficients: records with the first record's layout (same mode, chunk shape, padding) are
+    added into one ``(num_chunks, C)`` float32 array and :meth:`finish` runs one inverse transform.
+    Records with another layout are decoded densely into a side sum. Each record's positions are
+    distinct, so its addition is a gather, an add and a scatter with no colliding writes: the same
+    records added in the same order give bit-identical sums on any device (no atomics).
+    """
+
+    def __init__(self, first: Entry, device: Optional[torch.device] = None):
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.shape = tuple(first.shape)
+        self.plan: Optional[_dct.ChunkPlan] = None
+        self.coeffs: Optional[torch.Tensor] = None  # (num_chunks * C,) float32
+        self.side: Optional[torch.Tensor] = None  # dense sum of records of another layout
+        self.count = 0
+
+    def add(self, entry: Entry, weight: float = 1.0) -> None:
+        if tuple(entry.shape) != self.shape:
+            raise ValueError(f"record {entry.name!r} has shape {tuple(entry.shape)}, the sum has {self.shape}")
+        if entry.codec != DCTCodec.codec_id:
+            self._add_dense(decode_entry(entry, self.device), weight)
+            return
+        rec = parse_record(entry, self.device)
+        if self.plan is None:
+            self.plan = rec.plan
+            self.coeffs = torch.zeros(rec.plan.num_chunks * rec.plan.chunk_numel, dtype=torch.float32,
+                                      device=self.device)
+        if rec.plan != self.plan:
+            self._add_dense(_dct.decode_chunks(rec.idx, rec.values, rec.plan), weight)
+            return
+        c = self.plan.chunk_numel
+        flat = (rec.idx + torch.arange(rec.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
+        vals = rec.values.reshape(-1)
+        if weight != 1.0:
+            vals = vals * weight
+        self.coeffs[flat] = self.coeffs[flat] + vals
+        self.count += 1
+
+    def _add_dense(self, t: torch.Tensor, weight: float) -> None:
+        t = t.to(device=self.device, dtype=torch.float32)
+        if weight != 1.0:
+            t = t * weight
+        self.side = t if self.side is None else self.side + t
+        self.count += 1
+
+    def finish(self) -> torch.Tensor:
+        """The dense float32 sum: one inverse transform of the summed coefficients, plus the side sum."""
+        out = None
+        if self.coeffs is not None:
+            n, cs = self.plan.num_chunks, self.plan.chunk_shape
+            out = _dct.from_chunks(_dct.idct_chunks(self.coeffs.reshape(n, *cs)), self.plan)
+        if self.side is not None:
+            out = self.side if out is None else out + self.side
+        if out is None:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+        return out
+
+
+@register_accumulator(DCTCodec.codec_id)
+def _dct_accumulator(first: Entry, device: Optional[torch.device]) -> DCTAccumulator:
+    return DCTAccumulator(first, device)
+
+
+@register_norm(DCTCodec.codec_id)
+def dct_record_norm(entry: Entry) -> float:
+    """L2 norm of a DCT record from its coefficients alone (Parseval: the transform is orthonormal).
+
+    Exact when the record has no padding (mode 1, or mode 0 with ``numel`` a multiple of ``C``). With
+    mode-0 padding the inverse transform also spreads energy into the padded tail, which decoding drops,
+    so this is then an upper bound on the decoded tensor's norm — the safe side for a norm ceiling or
+    for clipping.
+    """
+    rec = parse_record(entry)
+    return float(rec.values.to(torch.float64).square().sum().sqrt())
