@@ -12,9 +12,10 @@ from .dct import DCTCodec
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
 from .sign import OneBit, SignSGD
+from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "SignSGD", "ThreeLC", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -24,6 +25,8 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "3lc": ThreeLC,
     "onebit": OneBit,
     "signsgd": SignSGD,
+    "topk": TopK,
+    "randomk": RandomK,
 }
 
 
