@@ -62,8 +62,9 @@ class LiveServer:
             [str(SERVER_SRC), str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         env["GRADWIRE_ADMIN_TOKEN"] = self.admin_token
-        # Two cores are shared by every test: one torch thread per server keeps them responsive.
-        env.setdefault("OMP_NUM_THREADS", "1")
+        # No thread-count override: MKL's float32 matmuls (the DCT decode) round differently with a
+        # different number of threads, and nodes must decode published frames bit-identically to the
+        # server. The server runs with torch's default, like the test process.
         env.update(self._extra_env)
         return env
 

@@ -1,0 +1,110 @@
+"""Small helpers shared by the server tests: a tiny model, runs, nodes and frames over plain httpx."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import httpx
+import torch
+
+import gradwire
+from gradwire.state import state_to_bytes
+
+#: A tiny two-layer model: about 2.5 k parameters, four tensors (one of them not a multiple of any chunk).
+SHAPES = {"fc1.weight": (32, 64), "fc1.bias": (32,), "fc2.weight": (10, 32), "fc2.bias": (10,)}
+
+
+def tiny_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) * 0.1 for n, s in SHAPES.items()}
+
+
+def random_grads(seed: int, scale: float = 1.0, shapes=SHAPES) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Node:
+    node_id: int
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return bearer(self.token)
+
+
+@dataclass
+class Run:
+    client: httpx.Client
+    run_id: str
+    admin: dict[str, str]
+    nodes: list[Node]
+
+    def url(self, suffix: str = "") -> str:
+        return f"/v1/runs/{self.run_id}{suffix}"
+
+    def submit(self, node: Node, round: int, frame: bytes) -> httpx.Response:
+        return self.client.post(self.url(f"/rounds/{round}/updates"), content=frame, headers=node.headers)
+
+    def status(self) -> dict:
+        r = self.client.get(self.url(), headers=self.admin)
+        r.raise_for_status()
+        return r.json()
+
+    def wait_version(self, version: int, timeout: float = 30.0) -> httpx.Response:
+        """Long-poll until the run publishes ``version`` (bounded); returns the diff response."""
+        r = self.client.get(self.url("/updates"), params={"since": version - 1, "wait": timeout}, headers=self.admin)
+        assert r.status_code == 200, r.text
+        assert int(r.headers["X-Gradwire-Version"]) >= version, f"version {version} not published in {timeout}s"
+        return r
+
+
+def make_run(
+    client: httpx.Client, admin_token: str, n_nodes: int = 2, state: Optional[dict] = None, **config
+) -> Run:
+    """Create a run with ``config``, register ``n_nodes`` nodes, upload ``state`` (the tiny model)."""
+    admin = bearer(admin_token)
+    r = client.post("/v1/runs", json=config, headers=admin)
+    assert r.status_code == 201, r.text
+    run_id = r.json()["run_id"]
+    nodes = []
+    for i in range(n_nodes):
+        r = client.post(f"/v1/runs/{run_id}/nodes", json={"name": f"node-{i}"}, headers=admin)
+        assert r.status_code == 201, r.text
+        nodes.append(Node(**r.json()))
+    r = client.put(f"/v1/runs/{run_id}/state", content=state_to_bytes(state or tiny_state()), headers=admin)
+    assert r.status_code == 200, r.text
+    return Run(client, run_id, admin, nodes)
+
+
+def dct_frame(grads: dict[str, torch.Tensor], round: int, sender: int, topk: int = 8) -> bytes:
+    return gradwire.DCTCodec(chunk_shape=(64,), topk=topk).encode_bundle(grads, round=round, sender=sender)
+
+
+def dense_frame(grads: dict[str, torch.Tensor], round: int, sender: int) -> bytes:
+    return gradwire.IdentityCodec().encode_bundle(grads, round=round, sender=sender)
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """Concatenated frames → each frame's bytes (total_len is at offset 8)."""
+    out, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos + 8 : pos + 16], "little")
+        out.append(data[pos : pos + n])
+        pos += n
+    return out
+
+
+def metric(client: httpx.Client, name: str, labels: str = "") -> float:
+    """The value of one sample in /metrics (0 when absent)."""
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0
