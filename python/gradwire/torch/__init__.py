@@ -1,0 +1,34 @@
+"""gradwire on torch.distributed: no server, the collectives the job already runs on (gloo, NCCL).
+
+- :func:`ddp_hook` — a DDP communication hook for any gradwire codec (frames all-gathered, decoded in
+  rank order, averaged; every rank ends bit-identical).
+- :func:`powersgd_hook` / :class:`PowerSGDState` — PowerSGD's collective form (factors all-reduced).
+- :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
+- :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
+
+Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook``; the package
+``gradwire`` itself does not import it, so its name never stands in for the real ``torch``.
+"""
+
+from __future__ import annotations
+
+from .collectives import all_gather_bytes, exchange_bytes
+from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
+from .decentralized import LowPrecisionDecentralized, ring_peers
+from .launch import default_backend, init_from_env, spawn
+from .powersgd import PowerSGDState, powersgd_hook
+
+__all__ = [
+    "GradwireHookState",
+    "LowPrecisionDecentralized",
+    "PowerSGDState",
+    "all_gather_bytes",
+    "ddp_hook",
+    "default_backend",
+    "exchange_bytes",
+    "gradwire_hook",
+    "init_from_env",
+    "powersgd_hook",
+    "ring_peers",
+    "spawn",
+]

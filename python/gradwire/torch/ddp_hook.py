@@ -1,0 +1,205 @@
+"""A DistributedDataParallel communication hook that sends every bucket through a gradwire codec.
+
+Per bucket and step, each rank compresses its flat gradient plus that bucket's error-feedback residual
+into one frame, the ranks all-gather their frames (lengths first, then the frames padded to the
+longest: see :mod:`gradwire.torch.collectives`), and every rank decodes all frames *in rank order* into
+one accumulator — the codec's transform-domain one where it registered one (DCT: one inverse transform
+per bucket), else dense decoding — and divides by the world size. All ranks run the same ops on the
+same bytes in the same order, so they end each step with bit-identical gradients and hence parameters.
+
+DDP rebuilds its buckets after the first iteration (and may regroup parameters then). Residuals are
+therefore tracked by the parameters a bucket holds, not by its index alone: when a bucket arrives with
+a layout other than the one its residual was cut for, every stored residual is split back into
+per-parameter pieces and the new buckets reassemble theirs from those pieces, so nothing a codec
+dropped is lost in the rebuild.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from ..accumulate import make_accumulator
+from ..codecs import Codec, make_codec
+from ..errors import FrameError
+from ..feedback import ErrorFeedback
+from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
+from .collectives import all_gather_bytes, comm_device
+
+__all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
+
+# One bucket's layout: (id(parameter), numel) for each parameter, in bucket order.
+Layout = tuple[tuple[int, int], ...]
+
+
+@dataclass(eq=False)
+class GradwireHookState:
+    """What :func:`gradwire_hook` keeps between calls, and its traffic statistics.
+
+    ``bytes_sent`` counts this rank's own frames; ``bytes_exchanged`` what it put into the collectives
+    (the length word and the padding to the longest frame included); ``dense_bytes`` what the same
+    buckets weigh uncompressed (their dtype's size). ``steps`` counts finished iterations;
+    ``residual_rebuilds`` how often residuals were re-cut for a new bucket layout.
+    """
+
+    codec: Codec
+    process_group: Optional[dist.ProcessGroup] = None
+    limits: Limits = DEFAULT_LIMITS
+    feedback: ErrorFeedback = field(init=False)
+    steps: int = 0
+    bytes_sent: int = 0
+    bytes_exchanged: int = 0
+    dense_bytes: int = 0
+    residual_rebuilds: int = 0
+    _layouts: dict[int, Layout] = field(default_factory=dict, repr=False)
+    _loose: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.feedback = ErrorFeedback(self.codec)
+
+    # -- statistics ------------------------------------------------------------------------------
+
+    def frame_bytes_per_step(self) -> float:
+        """Mean bytes of this rank's frames per finished step."""
+        return self.bytes_sent / max(1, self.steps)
+
+    def wire_bytes_per_step(self) -> float:
+        """Mean bytes this rank put into the collectives per finished step (padding included)."""
+        return self.bytes_exchanged / max(1, self.steps)
+
+    def compression_ratio(self) -> float:
+        """Uncompressed bucket bytes over frame bytes, so far."""
+        return self.dense_bytes / max(1, self.bytes_sent)
+
+    # -- residuals across bucket rebuilds --------------------------------------------------------
+
+    def parameter_residual(self, param: torch.Tensor) -> Optional[torch.Tensor]:
+        """The error-feedback residual currently held for ``param`` (float32, its shape), or ``None``."""
+        key = id(param)
+        if key in self._loose:
+            return self._loose[key].reshape(param.shape)
+        for index, layout in self._layouts.items():
+            r = self.feedback.residual(_bucket_name(index))
+            if r is None:
+                continue
+            offset = 0
+            for pid, numel in layout:
+                if pid == key:
+                    return r[offset : offset + numel].reshape(param.shape)
+                offset += numel
+        return None
+
+    def _adopt_layout(self, index: int, layout: Layout) -> None:
+        """Make the residual of bucket ``index`` match ``layout``, carrying every parameter's piece over."""
+        if self._layouts.get(index) == layout:
+            return
+        # Dissolve the residuals cut for an older layout of this bucket, or holding any of its
+        # parameters, into per-parameter pieces; buckets untouched by the rebuild keep theirs.
+        wanted = {pid for pid, _ in layout}
+        stale = [
+            other
+            for other, old in self._layouts.items()
+            if other == index or any(pid in wanted for pid, _ in old)
+        ]
+        for other in stale:
+            old = self._layouts.pop(other)
+            r = self.feedback.residual(_bucket_name(other))
+            self.feedback.reset(_bucket_name(other))
+            if r is None:
+                continue
+            self.residual_rebuilds += 1
+            offset = 0
+            for pid, numel in old:
+                self._loose[pid] = r[offset : offset + numel]
+                offset += numel
+        self._layouts[index] = layout
+        pieces = [self._loose.pop(pid, None) for pid, _ in layout]
+        if all(p is None for p in pieces):
+            return
+        device = next(p for p in pieces if p is not None).device
+        joined = torch.cat(
+            [
+                p if p is not None else torch.zeros(n, dtype=torch.float32, device=device)
+                for p, (_, n) in zip(pieces, layout)
+            ]
+        )
+        self.feedback.load_state_dict({**self.feedback.state_dict(), _bucket_name(index): joined})
+
+
+def _bucket_name(index: int) -> str:
+    return f"bucket{index}"
+
+
+def _layout(bucket: dist.GradBucket) -> Layout:
+    return tuple((id(p), p.numel()) for p in bucket.parameters())
+
+
+def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average one bucket across ranks through ``state.codec`` (see the module docstring).
+
+    Returns a completed future holding the bucket's buffer, overwritten with the average.
+    """
+    group = state.process_group
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    buf = bucket.buffer()
+    index = bucket.index()
+
+    state._adopt_layout(index, _layout(bucket))
+    entry = state.feedback.compress(buf, _bucket_name(index))
+    frame = write_frame([entry], round=state.steps, sender=rank)
+    frames = all_gather_bytes(frame, group, device=comm_device(group), limits=state.limits)
+
+    acc = None
+    for r, data in enumerate(frames):
+        got = read_frame(data, limits=state.limits)
+        if got.bundle or got.round != state.steps or got.sender != r:
+            raise FrameError(
+                f"bucket {index}: rank {r} sent a frame for round {got.round} from sender {got.sender}"
+                f"{' (a bundle)' if got.bundle else ''}; expected a tensor frame for round {state.steps} from {r}"
+            )
+        e = got.entry()
+        if tuple(e.shape) != tuple(buf.shape):
+            raise FrameError(f"bucket {index}: rank {r} sent shape {tuple(e.shape)}, the bucket has {tuple(buf.shape)}")
+        if acc is None:
+            acc = make_accumulator(e, buf.device)
+        acc.add(e)
+    average = acc.finish().div_(world)
+    buf.copy_(average)
+
+    state.bytes_sent += len(frame)
+    state.bytes_exchanged += frames.bytes_out
+    state.dense_bytes += buf.numel() * buf.element_size()
+    if bucket.is_last():
+        state.steps += 1
+
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def ddp_hook(
+    codec: Union[Codec, str],
+    process_group: Optional[dist.ProcessGroup] = None,
+    *,
+    limits: Optional[Limits] = None,
+    **codec_params,
+) -> tuple[GradwireHookState, Callable[[GradwireHookState, dist.GradBucket], torch.futures.Future]]:
+    """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
+
+    ``codec`` is a codec instance or a registered name (``"dct"``; ``codec_params`` then go to
+    :func:`gradwire.make_codec`). Error feedback is kept per bucket and survives DDP's bucket rebuild.
+
+    Example::
+
+        state, hook = gradwire.torch.ddp_hook(gradwire.DCTCodec(topk=32))
+        ddp_model.register_comm_hook(state, hook)
+    """
+    if isinstance(codec, str):
+        codec = make_codec(codec, **codec_params)
+    elif codec_params:
+        raise TypeError("codec parameters are only accepted with a codec name")
+    state = GradwireHookState(codec=codec, process_group=process_group, limits=limits or DEFAULT_LIMITS)
+    return state, gradwire_hook
