@@ -1,0 +1,24 @@
+//! zero_run_decode never panics nor over-allocates; re-encoding what it accepts preserves the
+//! content (the input need not be the canonical encoding, so bytes may differ).
+#![no_main]
+
+use gradwire_core::{zero_run_decode, zero_run_decoded_len, zero_run_encode};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|input: &[u8]| {
+    let [mode, e0, e1, data @ ..] = input else { return };
+    let expected = match mode % 3 {
+        0 => None,
+        1 => Some(zero_run_decoded_len(data)),
+        _ => Some(usize::from(u16::from_le_bytes([*e0, *e1]))),
+    };
+    if let Ok(out) = zero_run_decode(data, expected) {
+        assert!(out.len() <= 14 * data.len());
+        if let Some(n) = expected {
+            assert_eq!(out.len(), n);
+        }
+        let again = zero_run_encode(&out).ok();
+        let back = again.as_deref().and_then(|enc| zero_run_decode(enc, Some(out.len())).ok());
+        assert_eq!(back, Some(out));
+    }
+});
