@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
-from .codecs import MinMaxUInt8, OneBit, RandomK, SignSGD, ThreeLC, TopK
+from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -43,6 +43,7 @@ __all__ = [
     "Limits",
     "MinMaxUInt8",
     "OneBit",
+    "PowerSGD",
     "RandomK",
     "SignSGD",
     "ThreeLC",

@@ -11,11 +11,12 @@ from .base import Codec
 from .dct import DCTCodec
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
+from .powersgd import PowerSGD
 from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -27,6 +28,7 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "signsgd": SignSGD,
     "topk": TopK,
     "randomk": RandomK,
+    "powersgd": PowerSGD,
 }
 
 
