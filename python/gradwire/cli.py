@@ -1,7 +1,8 @@
-"""The ``gradwire`` command."""
+"""The ``gradwire`` command: ``gradwire demo`` (the distributed digits demo) and ``gradwire serve``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -11,72 +12,65 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="gradwire: co
 
 @app.command()
 def demo(
-    steps: int = typer.Option(300, help="AdamW steps per run."),
-    topk: int = typer.Option(32, help="DCT coefficients kept per chunk."),
-    chunk: int = typer.Option(64, help="Chunk side: chunks are chunk×chunk."),
+    workers: int = typer.Option(4, min=1, help="Worker processes (nodes) per run."),
+    rounds: int = typer.Option(150, min=1, help="Rounds (published versions) per run."),
+    topk: int = typer.Option(32, min=1, help="DCT coefficients kept per chunk, both ways."),
+    chunk: int = typer.Option(32, min=2, help="DCT chunk side: chunks are chunk×chunk."),
+    lr: float = typer.Option(3e-3, help="AdamW learning rate on the server."),
+    batch_size: int = typer.Option(32, min=1, help="Examples per node per round."),
+    hidden: int = typer.Option(128, min=1, help="Hidden width of the MLP."),
+    aggregation: str = typer.Option("mean", help="Aggregation rule: mean, clipped_mean, trimmed_mean or median."),
     seed: int = typer.Option(0),
-    plot: Optional[str] = typer.Option("demo_out/loss.png", help="Where to write the loss plot ('' for none)."),
+    out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
+    url: Optional[str] = typer.Option(None, help="Use this running server instead of starting one on loopback."),
+    admin_token: Optional[str] = typer.Option(None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."),
+    progress: bool = typer.Option(True, help="Draw a progress bar per run."),
 ) -> None:
-    """Train a small MLP on scikit-learn's digits twice: dense gradients, and DCT-compressed ones."""
-    from rich.console import Console
-    from rich.table import Table
+    """Train the digits MLP on N worker processes through the aggregation server, compressed and not.
 
-    from .codecs import DCTCodec
-    from .demo import load_digits, train_digits
+    Starts the server on loopback (unless --url), then runs the same training twice — DCT compression
+    both ways, and uncompressed fp32 both ways — and prints loss, accuracy and bytes per round side by
+    side, with a plot of loss against rounds and against bytes in OUT/loss.png.
+    """
+    from .demo import DemoSettings, run_demo
 
-    console = Console()
-    data = load_digits(seed)
-    runs = [
-        train_digits(None, label="dense fp32", steps=steps, seed=seed, data=data),
-        train_digits(DCTCodec(chunk_shape=(chunk, chunk), topk=topk), label=f"DCT k={topk}", steps=steps, seed=seed, data=data),
-    ]
-    base = runs[0].mean_bytes_per_step
-    table = Table(title=f"digits MLP, {steps} AdamW steps")
-    for col in ("run", "bytes/step", "vs dense", "final train loss", "test loss", "test accuracy"):
-        table.add_column(col, justify="right")
-    for r in runs:
-        tail = r.losses[-20:]
-        table.add_row(
-            r.label,
-            f"{r.mean_bytes_per_step:,.0f}",
-            f"{base / r.mean_bytes_per_step:.1f}×",
-            f"{sum(tail) / len(tail):.4f}",
-            f"{r.test_loss:.4f}",
-            f"{100 * r.test_accuracy:.1f}%",
+    settings = DemoSettings(
+        workers=workers, rounds=rounds, hidden=hidden, batch_size=batch_size, lr=lr, topk=topk, chunk=chunk,
+        aggregation=aggregation, seed=seed, out_dir=str(out),
+    )
+    results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)
+    if not all(r.in_sync for r in results):
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def serve(
+    host: Optional[str] = typer.Option(None, help="Address to listen on [GRADWIRE_HOST; default 127.0.0.1]."),
+    port: Optional[int] = typer.Option(None, help="TCP port [GRADWIRE_PORT; default 8470]."),
+    data_dir: Optional[Path] = typer.Option(None, help="SQLite and safetensors files [GRADWIRE_DATA_DIR]."),
+    max_frame_bytes: Optional[int] = typer.Option(None, help="Default per-run frame ceiling [GRADWIRE_MAX_FRAME_BYTES]."),
+    log_json: Optional[bool] = typer.Option(None, help="Structured JSON logs [GRADWIRE_LOG_JSON]."),
+    log_level: Optional[str] = typer.Option(None, help="debug, info, warning or error [GRADWIRE_LOG_LEVEL]."),
+) -> None:
+    """Run the aggregation server (the separate ``gradwire-server`` distribution).
+
+    Every option falls back to its GRADWIRE_* environment variable and then the server's default; the
+    admin token comes from GRADWIRE_ADMIN_TOKEN only (or is generated into <data-dir>/admin_token).
+    """
+    try:
+        import gradwire_server
+        from gradwire_server.settings import ServerSettings
+    except ImportError as exc:
+        typer.echo(
+            f"gradwire serve needs the aggregation server package ({exc}); install it with `pip install ./server` "
+            "from a gradwire checkout.",
+            err=True,
         )
-    console.print(table)
-    if plot:
-        _plot_runs(runs, plot)
-        console.print(f"loss plot: {plot}")
-
-
-def _plot_runs(runs, path: str) -> None:
-    import os
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in runs:
-        smooth = [sum(r.losses[max(0, i - 9) : i + 1]) / len(r.losses[max(0, i - 9) : i + 1]) for i in range(len(r.losses))]
-        sent = 0
-        cum = []
-        for b in r.bytes_per_step:
-            sent += b
-            cum.append(sent)
-        ax1.plot(smooth, label=r.label)
-        ax2.plot(cum, smooth, label=r.label)
-    ax1.set(xlabel="step", ylabel="training loss (10-step mean)", yscale="log")
-    ax2.set(xlabel="bytes sent", ylabel="training loss (10-step mean)", xscale="log", yscale="log")
-    for ax in (ax1, ax2):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        raise typer.Exit(code=2) from None
+    given = dict(host=host, port=port, data_dir=data_dir, max_frame_bytes=max_frame_bytes, log_json=log_json, log_level=log_level)
+    # Only what was given on this command line: pydantic-settings fills the rest from the environment.
+    settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+    gradwire_server.serve(settings)
 
 
 def main() -> None:

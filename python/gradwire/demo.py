@@ -1,14 +1,34 @@
-"""The local demo: one model trained twice on scikit-learn's digits, dense and compressed.
+"""The digits demo: scikit-learn's bundled digits, a small MLP, and the runs ``gradwire demo`` compares.
 
-Both runs use AdamW with the same seed, data order and initial weights. The compressed run passes every
-step's gradients through a codec with error feedback, as bytes: encode a bundle frame, decode it, and
-step on what was decoded. Bytes per step are frame lengths, so the dense baseline pays the same framing.
+The main job (:func:`run_demo`, behind ``gradwire demo``) is distributed: it starts the aggregation
+server on loopback (:func:`local_server`), and for each of two runs — DCT compression both ways, and the
+uncompressed baseline (identity codec both ways) — creates the run with the same initial weights,
+registers N nodes and starts N worker processes (:mod:`gradwire.worker`), each training on its own shard
+(:func:`run_distributed`). The server aggregates the gradients and applies AdamW; the workers apply the
+published updates. At the end it prints a table (loss, accuracy, bytes per round each way, compression)
+and plots loss against rounds and against bytes sent.
+
+:func:`train_digits` is the single-process version: the same model trained with AdamW on gradients
+passed through a codec with error feedback as bytes, with no server.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -18,7 +38,18 @@ from .codecs import Codec, IdentityCodec
 from .feedback import ErrorFeedback
 from .frame import decode_bundle
 
-__all__ = ["DigitsData", "RunResult", "digits_mlp", "load_digits", "train_digits"]
+__all__ = [
+    "DemoSettings",
+    "DigitsData",
+    "DistributedResult",
+    "RunResult",
+    "digits_mlp",
+    "load_digits",
+    "local_server",
+    "run_demo",
+    "run_distributed",
+    "train_digits",
+]
 
 
 @dataclass
@@ -44,6 +75,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> DigitsData:
 
 
 def digits_mlp(hidden: int = 128) -> nn.Module:
+    """64 → hidden → hidden → 10 with ReLUs: about 26 k parameters at the default width."""
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
@@ -111,3 +143,427 @@ def train_digits(
             on_step(step, loss.item())
     result.test_loss, result.test_accuracy = evaluate(model, data)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The distributed demo: a real server, real worker processes.
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+@contextlib.contextmanager
+def local_server(
+    data_dir: os.PathLike | str, *, admin_token: Optional[str] = None, ready_timeout: float = 60.0
+) -> Iterator[tuple[str, str]]:
+    """Run ``python -m gradwire_server`` on a free loopback port with its embedded defaults.
+
+    Yields ``(url, admin_token)`` once ``/readyz`` answers; stops the server (SIGTERM, then SIGKILL)
+    on exit. The server's log goes to ``<data_dir>/server.log``.
+    """
+    import importlib.util
+
+    from .client import GradwireClient
+
+    if importlib.util.find_spec("gradwire_server") is None:
+        raise RuntimeError(
+            "the aggregation server is not installed: `pip install ./server` from a gradwire checkout "
+            "(`make demo` does it)"
+        )
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    admin_token = admin_token or secrets.token_urlsafe(24)
+    env = {**os.environ, "GRADWIRE_ADMIN_TOKEN": admin_token, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    last_error = ""
+    for _attempt in range(3):  # a free port can be taken between probing and binding it
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(data_dir / "server.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gradwire_server", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            deadline = time.monotonic() + ready_timeout
+            with GradwireClient(url, admin_token, timeout=2.0) as probe:
+                while proc.poll() is None and not probe.ready():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"gradwire server not ready after {ready_timeout} s; see {data_dir / 'server.log'}")
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.1)
+            if proc.poll() is not None:
+                last_error = (data_dir / "server.log").read_text(errors="replace")[-2000:]
+                continue
+            try:
+                yield url, admin_token
+            finally:
+                _terminate(proc)
+            return
+        except BaseException:
+            _terminate(proc)
+            raise
+    raise RuntimeError(f"gradwire server failed to start:\n{last_error}")
+
+
+def codec_spec(codec: str, **params: Any) -> dict:
+    """A codec as the server's RunConfig names it: ``{"codec": name, "params": {...}}``."""
+    return {"codec": codec, "params": params}
+
+
+@dataclass
+class DistributedResult:
+    """What one distributed run did: per-round loss and bytes, final quality and whether nodes agree."""
+
+    label: str
+    run_id: str
+    workers: int
+    rounds: int
+    params: int
+    losses: list[float] = field(default_factory=list)  # mean training loss over nodes, per round
+    up_bytes: list[int] = field(default_factory=list)  # bytes all nodes sent, per round
+    down_bytes: list[int] = field(default_factory=list)  # update bytes all nodes received, per round
+    test_loss: float = float("nan")
+    test_accuracy: float = float("nan")
+    server_hash: str = ""
+    node_hashes: dict[int, str] = field(default_factory=dict)
+    joined: dict[int, int] = field(default_factory=dict)  # node id -> the version it started from
+    rounds_missed: int = 0
+    state_loads: int = 0
+    seconds: float = 0.0
+
+    @property
+    def in_sync(self) -> bool:
+        """Every node's own replica hashes to the server's weights at the final version."""
+        return bool(self.node_hashes) and all(h == self.server_hash for h in self.node_hashes.values())
+
+    @property
+    def dense_bytes(self) -> int:
+        """What one node's fp32 gradient (or one fp32 update) takes raw."""
+        return 4 * self.params
+
+    def _per_node_round(self, series: Sequence[int]) -> float:
+        return sum(series) / max(1, len(series)) / max(1, self.workers)
+
+    @property
+    def up_per_node_round(self) -> float:
+        return self._per_node_round(self.up_bytes)
+
+    @property
+    def down_per_node_round(self) -> float:
+        return self._per_node_round(self.down_bytes)
+
+    def final_train_loss(self, last: int = 10) -> float:
+        tail = self.losses[-last:]
+        return sum(tail) / max(1, len(tail))
+
+
+class _WorkerEvents:
+    """Reads each worker's JSON lines on a thread into one queue; ``None`` marks a closed stdout."""
+
+    def __init__(self, procs: Mapping[int, subprocess.Popen]):
+        self.queue: "queue.Queue[tuple[int, Optional[dict]]]" = queue.Queue()
+        for node_id, proc in procs.items():
+            threading.Thread(target=self._pump, args=(node_id, proc), daemon=True).start()
+
+    def _pump(self, node_id: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.strip()
+            if line.startswith(b"{"):
+                with contextlib.suppress(ValueError):
+                    self.queue.put((node_id, json.loads(line)))
+        self.queue.put((node_id, None))
+
+
+def run_distributed(
+    url: str,
+    admin_token: str,
+    *,
+    label: str,
+    uplink: Mapping[str, Any],
+    downlink: Mapping[str, Any],
+    workers: int = 4,
+    rounds: int = 100,
+    hidden: int = 128,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    weight_decay: float = 1e-2,
+    aggregation: str = "mean",
+    seed: int = 0,
+    data_seed: int = 0,
+    run_config: Optional[Mapping[str, Any]] = None,
+    join_at: Optional[Mapping[int, int]] = None,
+    log_dir: Optional[os.PathLike | str] = None,
+    progress: bool = True,
+    timeout: float = 900.0,
+    data: Optional[DigitsData] = None,
+) -> DistributedResult:
+    """Train the digits MLP on a running server with ``workers`` worker processes for ``rounds`` rounds.
+
+    Creates a run (``uplink``/``downlink`` codecs as ``{"codec", "params"}``, AdamW with ``lr``, quorum =
+    every worker), puts the initial weights (seeded by ``seed``), registers the nodes and starts one
+    ``python -m gradwire.worker`` process per node, each on its own shard. ``join_at`` maps a worker
+    index to the version it waits for before joining (a late joiner); ``run_config`` overrides any
+    RunConfig field. Raises if a worker fails or the run takes longer than ``timeout`` seconds.
+    """
+    from safetensors.torch import save_file
+
+    from .client import GradwireClient
+
+    data = data or load_digits(data_seed)
+    config: dict[str, Any] = {
+        "uplink": dict(uplink),
+        "downlink": dict(downlink),
+        "optimizer": {"lr": lr, "weight_decay": weight_decay},
+        "aggregation": {"rule": aggregation},
+        "quorum": workers,
+        "min_updates": 1,
+        "round_deadline_s": 30.0,
+    }
+    config.update(run_config or {})
+    torch.manual_seed(seed)
+    model = digits_mlp(hidden)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="gradwire-workers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    with GradwireClient(url, admin_token) as admin:
+        run_id = admin.create_run(config)
+        admin.put_state(run_id, initial)
+        nodes = [admin.register_node(run_id, f"{label}-worker-{i}") for i in range(workers)]
+        result = DistributedResult(
+            label=label, run_id=run_id, workers=workers, rounds=rounds, params=sum(t.numel() for t in initial.values())
+        )
+        procs: dict[int, subprocess.Popen] = {}
+        logs = []
+        try:
+            for i, (node_id, token) in enumerate(nodes):
+                log = open(log_dir / f"{run_id}-node{node_id}.log", "wb")
+                logs.append(log)
+                shard = log_dir / f"{run_id}-shard{i}.safetensors"
+                save_file({"x": data.x_train[i::workers].contiguous(), "y": data.y_train[i::workers].contiguous()}, str(shard))
+                procs[node_id] = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "gradwire.worker",
+                        "--url", url, "--run-id", run_id, "--node-id", str(node_id),
+                        "--data", str(shard), "--rounds", str(rounds),
+                        "--codec", json.dumps(dict(uplink)), "--hidden", str(hidden),
+                        "--batch-size", str(batch_size), "--seed", str(seed),
+                        "--join-at", str((join_at or {}).get(i, 0)),
+                    ],
+                    env={**os.environ, "GRADWIRE_TOKEN": token, "OMP_NUM_THREADS": "1"},
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                )
+            _collect(result, procs, log_dir, progress=progress, timeout=timeout)
+        finally:
+            for proc in procs.values():
+                _terminate(proc)
+            for log in logs:
+                log.close()
+        state, _version, result.server_hash = admin.state(run_id)
+    final = digits_mlp(hidden)
+    final.load_state_dict(state, strict=False)
+    result.test_loss, result.test_accuracy = evaluate(final, data)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], log_dir: Path, *, progress: bool, timeout: float) -> None:
+    """Gather the workers' reports into ``result`` while drawing one progress bar step per round."""
+    events = _WorkerEvents(procs)
+    losses: dict[int, list[float]] = {}
+    up: dict[int, int] = {}
+    down: dict[int, int] = {}
+    open_streams = set(procs)
+    deadline = time.monotonic() + timeout
+    with tqdm(total=result.rounds, desc=result.label, unit="round", disable=not progress, leave=True) as bar:
+        while open_streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{result.label}: run {result.run_id} did not finish within {timeout} s")
+            try:
+                node_id, event = events.queue.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if event is None:
+                open_streams.discard(node_id)
+                proc = procs[node_id]
+                code = proc.wait(timeout=30)
+                if node_id not in result.node_hashes:
+                    tail = (log_dir / f"{result.run_id}-node{node_id}.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{result.label}: worker of node {node_id} exited with {code} before finishing:\n{tail}")
+                continue
+            if event["event"] == "round":
+                r = int(event["round"])
+                losses.setdefault(r, []).append(float(event["loss"]))
+                up[r] = up.get(r, 0) + int(event["up"])
+                down[r] = down.get(r, 0) + int(event["down"])
+                if event["version"] > bar.n:
+                    bar.update(min(result.rounds, event["version"]) - bar.n)
+                    bar.set_postfix(loss=f"{sum(losses[r]) / len(losses[r]):.3f}")
+            elif event["event"] == "joined":
+                result.joined[int(node_id)] = int(event["version"])
+            elif event["event"] == "done":
+                result.node_hashes[int(node_id)] = event["weights_hash"]
+                result.rounds_missed += int(event["rounds_missed"])
+                result.state_loads += int(event["state_loads"])
+    for r in sorted(losses):
+        result.losses.append(sum(losses[r]) / len(losses[r]))
+        result.up_bytes.append(up[r])
+        result.down_bytes.append(down[r])
+
+
+@dataclass
+class DemoSettings:
+    """The knobs of ``gradwire demo`` (defaults sized for a couple of minutes on two cores)."""
+
+    workers: int = 4
+    rounds: int = 150
+    hidden: int = 128
+    batch_size: int = 32
+    lr: float = 3e-3
+    topk: int = 32
+    chunk: int = 32
+    aggregation: str = "mean"
+    seed: int = 0
+    out_dir: str = "demo_out"
+
+
+def run_demo(
+    settings: DemoSettings,
+    *,
+    url: Optional[str] = None,
+    admin_token: Optional[str] = None,
+    console=None,
+    progress: bool = True,
+) -> list[DistributedResult]:
+    """The main job: the compressed run and the uncompressed baseline on one server, a table and a plot.
+
+    Starts a server on loopback unless ``url`` (and ``admin_token``) name a running one. Writes
+    ``<out_dir>/loss.png`` and ``<out_dir>/results.json``; returns both runs' results.
+    """
+    from rich.console import Console
+
+    console = console or Console()
+    out = Path(settings.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
+    identity = codec_spec("identity")
+    plans = [
+        (f"DCT k={settings.topk}", dct, dct),
+        ("fp32 dense", identity, identity),
+    ]
+    data = load_digits(settings.seed)
+
+    def train_all(server_url: str, token: str) -> list[DistributedResult]:
+        results = []
+        for label, uplink, downlink in plans:
+            results.append(
+                run_distributed(
+                    server_url, token, label=label, uplink=uplink, downlink=downlink,
+                    workers=settings.workers, rounds=settings.rounds, hidden=settings.hidden,
+                    batch_size=settings.batch_size, lr=settings.lr, aggregation=settings.aggregation,
+                    seed=settings.seed, data_seed=settings.seed, log_dir=out / "logs", progress=progress, data=data,
+                )
+            )
+        return results
+
+    if url is None:
+        with tempfile.TemporaryDirectory(prefix="gradwire-demo-") as data_dir:
+            with local_server(data_dir) as (server_url, token):
+                console.print(f"server on {server_url} (data in {data_dir}); {settings.workers} workers per run")
+                results = train_all(server_url, token)
+    else:
+        if not admin_token:
+            raise ValueError("an existing server needs its admin token")
+        results = train_all(url, admin_token)
+
+    console.print(results_table(results, settings))
+    plot_path = out / "loss.png"
+    plot_distributed(results, plot_path)
+    (out / "results.json").write_text(json.dumps([_result_json(r) for r in results], indent=2))
+    console.print(f"loss plot: {plot_path}")
+    return results
+
+
+def results_table(results: Sequence[DistributedResult], settings: Optional[DemoSettings] = None):
+    """The demo's rich table: one row per run."""
+    from rich.table import Table
+
+    first = results[0]
+    title = f"digits MLP ({first.params:,} parameters), {first.workers} nodes, {first.rounds} rounds, AdamW on the server"
+    table = Table(title=title, caption="bytes: per node per round; ×: raw fp32 model bytes ÷ those bytes")
+    for col in ("run", "train loss", "test loss", "test acc", "bytes up", "bytes down", "× up", "× down", "in sync", "s"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(
+            r.label,
+            f"{r.final_train_loss():.3f}",
+            f"{r.test_loss:.3f}",
+            f"{100 * r.test_accuracy:.1f}%",
+            f"{r.up_per_node_round:,.0f}",
+            f"{r.down_per_node_round:,.0f}",
+            f"{r.dense_bytes / max(1.0, r.up_per_node_round):.1f}",
+            f"{r.dense_bytes / max(1.0, r.down_per_node_round):.1f}",
+            f"{sum(h == r.server_hash for h in r.node_hashes.values())}/{r.workers}",
+            f"{r.seconds:.0f}",
+        )
+    return table
+
+
+def _result_json(r: DistributedResult) -> dict:
+    return {
+        "label": r.label, "run_id": r.run_id, "workers": r.workers, "rounds": r.rounds, "params": r.params,
+        "losses": r.losses, "up_bytes": r.up_bytes, "down_bytes": r.down_bytes, "test_loss": r.test_loss,
+        "test_accuracy": r.test_accuracy, "server_hash": r.server_hash,
+        "node_hashes": {str(k): v for k, v in r.node_hashes.items()}, "in_sync": r.in_sync,
+        "joined": {str(k): v for k, v in r.joined.items()},
+        "rounds_missed": r.rounds_missed, "state_loads": r.state_loads, "seconds": r.seconds,
+    }
+
+
+def _smooth(values: Sequence[float], window: int = 5) -> list[float]:
+    return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | str) -> None:
+    """Loss against rounds and against bytes one node sent and received, one line per run (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        loss = _smooth(r.losses)
+        per_node = [(u + d) / r.workers for u, d in zip(r.up_bytes, r.down_bytes)]
+        cumulative, total = [], 0.0
+        for b in per_node:
+            total += b
+            cumulative.append(total)
+        ax1.plot(range(len(loss)), loss, label=r.label)
+        ax2.plot(cumulative, loss, label=r.label)
+    ax1.set(xlabel="round", ylabel="training loss (5-round mean over nodes)", yscale="log")
+    ax2.set(xlabel="bytes one node sent + received", ylabel="training loss (5-round mean over nodes)", xscale="log", yscale="log")
+    for ax in (ax1, ax2):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
