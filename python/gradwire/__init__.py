@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
-from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
+from .codecs import Accordion, MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -32,6 +32,7 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
 __all__ = [
+    "Accordion",
     "CODECS",
     "Codec",
     "DCTCodec",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .accordion import Accordion
 from .base import Codec
 from .dct import DCTCodec
 from .identity import IdentityCodec
@@ -16,7 +17,7 @@ from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = ["Accordion", "Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -29,6 +30,7 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "topk": TopK,
     "randomk": RandomK,
     "powersgd": PowerSGD,
+    "accordion": Accordion,
 }
 
 
