@@ -214,14 +214,6 @@ pub enum WireError {
     /// Bytes between the last record and the checksum.
     #[error("{count} bytes left over between the last record and the checksum")]
     LeftoverBytes { count: usize },
-
-    /// The writer was asked for a field value the format cannot hold.
-    #[error("cannot write frame: {what} is {value}, above the format's maximum of {max}")]
-    FieldTooLarge {
-        what: &'static str,
-        value: u64,
-        max: u64,
-    },
 }
 
 impl WireError {
@@ -270,8 +262,7 @@ impl WireError {
             | UnknownElemType { .. }
             | InvalidDtype { .. }
             | SectionLength { .. }
-            | LeftoverBytes { .. }
-            | FieldTooLarge { .. } => true,
+            | LeftoverBytes { .. } => true,
         }
     }
 }

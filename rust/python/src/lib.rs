@@ -40,7 +40,9 @@ fn slice<'a, T: Element>(arr: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResu
         .map_err(|_| PyValueError::new_err(format!("{what} must be a contiguous 1-D array")))
 }
 
-/// pack_bits(values, bits) -> bytes
+/// Pack uint32 `values` at `bits` bits each (1..32) into an LSB-first bit stream of
+/// ceil(n*bits/8) bytes (docs/FORMAT.md section 6). Raises WireError naming the first value
+/// that does not fit.
 #[pyfunction]
 fn pack_bits<'py>(
     py: Python<'py>,
@@ -55,7 +57,8 @@ fn pack_bits<'py>(
     })
 }
 
-/// unpack_bits(data, bits, count) -> ndarray[uint32]
+/// Unpack `count` values of `bits` bits from an LSB-first bit stream; `data` may be longer
+/// than needed and padding bits are ignored. Returns a uint32 array.
 #[pyfunction]
 fn unpack_bits<'py>(
     py: Python<'py>,
@@ -70,7 +73,7 @@ fn unpack_bits<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// unpack_bits_exact(data, bits, count) -> ndarray[uint32]
+/// Strict unpack_bits: `data` must be exactly ceil(count*bits/8) bytes with zero padding bits.
 #[pyfunction]
 fn unpack_bits_exact<'py>(
     py: Python<'py>,
@@ -85,7 +88,7 @@ fn unpack_bits_exact<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// quartic_encode(trits) -> bytes
+/// 3LC quartic encoding of int8 trits (-1, 0, 1): five per byte, ceil(n/5) bytes <= 242.
 #[pyfunction]
 fn quartic_encode<'py>(
     py: Python<'py>,
@@ -98,7 +101,8 @@ fn quartic_encode<'py>(
     })
 }
 
-/// quartic_decode(data, count) -> ndarray[int8]
+/// Decode `count` trits from exactly ceil(count/5) quartic bytes (strict: bytes <= 242,
+/// zero padding digits). Returns an int8 array.
 #[pyfunction]
 fn quartic_decode<'py>(
     py: Python<'py>,
@@ -110,7 +114,7 @@ fn quartic_decode<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// zero_run_encode(data) -> bytes
+/// 3LC zero-run encoding of quartic bytes (runs of 121 become codes 243..255).
 #[pyfunction]
 fn zero_run_encode<'py>(
     py: Python<'py>,
@@ -121,7 +125,8 @@ fn zero_run_encode<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
-/// zero_run_decode(data, expected_len=None) -> bytes
+/// Invert zero_run_encode; with `expected_len` a different decoded length raises WireError
+/// before anything is allocated.
 #[pyfunction]
 #[pyo3(signature = (data, expected_len = None))]
 fn zero_run_decode<'py>(
@@ -140,7 +145,7 @@ fn zero_run_decode<'py>(
     })
 }
 
-/// crc32c(data, value=0) -> int
+/// CRC-32C of `data`, continuing the running checksum `value`.
 #[pyfunction]
 #[pyo3(signature = (data, value = 0))]
 fn crc32c(py: Python<'_>, data: PyReadonlyArray1<'_, u8>, value: u32) -> PyResult<u32> {
@@ -158,7 +163,9 @@ type EntryIn<'py> = (
     Vec<SectionIn<'py>>,
 );
 
-/// encode_frame(round, sender, bundle, entries) -> bytes
+/// Write a version-1 frame. Each entry is (name, codec, dtype, shape, params, sections) with
+/// sections a list of (name, elem, payload). Raises FrameError for anything the reader would
+/// reject.
 #[pyfunction]
 fn encode_frame<'py>(
     py: Python<'py>,
@@ -203,9 +210,13 @@ type EntryOut<'a, 'py> = (
     Vec<SectionOut<'a>>,
 );
 
-/// decode_frame(data, max_frame_bytes=2**31, max_entries=2**20, max_tensor_elements=2**31)
-///     -> (round, sender, bundle, entries)
+/// Parse and validate a version-1 frame. Returns (round, sender, bundle, entries), each entry
+/// (name, codec, dtype, shape, (params_start, params_end), [(section, elem, start, end), ...])
+/// with byte offsets into `data`. Raises FrameError naming the broken rule.
 #[pyfunction]
+#[pyo3(
+    text_signature = "(data, max_frame_bytes=2**31, max_entries=2**20, max_tensor_elements=2**31)"
+)]
 #[pyo3(signature = (data, max_frame_bytes = 1u64 << 31, max_entries = 1u32 << 20, max_tensor_elements = 1u64 << 31))]
 fn decode_frame<'py>(
     py: Python<'py>,
