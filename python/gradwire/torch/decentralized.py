@@ -11,8 +11,9 @@ gradient ``g`` is computed:
    ``x̂_j += Q(z_j)``.
 
 Since a worker's own model and its replica on every peer start equal (rank 0's parameters are
-broadcast at construction) and advance by the same decoded tensor with the same float operation,
-every replica equals its owner's model bit for bit, whatever the codec.
+broadcast at construction, or each worker's are sent to its peers once at full precision) and
+advance by the same decoded tensor with the same float operation, every replica equals its owner's
+model bit for bit, whatever the codec.
 
 Frames travel point to point (:func:`gradwire.torch.collectives.exchange_bytes`): a length word, then
 the frame, to and from each peer. The peer graph is fixed for the run and must be symmetric; it is
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..codecs import Codec
+from ..codecs import Codec, IdentityCodec
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Limits, decode_bundle, read_frame, write_frame
 from .collectives import comm_device, exchange_bytes, gather_rows
@@ -40,6 +41,8 @@ from .collectives import comm_device, exchange_bytes, gather_rows
 __all__ = ["LowPrecisionDecentralized", "ring_peers"]
 
 PeerSpec = Union[str, Sequence[int], Mapping[int, Sequence[int]]]
+# The round number of the one-off frame that carries starting parameters (steps count from 0).
+_INITIAL_ROUND = 2**64 - 1
 
 
 def ring_peers(rank: int, world: int) -> tuple[int, ...]:
@@ -70,8 +73,12 @@ class LowPrecisionDecentralized:
     ``peers``: ``"ring"`` (default), ``"all"``, this rank's peers as a list of group ranks, or a
     mapping ``{rank: peers}`` for the whole graph; it must be symmetric. ``codec`` quantizes the model
     differences (default :class:`gradwire.MinMaxUInt8`). Construction is collective: every rank of
-    ``process_group`` must build one, and rank 0's parameters are broadcast unless
-    ``broadcast_parameters=False`` (then they must already be equal).
+    ``process_group`` must build one. Rank 0's parameters are broadcast so all workers start equal;
+    with ``broadcast_parameters=False`` each keeps its own and peers exchange them once, at full
+    precision, to seed the replicas.
+
+    ``steps``, ``bytes_sent`` (frames and length words to all peers), ``frame_bytes`` (this rank's
+    frames) and ``last_frame`` (the bytes sent at the last step) describe the traffic.
 
     Use::
 
@@ -112,14 +119,17 @@ class LowPrecisionDecentralized:
         self.named_parameters = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named_parameters:
             raise ValueError("the model has no trainable parameters")
-        if broadcast_parameters:
-            self._broadcast_from_rank0()
-        self._replicas = {
-            peer: [p.detach().clone() for _, p in self.named_parameters] for peer in self.peers
-        }
         self.steps = 0
         self.bytes_sent = 0
         self.frame_bytes = 0
+        self.last_frame: Optional[bytes] = None
+        if broadcast_parameters:
+            self._broadcast_from_rank0()
+            self._replicas = {
+                peer: [p.detach().clone() for _, p in self.named_parameters] for peer in self.peers
+            }
+        else:
+            self._replicas = self._receive_initial_replicas()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -150,6 +160,16 @@ class LowPrecisionDecentralized:
                 t = p.detach().to(dev).contiguous()
                 dist.broadcast(t, src=src, group=self.process_group)
                 p.copy_(t.to(p.device))
+
+    def _receive_initial_replicas(self) -> dict[int, list[torch.Tensor]]:
+        """Each peer's starting parameters, exchanged once at full precision (identity frames)."""
+        entries = [IdentityCodec().compress(p.detach(), name)[0] for name, p in self.named_parameters]
+        frame = write_frame(entries, round=_INITIAL_ROUND, sender=self.rank, bundle=True)
+        received = exchange_bytes(frame, self.peers, self.process_group, limits=self.limits)
+        return {
+            peer: [t.clone() for t in self._decode(received[peer], peer, _INITIAL_ROUND).values()]
+            for peer in self.peers
+        }
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -186,15 +206,18 @@ class LowPrecisionDecentralized:
                 replica.add_(update[name])
 
         self.steps += 1
+        self.last_frame = frame
         self.frame_bytes += len(frame)
         self.bytes_sent += (8 + len(frame)) * len(self.peers)
 
-    def _decode(self, data, sender: int) -> dict[str, torch.Tensor]:
+    def _decode(self, data, sender: int, round: Optional[int] = None) -> dict[str, torch.Tensor]:
+        """The named tensors of a peer's bundle frame, checked against the model (in its order)."""
+        expected_round = self.steps if round is None else round
         frame = read_frame(data, limits=self.limits)
-        if not frame.bundle or frame.round != self.steps or frame.sender != sender:
+        if not frame.bundle or frame.round != expected_round or frame.sender != sender:
             raise FrameError(
                 f"peer {sender} sent a {'bundle' if frame.bundle else 'tensor'} frame for round {frame.round}"
-                f" from sender {frame.sender}; expected a bundle for round {self.steps} from {sender}"
+                f" from sender {frame.sender}; expected a bundle for round {expected_round} from {sender}"
             )
         device = self.named_parameters[0][1].device
         update = decode_bundle(frame, device=device)
@@ -207,7 +230,7 @@ class LowPrecisionDecentralized:
                 )
         if len(update) != len(self.named_parameters):
             raise FrameError(f"peer {sender} sent {len(update)} tensors, the model has {len(self.named_parameters)}")
-        return update
+        return {name: update[name] for name, _ in self.named_parameters}
 
     # -- inspection ------------------------------------------------------------------------------
 
