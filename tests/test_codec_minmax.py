@@ -78,6 +78,14 @@ def test_short_last_chunk_keeps_its_own_range():
     assert (recon[-3:] - x[-3:]).abs().max() < 0.2 / 255
 
 
+def test_a_chunk_far_larger_than_the_tensor_allocates_nothing_of_its_size():
+    # 2^31 - 1 floats would be 8 GiB; the chunk is only ever the tensor's own length.
+    x = _rand((10,), seed=8)
+    entry, recon = MinMaxUInt8(chunk=(1 << 31) - 1).compress(x)
+    assert entry.sections["min"].shape == (1,)
+    assert torch.equal(gradwire.decode(write_frame([entry])), recon)
+
+
 def test_wire_cost_is_one_byte_per_element_plus_eight_per_chunk():
     entry, _ = MinMaxUInt8(chunk=1024).compress(_rand((5000,), seed=4))
     assert entry.nbytes() == 4 + 5000 + 8 * 5

@@ -32,34 +32,42 @@ MAX_CHUNK = 1 << 31
 SECTIONS = ("min", "max", "codes")
 
 
+def _split(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole chunks as ``(full, chunk)`` and the short last chunk (possibly empty), as views:
+    nothing of the chunk size is allocated, so a huge ``chunk`` costs nothing."""
+    full = flat.numel() // chunk
+    return flat[: full * chunk].view(full, chunk), flat[full * chunk :]
+
+
 def quantize(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(codes uint8 [n], mins f32 [chunks], maxs f32 [chunks])`` of a flat float32 tensor."""
-    n = flat.numel()
-    num_chunks = -(-n // chunk)
-    pad = num_chunks * chunk - n
-    x = flat
-    if pad:
-        # Repeating the last element leaves the last chunk's min and max unchanged.
-        x = torch.cat([flat, flat[-1:].expand(pad)])
-    x = x.view(num_chunks, chunk)
-    mins = x.amin(dim=1)
-    maxs = x.amax(dim=1)
-    span = maxs - mins
-    safe = torch.where(span > 0, span, torch.ones_like(span))
-    codes = torch.round((x - mins[:, None]) * 255.0 / safe[:, None])
-    codes = torch.where(span[:, None] > 0, codes, torch.zeros_like(codes)).clamp_(0, 255)
-    return codes.to(torch.uint8).reshape(-1)[:n], mins, maxs
+    head, tail = _split(flat, chunk)
+    rows = [head]
+    if tail.numel():
+        rows.append(tail[None, :])
+    codes, mins, maxs = [], [], []
+    for x in rows:
+        lo = x.amin(dim=1)
+        hi = x.amax(dim=1)
+        span = hi - lo
+        safe = torch.where(span > 0, span, torch.ones_like(span))
+        c = torch.round((x - lo[:, None]) * 255.0 / safe[:, None])
+        c = torch.where(span[:, None] > 0, c, torch.zeros_like(c)).clamp_(0, 255)
+        codes.append(c.to(torch.uint8).reshape(-1))
+        mins.append(lo)
+        maxs.append(hi)
+    return torch.cat(codes), torch.cat(mins), torch.cat(maxs)
 
 
 def dequantize(codes: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor, chunk: int) -> torch.Tensor:
     """The flat float32 values of ``codes``. Encoder and decoder both call exactly this."""
-    n = codes.numel()
-    num_chunks = mins.numel()
     steps = (maxs - mins) / 255.0
-    c = torch.zeros(num_chunks * chunk, dtype=torch.float32, device=codes.device)
-    c[:n] = codes
-    out = mins[:, None] + c.view(num_chunks, chunk) * steps[:, None]
-    return out.reshape(-1)[:n]
+    head, tail = _split(codes, chunk)
+    full = head.shape[0]
+    out = [(mins[:full, None] + head.to(torch.float32) * steps[:full, None]).reshape(-1)]
+    if tail.numel():
+        out.append(mins[full] + tail.to(torch.float32) * steps[full])
+    return torch.cat(out)
 
 
 class MinMaxUInt8(Codec):
