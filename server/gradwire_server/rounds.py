@@ -359,13 +359,27 @@ class RoundEngine:
                  rt.run_id, rt.version, len(updates), len(pub.frame), rt.weights_hash)
 
     def _publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
+        t0 = time.perf_counter()
+        grads = self.aggregate_round(rt, updates)
+        aggregate_s = time.perf_counter() - t0
+        return self.step_and_publish(rt, grads, len(updates), aggregate_s)
+
+    @staticmethod
+    def aggregate_round(rt: RunRuntime, updates: list[Update], dense_decode: bool = False) -> dict[str, torch.Tensor]:
+        """The round's aggregated gradient under the run's rule."""
+        agg = rt.config.aggregation
+        return aggregate(updates, sorted(rt.spec), agg.rule, agg.trim_fraction, dense_decode=dense_decode)
+
+    def step_and_publish(self, rt: RunRuntime, grads: dict[str, torch.Tensor], n_updates: int,
+                         aggregate_s: float = 0.0) -> _Published:
+        """AdamW, downlink compression with error feedback, ``master += decode(frame)``, durable publish.
+
+        Works on copies: ``rt`` is left untouched (the caller adopts the result after the commit).
+        """
         cfg = rt.config
         master = rt.master
         assert master is not None and rt.moments is not None
         names = sorted(master)
-        t0 = time.perf_counter()
-        grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction)
-        aggregate_s = time.perf_counter() - t0
         targets, moments = adamw_step(cfg.optimizer, master, grads, rt.moments)
         diff = {n: targets[n] - master[n] for n in names}
         feedback = ErrorFeedback(cfg.downlink.build())
@@ -378,7 +392,7 @@ class RoundEngine:
         opened = time.time()
         residual = feedback.state_dict()
         self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), residual, h,
-                           len(updates), opened)
+                           n_updates, opened)
         return _Published(version, frame, new_master, moments, residual, h, opened, aggregate_s)
 
 
