@@ -555,7 +555,11 @@ fn validate(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) ->
             version: header.version,
         });
     }
-    let count = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+    // More than u32::MAX records cannot be written at all (entry_count is a u32).
+    let count = u32::try_from(entries.len()).map_err(|_| WireError::TooManyEntries {
+        count: u32::MAX,
+        limit: limits.max_entries,
+    })?;
     if !header.bundle && count != 1 {
         return Err(WireError::TensorFrameEntryCount { count });
     }
