@@ -7,11 +7,14 @@ a gradient whose round closed going back into the residual, and ``gradwire demo`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,11 +137,10 @@ def test_gradient_of_a_closed_round_goes_back_into_the_residual(live_server):
 
 def test_demo_command_runs_end_to_end(tmp_path):
     out = tmp_path / "demo_out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "server"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "gradwire.cli", "demo", "--rounds", "3", "--workers", "2", "--hidden", "32",
          "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "160"}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env=_server_env(COLUMNS="160"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 nodes, 3 rounds" in proc.stdout
@@ -150,3 +152,47 @@ def test_demo_command_runs_end_to_end(tmp_path):
     assert all(r["in_sync"] and len(r["losses"]) == 3 for r in results)
     dense_up = sum(results[1]["up_bytes"])
     assert sum(results[0]["up_bytes"]) < dense_up / 3
+
+
+def _server_env(**extra):
+    path = os.pathsep.join(p for p in [str(REPO / "server"), os.environ.get("PYTHONPATH", "")] if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
+
+
+def test_serve_command_runs_the_server_until_sigterm(tmp_path):
+    from live_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradwire.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=_server_env(GRADWIRE_ADMIN_TOKEN="serve-admin"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        with GradwireClient(f"http://127.0.0.1:{port}", "serve-admin", timeout=2.0) as admin:
+            deadline = time.monotonic() + 60
+            while not admin.ready():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.1)
+            assert admin.health() == {"status": "ok"}
+            run_id = admin.create_run({})
+            assert admin.status(run_id)["version"] == 0
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal so the exit status still shows it.
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        log = proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Application shutdown complete" in log, log
+
+
+def test_serve_without_the_server_package_says_how_to_install_it():
+    code = (
+        "import sys; sys.modules['gradwire_server'] = None; sys.argv = ['gradwire', 'serve'];"
+        " from gradwire.cli import main; main()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "pip install ./server" in proc.stderr

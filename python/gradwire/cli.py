@@ -52,10 +52,10 @@ def serve(
     log_json: Optional[bool] = typer.Option(None, help="Structured JSON logs [GRADWIRE_LOG_JSON]."),
     log_level: Optional[str] = typer.Option(None, help="debug, info, warning or error [GRADWIRE_LOG_LEVEL]."),
 ) -> None:
-    """Run the aggregation server (the separate ``gradwire-server`` distribution).
+    """Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C.
 
-    Every option falls back to its GRADWIRE_* environment variable and then the server's default; the
-    admin token comes from GRADWIRE_ADMIN_TOKEN only (or is generated into <data-dir>/admin_token).
+    Options fall back to GRADWIRE_* environment variables, then the server's defaults. The admin token
+    is read from GRADWIRE_ADMIN_TOKEN only, or generated into DATA_DIR/admin_token.
     """
     try:
         import gradwire_server
