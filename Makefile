@@ -24,10 +24,12 @@ wheel: $(VENV)/.created
 install: wheel
 	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
 	$(PIP) install -q "$$(ls dist/*.whl)[test,demo,bench]"
+	$(PIP) install -q ./server
 
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
 	$(PIP) install -q -e ".[test,demo,bench]"
+	$(PIP) install -q -e ./server
 
 demo: install
 	$(VENV)/bin/gradwire demo
@@ -43,6 +45,7 @@ test: test-rust test-python
 bench: install
 	$(PY) bench/kernels.py
 	$(PY) bench/dct_codec.py
+	$(PY) bench/server_rounds.py
 
 clean:
 	rm -rf $(VENV) dist target
