@@ -79,7 +79,7 @@ def test_late_joiner_catches_up_from_the_full_state(live_server, tmp_path):
     assert result.in_sync and sorted(result.node_hashes) == [1, 2, 3]
 
 
-def _node_pair(url, admin_token, *, keep_versions=1000):
+def _node_pair(url, admin_token, *, keep_versions=1000, device="cpu"):
     """A quorum-1 run with two in-process nodes on it."""
     admin = GradwireClient(url, admin_token)
     run_id = admin.create_run({"uplink": DCT, "downlink": DCT, "quorum": 1, "keep_versions": keep_versions,
@@ -88,7 +88,7 @@ def _node_pair(url, admin_token, *, keep_versions=1000):
     nodes = []
     for _ in range(2):
         node_id, token = admin.register_node(run_id)
-        model = digits_mlp(16)
+        model = digits_mlp(16).to(device)
         nodes.append(Node(GradwireClient(url, token), run_id, model, gradwire.make_codec("dct", **DCT["params"]), node_id, wait=10))
     return admin, run_id, nodes
 
@@ -102,8 +102,10 @@ def _grads(model, seed):
     data = _digits()
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, len(data.y_train), (32,), generator=g)
+    device = next(model.parameters()).device
     model.zero_grad(set_to_none=False)
-    torch.nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+    logits = model(data.x_train[idx].to(device))
+    torch.nn.functional.cross_entropy(logits, data.y_train[idx].to(device)).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -133,6 +135,17 @@ def test_gradient_of_a_closed_round_goes_back_into_the_residual(live_server):
         # Nothing of this gradient was applied, so all of it waits in the residual for the next step.
         torch.testing.assert_close(slow.feedback.residual(name), g, rtol=0, atol=1e-6)
     assert state_hash(slow.params) == state_hash(fast.params) == admin.status(run_id)["weights_hash"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nodes_on_cuda_stay_bit_identical_to_the_server(live_server):
+    admin, run_id, (a, b) = _node_pair(live_server.url, live_server.admin_token, device="cuda")
+    a.sync(), b.sync()
+    for step in range(3):
+        a.step(_grads(a.module, step))  # compresses on the GPU; diffs decoded on the CPU, added on the GPU
+        b.catch_up()
+        assert next(a.module.parameters()).is_cuda
+        assert state_hash(a.params) == state_hash(b.params) == admin.status(run_id)["weights_hash"]
 
 
 def test_demo_command_runs_end_to_end(tmp_path):
