@@ -46,6 +46,7 @@ bench: install
 	$(PY) bench/kernels.py
 	$(PY) bench/dct_codec.py
 	$(PY) bench/server_rounds.py
+	$(PY) bench/codecs.py
 
 clean:
 	rm -rf $(VENV) dist target
