@@ -427,7 +427,9 @@ class SparseAccumulator:
         v = values.to(torch.float32).to(entry.dtype).to(torch.float32).to(self.device)
         if weight != 1.0:
             v = v * weight
-        self.total.index_add_(0, idx_t, v)
+        # Positions are unique within a record: a gather, an add and a scatter, deterministic on every
+        # device (index_add_ would take the atomic path on CUDA).
+        self.total[idx_t] = self.total[idx_t] + v
         self.count += 1
 
     def finish(self) -> torch.Tensor:
