@@ -425,9 +425,11 @@ class Node:
     and shapes of the run's state. The server applies the optimizer; the node only sends gradients and
     applies the published diffs, so no local optimizer steps.
 
-    What happens to a gradient whose round closed before it arrived (410 ``round_closed``): its
-    contribution goes back into the error-feedback residual — as if the codec had dropped all of it —
-    and is sent with the next step's gradient; the node then catches up to the current version.
+    What happens to a gradient whose round closed before it arrived (410 ``round_closed``), or that
+    finds a different frame already recorded for this node and round (409 ``conflicting_submission``,
+    as after a restart): its contribution goes back into the error-feedback residual — as if the codec
+    had dropped all of it — and is sent with the next step's gradient; the node then catches up to the
+    next version as usual. :attr:`rounds_missed` counts these steps.
 
     Published diffs are decoded on ``decode_device`` (default the CPU, where the server decodes them)
     and then added on the replica's device: the decoders' float rounding may differ between devices,
@@ -468,7 +470,7 @@ class Node:
         #: Uplink bytes (submitted frames) and downlink bytes (update frames and states) so far.
         self.bytes_sent = 0
         self.bytes_received = 0
-        #: Rounds whose gradient arrived too late; full-state loads (joins and catch-ups).
+        #: Steps whose gradient did not count (see above); full-state loads (joins and catch-ups).
         self.rounds_missed = 0
         self.state_loads = 0
 
@@ -545,10 +547,16 @@ class Node:
         frame = self.feedback.encode_bundle(ordered, round=round_, sender=self.node_id)
         try:
             self.client.submit(self.run_id, round_, frame)
-            self.bytes_sent += len(frame)
-        except RoundClosedError:
+        except (RoundClosedError, ConflictError) as exc:
+            # round_closed: the round was published without us. conflicting_submission: this node
+            # already has a different frame recorded for the round (a restarted process); that one
+            # counts. Either way this gradient did not, and the round still publishes: wait for it.
+            if isinstance(exc, ConflictError) and exc.error != "conflicting_submission":
+                raise
             self.rounds_missed += 1
             self._return_to_residual(frame)
+        finally:
+            self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:
             left = self.wait if deadline is None else min(self.wait, deadline - time.monotonic())
