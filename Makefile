@@ -47,6 +47,7 @@ bench: install
 	$(PY) bench/dct_codec.py
 	$(PY) bench/server_rounds.py
 	$(PY) bench/codecs.py
+	$(PY) bench/ddp.py
 
 clean:
 	rm -rf $(VENV) dist target

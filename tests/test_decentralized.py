@@ -8,7 +8,6 @@ from torch import nn
 
 import gradwire
 import gradwire.torch as gt
-from gradwire.frame import decode_bundle
 from distributed_toys import flat_parameters, gather, make_model, shard
 
 
@@ -20,9 +19,8 @@ def _ring(rank: int, world: int, steps: int) -> dict:
     model = make_model(seed=rank)  # different on every rank: the broadcast makes them equal
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     algo = gt.LowPrecisionDecentralized(model, opt)  # ring, MinMax uint8
-    start = [p.detach().clone() for p in model.parameters()]
-    # What this rank's frames say, summed on top of the start: what every peer can know of it.
-    from_frames = [p.clone() for p in start]
+    # What this rank's frames say, summed on top of its start: all any peer can know of it.
+    from_frames = flat_parameters(model).clone()
     x, y = shard(rank)
     losses = []
     replicas_match = True
@@ -32,22 +30,21 @@ def _ring(rank: int, world: int, steps: int) -> dict:
         loss.backward()
         algo.step()
         losses.append(loss.item())
-        sent = decode_bundle(algo.last_frame)
-        for t, name in zip(from_frames, (n for n, _ in model.named_parameters())):
-            t.add_(sent[name])
+        from_frames.add_(gradwire.decode(algo.last_frame))
         models = gather(flat_parameters(model))
         replicas_match &= all(torch.equal(_flat(algo.replica(p).values()), models[p]) for p in algo.peers)
     models = gather(flat_parameters(model))
     return dict(
         losses=losses,
         replicas_match=replicas_match,
-        own_is_sum_of_frames=torch.equal(_flat(from_frames), flat_parameters(model)),
+        own_is_sum_of_frames=torch.equal(from_frames, flat_parameters(model)),
         spread=max(float((m - models[0]).abs().max()) for m in models),
         scale=float(models[0].abs().max()),
         codec=type(algo.codec).__name__,
         peers=list(algo.peers),
-        bytes_per_step=algo.bytes_per_step(),
-        dense_per_step=4 * models[0].numel() * len(algo.peers),
+        frame_bytes=algo.frame_bytes_per_step(),
+        sent_bytes=algo.sent_bytes_per_step(),
+        dense_bytes=4 * models[0].numel(),
     )
 
 
@@ -64,8 +61,9 @@ def test_ring_converges_and_replicas_equal_what_peers_sent():
         assert r["replicas_match"]
         # The workers agree closely (each sees different data, so not exactly).
         assert r["spread"] < 0.1 * r["scale"], r
-        # One byte per element plus per-chunk ranges and framing, against 4 bytes dense.
-        assert r["bytes_per_step"] < 0.35 * r["dense_per_step"], r
+        # One byte per element plus per-chunk ranges and framing, against 4 bytes dense; to each peer.
+        assert r["frame_bytes"] < 0.27 * r["dense_bytes"], r
+        assert r["sent_bytes"] == 2 * (r["frame_bytes"] + 8)
 
 
 def _exact_step(rank: int, world: int, steps: int) -> dict:

@@ -4,6 +4,7 @@
   rank order, averaged; every rank ends bit-identical).
 - :func:`powersgd_hook` / :class:`PowerSGDState` — PowerSGD's collective form (factors all-reduced).
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
+- :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
 - :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
 
 Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook``; the package
@@ -15,6 +16,7 @@ from __future__ import annotations
 from .collectives import all_gather_bytes, exchange_bytes
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
+from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import default_backend, init_from_env, spawn
 from .powersgd import PowerSGDState, powersgd_hook
 
@@ -22,13 +24,16 @@ __all__ = [
     "GradwireHookState",
     "LowPrecisionDecentralized",
     "PowerSGDState",
+    "RegisteredHook",
     "all_gather_bytes",
     "ddp_hook",
     "default_backend",
     "exchange_bytes",
     "gradwire_hook",
+    "hook_names",
     "init_from_env",
     "powersgd_hook",
+    "register_hook",
     "ring_peers",
     "spawn",
 ]

@@ -5,7 +5,8 @@ gradient ``g`` is computed:
 
 1. ``x_{t+½} = Σ_j W_ij x̂_j − γ g`` over ``j`` in ``{i} ∪ peers(i)``, with ``x̂_i = x_i``; the local
    step ``−γ g`` is whatever the optimizer does to the parameters (plain SGD: exactly ``−γ g``);
-2. ``z = x_{t+½} − x_t`` is compressed (MinMax uint8 by default) into one bundle frame;
+2. ``z = x_{t+½} − x_t``, all parameters as one flat vector, is compressed (MinMax uint8 by default,
+   per chunk of 1024 elements) into one frame;
 3. the worker moves by what that frame decodes to: ``x_{t+1} = x_t + Q(z)``;
 4. it sends the frame to every peer and receives theirs, and moves each replica the same way:
    ``x̂_j += Q(z_j)``.
@@ -35,7 +36,7 @@ from torch import nn
 
 from ..codecs import Codec, IdentityCodec
 from ..errors import FrameError
-from ..frame import DEFAULT_LIMITS, Limits, decode_bundle, read_frame, write_frame
+from ..frame import DEFAULT_LIMITS, Limits, decode_entry, read_frame, write_frame
 from .collectives import comm_device, exchange_bytes, gather_rows
 
 __all__ = ["LowPrecisionDecentralized", "ring_peers"]
@@ -43,6 +44,8 @@ __all__ = ["LowPrecisionDecentralized", "ring_peers"]
 PeerSpec = Union[str, Sequence[int], Mapping[int, Sequence[int]]]
 # The round number of the one-off frame that carries starting parameters (steps count from 0).
 _INITIAL_ROUND = 2**64 - 1
+# The record name of the flat parameter vector in every frame.
+_NAME = "parameters"
 
 
 def ring_peers(rank: int, world: int) -> tuple[int, ...]:
@@ -78,7 +81,8 @@ class LowPrecisionDecentralized:
     precision, to seed the replicas.
 
     ``steps``, ``bytes_sent`` (frames and length words to all peers), ``frame_bytes`` (this rank's
-    frames) and ``last_frame`` (the bytes sent at the last step) describe the traffic.
+    frames) and ``last_frame`` (the bytes sent at the last step) describe the traffic; the frame holds
+    one record, ``"parameters"``, the flat vector of every trainable parameter in model order.
 
     Use::
 
@@ -119,15 +123,18 @@ class LowPrecisionDecentralized:
         self.named_parameters = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named_parameters:
             raise ValueError("the model has no trainable parameters")
+        first = self.named_parameters[0][1]
+        if any(p.dtype != first.dtype or p.device != first.device for _, p in self.named_parameters):
+            raise ValueError("all trainable parameters must share one dtype and device")
+        self.device, self.dtype = first.device, first.dtype
+        self.numel = sum(p.numel() for _, p in self.named_parameters)
         self.steps = 0
         self.bytes_sent = 0
         self.frame_bytes = 0
         self.last_frame: Optional[bytes] = None
         if broadcast_parameters:
             self._broadcast_from_rank0()
-            self._replicas = {
-                peer: [p.detach().clone() for _, p in self.named_parameters] for peer in self.peers
-            }
+            self._replicas = {peer: self._flat() for peer in self.peers}
         else:
             self._replicas = self._receive_initial_replicas()
 
@@ -161,15 +168,16 @@ class LowPrecisionDecentralized:
                 dist.broadcast(t, src=src, group=self.process_group)
                 p.copy_(t.to(p.device))
 
-    def _receive_initial_replicas(self) -> dict[int, list[torch.Tensor]]:
-        """Each peer's starting parameters, exchanged once at full precision (identity frames)."""
-        entries = [IdentityCodec().compress(p.detach(), name)[0] for name, p in self.named_parameters]
-        frame = write_frame(entries, round=_INITIAL_ROUND, sender=self.rank, bundle=True)
+    def _receive_initial_replicas(self) -> dict[int, torch.Tensor]:
+        """Each peer's starting parameters, exchanged once at full precision (an identity frame)."""
+        entry, _ = IdentityCodec().compress(self._flat(), _NAME)
+        frame = write_frame([entry], round=_INITIAL_ROUND, sender=self.rank)
         received = exchange_bytes(frame, self.peers, self.process_group, limits=self.limits)
-        return {
-            peer: [t.clone() for t in self._decode(received[peer], peer, _INITIAL_ROUND).values()]
-            for peer in self.peers
-        }
+        return {peer: self._decode(received[peer], peer, _INITIAL_ROUND) for peer in self.peers}
+
+    def _flat(self) -> torch.Tensor:
+        """This rank's parameters as one new flat vector (model order)."""
+        return torch.cat([p.detach().reshape(-1) for _, p in self.named_parameters])
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -177,7 +185,7 @@ class LowPrecisionDecentralized:
     def step(self) -> None:
         """One step: local optimizer step, mix with the replicas, send and apply ``Q(z)``; see above."""
         params = [p for _, p in self.named_parameters]
-        before = [p.detach().clone() for p in params]
+        before = self._flat()
         if self.optimizer is not None:
             self.optimizer.step()
         else:
@@ -185,65 +193,65 @@ class LowPrecisionDecentralized:
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-self.lr)
 
-        entries = []
-        for i, ((name, p), x) in enumerate(zip(self.named_parameters, before)):
-            # z = Σ_j W_ij x̂_j + (local step) − x_t = (local step) + Σ_peers W_ij (x̂_j − x_t): the
-            # second form (the weights sum to one) adds small differences, not large parameters.
-            z = p.detach() - x
-            for peer in self.peers:
-                z.add_(self._replicas[peer][i] - x, alpha=self.weights[peer])
-            entries.append(self.codec.compress(z, name)[0])
-        frame = write_frame(entries, round=self.steps, sender=self.rank, bundle=True)
+        # z = Σ_j W_ij x̂_j + (local step) − x_t = (local step) + Σ_peers W_ij (x̂_j − x_t): the second
+        # form (the weights sum to one) adds small differences, not large parameters. The whole model
+        # goes as one flat vector, as Bagua quantizes flattened buckets: one record, chunked by the codec.
+        z = self._flat().sub_(before)
+        for peer in self.peers:
+            z.add_(self._replicas[peer] - before, alpha=self.weights[peer])
+        entry, decoded = self.codec.compress(z, _NAME)
+        frame = write_frame([entry], round=self.steps, sender=self.rank)
 
-        own = self._decode(frame, self.rank)
-        for (name, p), x in zip(self.named_parameters, before):
-            p.copy_(x + own[name])
+        # The codec's reconstruction is, by its contract, exactly what peers decode from the frame.
+        after = before + decoded.to(before.dtype)
+        offset = 0
+        for p in params:
+            p.copy_(after[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
         received = exchange_bytes(frame, self.peers, self.process_group, limits=self.limits)
         for peer in self.peers:
-            update = self._decode(received[peer], peer)
-            for (name, _), replica in zip(self.named_parameters, self._replicas[peer]):
-                replica.add_(update[name])
+            self._replicas[peer].add_(self._decode(received[peer], peer))
 
         self.steps += 1
         self.last_frame = frame
         self.frame_bytes += len(frame)
         self.bytes_sent += (8 + len(frame)) * len(self.peers)
 
-    def _decode(self, data, sender: int, round: Optional[int] = None) -> dict[str, torch.Tensor]:
-        """The named tensors of a peer's bundle frame, checked against the model (in its order)."""
+    def _decode(self, data, sender: int, round: Optional[int] = None) -> torch.Tensor:
+        """The flat vector a peer's frame carries, checked against this model."""
         expected_round = self.steps if round is None else round
         frame = read_frame(data, limits=self.limits)
-        if not frame.bundle or frame.round != expected_round or frame.sender != sender:
+        if frame.bundle or frame.round != expected_round or frame.sender != sender:
             raise FrameError(
                 f"peer {sender} sent a {'bundle' if frame.bundle else 'tensor'} frame for round {frame.round}"
-                f" from sender {frame.sender}; expected a bundle for round {expected_round} from {sender}"
+                f" from sender {frame.sender}; expected a tensor frame for round {expected_round} from {sender}"
             )
-        device = self.named_parameters[0][1].device
-        update = decode_bundle(frame, device=device)
-        for name, p in self.named_parameters:
-            got = update.get(name)
-            if got is None or tuple(got.shape) != tuple(p.shape):
-                raise FrameError(
-                    f"peer {sender}: parameter {name!r} is "
-                    + ("missing" if got is None else f"of shape {tuple(got.shape)}, expected {tuple(p.shape)}")
-                )
-        if len(update) != len(self.named_parameters):
-            raise FrameError(f"peer {sender} sent {len(update)} tensors, the model has {len(self.named_parameters)}")
-        return {name: update[name] for name, _ in self.named_parameters}
+        entry = frame.entry()
+        if tuple(entry.shape) != (self.numel,):
+            raise FrameError(f"peer {sender} sent a tensor of shape {tuple(entry.shape)}; the model has {self.numel} parameters")
+        return decode_entry(entry, self.device).to(self.dtype)
 
     # -- inspection ------------------------------------------------------------------------------
 
     def replica(self, peer: int) -> dict[str, torch.Tensor]:
-        """This rank's replica ``x̂_peer`` of a peer's parameters, by name (live tensors; do not modify)."""
+        """This rank's replica ``x̂_peer`` of a peer's parameters, by name (views; do not modify)."""
         try:
-            tensors = self._replicas[peer]
+            flat = self._replicas[peer]
         except KeyError:
             raise KeyError(f"rank {peer} is not a peer of rank {self.rank} (peers: {self.peers})") from None
-        return {name: t for (name, _), t in zip(self.named_parameters, tensors)}
+        out, offset = {}, 0
+        for name, p in self.named_parameters:
+            out[name] = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return out
 
-    def bytes_per_step(self) -> float:
-        """Mean bytes this rank sent per step (frames and length words, to all its peers)."""
+    def frame_bytes_per_step(self) -> float:
+        """Mean bytes of this rank's frame per step: the message each of its peers receives."""
+        return self.frame_bytes / max(1, self.steps)
+
+    def sent_bytes_per_step(self) -> float:
+        """Mean bytes this rank sent per step: its frame and a length word, to every peer."""
         return self.bytes_sent / max(1, self.steps)
 
     def __repr__(self) -> str:
