@@ -116,7 +116,7 @@ def test_uncommitted_files_are_ignored_and_removed(server):
     server.kill()
     root = server.data_dir / "runs" / run.run_id
     planted = [root / "diffs" / "v000000002.gwf", root / "weights" / "v000000002.safetensors",
-               root / "moments" / "v000000002.safetensors", root / "submissions" / "r000000001-n1.gwf",
+               root / "moments" / "v000000002.safetensors", root / "submissions" / f"r000000001-n1-{'ab' * 16}.gwf",
                root / "weights" / ".v000000002.safetensors.abcd.tmp"]
     for p in planted:
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -291,13 +291,16 @@ class RoundEngine:
         return answer
 
     async def _record(self, rt, node_id, round, sha, body, frame, norm) -> dict:
+        # The frame's file is written and fsynced outside the lock (its name carries the content hash, so
+        # concurrent submissions never share a file); only the short SQLite commit is serialized.
+        await asyncio.to_thread(self.store.write_submission, rt.run_id, round, node_id, sha, body)
         async with rt.lock:
             dup = self._existing(rt, node_id, round, sha)  # a concurrent identical request may have won
             if dup is not None:
                 return dup
             weight = self._weight_for(rt, round)  # the round may have closed while we validated
             rec = SubmissionRecord(rt.run_id, node_id, round, rt.version, sha, len(body), weight, norm, time.time())
-            await asyncio.to_thread(self.store.record_submission, rec, body)
+            await asyncio.to_thread(self.store.commit_submission, rec)
             rt.pending[(node_id, round)] = Update(frame, weight, norm, node_id)
             submitted = len(rt.pending)
         rt.wake.set()

@@ -7,7 +7,7 @@ Layout under ``data_dir``::
     runs/<run_id>/moments/v<version>.safetensors    AdamW exp_avg.* / exp_avg_sq.* after <version> steps
     runs/<run_id>/residual/v<version>.safetensors   downlink error-feedback residual at <version>
     runs/<run_id>/diffs/v<version>.gwf              the frame that published <version>
-    runs/<run_id>/submissions/r<round>-n<node>.gwf  an acknowledged update, kept until its round closes
+    runs/<run_id>/submissions/r<round>-n<node>-<sha>.gwf  an acknowledged update, kept until its round closes
 
 Every file is written atomically: a temporary file in the same directory, fsync, rename over the final
 name, fsync of the directory. A submission is acknowledged only after its file is durable *and* its row
@@ -78,7 +78,7 @@ CREATE TABLE IF NOT EXISTS versions (
 """
 
 _VERSIONED = re.compile(r"^v(\d+)\.(safetensors|gwf)$")
-_SUBMISSION = re.compile(r"^r(\d+)-n(\d+)\.gwf$")
+_SUBMISSION = re.compile(r"^r(\d+)-n(\d+)-([0-9a-f]{32})\.gwf$")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -197,8 +197,10 @@ class Store:
         ext = "gwf" if kind == "diffs" else "safetensors"
         return self.run_dir(run_id) / kind / f"v{version:09d}.{ext}"
 
-    def submission_path(self, run_id: str, round: int, node_id: int) -> Path:
-        return self.run_dir(run_id) / "submissions" / f"r{round:09d}-n{node_id}.gwf"
+    def submission_path(self, run_id: str, round: int, node_id: int, sha256: str) -> Path:
+        # The content hash in the name: two different frames for one (node, round) racing each other
+        # never share a file, so the one whose row is committed is the one on disk.
+        return self.run_dir(run_id) / "submissions" / f"r{round:09d}-n{node_id}-{sha256[:32]}.gwf"
 
     def diff_path(self, run_id: str, version: int) -> Path:
         return self._versioned(run_id, "diffs", version)
@@ -270,9 +272,12 @@ class Store:
                         (run_id, node_id, round))
         return None if row is None else SubmissionRecord(*row)
 
-    def record_submission(self, rec: SubmissionRecord, frame: bytes | memoryview) -> None:
-        """Make an update durable: its frame file, then its row. Only then may the server answer 202."""
-        atomic_write(self.submission_path(rec.run_id, rec.round, rec.node_id), frame)
+    def write_submission(self, run_id: str, round: int, node_id: int, sha256: str, frame: bytes | memoryview) -> None:
+        """Durably write an update's frame (the first half of recording it; no row yet)."""
+        atomic_write(self.submission_path(run_id, round, node_id, sha256), frame)
+
+    def commit_submission(self, rec: SubmissionRecord) -> None:
+        """The second half: the row. Only after it (and :meth:`write_submission`) may the server answer 202."""
         self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
                     rec.norm, rec.received_at))])
@@ -283,7 +288,7 @@ class Store:
         return [SubmissionRecord(*r) for r in rows]
 
     def read_submission(self, rec: SubmissionRecord) -> bytes:
-        return self.submission_path(rec.run_id, rec.round, rec.node_id).read_bytes()
+        return self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256).read_bytes()
 
     def live_nodes(self, window: int) -> int:
         """Distinct nodes, over all runs, with an update counted in one of the last ``window`` rounds."""
@@ -371,9 +376,9 @@ class Store:
                     path.unlink(missing_ok=True)
         folder = root / "submissions"
         if folder.is_dir():
-            open_round = {(r.round, r.node_id) for r in self.submissions_for(run_id, version)}
+            open_round = {(r.round, r.node_id, r.sha256[:32]) for r in self.submissions_for(run_id, version)}
             for path in folder.iterdir():
                 m = _SUBMISSION.match(path.name)
-                if m is None or (int(m.group(1)), int(m.group(2))) not in open_round:
+                if m is None or (int(m.group(1)), int(m.group(2)), m.group(3)) not in open_round:
                     # closed rounds, temporaries, and files written before a crash that never got their row
                     path.unlink(missing_ok=True)
