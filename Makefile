@@ -18,7 +18,7 @@ $(VENV)/.created:
 # Build the one abi3 wheel (cp310-abi3: loads on every CPython >= 3.10) and install it with its extras.
 wheel: $(VENV)/.created
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --quiet -o dist
+	$(PY) -m maturin build --release --quiet -o dist
 	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
 
 install: wheel
