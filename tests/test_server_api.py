@@ -193,8 +193,9 @@ def test_staleness_policy_counts_a_late_update_in_the_open_round(server, client)
     run.submit(b, 0, dct_frame(random_grads(2), 0, 2))
     run.wait_version(1)
     run.submit(a, 1, dct_frame(random_grads(3), 1, 1))
-    late = run.submit(b, 0, dct_frame(random_grads(4), 0, 2))  # b's round-0 update again? no: a new round
-    assert late.status_code == 409  # b already has a round-0 record (other bytes)
+    # Staleness does not reopen a (node, round) already recorded: other bytes for it still conflict.
+    late = run.submit(b, 0, dct_frame(random_grads(4), 0, 2))
+    assert late.status_code == 409 and late.json()["error"] == "conflicting_submission"
     r = run.submit(b, 1, dct_frame(random_grads(5), 1, 2))
     assert r.status_code == 202
     run.wait_version(2)
@@ -279,15 +280,29 @@ def test_generated_admin_token_file_is_private(tmp_path):
     assert ServerContext(ServerSettings(data_dir=tmp_path, admin_token=None)).admin_token == ctx.admin_token
 
 
-def test_graceful_shutdown_closes_the_store(tmp_path):
-    srv = LiveServer(tmp_path / "g")
+def test_graceful_shutdown_closes_the_store_and_logs_json(tmp_path):
+    import json
+
+    srv = LiveServer(tmp_path / "g", env={"GRADWIRE_LOG_JSON": "true"})
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             make_run(c, srv.admin_token, n_nodes=1)
         srv.stop()
-        assert "stopped cleanly" in srv.log()
+        records = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
+        messages = [r["message"] for r in records if r["logger"].startswith("gradwire_server")]
+        assert any("ready" in m for m in messages) and any("stopped cleanly" in m for m in messages)
+        assert all({"ts", "level", "logger", "message"} <= set(r) for r in records)
         srv.start()
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             assert c.get("/readyz").status_code == 200
     finally:
         srv.close()
+
+
+def test_cli_flags_override_the_environment(monkeypatch, tmp_path):
+    from gradwire_server.settings import ServerSettings
+
+    monkeypatch.setenv("GRADWIRE_PORT", "9000")
+    monkeypatch.setenv("GRADWIRE_MAX_FRAME_BYTES", "1000")
+    s = ServerSettings(_cli_parse_args=["--port", "9001", "--data-dir", str(tmp_path), "--log-json", "true"])
+    assert (s.port, s.data_dir, s.log_json, s.max_frame_bytes) == (9001, tmp_path, True, 1000)
