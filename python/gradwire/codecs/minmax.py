@@ -39,24 +39,25 @@ def _split(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return flat[: full * chunk].view(full, chunk), flat[full * chunk :]
 
 
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lo, hi = torch.aminmax(x, dim=1)
+    span = hi - lo
+    # A constant row has x - lo = 0 exactly, so dividing by 1 instead of 0 gives code 0 with no mask.
+    safe = torch.where(span > 0, span, torch.ones_like(span))
+    c = (x - lo[:, None]).mul_(255.0).div_(safe[:, None]).round_().clamp_(0, 255)
+    return c.to(torch.uint8).reshape(-1), lo, hi
+
+
 def quantize(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(codes uint8 [n], mins f32 [chunks], maxs f32 [chunks])`` of a flat float32 tensor."""
     head, tail = _split(flat, chunk)
-    rows = [head]
-    if tail.numel():
-        rows.append(tail[None, :])
-    codes, mins, maxs = [], [], []
-    for x in rows:
-        lo = x.amin(dim=1)
-        hi = x.amax(dim=1)
-        span = hi - lo
-        safe = torch.where(span > 0, span, torch.ones_like(span))
-        c = torch.round((x - lo[:, None]) * 255.0 / safe[:, None])
-        c = torch.where(span[:, None] > 0, c, torch.zeros_like(c)).clamp_(0, 255)
-        codes.append(c.to(torch.uint8).reshape(-1))
-        mins.append(lo)
-        maxs.append(hi)
-    return torch.cat(codes), torch.cat(mins), torch.cat(maxs)
+    if not tail.numel():
+        return _quantize_rows(head)
+    if not head.numel():
+        return _quantize_rows(tail[None, :])
+    c1, lo1, hi1 = _quantize_rows(head)
+    c2, lo2, hi2 = _quantize_rows(tail[None, :])
+    return torch.cat([c1, c2]), torch.cat([lo1, lo2]), torch.cat([hi1, hi2])
 
 
 def dequantize(codes: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -64,10 +65,11 @@ def dequantize(codes: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor, chun
     steps = (maxs - mins) / 255.0
     head, tail = _split(codes, chunk)
     full = head.shape[0]
-    out = [(mins[:full, None] + head.to(torch.float32) * steps[:full, None]).reshape(-1)]
-    if tail.numel():
-        out.append(mins[full] + tail.to(torch.float32) * steps[full])
-    return torch.cat(out)
+    out = head.to(torch.float32).mul_(steps[:full, None]).add_(mins[:full, None]).reshape(-1)
+    if not tail.numel():
+        return out
+    last = tail.to(torch.float32).mul_(steps[full]).add_(mins[full])
+    return torch.cat([out, last])
 
 
 class MinMaxUInt8(Codec):

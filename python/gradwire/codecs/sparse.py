@@ -227,16 +227,24 @@ def _signed(u: int) -> int:
     return u - (1 << 64) if u >= (1 << 63) else u
 
 
-def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 lanes (torch's ``>>`` is arithmetic)."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
+def _xor_shr_(z: torch.Tensor, s: int, tmp: torch.Tensor) -> torch.Tensor:
+    """``z ^= z >>> s`` in place: a logical right shift of int64 lanes (torch's ``>>`` is arithmetic)."""
+    torch.bitwise_right_shift(z, s, out=tmp)
+    tmp.bitwise_and_((1 << (64 - s)) - 1)
+    return z.bitwise_xor_(tmp)
 
 
 def mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer on int64 lanes holding unsigned 64-bit values (wrapping arithmetic)."""
-    z = (z ^ _shr(z, 30)) * _signed(_M1)
-    z = (z ^ _shr(z, 27)) * _signed(_M2)
-    return z ^ _shr(z, 31)
+    """splitmix64's finalizer on int64 lanes holding unsigned 64-bit values (wrapping arithmetic).
+
+    Works in place on a copy of ``z`` with one scratch buffer: large temporaries cost more than the
+    arithmetic.
+    """
+    z = z.clone()
+    tmp = torch.empty_like(z)
+    _xor_shr_(z, 30, tmp).mul_(_signed(_M1))
+    _xor_shr_(z, 27, tmp).mul_(_signed(_M2))
+    return _xor_shr_(z, 31, tmp)
 
 
 def random_k_indices(seed: int, numel: int, k: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -247,8 +255,8 @@ def random_k_indices(seed: int, numel: int, k: int, device: Optional[torch.devic
     """
     if k == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    i = torch.arange(numel, dtype=torch.int64, device=device)
-    keys = mix64(i ^ _signed(seed & _MASK64)) ^ _signed(1 << 63)  # unsigned order as signed order
+    keys = torch.arange(numel, dtype=torch.int64, device=device).bitwise_xor_(_signed(seed & _MASK64))
+    keys = mix64(keys).bitwise_xor_(_signed(1 << 63))  # unsigned order as signed order
     idx = torch.topk(keys, k, largest=False, sorted=False).indices
     return torch.sort(idx).values
 
