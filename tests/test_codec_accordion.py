@@ -70,6 +70,8 @@ def test_log_entries_hold_the_accumulated_norm():
     assert isinstance(d, AccordionDecision)
     assert d.norm == pytest.approx(torch.stack(grads).sum(0).norm().item(), rel=1e-5)
     assert (d.step, d.name, d.critical, d.setting) == (4, "w", True, "low")
+    step, name, norm, ratio, critical, setting = d  # a plain tuple too
+    assert (step, norm, setting) == (4, d.norm, "low") and math.isinf(ratio)
 
 
 def test_dct_topk_64_to_8_is_visible_in_the_frames():

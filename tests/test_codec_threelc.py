@@ -80,6 +80,30 @@ def test_payload_is_zero_run_of_quartic_of_the_trits():
     assert entry.sections["data"].tobytes() == wire.zero_run_encode(wire.quartic_encode(trits))
 
 
+def _spec_decode(m: float, data: bytes, n: int) -> list[float]:
+    """FORMAT.md §5.3 in plain Python: zero-run expansion, then five planes of base-3 digits."""
+    quartic = []
+    for b in data:
+        quartic.extend([121] * (b - 241) if b >= 243 else [b])
+    planes = len(quartic)
+    assert planes == -(-n // 5)
+    digits = [0] * (5 * planes)
+    for i, b in enumerate(quartic):
+        for k, w in enumerate((81, 27, 9, 3, 1)):
+            digits[k * planes + i] = (b // w) % 3
+    return [m * (d - 1) for d in digits[:n]]
+
+
+def test_the_documented_layout_decodes_to_the_same_values():
+    x = _rand((1234,), seed=11)
+    x[100:400] = 0  # long zero runs
+    entry, recon = ThreeLC(1.2).compress(x)
+    m = float(entry.sections["scale"][0])
+    expect = _spec_decode(m, entry.sections["data"].tobytes(), 1234)
+    assert recon.tolist() == pytest.approx(expect, abs=0)
+    assert any(b >= 243 for b in entry.sections["data"])  # the runs really were coded
+
+
 @pytest.mark.parametrize("n", [0, 1, 4, 5, 6, 999, 1000, 1001])
 def test_device_quartic_matches_the_rust_kernel(n):
     q = torch.randint(-1, 2, (n,), generator=torch.Generator().manual_seed(n)).to(torch.int8)

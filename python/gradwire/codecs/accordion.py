@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 import torch
 
@@ -38,9 +38,8 @@ LOW = "low"
 HIGH = "high"
 
 
-@dataclass(frozen=True)
-class AccordionDecision:
-    """One interval's decision for one layer."""
+class AccordionDecision(NamedTuple):
+    """One interval's decision for one layer: a tuple ``(step, name, norm, ratio, critical, setting)``."""
 
     step: int  #: how many tensors of this name Accordion had compressed when it decided
     name: str
