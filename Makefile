@@ -12,13 +12,15 @@ PIP    := $(PY) -m pip
 
 $(VENV)/.created:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PIP) install -q --upgrade pip "maturin>=1.5,<2"
+	$(PIP) install -q --upgrade pip
+	# Into the venv even when the system already has maturin: the build runs the venv's own copy.
+	$(PIP) install -q --ignore-installed "maturin>=1.5,<2"
 	touch $@
 
 # Build the one abi3 wheel (cp310-abi3: loads on every CPython >= 3.10) and install it with its extras.
 wheel: $(VENV)/.created
 	rm -rf dist
-	$(PY) -m maturin build --release --quiet -o dist
+	$(VENV)/bin/maturin build --release --quiet -o dist
 	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
 
 install: wheel

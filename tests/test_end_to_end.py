@@ -23,7 +23,7 @@ import torch
 
 import gradwire
 from gradwire.client import GradwireClient, Node
-from gradwire.demo import codec_spec, digits_mlp, evaluate, load_digits, run_distributed
+from gradwire.demo import DigitsTask, codec_spec, digits_mlp, evaluate, load_digits, run_distributed
 from gradwire.state import apply_update, state_hash
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +44,8 @@ def test_compressed_run_trains_and_every_node_ends_bit_identical(live_server, tm
 
     result = run_distributed(
         live_server.url, live_server.admin_token, label="dct", uplink=DCT, downlink=DCT,
-        workers=3, rounds=15, lr=1e-2, batch_size=64, log_dir=tmp_path, progress=False, timeout=240, data=data,
+        task=DigitsTask(data=data), workers=3, rounds=15, lr=1e-2, batch_size=64, log_dir=tmp_path, progress=False,
+        timeout=240,
     )
 
     assert sorted(result.node_hashes) == [1, 2, 3]

@@ -12,13 +12,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="gradwire: co
 
 @app.command()
 def demo(
+    model: str = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
     workers: int = typer.Option(4, min=1, help="Worker processes (nodes) per run."),
     rounds: int = typer.Option(150, min=1, help="Rounds (published versions) per run."),
     topk: int = typer.Option(32, min=1, help="DCT coefficients kept per chunk, both ways."),
     chunk: int = typer.Option(32, min=2, help="DCT chunk side: chunks are chunk×chunk."),
     lr: float = typer.Option(3e-3, help="AdamW learning rate on the server."),
     batch_size: int = typer.Option(32, min=1, help="Examples per node per round."),
-    hidden: int = typer.Option(128, min=1, help="Hidden width of the MLP."),
+    hidden: Optional[int] = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
     aggregation: str = typer.Option("mean", help="Aggregation rule: mean, clipped_mean, trimmed_mean or median."),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
@@ -26,7 +27,7 @@ def demo(
     admin_token: Optional[str] = typer.Option(None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."),
     progress: bool = typer.Option(True, help="Draw a progress bar per run."),
 ) -> None:
-    """Train the digits MLP on N worker processes through the aggregation server, compressed and not.
+    """Train a model on N worker processes through the aggregation server, compressed and not.
 
     Starts the server on loopback (unless --url), then runs the same training twice — DCT compression
     both ways, and uncompressed fp32 both ways — and prints loss, accuracy and bytes per round side by
@@ -35,7 +36,7 @@ def demo(
     from .demo import DemoSettings, run_demo
 
     settings = DemoSettings(
-        workers=workers, rounds=rounds, hidden=hidden, batch_size=batch_size, lr=lr, topk=topk, chunk=chunk,
+        model=model, workers=workers, rounds=rounds, hidden=hidden, batch_size=batch_size, lr=lr, topk=topk, chunk=chunk,
         aggregation=aggregation, seed=seed, out_dir=str(out),
     )
     results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)

@@ -511,6 +511,7 @@ class Node:
             update = decode_bundle(frame, device=self.decode_device)
             with torch.no_grad():
                 apply_update(self.params, update)
+            self.version += 1  # frames publish version+1, version+2, … (checked by updates())
         if batch.frames:
             local = state_hash(self.params)
             if local != batch.weights_hash:
@@ -555,8 +556,7 @@ class Node:
                 raise
             self.rounds_missed += 1
             self._return_to_residual(frame)
-        finally:
-            self.bytes_sent += len(frame)
+        self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:
             left = self.wait if deadline is None else min(self.wait, deadline - time.monotonic())

@@ -48,6 +48,9 @@ __all__ = [
     "local_server",
     "run_demo",
     "run_distributed",
+    "CharTask",
+    "DigitsTask",
+    "make_task",
     "train_digits",
 ]
 
@@ -143,6 +146,126 @@ def train_digits(
             on_step(step, loss.item())
     result.test_loss, result.test_accuracy = evaluate(model, data)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# What the distributed demo trains. A task builds the model, cuts the training data into one shard
+# per worker (plain tensors, written as safetensors for the worker processes), computes one batch's
+# loss on a shard, and evaluates a model on held-out data. Workers rebuild the task from its
+# ``worker_args``.
+
+
+class DigitsTask:
+    """The digits MLP on scikit-learn's digits; shards are interleaved slices of the training split."""
+
+    name = "digits"
+
+    def __init__(self, hidden: int = 128, data_seed: int = 0, data: Optional[DigitsData] = None):
+        self.hidden = hidden
+        self.data_seed = data_seed
+        self._data = data
+
+    @property
+    def data(self) -> DigitsData:
+        if self._data is None:
+            self._data = load_digits(self.data_seed)
+        return self._data
+
+    @property
+    def title(self) -> str:
+        return "digits MLP"
+
+    def worker_args(self) -> list[str]:
+        return ["--model", self.name, "--hidden", str(self.hidden)]
+
+    def build(self) -> nn.Module:
+        return digits_mlp(self.hidden)
+
+    def shards(self, n: int) -> list[dict[str, torch.Tensor]]:
+        d = self.data
+        return [{"x": d.x_train[i::n].contiguous(), "y": d.y_train[i::n].contiguous()} for i in range(n)]
+
+    def batch_loss(self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        x, y = shard["x"], shard["y"]
+        idx = torch.randint(0, len(y), (min(batch_size, len(y)),), generator=gen)
+        return nn.functional.cross_entropy(model(x[idx]), y[idx])
+
+    def evaluate(self, model: nn.Module) -> tuple[float, float]:
+        """Test loss and accuracy."""
+        return evaluate(model, self.data)
+
+
+class CharTask:
+    """A small character-level transformer on Python's bundled pydoc_data text (no download).
+
+    The first 90 % of the text is cut into one contiguous shard per worker; the rest is held out.
+    Accuracy is next-character accuracy on fixed held-out windows.
+    """
+
+    name = "transformer"
+    held_out = 0.1
+    eval_windows = 64
+
+    def __init__(self, d_model: int = 128):
+        from .models import CharVocab, load_pydoc_text
+
+        self.d_model = d_model
+        text = load_pydoc_text()
+        self.vocab = CharVocab.of(text)
+        self.tokens = self.vocab.encode(text)
+        self.split = int(len(self.tokens) * (1 - self.held_out))
+
+    @property
+    def title(self) -> str:
+        return f"char transformer (vocab {len(self.vocab)})"
+
+    def worker_args(self) -> list[str]:
+        return ["--model", self.name, "--hidden", str(self.d_model)]
+
+    def build(self) -> nn.Module:
+        from .models import CharTransformer
+
+        return CharTransformer(len(self.vocab), d_model=self.d_model)
+
+    def shards(self, n: int) -> list[dict[str, torch.Tensor]]:
+        bounds = [self.split * i // n for i in range(n + 1)]
+        return [{"tokens": self.tokens[bounds[i] : bounds[i + 1]].clone()} for i in range(n)]
+
+    def batch_loss(self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        from .models import char_batch
+
+        x, y = char_batch(shard["tokens"], batch_size, model.context, gen)
+        logits = model(x)
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    def evaluate(self, model: nn.Module) -> tuple[float, float]:
+        """Held-out loss and next-character accuracy."""
+        from .models import char_batch
+
+        held = self.tokens[self.split :]
+        x, y = char_batch(held, self.eval_windows, model.context, torch.Generator().manual_seed(0))
+        model.eval()
+        with torch.no_grad():
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+            acc = (logits.argmax(-1) == y).float().mean().item()
+        model.train()
+        return loss, acc
+
+
+#: Tasks by the name ``gradwire demo --model`` takes.
+TASKS = {DigitsTask.name: DigitsTask, CharTask.name: CharTask}
+
+
+def make_task(name: str, hidden: Optional[int] = None):
+    """The task called ``name`` (``digits`` or ``transformer``); ``hidden`` is its width if given."""
+    try:
+        cls = TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown demo model {name!r}; known: {', '.join(TASKS)}") from None
+    if hidden is None:
+        return cls()
+    return cls(hidden) if cls is DigitsTask else cls(d_model=hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +368,7 @@ class DistributedResult:
     rounds_missed: int = 0
     state_loads: int = 0
     seconds: float = 0.0
+    title: str = ""  # what was trained
 
     @property
     def in_sync(self) -> bool:
@@ -296,27 +420,26 @@ def run_distributed(
     label: str,
     uplink: Mapping[str, Any],
     downlink: Mapping[str, Any],
+    task=None,
     workers: int = 4,
     rounds: int = 100,
-    hidden: int = 128,
     batch_size: int = 32,
     lr: float = 3e-3,
     weight_decay: float = 1e-2,
     aggregation: str = "mean",
     seed: int = 0,
-    data_seed: int = 0,
     run_config: Optional[Mapping[str, Any]] = None,
     join_at: Optional[Mapping[int, int]] = None,
     log_dir: Optional[os.PathLike | str] = None,
     progress: bool = True,
     timeout: float = 900.0,
-    data: Optional[DigitsData] = None,
 ) -> DistributedResult:
-    """Train the digits MLP on a running server with ``workers`` worker processes for ``rounds`` rounds.
+    """Train ``task`` (default :class:`DigitsTask`) on a running server with ``workers`` worker processes.
 
     Creates a run (``uplink``/``downlink`` codecs as ``{"codec", "params"}``, AdamW with ``lr``, quorum =
     every worker), puts the initial weights (seeded by ``seed``), registers the nodes and starts one
-    ``python -m gradwire.worker`` process per node, each on its own shard. ``join_at`` maps a worker
+    ``python -m gradwire.worker`` process per node, each on its own shard, until the run reaches version
+    ``rounds``. ``join_at`` maps a worker
     index to the version it waits for before joining (a late joiner); ``run_config`` overrides any
     RunConfig field. Raises if a worker fails or the run takes longer than ``timeout`` seconds.
     """
@@ -324,7 +447,7 @@ def run_distributed(
 
     from .client import GradwireClient
 
-    data = data or load_digits(data_seed)
+    task = task or DigitsTask()
     config: dict[str, Any] = {
         "uplink": dict(uplink),
         "downlink": dict(downlink),
@@ -336,7 +459,7 @@ def run_distributed(
     }
     config.update(run_config or {})
     torch.manual_seed(seed)
-    model = digits_mlp(hidden)
+    model = task.build()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="gradwire-workers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -352,17 +475,17 @@ def run_distributed(
         procs: dict[int, subprocess.Popen] = {}
         logs = []
         try:
-            for i, (node_id, token) in enumerate(nodes):
+            for i, ((node_id, token), shard) in enumerate(zip(nodes, task.shards(workers))):
                 log = open(log_dir / f"{run_id}-node{node_id}.log", "wb")
                 logs.append(log)
-                shard = log_dir / f"{run_id}-shard{i}.safetensors"
-                save_file({"x": data.x_train[i::workers].contiguous(), "y": data.y_train[i::workers].contiguous()}, str(shard))
+                shard_path = log_dir / f"{run_id}-shard{i}.safetensors"
+                save_file(shard, str(shard_path))
                 procs[node_id] = subprocess.Popen(
                     [
-                        sys.executable, "-m", "gradwire.worker",
+                        sys.executable, "-m", "gradwire.worker", *task.worker_args(),
                         "--url", url, "--run-id", run_id, "--node-id", str(node_id),
-                        "--data", str(shard), "--rounds", str(rounds),
-                        "--codec", json.dumps(dict(uplink)), "--hidden", str(hidden),
+                        "--data", str(shard_path), "--rounds", str(rounds),
+                        "--codec", json.dumps(dict(uplink)),
                         "--batch-size", str(batch_size), "--seed", str(seed),
                         "--join-at", str((join_at or {}).get(i, 0)),
                     ],
@@ -377,9 +500,10 @@ def run_distributed(
             for log in logs:
                 log.close()
         state, _version, result.server_hash = admin.state(run_id)
-    final = digits_mlp(hidden)
+    final = task.build()
     final.load_state_dict(state, strict=False)
-    result.test_loss, result.test_accuracy = evaluate(final, data)
+    result.test_loss, result.test_accuracy = task.evaluate(final)
+    result.title = task.title
     result.seconds = time.perf_counter() - started
     return result
 
@@ -433,9 +557,10 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
 class DemoSettings:
     """The knobs of ``gradwire demo`` (defaults sized for a couple of minutes on two cores)."""
 
+    model: str = "digits"
     workers: int = 4
     rounds: int = 150
-    hidden: int = 128
+    hidden: Optional[int] = None  # the task's default width
     batch_size: int = 32
     lr: float = 3e-3
     topk: int = 32
@@ -469,7 +594,7 @@ def run_demo(
         (f"DCT k={settings.topk}", dct, dct),
         ("fp32 dense", identity, identity),
     ]
-    data = load_digits(settings.seed)
+    task = make_task(settings.model, settings.hidden)
 
     def train_all(server_url: str, token: str) -> list[DistributedResult]:
         results = []
@@ -477,9 +602,9 @@ def run_demo(
             results.append(
                 run_distributed(
                     server_url, token, label=label, uplink=uplink, downlink=downlink,
-                    workers=settings.workers, rounds=settings.rounds, hidden=settings.hidden,
+                    task=task, workers=settings.workers, rounds=settings.rounds,
                     batch_size=settings.batch_size, lr=settings.lr, aggregation=settings.aggregation,
-                    seed=settings.seed, data_seed=settings.seed, log_dir=out / "logs", progress=progress, data=data,
+                    seed=settings.seed, log_dir=out / "logs", progress=progress,
                 )
             )
         return results
@@ -507,7 +632,7 @@ def results_table(results: Sequence[DistributedResult], settings: Optional[DemoS
     from rich.table import Table
 
     first = results[0]
-    title = f"digits MLP ({first.params:,} parameters), {first.workers} nodes, {first.rounds} rounds, AdamW on the server"
+    title = f"{first.title} ({first.params:,} parameters), {first.workers} nodes, {first.rounds} rounds, AdamW on the server"
     table = Table(title=title, caption="bytes: per node per round; ×: raw fp32 model bytes ÷ those bytes")
     for col in ("run", "train loss", "test loss", "test acc", "bytes up", "bytes down", "× up", "× down", "in sync", "s"):
         table.add_column(col, justify="right")

@@ -1,7 +1,7 @@
 """One training node of the distributed demo, as its own process: ``python -m gradwire.worker ...``.
 
-The worker trains the digits MLP on its shard of the training set (a safetensors file its parent wrote)
-through a :class:`~gradwire.client.Node`: each round it computes a gradient on the weights of the current version, submits it compressed with
+The worker trains a demo task's model (:data:`gradwire.demo.TASKS`) on its shard of the training data
+(a safetensors file its parent wrote) through a :class:`~gradwire.client.Node`: each round it computes a gradient on the weights of the current version, submits it compressed with
 error feedback, and applies the update the server publishes. It reports to its parent as JSON lines on
 stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}`` with the hash of
 its own replica — so the parent can draw progress and check that every node ends in sync. The node's
@@ -33,10 +33,11 @@ def main(
     url: str = typer.Option(..., help="The server's base URL."),
     run_id: str = typer.Option(..., help="The run to train."),
     node_id: int = typer.Option(..., help="This node's id (the frame sender), from registration."),
-    data: Path = typer.Option(..., help="This node's shard: safetensors with float32 'x' and int64 'y'."),
+    data: Path = typer.Option(..., help="This node's shard of the training data (safetensors, as the task cut it)."),
     rounds: int = typer.Option(..., help="Train until the run reaches this version."),
     codec: str = typer.Option('{"codec": "dct", "params": {}}', help="Uplink codec as JSON {codec, params}."),
-    hidden: int = typer.Option(128, help="Hidden width of the MLP (must match the run's state)."),
+    model_name: str = typer.Option("digits", "--model", help="What to train: digits or transformer (gradwire.demo.TASKS)."),
+    hidden: Optional[int] = typer.Option(None, help="The model's width (must match the run's state)."),
     batch_size: int = typer.Option(32, help="Examples per step on this node."),
     seed: int = typer.Option(0, help="Seed of this node's batch sampling."),
     join_at: int = typer.Option(0, help="Wait until the run reaches this version before joining (a late joiner)."),
@@ -44,13 +45,11 @@ def main(
 ) -> None:
     """Train one node of a run until the run reaches version ``rounds``."""
     import torch
-    from torch import nn
+    from safetensors.torch import load_file
 
     from .client import GradwireClient, Node
     from .codecs import make_codec
-    from safetensors.torch import load_file
-
-    from .demo import digits_mlp
+    from .demo import make_task
 
     # Several workers share the machine's cores with the server: one thread each keeps them all moving.
     torch.set_num_threads(1)
@@ -60,10 +59,10 @@ def main(
     spec = json.loads(codec)
     uplink = make_codec(spec["codec"], **spec.get("params", {}))
 
+    task = make_task(model_name, hidden)
     shard = load_file(str(data))
-    x, y = shard["x"], shard["y"]
     gen = torch.Generator().manual_seed(seed * 1000 + node_id)
-    model = digits_mlp(hidden)
+    model = task.build()
 
     with GradwireClient(url, token) as client:
         if join_at > 0:
@@ -72,9 +71,8 @@ def main(
         node.sync()
         _emit("joined", node=node_id, version=node.version)
         while node.version < rounds:
-            idx = torch.randint(0, len(y), (min(batch_size, len(y)),), generator=gen)
             model.zero_grad(set_to_none=False)
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            loss = task.batch_loss(model, shard, batch_size, gen)
             loss.backward()
             round_, up, down = node.version, node.bytes_sent, node.bytes_received
             t0 = time.perf_counter()
