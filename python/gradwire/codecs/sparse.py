@@ -86,8 +86,7 @@ def _check_value_dtype(value_dtype: torch.dtype) -> torch.dtype:
 def _scatter(idx: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
     """The dense float32 vector of a sparse record. Encoder and decoder both call exactly this."""
     out = torch.zeros(numel, dtype=torch.float32, device=values.device)
-    out[idx] = values.to(torch.float32)
-    return out
+    return out.index_copy_(0, idx, values.to(torch.float32))
 
 
 def _values_for_wire(values: torch.Tensor, value_dtype: torch.dtype, name: str) -> torch.Tensor:
@@ -437,7 +436,7 @@ class SparseAccumulator:
             v = v * weight
         # Positions are unique within a record: a gather, an add and a scatter, deterministic on every
         # device (index_add_ would take the atomic path on CUDA).
-        self.total[idx_t] = self.total[idx_t] + v
+        self.total.index_copy_(0, idx_t, self.total.index_select(0, idx_t) + v)
         self.count += 1
 
     def finish(self) -> torch.Tensor:
