@@ -10,10 +10,10 @@ PIP    := $(PY) -m pip
 
 .PHONY: demo test test-rust test-python wheel install dev bench clean
 
+# maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PIP) install -q --upgrade pip
-	# Into the venv even when the system already has maturin: the build runs the venv's own copy.
 	$(PIP) install -q --ignore-installed "maturin>=1.5,<2"
 	touch $@
 

@@ -185,12 +185,13 @@ def test_nodes_on_cuda_stay_bit_identical_to_the_server(live_server):
 def test_demo_command_runs_end_to_end(tmp_path):
     out = tmp_path / "demo_out"
     proc = subprocess.run(
-        [sys.executable, "-m", "gradwire.cli", "demo", "--rounds", "3", "--workers", "2", "--hidden", "32",
-         "--out", str(out), "--no-progress"],
+        # The transformer here; the digits MLP (the default) runs through the same workers in the tests above.
+        [sys.executable, "-m", "gradwire.cli", "demo", "--model", "transformer", "--hidden", "32", "--batch-size", "4",
+         "--rounds", "3", "--workers", "2", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=_server_env(COLUMNS="160"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 nodes, 3 rounds" in proc.stdout
+    assert "char transformer" in proc.stdout and "2 nodes, 3 rounds" in proc.stdout
     assert proc.stdout.count("2/2") == 2  # both runs: both nodes in sync with the server
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

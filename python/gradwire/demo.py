@@ -585,7 +585,10 @@ def run_demo(
     """
     from rich.console import Console
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or logged: wide enough for the table on one line per run
+            console = Console(width=120)
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
