@@ -171,6 +171,43 @@ def test_restarted_node_with_a_different_frame_waits_for_the_round(live_server):
         torch.testing.assert_close(restarted.feedback.residual(name), g, rtol=0, atol=1e-6)
 
 
+def test_node_rides_out_a_server_crash_without_losing_its_acknowledged_update(live_server):
+    admin = GradwireClient(live_server.url, live_server.admin_token)
+    run_id = admin.create_run({"uplink": DCT, "downlink": DCT, "quorum": 2})
+    admin.put_state(run_id, _initial_state(hidden=16))
+    (id1, token1), (id2, token2) = admin.register_node(run_id), admin.register_node(run_id)
+    codec = gradwire.make_codec("dct", **DCT["params"])
+    # Patient clients: retry connection errors for a while (at least ~30 s of back-off in all).
+    patient = dict(retries=60, backoff=0.05, max_backoff=1.0)
+    first = Node(GradwireClient(live_server.url, token1, **patient), run_id, digits_mlp(16), codec, id1, wait=5)
+    first.sync()
+    versions, errors = [], []
+
+    def step_first():
+        try:
+            versions.append(first.step(_grads(first.module, 1)))
+        except Exception as exc:  # surfaced by the assertions below
+            errors.append(exc)
+
+    stepping = threading.Thread(target=step_first, daemon=True)
+    stepping.start()
+    deadline = time.monotonic() + 30
+    while admin.status(run_id)["submitted"] < 1:  # acknowledged (202): durably recorded
+        assert stepping.is_alive() and time.monotonic() < deadline, errors
+        stepping.join(timeout=0.05)
+
+    live_server.kill()  # SIGKILL while the first node long-polls for the round
+    live_server.start()
+    second = Node(GradwireClient(live_server.url, token2, **patient), run_id, digits_mlp(16), codec, id2)
+    second.sync()
+    assert second.step(_grads(second.module, 2)) == 1  # completes the quorum: the first update still counts
+    stepping.join(timeout=60)
+    assert not errors and versions == [1]
+    status = GradwireClient(live_server.url, live_server.admin_token).status(run_id)
+    assert status["version"] == 1
+    assert state_hash(first.params) == state_hash(second.params) == status["weights_hash"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_nodes_on_cuda_stay_bit_identical_to_the_server(live_server):
     admin, run_id, (a, b) = _node_pair(live_server.url, live_server.admin_token, device="cuda")
