@@ -184,17 +184,26 @@ def _plot(all_results: dict[str, list[Result]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(all_results), figsize=(7 * len(all_results), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(all_results), figsize=(8 * len(all_results), 6.5), squeeze=False)
     for ax, (model, results) in zip(axes[0], all_results.items()):
-        for r in results:
-            y = max(r.rel_error, 1e-7)
-            ax.scatter(r.bytes_per_param, y, s=25)
-            ax.annotate(r.label, (r.bytes_per_param, y), fontsize=7, xytext=(3, 2), textcoords="offset points")
+        dense = results[0]
+        ax.axvline(dense.bytes_per_param, color="grey", ls="--", lw=1)
+        ax.text(dense.bytes_per_param, 1.5, " dense fp32", color="grey", fontsize=8, rotation=90, va="bottom")
+        for i, r in enumerate(results[1:]):
+            color = f"C{i % 10}"
+            ax.scatter(r.bytes_per_param, r.rel_error, s=30, color=color)
+            if r.ef_sum_error is not None:
+                # Hollow marker: the error of the summed updates with error feedback.
+                ax.scatter(r.bytes_per_param, max(r.ef_sum_error, 1e-4), s=30, facecolors="none", edgecolors=color)
+                ax.plot([r.bytes_per_param] * 2, [r.rel_error, max(r.ef_sum_error, 1e-4)], color=color, lw=0.8)
+            ax.annotate(r.label, (r.bytes_per_param, r.rel_error), fontsize=6.5, rotation=30,
+                        xytext=(3, 3), textcoords="offset points", color=color)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("bytes per parameter (frame)")
-        ax.set_ylabel("relative reconstruction error (one step, no error feedback)")
-        ax.set_title(model)
+        ax.set_ylim(1e-4, 30)
+        ax.set_xlabel("bytes per parameter (whole frame)")
+        ax.set_ylabel("relative error: ● one step   ○ summed over the steps, with error feedback")
+        ax.set_title(f"{model}: codecs on real gradients")
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -220,7 +229,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     md_lines = [
         f"# Codec bench ({device.type}, {torch.get_num_threads()} torch threads, {args.steps} training steps,"
-        f" every {args.record_every}th recorded)",
+        f" one step in {args.record_every} recorded)",
         "",
     ]
     all_results: dict[str, list[Result]] = {}
