@@ -36,6 +36,7 @@ CONFIGS = [
     ("PowerSGD rank 2 (gradwire)", "powersgd"),
     ("DCT 64×64 top-32 hook", "dct"),
     ("3LC hook", "3lc"),
+    ("3LC hook, per parameter", "3lc/param"),
     ("decentralized, MinMax uint8 ring", "decentralized"),
 ]
 WARMUP = 5
@@ -56,7 +57,9 @@ def run_rank(rank: int, world: int, what: str, steps: int, hidden: int, batch: i
         # callbacks, which on gloo interleave differently across ranks once there are two buckets
         # (a collective mismatch that aborts). An explicit cap also sizes DDP's first bucket.
         net = DistributedDataParallel(model, bucket_cap_mb=64)
-        traffic = gt.register_hook(net, what, powersgd_rank=2, start_iter=WARMUP)
+        name, _, mode = what.partition("/")
+        options = dict(per_parameter=True) if mode == "param" else {}
+        traffic = gt.register_hook(net, name, powersgd_rank=2, start_iter=WARMUP, **options)
     g = torch.Generator().manual_seed(rank)
     losses = []
     for step in range(steps):
@@ -102,7 +105,7 @@ def plot(results: dict, steps: int, path: Path) -> None:
         ax.set_xlabel("step")
         ax.set_ylabel("cross-entropy")
         ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

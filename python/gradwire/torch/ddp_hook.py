@@ -15,6 +15,7 @@ dropped is lost in the rebuild.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
@@ -41,12 +42,14 @@ class GradwireHookState:
     ``bytes_sent`` counts this rank's own frames; ``bytes_exchanged`` what it put into the collectives
     (the length word and the padding to the longest frame included); ``dense_bytes`` what the same
     buckets weigh uncompressed (their dtype's size). ``steps`` counts finished iterations;
-    ``residual_rebuilds`` how often residuals were re-cut for a new bucket layout.
+    ``residual_rebuilds`` how often residuals were re-cut for a new bucket layout. ``per_parameter``:
+    one record per parameter instead of one per bucket (see :func:`ddp_hook`).
     """
 
     codec: Codec
     process_group: Optional[dist.ProcessGroup] = None
     limits: Limits = DEFAULT_LIMITS
+    per_parameter: bool = False
     feedback: ErrorFeedback = field(init=False)
     steps: int = 0
     bytes_sent: int = 0
@@ -77,6 +80,9 @@ class GradwireHookState:
 
     def parameter_residual(self, param: torch.Tensor) -> Optional[torch.Tensor]:
         """The error-feedback residual currently held for ``param`` (float32, its shape), or ``None``."""
+        if self.per_parameter:
+            r = self.feedback.residual(_parameter_key(param))
+            return None if r is None else r.reshape(param.shape)
         key = id(param)
         if key in self._loose:
             return self._loose[key].reshape(param.shape)
@@ -132,6 +138,10 @@ def _bucket_name(index: int) -> str:
     return f"bucket{index}"
 
 
+def _parameter_key(param: torch.Tensor) -> str:
+    return f"param{id(param)}"
+
+
 def _layout(bucket: dist.GradBucket) -> Layout:
     return tuple((id(p), p.numel()) for p in bucket.parameters())
 
@@ -147,27 +157,42 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
     buf = bucket.buffer()
     index = bucket.index()
 
-    state._adopt_layout(index, _layout(bucket))
-    entry = state.feedback.compress(buf, _bucket_name(index))
-    frame = write_frame([entry], round=state.steps, sender=rank)
+    if state.per_parameter:
+        # One record per parameter, its gradient in its own shape; residuals keyed by the parameter
+        # itself, which no bucket rebuild changes. Record names are positions in the bucket.
+        targets = list(bucket.gradients())
+        entries = [
+            dataclasses.replace(state.feedback.compress(g, _parameter_key(p)), name=str(i))
+            for i, (p, g) in enumerate(zip(bucket.parameters(), targets))
+        ]
+    else:
+        state._adopt_layout(index, _layout(bucket))
+        targets = [buf]
+        entries = [state.feedback.compress(buf, _bucket_name(index))]
+    frame = write_frame(entries, round=state.steps, sender=rank, bundle=state.per_parameter)
     frames = all_gather_bytes(frame, group, device=comm_device(group), limits=state.limits)
 
-    acc = None
+    sums: list = [None] * len(targets)
     for r, data in enumerate(frames):
         got = read_frame(data, limits=state.limits)
-        if got.bundle or got.round != state.steps or got.sender != r:
+        if got.bundle != state.per_parameter or got.round != state.steps or got.sender != r:
             raise FrameError(
-                f"bucket {index}: rank {r} sent a frame for round {got.round} from sender {got.sender}"
-                f"{' (a bundle)' if got.bundle else ''}; expected a tensor frame for round {state.steps} from {r}"
+                f"bucket {index}: rank {r} sent a {'bundle' if got.bundle else 'tensor'} frame for round"
+                f" {got.round} from sender {got.sender}; expected a {'bundle' if state.per_parameter else 'tensor'}"
+                f" frame for round {state.steps} from {r}"
             )
-        e = got.entry()
-        if tuple(e.shape) != tuple(buf.shape):
-            raise FrameError(f"bucket {index}: rank {r} sent shape {tuple(e.shape)}, the bucket has {tuple(buf.shape)}")
-        if acc is None:
-            acc = make_accumulator(e, buf.device)
-        acc.add(e)
-    average = acc.finish().div_(world)
-    buf.copy_(average)
+        if len(got.entries) != len(targets):
+            raise FrameError(f"bucket {index}: rank {r} sent {len(got.entries)} records, the bucket has {len(targets)}")
+        for i, (e, target) in enumerate(zip(got.entries, targets)):
+            if tuple(e.shape) != tuple(target.shape):
+                raise FrameError(
+                    f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
+                )
+            if sums[i] is None:
+                sums[i] = make_accumulator(e, buf.device)
+            sums[i].add(e)
+    for acc, target in zip(sums, targets):
+        target.copy_(acc.finish().div_(world))
 
     state.bytes_sent += len(frame)
     state.bytes_exchanged += frames.bytes_out
@@ -184,6 +209,7 @@ def ddp_hook(
     codec: Union[Codec, str],
     process_group: Optional[dist.ProcessGroup] = None,
     *,
+    per_parameter: bool = False,
     limits: Optional[Limits] = None,
     **codec_params,
 ) -> tuple[GradwireHookState, Callable[[GradwireHookState, dist.GradBucket], torch.futures.Future]]:
@@ -191,6 +217,11 @@ def ddp_hook(
 
     ``codec`` is a codec instance or a registered name (``"dct"``; ``codec_params`` then go to
     :func:`gradwire.make_codec`). Error feedback is kept per bucket and survives DDP's bucket rebuild.
+
+    ``per_parameter=True`` sends each parameter's gradient as its own record of a bundle frame, in its
+    own shape, instead of the bucket as one flat vector: codecs that work per tensor (3LC's and
+    signSGD's scales, PowerSGD's and DCT tiles' matrix view, per-layer top-k) then see layers, as in
+    their papers, at the cost of a record header (a few dozen bytes) per parameter.
 
     Example::
 
@@ -201,5 +232,7 @@ def ddp_hook(
         codec = make_codec(codec, **codec_params)
     elif codec_params:
         raise TypeError("codec parameters are only accepted with a codec name")
-    state = GradwireHookState(codec=codec, process_group=process_group, limits=limits or DEFAULT_LIMITS)
+    state = GradwireHookState(
+        codec=codec, process_group=process_group, limits=limits or DEFAULT_LIMITS, per_parameter=per_parameter
+    )
     return state, gradwire_hook
