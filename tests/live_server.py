@@ -57,14 +57,14 @@ class LiveServer:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        # The source tree's server package wins over any installed copy, so tests run what is checked out.
+        # The source tree's server package (pure Python) wins over an installed copy, so tests run what is
+        # checked out; gradwire itself comes from the installed wheel, which holds the compiled kernels.
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(SERVER_SRC), str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+            [str(SERVER_SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
         env["GRADWIRE_ADMIN_TOKEN"] = self.admin_token
-        # No thread-count override: MKL's float32 matmuls (the DCT decode) round differently with a
-        # different number of threads, and nodes must decode published frames bit-identically to the
-        # server. The server runs with torch's default, like the test process.
+        # No thread-count override needed: DCT decoding sums in a fixed order (gradwire.dct.decode_chunks),
+        # so the server and the nodes decode published frames bit-identically whatever their threads.
         env.update(self._extra_env)
         return env
 

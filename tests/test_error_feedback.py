@@ -173,3 +173,17 @@ def test_residuals_live_on_the_tensor_device():
     r = ef.residual("w")
     assert r.device == g.device and r.dtype == torch.float32
     assert torch.equal(r, g - gradwire.decode(frame, device=g.device))
+
+
+def test_error_feedback_gives_a_global_topk_budget_across_the_bundle():
+    from gradwire.codecs.sparse import TopK
+
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(1000, generator=g) * 10.0  # holds every large value
+    small = torch.randn(1000, generator=g) * 0.01
+    fb = ErrorFeedback(TopK(k=50, scope="global"))
+    out = gradwire.decode_bundle(fb.encode_bundle({"big": big, "small": small}))
+    assert int((out["big"] != 0).sum()) == 50 and int((out["small"] != 0).sum()) == 0
+    # the small tensor's gradient is kept whole in its residual, and the big one's dropped part in its own
+    assert torch.equal(fb.residual("small"), small)
+    torch.testing.assert_close(fb.residual("big") + out["big"], big)

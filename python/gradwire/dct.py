@@ -48,6 +48,7 @@ __all__ = [
     "from_chunks",
     "idct",
     "idct_chunks",
+    "idct_chunks_exact",
     "idct_nd",
     "largest_divisor_at_most",
     "plan_chunks",
@@ -471,12 +472,103 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -
     return (q.to(dtype) + 128.0) * s + m
 
 
+# ---------------------------------------------------------------------------------------------
+# Decoding that every node reproduces bit for bit.
+#
+# Nodes that apply the same frames must hold bit-identical weights, whatever their thread count, CPU
+# or GPU. A matrix product does not promise that: BLAS libraries split and order their sums by thread
+# count and instruction set. The inverse transforms below therefore use only gathers, elementwise
+# multiplications and additions, in an order fixed by the record alone; each of those operations is
+# exactly rounded (IEEE 754) on every device, so the result is the same everywhere.
+
+#: Elements of the chunk batch handled at once: small enough that the repeated passes stay in cache.
+_EXACT_BLOCK_ELEMS = 1 << 18
+
+
+def _basis_rows(n: int, freqs: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``D_n[freqs]`` of the orthonormal basis, the same bits on every device."""
+    if n <= MATMUL_MAX_N:
+        return dct_basis(n, device, dtype).index_select(0, freqs.to(device))
+    # Long axes have no cached matrix: build just the needed rows the way _basis_f64 builds all of them.
+    f = freqs.to("cpu", torch.float64)[:, None]
+    i = torch.arange(n, dtype=torch.float64)[None, :]
+    rows = torch.cos(math.pi * (2.0 * i + 1.0) * f / (2.0 * n)) * math.sqrt(2.0 / n)
+    rows[freqs.cpu() == 0] = math.sqrt(1.0 / n)
+    return rows.to(device=device, dtype=dtype)
+
+
+def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
+    """Per-dimension frequencies of row-major flat positions inside a chunk."""
+    out = []
+    rem = idx
+    for size in reversed(dims):
+        out.append(rem % size)
+        rem = rem // size
+    return out[::-1]
+
+
+def _sparse_inverse(idx: torch.Tensor, values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``(n, *dims)`` chunks from ``k`` coefficients each: a sum of ``k`` separable basis products.
+
+    Term ``j`` of chunk ``c`` is ``((values[c, j] * D_1[f_1]) ⊗ D_2[f_2]) ⊗ …``; terms are added in
+    ``j`` order (positions ascending), so the result depends on the record alone.
+    """
+    n, k = idx.shape
+    device, dtype = values.device, values.dtype
+    out = torch.zeros((n, *dims), dtype=dtype, device=device)
+    freqs = _unravel(idx.to(device=device, dtype=torch.int64), dims)
+    c = _prod(dims)
+    block = max(1, _EXACT_BLOCK_ELEMS // c)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        b = e - s
+        rows = [
+            _basis_rows(size, f[s:e].reshape(-1), device, dtype).reshape(b, k, size)
+            for size, f in zip(dims, freqs)
+        ]
+        acc = out[s:e]
+        v = values[s:e]
+        for j in range(k):
+            term = v[:, j : j + 1] * rows[0][:, j, :]
+            for axis in range(1, len(dims)):
+                term = term.unsqueeze(-1) * rows[axis][:, j, :].reshape(b, *([1] * axis), dims[axis])
+            acc.add_(term)
+    return out
+
+
+def idct_chunks_exact(coeffs: torch.Tensor) -> torch.Tensor:
+    """:func:`idct_chunks` with a fixed summation order: bit-identical on every device and thread count.
+
+    Contracts each chunk axis with an explicit loop over its frequencies (elementwise products and
+    additions only), block by block of chunks. Costs ``sum(chunk_shape)`` passes over the chunks.
+    """
+    if coeffs.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(coeffs.shape)}")
+    n, dims = coeffs.shape[0], tuple(coeffs.shape[1:])
+    out = torch.empty_like(coeffs)
+    block = max(1, _EXACT_BLOCK_ELEMS // max(1, _prod(dims)))
+    for s in range(0, n, block):
+        y = coeffs[s : min(n, s + block)]
+        for axis, size in enumerate(dims, start=1):
+            basis = _basis_rows(size, torch.arange(size), y.device, y.dtype)
+            shape = [1] * y.ndim
+            shape[axis] = size
+            z = torch.zeros_like(y)
+            for f in range(size):
+                z.add_(y.narrow(axis, f, 1) * basis[f].reshape(shape))
+            y = z
+        out[s : s + y.shape[0]] = y
+    return out
+
+
 def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
     """Dense tensor of ``plan.shape`` from each chunk's coefficients ``values`` at positions ``idx``.
 
-    A zero ``(num_chunks, C)`` array gets the values scattered in, then the inverse transform per chunk
-    and the chunks put back. Runs on ``values``' device in ``values``' dtype. Positions within a row
-    must be distinct (the decoder checks they are strictly ascending), which keeps this deterministic.
+    Bit-identical on every device and thread count (see above): with few coefficients per chunk a sum
+    of ``k`` basis products in position order, with many the fixed-order dense inverse of the scattered
+    coefficients; which one is a function of ``k`` and the chunk shape alone. Runs on ``values``'
+    device in ``values``' dtype. Positions within a row must be distinct (the decoder checks that they
+    are strictly ascending).
     """
     c = plan.chunk_numel
     n = plan.num_chunks
@@ -484,9 +576,14 @@ def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> t
         raise ValueError(
             f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
         )
-    dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
-    dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
-    chunks = idct_chunks(dense.reshape(n, *plan.chunk_shape))
+    dims = plan.chunk_shape
+    k = idx.shape[1]
+    if k <= sum(dims):
+        chunks = _sparse_inverse(idx, values, dims)
+    else:
+        dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
+        dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
+        chunks = idct_chunks_exact(dense.reshape(n, *dims))
     return from_chunks(chunks, plan)
 
 

@@ -37,6 +37,25 @@ class ErrorFeedback:
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> Entry:
         """The record for ``tensor`` plus its stored residual; stores the new residual."""
+        x = self._with_residual(tensor, name)
+        entry, recon = self.codec.compress(x, name)
+        return self._settle(tensor, name, x, entry, recon)
+
+    def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> list[Entry]:
+        """Records for every named tensor plus its residual; stores the new residuals.
+
+        A codec whose budget spans tensors (global top-k) provides ``compress_bundle`` and gets all the
+        corrected tensors at once; any other codec compresses them one by one.
+        """
+        xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
+        bundle_fn = getattr(self.codec, "compress_bundle", None)
+        if bundle_fn is None:
+            done = {n: self.codec.compress(x, n) for n, x in xs.items()}
+        else:
+            done = bundle_fn(xs)
+        return [self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors]
+
+    def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         if not tensor.is_floating_point():
             raise ValueError(f"expected a floating-point tensor, got {tensor.dtype}")
         x = tensor.detach().to(torch.float32)
@@ -48,7 +67,9 @@ class ErrorFeedback:
                     " call reset(name) if the tensor changed"
                 )
             x = x + r.to(device=x.device, dtype=torch.float32)
-        entry, recon = self.codec.compress(x, name)
+        return x
+
+    def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry, recon: torch.Tensor) -> Entry:
         if tensor.dtype != torch.float32:
             # Receivers decode to the record's dtype: tag it with the original one and account for the
             # final rounding here (decoders compute in their own precision and cast at the end).
@@ -65,8 +86,7 @@ class ErrorFeedback:
         self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0
     ) -> bytes:
         """One bundle frame holding every named tensor (with its residual) compressed."""
-        entries = [self.compress(t, n) for n, t in tensors.items()]
-        return write_frame(entries, round=round, sender=sender, bundle=True)
+        return write_frame(self.compress_bundle(tensors), round=round, sender=sender, bundle=True)
 
     # -- state -----------------------------------------------------------------------------------
 
