@@ -3,11 +3,11 @@ hooks, gradwire's PowerSGD, DCT and 3LC hooks, and low-precision decentralized S
 gloo ranks, the same model, data, seed and number of steps for each.
 
 Per configuration: steps per second (after a few warm-up steps, all ranks sharing this machine's
-cores), the bytes each rank contributes per step (what it puts into the collectives; for decentralized
+cores; the best of --repeat interleaved runs), the bytes each rank contributes per step (what it puts into the collectives; for decentralized
 SGD its frame, which each of its two ring peers receives), how much smaller that is than fp32, and the
 final training loss (mean over ranks of the last 10 steps). Loss curves go to bench/out/ddp_loss.png.
 
-Usage: python bench/ddp.py [--steps 150] [--ranks 2 4] [--hidden 512]
+Usage: python bench/ddp.py [--steps 150] [--ranks 2 4] [--hidden 512] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -118,16 +118,22 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512, help="width of the digits MLP's two hidden layers")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--repeat", type=int, default=2, help="runs per configuration (best speed kept)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "ddp_loss.png")
     args = ap.parse_args()
 
-    jobs = [(label, what, world) for world in args.ranks for label, what in CONFIGS]
+    # Every configuration runs --repeat times, the rounds interleaved, and keeps its best speed: other
+    # load on a shared machine then hits all configurations alike. Bytes and losses are deterministic.
+    jobs = [(label, what, world) for _ in range(args.repeat) for world in args.ranks for label, what in CONFIGS]
     results = {}
     for label, what, world in track(jobs, description="gloo runs"):
         per_rank = gt.spawn(run_rank, world, (what, args.steps, args.hidden, args.batch, args.lr), backend="gloo")
         r0 = per_rank[0]
         r0["steps_per_s"] = min(r["steps_per_s"] for r in per_rank)
         r0["bytes_per_step"] = max(r["bytes_per_step"] for r in per_rank)
+        best = results.get((label, world))
+        if best is not None:
+            r0["steps_per_s"] = max(r0["steps_per_s"], best["steps_per_s"])
         results[(label, world)] = r0
 
     params = next(iter(results.values()))["dense_bytes"] // 4

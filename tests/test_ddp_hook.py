@@ -212,3 +212,23 @@ def test_dct_hook_on_nccl():
     for r in gt.spawn(_nccl_run, 2, (20,), backend="nccl"):
         assert r["identical"]
         assert r["losses"][-1] < r["losses"][0]
+
+
+def _desynchronized(rank: int, world: int) -> str:
+    model = DDP(make_model())
+    state, hook = gt.ddp_hook("dct", chunk_shape=(256,), topk=16)
+    model.register_comm_hook(state, hook)
+    if rank == 1:
+        state.steps = 7  # this rank believes it is at another step: its frames say round 7
+    x, y = shard(rank)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+    except Exception as e:  # raised inside DDP's reducer, surfaced by backward()
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def test_frames_from_another_round_are_refused_on_every_rank():
+    for message in gt.spawn(_desynchronized, 2):
+        assert "FrameError" in message or "rank 1 sent" in message, message
+        assert "round 7" in message

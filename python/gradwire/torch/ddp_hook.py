@@ -9,9 +9,10 @@ same bytes in the same order, so they end each step with bit-identical gradients
 
 DDP rebuilds its buckets after the first iteration (and may regroup parameters then). Residuals are
 therefore tracked by the parameters a bucket holds, not by its index alone: when a bucket arrives with
-a layout other than the one its residual was cut for, every stored residual is split back into
-per-parameter pieces and the new buckets reassemble theirs from those pieces, so nothing a codec
-dropped is lost in the rebuild.
+a layout other than the one its residual was cut for, the residuals holding any of its parameters
+are split back into per-parameter pieces and the new buckets reassemble theirs from those pieces, so
+nothing a codec dropped is lost in the rebuild. With ``per_parameter=True`` each parameter travels as its own record
+(in its own shape, for codecs that work per tensor) and its residual is keyed by the parameter.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
