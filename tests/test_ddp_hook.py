@@ -96,8 +96,9 @@ def _codec_run(rank: int, world: int, codec_name: str, params: dict, steps: int)
         ("dct", dict(mode="tiles", topk=4), 4.0),
         ("3lc", dict(), 6.0),
         ("3lc", dict(per_parameter=True), 6.0),
+        ("topk", dict(density=0.05, scope="global", per_parameter=True), 8.0),
     ],
-    ids=["dct-flat", "dct-tiles", "3lc", "3lc-per-parameter"],
+    ids=["dct-flat", "dct-tiles", "3lc", "3lc-per-parameter", "global-topk-per-parameter"],
 )
 def test_lossy_codec_replicas_bit_identical_and_loss_decreases(codec_name, params, min_ratio):
     steps = 25

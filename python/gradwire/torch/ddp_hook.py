@@ -160,11 +160,12 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
 
     if state.per_parameter:
         # One record per parameter, its gradient in its own shape; residuals keyed by the parameter
-        # itself, which no bucket rebuild changes. Record names are positions in the bucket.
+        # itself, which no bucket rebuild changes (a codec with a budget across tensors, such as global
+        # top-k, spends it across the bucket). Record names are positions in the bucket.
         targets = list(bucket.gradients())
+        named = {_parameter_key(p): g for p, g in zip(bucket.parameters(), targets)}
         entries = [
-            dataclasses.replace(state.feedback.compress(g, _parameter_key(p)), name=str(i))
-            for i, (p, g) in enumerate(zip(bucket.parameters(), targets))
+            dataclasses.replace(e, name=str(i)) for i, e in enumerate(state.feedback.compress_bundle(named))
         ]
     else:
         state._adopt_layout(index, _layout(bucket))
