@@ -233,3 +233,11 @@ def test_frames_from_another_round_are_refused_on_every_rank():
     for message in gt.spawn(_desynchronized, 2):
         assert "FrameError" in message or "rank 1 sent" in message, message
         assert "round 7" in message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dct_hook_on_one_gpu_nccl():
+    # A group of one on NCCL still runs every device path: frames gathered on the GPU, decoded there.
+    (r,) = gt.spawn(_nccl_run, 1, (20,), backend="nccl")
+    assert r["identical"]
+    assert r["losses"][-1] < r["losses"][0]

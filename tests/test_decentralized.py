@@ -151,3 +151,28 @@ def test_needs_exactly_one_of_optimizer_and_lr():
         gt.LowPrecisionDecentralized(model)
     with pytest.raises(ValueError, match="lr is the step"):
         gt.LowPrecisionDecentralized(model, torch.optim.SGD(model.parameters(), lr=0.1), lr=0.1)
+
+
+def _ring_on_gpus(rank: int, world: int, steps: int) -> dict:
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = make_model(seed=rank).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    algo = gt.LowPrecisionDecentralized(model, opt)
+    x, y = (t.to(device) for t in shard(rank))
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        algo.step()
+        losses.append(loss.item())
+    models = gather(flat_parameters(model))
+    match = all(torch.equal(_flat(algo.replica(p).values()), models[p]) for p in algo.peers)
+    return dict(losses=losses, replicas_match=match)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ring_on_nccl():
+    for r in gt.spawn(_ring_on_gpus, 2, (20,), backend="nccl"):
+        assert r["replicas_match"]
+        assert r["losses"][-1] < r["losses"][0]

@@ -111,3 +111,28 @@ def test_state_rejects_bad_hyperparameters():
         gt.PowerSGDState(rank=0)
     with pytest.raises(ValueError):
         gt.PowerSGDState(start_iter=-1)
+
+
+def _on_gpus(rank: int, world: int, steps: int) -> dict:
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = DDP(make_model().to(device), device_ids=[device.index], bucket_cap_mb=0.001)
+    state = gt.PowerSGDState(rank=2, start_iter=0)
+    model.register_comm_hook(state, gt.powersgd_hook)
+    x, y = (t.to(device) for t in shard(rank))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses, identical = [], True
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        identical &= all_ranks_equal(flat_parameters(model.module))
+    return dict(losses=losses, identical=identical)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_powersgd_on_nccl():
+    for r in gt.spawn(_on_gpus, 2, (20,), backend="nccl"):
+        assert r["identical"]
+        assert r["losses"][-1] < r["losses"][0]
