@@ -96,7 +96,7 @@ def register_hook(
         model.register_comm_hook(state, torch_powersgd.powerSGD_hook)
         return RegisteredHook(name, state, dense, element)
     if name == "powersgd":
-        state = PowerSGDState(process_group, rank=powersgd_rank, start_iter=start_iter)
+        state = PowerSGDState(powersgd_rank, process_group=process_group, start_iter=start_iter)
         model.register_comm_hook(state, powersgd_hook)
         return RegisteredHook(name, state, dense, element)
     if name not in CODECS:

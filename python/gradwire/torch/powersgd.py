@@ -71,9 +71,9 @@ class PowerSGDState:
 
     def __init__(
         self,
-        process_group: Optional[dist.ProcessGroup] = None,
         rank: int = 1,
         *,
+        process_group: Optional[dist.ProcessGroup] = None,
         warm_start: bool = True,
         start_iter: int = 10,
         min_compression_rate: float = 2.0,
