@@ -209,3 +209,27 @@ def test_crc32c_matches_an_independent_implementation():
 
     data = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()
     assert wire.crc32c(data) == reference_crc(data)
+
+
+# --- decoding into the caller's buffer ------------------------------------------------------
+
+
+def test_decoders_write_into_a_caller_buffer_and_check_its_size():
+    idx = np.arange(1000, dtype=np.uint32) % 4096
+    out = np.empty(1000, np.uint32)
+    assert wire.unpack_bits(wire.pack_bits(idx, 12), 12, 1000, out=out) is out
+    assert np.array_equal(out, idx)
+    exact = np.empty(1000, np.uint32)
+    assert np.array_equal(wire.unpack_bits_exact(wire.pack_bits(idx, 12), 12, 1000, out=exact), idx)
+    trits = (np.arange(23) % 3 - 1).astype(np.int8)
+    tout = np.empty(23, np.int8)
+    assert np.array_equal(wire.quartic_decode(wire.quartic_encode(trits), 23, out=tout), trits)
+    data = bytes([121] * 30 + [7])
+    zout = np.empty(31, np.uint8)
+    assert wire.zero_run_decode(wire.zero_run_encode(data), out=zout).tobytes() == data
+    with pytest.raises(ValueError, match="1000"):
+        wire.unpack_bits(wire.pack_bits(idx, 12), 12, 1000, out=np.empty(999, np.uint32))
+    with pytest.raises(ValueError):
+        wire.zero_run_decode(wire.zero_run_encode(data), out=np.empty(30, np.uint8))
+    with pytest.raises(TypeError):
+        wire.quartic_decode(wire.quartic_encode(trits), 23, out=np.empty(23, np.int16))

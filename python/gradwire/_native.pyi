@@ -35,14 +35,19 @@ def pack_bits(values: npt.NDArray[np.uint32], bits: int) -> bytes:
     the first such index and value).
     """
 
-def unpack_bits(data: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint32]:
+def unpack_bits(
+    data: npt.NDArray[np.uint8], bits: int, count: int, out: Optional[npt.NDArray[np.uint32]] = None
+) -> npt.NDArray[np.uint32]:
     """Unpack ``count`` values of ``bits`` bits from an LSB-first bit stream (lenient form).
 
     ``data`` must hold at least ``ceil(count*bits/8)`` bytes; extra bytes and padding bits are
-    ignored. Raises ``WireError`` on a bad width, too short data or a size overflow.
+    ignored. Raises ``WireError`` on a bad width, too short data or a size overflow. With ``out`` (a
+    writeable contiguous array of exactly ``count`` elements) the values go there and ``out`` is returned.
     """
 
-def unpack_bits_exact(data: npt.NDArray[np.uint8], bits: int, count: int) -> npt.NDArray[np.uint32]:
+def unpack_bits_exact(
+    data: npt.NDArray[np.uint8], bits: int, count: int, out: Optional[npt.NDArray[np.uint32]] = None
+) -> npt.NDArray[np.uint32]:
     """Strict :func:`unpack_bits`: ``data`` must be exactly ``ceil(count*bits/8)`` bytes and its
     padding bits zero, so exactly one byte string decodes to a given list of values.
 
@@ -57,11 +62,13 @@ def quartic_encode(trits: npt.NDArray[np.int8]) -> bytes:
     Raises ``WireError`` naming the first trit outside {-1, 0, 1}.
     """
 
-def quartic_decode(data: npt.NDArray[np.uint8], count: int) -> npt.NDArray[np.int8]:
+def quartic_decode(
+    data: npt.NDArray[np.uint8], count: int, out: Optional[npt.NDArray[np.int8]] = None
+) -> npt.NDArray[np.int8]:
     """Decode ``count`` trits from exactly ``ceil(count/5)`` quartic bytes.
 
     Raises ``WireError`` on a wrong length, a byte above 242, or a nonzero padding digit
-    (the encoding is canonical).
+    (the encoding is canonical). With ``out`` (``count`` elements) the trits go there.
     """
 
 def zero_run_encode(data: npt.NDArray[np.uint8]) -> bytes:
@@ -77,6 +84,11 @@ def zero_run_decode(data: npt.NDArray[np.uint8], expected_len: Optional[int] = N
 
     With ``expected_len``, a decoded length other than it raises ``WireError`` before any output
     is allocated; without it the output is at most 14 times the input.
+    """
+
+def zero_run_decode_into(data: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """:func:`zero_run_decode` into ``out``, whose length must be the decoded length (else
+    ``WireError``, checked before writing). Returns ``out``.
     """
 
 def crc32c(data: npt.NDArray[np.uint8], value: int = 0) -> int:

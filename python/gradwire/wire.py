@@ -6,7 +6,7 @@ released while a kernel runs. Outputs are ``bytes`` or numpy arrays.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 
@@ -59,14 +59,18 @@ def pack_bits(values, bits: int) -> bytes:
     return _native.pack_bits(_as_array(values, np.uint32), bits)
 
 
-def unpack_bits(data: BytesLike, bits: int, count: int) -> np.ndarray:
-    """Read ``count`` values of ``bits`` bits from the front of ``data``; extra bytes are ignored."""
-    return _native.unpack_bits(as_u8(data), bits, count)
+def unpack_bits(data: BytesLike, bits: int, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Read ``count`` values of ``bits`` bits from the front of ``data``; extra bytes are ignored.
+
+    With ``out`` (a contiguous uint32 array of ``count`` elements) the values are written there and
+    ``out`` is returned: a caller that decodes every step reuses one buffer.
+    """
+    return _native.unpack_bits(as_u8(data), bits, count, out)
 
 
-def unpack_bits_exact(data: BytesLike, bits: int, count: int) -> np.ndarray:
+def unpack_bits_exact(data: BytesLike, bits: int, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
     """Like :func:`unpack_bits`, but ``data`` must be exactly the packed length with zero padding bits."""
-    return _native.unpack_bits_exact(as_u8(data), bits, count)
+    return _native.unpack_bits_exact(as_u8(data), bits, count, out)
 
 
 def quartic_encode(trits) -> bytes:
@@ -74,9 +78,9 @@ def quartic_encode(trits) -> bytes:
     return _native.quartic_encode(_as_array(trits, np.int8))
 
 
-def quartic_decode(data: BytesLike, count: int) -> np.ndarray:
-    """Inverse of :func:`quartic_encode`: ``count`` int8 values in {-1, 0, 1}."""
-    return _native.quartic_decode(as_u8(data), count)
+def quartic_decode(data: BytesLike, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Inverse of :func:`quartic_encode`: ``count`` int8 values in {-1, 0, 1} (into ``out`` if given)."""
+    return _native.quartic_decode(as_u8(data), count, out)
 
 
 def zero_run_encode(data: BytesLike) -> bytes:
@@ -84,8 +88,16 @@ def zero_run_encode(data: BytesLike) -> bytes:
     return _native.zero_run_encode(as_u8(data))
 
 
-def zero_run_decode(data: BytesLike, expected_len: int | None = None) -> bytes:
-    """Inverse of :func:`zero_run_encode`; ``expected_len`` bounds and checks the output length."""
+def zero_run_decode(data: BytesLike, expected_len: int | None = None, out: Optional[np.ndarray] = None):
+    """Inverse of :func:`zero_run_encode`; ``expected_len`` bounds and checks the output length.
+
+    Returns ``bytes``; with ``out`` (a contiguous uint8 array whose length is the expected decoded
+    length) the bytes are written there and ``out`` is returned instead.
+    """
+    if out is not None:
+        if expected_len is not None and expected_len != len(out):
+            raise ValueError(f"expected_len {expected_len} disagrees with len(out) {len(out)}")
+        return _native.zero_run_decode_into(as_u8(data), out)
     return _native.zero_run_decode(as_u8(data), expected_len)
 
 

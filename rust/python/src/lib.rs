@@ -6,7 +6,7 @@
 //! (everything else), both `ValueError`s, with the core's message.
 
 use gradwire_core as gw;
-use numpy::{Element, PyArray1, PyReadonlyArray1};
+use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -43,6 +43,36 @@ fn slice<'a, T: Element>(arr: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResu
 /// Pack uint32 `values` at `bits` bits each (1..32) into an LSB-first bit stream of
 /// ceil(n*bits/8) bytes (docs/FORMAT.md section 6). Raises WireError naming the first value
 /// that does not fit.
+/// Runs a decoding kernel straight into the caller's array `out` (exactly `len` elements), GIL
+/// released: a caller that decodes every step reuses one buffer instead of faulting in a new one.
+fn decode_into<'py, T, F>(
+    py: Python<'py>,
+    out: Bound<'py, PyArray1<T>>,
+    len: usize,
+    kernel: F,
+) -> PyResult<Bound<'py, PyArray1<T>>>
+where
+    T: Element + Send,
+    F: FnOnce(&mut [T]) -> gw::Result<()> + Send,
+{
+    {
+        let mut rw = out
+            .try_readwrite()
+            .map_err(|_| PyValueError::new_err("out must be a writeable array not borrowed elsewhere"))?;
+        let s = rw
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out must be a contiguous 1-D array"))?;
+        if s.len() != len {
+            return Err(PyValueError::new_err(format!(
+                "out holds {} elements, the result needs {len}",
+                s.len()
+            )));
+        }
+        py.detach(|| kernel(s)).map_err(py_err)?;
+    }
+    Ok(out)
+}
+
 #[pyfunction]
 fn pack_bits<'py>(
     py: Python<'py>,
@@ -60,13 +90,18 @@ fn pack_bits<'py>(
 /// Unpack `count` values of `bits` bits from an LSB-first bit stream; `data` may be longer
 /// than needed and padding bits are ignored. Returns a uint32 array.
 #[pyfunction]
+#[pyo3(signature = (data, bits, count, out = None))]
 fn unpack_bits<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
     bits: u32,
     count: usize,
+    out: Option<Bound<'py, PyArray1<u32>>>,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let d = slice(&data, "data")?;
+    if let Some(out) = out {
+        return decode_into(py, out, count, |o| gw::unpack_bits_into(d, bits, o));
+    }
     let out = py
         .detach(|| gw::unpack_bits(d, bits, count))
         .map_err(py_err)?;
@@ -75,13 +110,18 @@ fn unpack_bits<'py>(
 
 /// Strict unpack_bits: `data` must be exactly ceil(count*bits/8) bytes with zero padding bits.
 #[pyfunction]
+#[pyo3(signature = (data, bits, count, out = None))]
 fn unpack_bits_exact<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
     bits: u32,
     count: usize,
+    out: Option<Bound<'py, PyArray1<u32>>>,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let d = slice(&data, "data")?;
+    if let Some(out) = out {
+        return decode_into(py, out, count, |o| gw::unpack_bits_exact_into(d, bits, o));
+    }
     let out = py
         .detach(|| gw::unpack_bits_exact(d, bits, count))
         .map_err(py_err)?;
@@ -104,12 +144,17 @@ fn quartic_encode<'py>(
 /// Decode `count` trits from exactly ceil(count/5) quartic bytes (strict: bytes <= 242,
 /// zero padding digits). Returns an int8 array.
 #[pyfunction]
+#[pyo3(signature = (data, count, out = None))]
 fn quartic_decode<'py>(
     py: Python<'py>,
     data: PyReadonlyArray1<'py, u8>,
     count: usize,
+    out: Option<Bound<'py, PyArray1<i8>>>,
 ) -> PyResult<Bound<'py, PyArray1<i8>>> {
     let d = slice(&data, "data")?;
+    if let Some(out) = out {
+        return decode_into(py, out, count, |o| gw::quartic_decode_into(d, o));
+    }
     let out = py.detach(|| gw::quartic_decode(d, count)).map_err(py_err)?;
     Ok(PyArray1::from_vec(py, out))
 }
@@ -142,6 +187,22 @@ fn zero_run_decode<'py>(
     PyBytes::new_with(py, len, |buf| {
         py.detach(|| gw::zero_run_decode_into(d, buf))
             .map_err(py_err)
+    })
+}
+
+/// zero_run_decode into the caller's uint8 array `out`, whose length is the expected decoded
+/// length (a different decoded length raises WireError). Returns `out`.
+#[pyfunction]
+fn zero_run_decode_into<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    out: Bound<'py, PyArray1<u8>>,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let d = slice(&data, "data")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::zero_run_output_len(d, Some(o.len()))?;
+        gw::zero_run_decode_into(d, o)
     })
 }
 
@@ -265,6 +326,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quartic_decode, m)?)?;
     m.add_function(wrap_pyfunction!(zero_run_encode, m)?)?;
     m.add_function(wrap_pyfunction!(zero_run_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(zero_run_decode_into, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
