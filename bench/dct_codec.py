@@ -87,7 +87,7 @@ def main() -> None:
         for d, shape, name, te, td, nb, err in rows:
             table.add_row(d, "×".join(map(str, shape)), name, f"{te:.2f}" if te else "–", f"{td:.2f}" if td else "–",
                           f"{nb:,}", f"{dense / nb:.1f}", f"{err:.3f}")
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":
