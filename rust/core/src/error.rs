@@ -2,7 +2,7 @@
 //!
 //! Every way an input can be wrong has its own variant carrying the values involved, and the
 //! `Display` text names the problem. Variants fall in two groups: kernel input errors (bit
-//! packing, quartic and zero-run coding) and frame errors (the frame format of
+//! packing, quartic and zero-run coding, Rice, bitmap, Elias and Huffman codes) and frame errors (the frame format of
 //! `docs/FORMAT.md`); [`WireError::is_frame_error`] tells them apart.
 
 use thiserror::Error;
@@ -74,6 +74,102 @@ pub enum WireError {
     /// Decoding produced fewer bytes than the caller expects.
     #[error("zero-run output is {decoded} bytes, expected {expected}")]
     ZeroRunTooShort { expected: usize, decoded: usize },
+
+    // ----------------------------------------------------------------- variable-length codes
+    /// A variable-length bit stream ends before the `count` codes the caller expects.
+    #[error("bit stream ends after {decoded} of {count} codes (at bit {bit_offset})")]
+    StreamTruncated {
+        decoded: usize,
+        count: usize,
+        bit_offset: u64,
+    },
+
+    /// `count` values do not split into whole sets of `set_len`.
+    #[error("{count} indices do not split into whole sets of {set_len}")]
+    NotWholeSets { count: usize, set_len: usize },
+
+    /// A universe (the bound indices lie below) outside `1..=2^32`, or zero with indices to code.
+    #[error("universe {universe} is outside 1..=2^32")]
+    InvalidUniverse { universe: u64 },
+
+    /// Sets of more distinct indices than the universe holds.
+    #[error("sets of {set_len} distinct indices cannot lie below the universe {universe}")]
+    SetTooLarge { set_len: usize, universe: u64 },
+
+    /// An index at or above the universe.
+    #[error("index {value} at position {index} is not below the universe {universe}")]
+    IndexOutOfRange {
+        index: usize,
+        value: u64,
+        universe: u64,
+    },
+
+    /// An index set that is not strictly ascending (a repeat or a step back).
+    #[error(
+        "index {value} at position {index} does not follow {prev} in strictly ascending order"
+    )]
+    NotStrictlyAscending { index: usize, prev: u64, value: u64 },
+
+    /// A Golomb-Rice parameter outside `0..=31`.
+    #[error("Rice parameter {param} is outside 0..=31")]
+    InvalidRiceParameter { param: u32 },
+
+    /// A bitmap set whose number of one bits is not the set size.
+    #[error("bitmap set {set} has {ones} positions, expected {expected}")]
+    BitmapCount {
+        set: usize,
+        ones: u64,
+        expected: usize,
+    },
+
+    /// Elias codes are defined for positive integers only.
+    #[error("value 0 at index {index}: Elias codes take positive integers")]
+    EliasZero { index: usize },
+
+    /// An Elias code whose value does not fit in 64 bits.
+    #[error("Elias code at bit {bit_offset} has a value wider than 64 bits")]
+    EliasOverflow { bit_offset: u64 },
+
+    /// A quantization level of 0 or with magnitude above the maximum.
+    #[error("level {level} at index {index} is outside ±1..=±{max}")]
+    LevelOutOfRange { index: usize, level: i64, max: u32 },
+
+    /// Positions and levels of a sparse stream of different lengths.
+    #[error("{positions} positions but {levels} levels")]
+    SparseLengthMismatch { positions: usize, levels: usize },
+
+    // ----------------------------------------------------------------- Huffman
+    /// A code-length cap outside `1..=15`.
+    #[error("code length cap {cap} is outside 1..=15")]
+    InvalidCodeLengthCap { cap: u32 },
+
+    /// A code length above the book's cap (symbol 256 is the escape).
+    #[error("symbol {symbol} has code length {len}, above the cap {cap}")]
+    CodeLengthAboveCap { symbol: u16, len: u8, cap: u8 },
+
+    /// Code lengths that over-subscribe the code space (Kraft sum above 1).
+    #[error("code lengths over-subscribe the code space: Kraft sum {sum}/{total} > 1")]
+    KraftOverflow { sum: u64, total: u64 },
+
+    /// A codebook without a single codeword.
+    #[error("codebook has no codeword")]
+    EmptyCodebook,
+
+    /// The symbol range of a serialized codebook is malformed.
+    #[error("codebook symbol range {lo}+{count} is not a canonical range within 0..256")]
+    CodebookRange { lo: u16, count: u16 },
+
+    /// A symbol that has no code and no escape to fall back on.
+    #[error("symbol {symbol} at index {index} has no code and the book has no escape")]
+    SymbolNotInBook { index: usize, symbol: u8 },
+
+    /// Bits that start no codeword of the book.
+    #[error("bits at offset {bit_offset} are not a codeword of the book")]
+    InvalidCode { bit_offset: u64 },
+
+    /// An escaped symbol that has its own code (the encoding is canonical).
+    #[error("escaped symbol {symbol} at bit {bit_offset} has its own code")]
+    EscapedSymbolHasCode { symbol: u8, bit_offset: u64 },
 
     // ----------------------------------------------------------------- frame: envelope
     /// Fewer bytes than the smallest possible frame.
@@ -235,7 +331,27 @@ impl WireError {
             | NonzeroQuarticPadding { .. }
             | ZeroRunInputByte { .. }
             | ZeroRunTooLong { .. }
-            | ZeroRunTooShort { .. } => false,
+            | ZeroRunTooShort { .. }
+            | StreamTruncated { .. }
+            | NotWholeSets { .. }
+            | InvalidUniverse { .. }
+            | SetTooLarge { .. }
+            | IndexOutOfRange { .. }
+            | NotStrictlyAscending { .. }
+            | InvalidRiceParameter { .. }
+            | BitmapCount { .. }
+            | EliasZero { .. }
+            | EliasOverflow { .. }
+            | LevelOutOfRange { .. }
+            | SparseLengthMismatch { .. }
+            | InvalidCodeLengthCap { .. }
+            | CodeLengthAboveCap { .. }
+            | KraftOverflow { .. }
+            | EmptyCodebook
+            | CodebookRange { .. }
+            | SymbolNotInBook { .. }
+            | InvalidCode { .. }
+            | EscapedSymbolHasCode { .. } => false,
             FrameTooShort { .. }
             | BadMagic { .. }
             | UnsupportedVersion { .. }

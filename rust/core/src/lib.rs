@@ -2,6 +2,9 @@
 //!
 //! * [`bitpack`]: fixed-width LSB-first bit packing (FORMAT.md section 6);
 //! * [`quartic`] and [`zero_run`]: the two lossless stages of 3LC;
+//! * [`rice`] and [`bitmap`]: index sets (DCT positions) as Golomb-Rice gaps or bitmaps;
+//! * [`elias`]: Elias-γ and Elias-ω codes and QSGD's sparse level stream;
+//! * [`huffman`]: canonical Huffman codes with a length cap and an escape (GComp's exponents);
 //! * [`checksum`]: the CRC-32C frame checksum;
 //! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
 //!
@@ -10,12 +13,28 @@
 
 #![forbid(unsafe_code)]
 
+mod bitio;
+pub mod bitmap;
 pub mod bitpack;
 pub mod checksum;
+pub mod elias;
 pub mod error;
 pub mod frame;
+pub mod huffman;
 pub mod quartic;
+pub mod rice;
 pub mod zero_run;
+
+pub use bitmap::{bitmap_decode, bitmap_encode, bitmap_len};
+pub use elias::{
+    elias_decode, elias_encode, elias_gamma_decode, elias_gamma_encode, elias_omega_decode,
+    elias_omega_encode, sparse_levels_decode, sparse_levels_encode, EliasKind,
+};
+pub use huffman::{byte_counts, HuffmanBook};
+pub use rice::{
+    rice_decode, rice_decode_into, rice_encode, rice_encode_into, rice_encoded_len, rice_param,
+    rice_param_estimate,
+};
 
 pub use bitpack::{
     pack_bits, pack_bits_into, packed_len, padding_is_zero, unpack_bits, unpack_bits_exact,
