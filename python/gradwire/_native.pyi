@@ -139,3 +139,61 @@ def decode_frame(
     zero-copy slices ``data[start:end]`` of its own buffer. Codec-specific rules (section 5) are
     left to the codec layer.
     """
+
+# Entropy coders (docs/FORMAT.md sections 6.2-6.5). Index sets: `count` uint32 indices in sets of
+# `set_len`, strictly ascending within a set and below `universe` (1..2**32).
+
+def rice_param(indices: npt.NDArray[np.uint32], set_len: int, universe: int) -> tuple[int, int]:
+    """The Rice parameter (0..31) coding the sets in the fewest bits, and the stream's byte length."""
+
+def rice_param_estimate(set_len: int, universe: int) -> int:
+    """``round(log2(ln 2 * mean gap))`` for random sets: a parameter without looking at the data."""
+
+def rice_encode(indices: npt.NDArray[np.uint32], set_len: int, universe: int, param: int) -> bytes:
+    """Rice stream of the sets' gaps: the remainders packed at ``param`` bits, then the quotients in
+    unary (zeros then a one bit). Raises ``WireError`` naming the first index out of order or range."""
+
+def rice_decode(
+    data: npt.NDArray[np.uint8],
+    count: int,
+    set_len: int,
+    universe: int,
+    param: int,
+    out: Optional[npt.NDArray[np.uint32]] = None,
+) -> npt.NDArray[np.uint32]:
+    """Decode ``count`` indices; the stream must be exact (length, padding). ``count`` is checked
+    against the input before allocating."""
+
+def bitmap_encode(indices: npt.NDArray[np.uint32], set_len: int, universe: int) -> bytes:
+    """``universe`` bits per set, bit ``i`` set when ``i`` is in the set, LSB-first."""
+
+def bitmap_decode(data: npt.NDArray[np.uint8], count: int, set_len: int, universe: int) -> npt.NDArray[np.uint32]:
+    """Decode a bitmap: exact length, zero padding, exactly ``set_len`` positions per set."""
+
+def elias_encode(values: npt.NDArray[np.uint64], kind: str) -> bytes:
+    """Elias codes (``kind`` ``"gamma"`` or ``"omega"``) of positive integers, first bit first."""
+
+def elias_decode(data: npt.NDArray[np.uint8], count: int, kind: str) -> npt.NDArray[np.uint64]:
+    """Exactly ``count`` codes; the stream must end with the last. Values over 64 bits are errors."""
+
+def sparse_levels_encode(positions: npt.NDArray[np.uint64], levels: npt.NDArray[np.int32], kind: str) -> bytes:
+    """Per nonzero level: Elias code of the distance to the previous position (first: position + 1),
+    a sign bit (1 = negative), Elias code of the magnitude."""
+
+def sparse_levels_decode(
+    data: npt.NDArray[np.uint8], count: int, universe: int, max_level: int, kind: str
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32]]:
+    """``count`` entries: positions ascending below ``universe``, levels with ``1 <= |l| <= max_level``."""
+
+def huffman_book(counts: npt.NDArray[np.uint64], cap: int) -> bytes:
+    """Serialized canonical Huffman codebook of 256 byte counts with code lengths capped at ``cap``
+    (1..15): longer codes are replaced by an escape code followed by the raw byte."""
+
+def huffman_book_lengths(book: npt.NDArray[np.uint8]) -> tuple[int, npt.NDArray[np.uint8]]:
+    """Validate a serialized book (cap, lengths, Kraft sum); returns ``(cap, 257 lengths)``."""
+
+def huffman_encode(symbols: npt.NDArray[np.uint8], book: npt.NDArray[np.uint8]) -> bytes:
+    """Code bytes with a serialized book; a byte without code and without escape raises."""
+
+def huffman_decode(data: npt.NDArray[np.uint8], count: int, book: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """Decode exactly ``count`` symbols by table lookup on the next ``cap`` bits."""

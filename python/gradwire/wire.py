@@ -16,7 +16,21 @@ BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
 
 __all__ = [
     "as_u8",
+    "bitmap_decode",
+    "bitmap_encode",
     "crc32c",
+    "elias_decode",
+    "elias_encode",
+    "huffman_book",
+    "huffman_book_lengths",
+    "huffman_decode",
+    "huffman_encode",
+    "rice_decode",
+    "rice_encode",
+    "rice_param",
+    "rice_param_estimate",
+    "sparse_levels_decode",
+    "sparse_levels_encode",
     "pack_bits",
     "quartic_decode",
     "quartic_encode",
@@ -104,3 +118,100 @@ def zero_run_decode(data: BytesLike, expected_len: int | None = None, out: Optio
 def crc32c(data: BytesLike, value: int = 0) -> int:
     """CRC-32C (Castagnoli); ``value`` continues a running checksum."""
     return _native.crc32c(as_u8(data), value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entropy coders (docs/FORMAT.md §6.2–6.5). Index sets are ``sets`` consecutive sets of ``set_len``
+# indices each, strictly ascending within a set and below ``universe``; ``set_len=None`` means one
+# set of all of them.
+
+
+def _set_len(set_len: Optional[int], count: int) -> int:
+    return count if set_len is None else int(set_len)
+
+
+def rice_param(indices, universe: int, set_len: Optional[int] = None) -> tuple[int, int]:
+    """The Rice parameter coding the sets in the fewest bits, and the stream's length in bytes."""
+    idx = _as_array(indices, np.uint32)
+    return _native.rice_param(idx, _set_len(set_len, idx.size), int(universe))
+
+
+def rice_param_estimate(set_len: int, universe: int) -> int:
+    """A Rice parameter for sets of ``set_len`` random indices below ``universe``, without the data."""
+    return _native.rice_param_estimate(int(set_len), int(universe))
+
+
+def rice_encode(indices, universe: int, param: int, set_len: Optional[int] = None) -> bytes:
+    """Golomb-Rice code of sorted index sets: remainders at ``param`` bits, then unary quotients."""
+    idx = _as_array(indices, np.uint32)
+    return _native.rice_encode(idx, _set_len(set_len, idx.size), int(universe), int(param))
+
+
+def rice_decode(
+    data: BytesLike,
+    count: int,
+    universe: int,
+    param: int,
+    set_len: Optional[int] = None,
+    out: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """``count`` uint32 indices from a Rice stream (into ``out`` if given); the stream must be exact."""
+    return _native.rice_decode(as_u8(data), int(count), _set_len(set_len, count), int(universe), int(param), out)
+
+
+def bitmap_encode(indices, universe: int, set_len: Optional[int] = None) -> bytes:
+    """One bit per position of each set's universe, LSB-first."""
+    idx = _as_array(indices, np.uint32)
+    return _native.bitmap_encode(idx, _set_len(set_len, idx.size), int(universe))
+
+
+def bitmap_decode(data: BytesLike, count: int, universe: int, set_len: Optional[int] = None) -> np.ndarray:
+    """``count`` uint32 indices from a bitmap of exactly ``set_len`` positions per set."""
+    return _native.bitmap_decode(as_u8(data), int(count), _set_len(set_len, count), int(universe))
+
+
+def elias_encode(values, kind: str = "omega") -> bytes:
+    """Elias-γ (``kind="gamma"``) or Elias-ω codes of positive integers as one bit stream."""
+    return _native.elias_encode(_as_array(values, np.uint64), kind)
+
+
+def elias_decode(data: BytesLike, count: int, kind: str = "omega") -> np.ndarray:
+    """Exactly ``count`` Elias codes (uint64); the stream must end with the last one."""
+    return _native.elias_decode(as_u8(data), int(count), kind)
+
+
+def sparse_levels_encode(positions, levels, kind: str = "omega") -> bytes:
+    """QSGD's stream: per nonzero level, the Elias code of the distance to the previous position,
+    a sign bit and the Elias code of the magnitude."""
+    return _native.sparse_levels_encode(_as_array(positions, np.uint64), _as_array(levels, np.int32), kind)
+
+
+def sparse_levels_decode(
+    data: BytesLike, count: int, universe: int, max_level: int, kind: str = "omega"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` entries of a sparse level stream: ``(positions uint64, levels int32)``."""
+    return _native.sparse_levels_decode(as_u8(data), int(count), int(universe), int(max_level), kind)
+
+
+def huffman_book(counts, cap: int) -> bytes:
+    """The serialized canonical Huffman codebook of 256 byte counts, codes at most ``cap`` bits
+    (longer ones escaped: the escape code then the raw byte)."""
+    c = _as_array(counts, np.uint64)
+    if c.size != 256:
+        raise ValueError(f"counts must hold 256 values, got {c.size}")
+    return _native.huffman_book(c, int(cap))
+
+
+def huffman_book_lengths(book: BytesLike) -> tuple[int, np.ndarray]:
+    """Validate a serialized codebook: ``(cap, 257 code lengths)``, the escape's last, 0 = no code."""
+    return _native.huffman_book_lengths(as_u8(book))
+
+
+def huffman_encode(symbols, book: BytesLike) -> bytes:
+    """Huffman-code bytes with a serialized codebook."""
+    return _native.huffman_encode(_as_array(symbols, np.uint8), as_u8(book))
+
+
+def huffman_decode(data: BytesLike, count: int, book: BytesLike) -> np.ndarray:
+    """Exactly ``count`` uint8 symbols of a Huffman stream (table lookup, no tree walk)."""
+    return _native.huffman_decode(as_u8(data), int(count), as_u8(book))

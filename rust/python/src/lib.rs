@@ -40,9 +40,6 @@ fn slice<'a, T: Element>(arr: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResu
         .map_err(|_| PyValueError::new_err(format!("{what} must be a contiguous 1-D array")))
 }
 
-/// Pack uint32 `values` at `bits` bits each (1..32) into an LSB-first bit stream of
-/// ceil(n*bits/8) bytes (docs/FORMAT.md section 6). Raises WireError naming the first value
-/// that does not fit.
 /// Runs a decoding kernel straight into the caller's array `out` (exactly `len` elements), GIL
 /// released: a caller that decodes every step reuses one buffer instead of faulting in a new one.
 fn decode_into<'py, T, F>(
@@ -56,9 +53,9 @@ where
     F: FnOnce(&mut [T]) -> gw::Result<()> + Send,
 {
     {
-        let mut rw = out
-            .try_readwrite()
-            .map_err(|_| PyValueError::new_err("out must be a writeable array not borrowed elsewhere"))?;
+        let mut rw = out.try_readwrite().map_err(|_| {
+            PyValueError::new_err("out must be a writeable array not borrowed elsewhere")
+        })?;
         let s = rw
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("out must be a contiguous 1-D array"))?;
@@ -314,6 +311,237 @@ fn decode_frame<'py>(
     (h.round, h.sender, h.bundle, entries).into_pyobject(py)
 }
 
+// ------------------------------------------------------------------------------ entropy coders
+
+fn elias_kind(kind: &str) -> PyResult<gw::EliasKind> {
+    match kind {
+        "gamma" => Ok(gw::EliasKind::Gamma),
+        "omega" => Ok(gw::EliasKind::Omega),
+        _ => Err(PyValueError::new_err(format!(
+            "kind must be 'gamma' or 'omega', got {kind:?}"
+        ))),
+    }
+}
+
+fn huffman_book_of(book: &PyReadonlyArray1<'_, u8>) -> PyResult<gw::HuffmanBook> {
+    gw::HuffmanBook::from_bytes(slice(book, "book")?).map_err(py_err)
+}
+
+/// The Rice parameter (0..31) that codes sets of `set_len` sorted indices below `universe` in
+/// the fewest bits, and the stream's length in bytes at that parameter.
+#[pyfunction]
+fn rice_param<'py>(
+    py: Python<'py>,
+    indices: PyReadonlyArray1<'py, u32>,
+    set_len: usize,
+    universe: u64,
+) -> PyResult<(u32, usize)> {
+    let i = slice(&indices, "indices")?;
+    py.detach(|| gw::rice_param(i, set_len, universe))
+        .map_err(py_err)
+}
+
+/// A Rice parameter for sets of `set_len` random indices below `universe`, from the two numbers.
+#[pyfunction]
+fn rice_param_estimate(set_len: usize, universe: u64) -> u32 {
+    gw::rice_param_estimate(set_len, universe)
+}
+
+/// Rice-code sets of `set_len` strictly ascending uint32 indices below `universe` with
+/// parameter `param` (docs/FORMAT.md section 6.2).
+#[pyfunction]
+fn rice_encode<'py>(
+    py: Python<'py>,
+    indices: PyReadonlyArray1<'py, u32>,
+    set_len: usize,
+    universe: u64,
+    param: u32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let i = slice(&indices, "indices")?;
+    let out = py
+        .detach(|| gw::rice_encode(i, set_len, universe, param))
+        .map_err(py_err)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Decode `count` indices in sets of `set_len` from a Rice stream; the stream must be exact.
+#[pyfunction]
+#[pyo3(signature = (data, count, set_len, universe, param, out = None))]
+fn rice_decode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    count: usize,
+    set_len: usize,
+    universe: u64,
+    param: u32,
+    out: Option<Bound<'py, PyArray1<u32>>>,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let d = slice(&data, "data")?;
+    if let Some(out) = out {
+        return decode_into(py, out, count, |o| {
+            gw::rice_decode_into(d, set_len, universe, param, o)
+        });
+    }
+    let out = py
+        .detach(|| gw::rice_decode(d, count, set_len, universe, param))
+        .map_err(py_err)?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// The bitmap of sets of `set_len` strictly ascending indices below `universe` (section 6.3).
+#[pyfunction]
+fn bitmap_encode<'py>(
+    py: Python<'py>,
+    indices: PyReadonlyArray1<'py, u32>,
+    set_len: usize,
+    universe: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let i = slice(&indices, "indices")?;
+    let out = py
+        .detach(|| gw::bitmap_encode(i, set_len, universe))
+        .map_err(py_err)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Decode `count` indices in sets of `set_len` from a bitmap (exact length, zero padding,
+/// `set_len` positions per set).
+#[pyfunction]
+fn bitmap_decode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    count: usize,
+    set_len: usize,
+    universe: u64,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let d = slice(&data, "data")?;
+    let out = py
+        .detach(|| gw::bitmap_decode(d, count, set_len, universe))
+        .map_err(py_err)?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// Elias codes (`kind` 'gamma' or 'omega') of positive uint64 `values` (section 6.4).
+#[pyfunction]
+fn elias_encode<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArray1<'py, u64>,
+    kind: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let v = slice(&values, "values")?;
+    let k = elias_kind(kind)?;
+    let out = py.detach(|| gw::elias_encode(v, k)).map_err(py_err)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Decode exactly `count` Elias codes; the stream must end with the last one.
+#[pyfunction]
+fn elias_decode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    count: usize,
+    kind: &str,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let d = slice(&data, "data")?;
+    let k = elias_kind(kind)?;
+    let out = py
+        .detach(|| gw::elias_decode(d, count, k))
+        .map_err(py_err)?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+/// QSGD's sparse stream of nonzero int32 `levels` at strictly ascending uint64 `positions`.
+#[pyfunction]
+fn sparse_levels_encode<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray1<'py, u64>,
+    levels: PyReadonlyArray1<'py, i32>,
+    kind: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let p = slice(&positions, "positions")?;
+    let l = slice(&levels, "levels")?;
+    let k = elias_kind(kind)?;
+    let out = py
+        .detach(|| gw::sparse_levels_encode(p, l, k))
+        .map_err(py_err)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+type SparseLevels<'py> = (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<i32>>);
+
+/// Decode `count` entries of a sparse level stream: (uint64 positions < universe, int32 levels
+/// with 1 <= |level| <= max_level).
+#[pyfunction]
+fn sparse_levels_decode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    count: usize,
+    universe: u64,
+    max_level: u32,
+    kind: &str,
+) -> PyResult<SparseLevels<'py>> {
+    let d = slice(&data, "data")?;
+    let k = elias_kind(kind)?;
+    let (p, l) = py
+        .detach(|| gw::sparse_levels_decode(d, count, universe, max_level, k))
+        .map_err(py_err)?;
+    Ok((PyArray1::from_vec(py, p), PyArray1::from_vec(py, l)))
+}
+
+/// The serialized capped Huffman codebook (section 6.5) of 256 uint64 byte `counts`.
+#[pyfunction]
+fn huffman_book<'py>(
+    py: Python<'py>,
+    counts: PyReadonlyArray1<'py, u64>,
+    cap: u32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let c = slice(&counts, "counts")?;
+    let c: &[u64; 256] = c.try_into().map_err(|_| {
+        PyValueError::new_err(format!("counts must hold 256 values, got {}", c.len()))
+    })?;
+    let book = py
+        .detach(|| gw::HuffmanBook::from_counts(c, cap))
+        .map_err(py_err)?;
+    Ok(PyBytes::new(py, &book.to_bytes()))
+}
+
+/// Validate a serialized codebook; returns (cap, code lengths of the 256 symbols then the
+/// escape, 0 = no codeword).
+#[pyfunction]
+fn huffman_book_lengths<'py>(
+    py: Python<'py>,
+    book: PyReadonlyArray1<'py, u8>,
+) -> PyResult<(u32, Bound<'py, PyArray1<u8>>)> {
+    let b = huffman_book_of(&book)?;
+    Ok((b.cap(), PyArray1::from_slice(py, b.lengths())))
+}
+
+/// Huffman-code uint8 `symbols` with a serialized codebook.
+#[pyfunction]
+fn huffman_encode<'py>(
+    py: Python<'py>,
+    symbols: PyReadonlyArray1<'py, u8>,
+    book: PyReadonlyArray1<'py, u8>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let s = slice(&symbols, "symbols")?;
+    let b = huffman_book_of(&book)?;
+    let out = py.detach(|| b.encode(s)).map_err(py_err)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Decode exactly `count` symbols with a serialized codebook (table lookup on `cap` bits).
+#[pyfunction]
+fn huffman_decode<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    count: usize,
+    book: PyReadonlyArray1<'py, u8>,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let d = slice(&data, "data")?;
+    let b = huffman_book_of(&book)?;
+    let out = py.detach(|| b.decode(d, count)).map_err(py_err)?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -330,5 +558,19 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(rice_param, m)?)?;
+    m.add_function(wrap_pyfunction!(rice_param_estimate, m)?)?;
+    m.add_function(wrap_pyfunction!(rice_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(rice_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(bitmap_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(bitmap_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(elias_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(elias_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse_levels_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse_levels_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(huffman_book, m)?)?;
+    m.add_function(wrap_pyfunction!(huffman_book_lengths, m)?)?;
+    m.add_function(wrap_pyfunction!(huffman_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(huffman_decode, m)?)?;
     Ok(())
 }
