@@ -89,6 +89,24 @@ def unpack_bits(data: bytes, bits: int, count: int) -> list[int]:
     return [(stream >> (i * bits)) & ((1 << bits) - 1) for i in range(count)]
 
 
+def rice_decode(data: bytes, count: int, set_len: int, param: int) -> list[int]:
+    """FORMAT.md §6.2: the remainders packed at ``param`` bits, then one unary quotient per gap."""
+    rem_len = (count * param + 7) // 8
+    rems = unpack_bits(data[:rem_len], param, count) if param else [0] * count
+    stream = int.from_bytes(data[rem_len:], "little")
+    out, pos = [], 0
+    for i in range(count):
+        q = 0
+        while not (stream >> pos) & 1:
+            q += 1
+            pos += 1
+        pos += 1
+        gap = (q << param) | rems[i]
+        out.append(gap if i % set_len == 0 else out[-1] + 1 + gap)
+    assert (pos + 7) // 8 == len(data) - rem_len, "bytes after the last code"
+    return out
+
+
 def dct_matrix(n: int) -> list[list[float]]:
     return [[math.sqrt((1 if f == 0 else 2) / n) * math.cos(math.pi * (2 * i + 1) * f / (2 * n)) for i in range(n)]
             for f in range(n)]
@@ -127,16 +145,23 @@ def decode_entry(e: dict) -> list[float]:
     mode, cnd = p.u("B"), p.u("B")
     chunk = [p.u("I") for _ in range(cnd)]
     k, index_bits, value_bits, coding, pad = p.u("I"), p.u("B"), p.u("B"), p.u("B"), p.u("Q")
-    assert value_bits == 8 and coding == 0
+    assert value_bits in (8, 4, 2, 1) and coding in (0, 1)
     c = math.prod(chunk)
     n_chunks = (numel + pad) // c
-    idx = unpack_bits(bytes(e["sections"]["idx"]), index_bits, n_chunks * k)
-    val, scale, mn = e["sections"]["val"], e["sections"]["scale"], e["sections"]["min"]
+    if coding == 0:
+        idx = unpack_bits(bytes(e["sections"]["idx"]), index_bits, n_chunks * k)
+    else:  # Rice-coded gaps, the parameter in index_bits
+        idx = rice_decode(bytes(e["sections"]["idx"]), n_chunks * k, k, index_bits)
+    if value_bits == 8:
+        levels = [v + 128 for v in e["sections"]["val"]]
+    else:
+        levels = unpack_bits(bytes(e["sections"]["val"]), value_bits, n_chunks * k)
+    scale, mn = e["sections"]["scale"], e["sections"]["min"]
     chunks = []
     for j in range(n_chunks):
         coeffs = [0.0] * c
         for t in range(j * k, (j + 1) * k):
-            coeffs[idx[t]] = (val[t] + 128) * scale[j] + mn[j]
+            coeffs[idx[t]] = levels[t] * scale[j] + mn[j]
         chunks.append(_inverse_nd(coeffs, chunk))
     if mode == 0:
         flat = [v for ch in chunks for v in ch]

@@ -246,8 +246,8 @@ PARAM_CASES = [
     ("k zero", lambda e: _params(e, k=0), "1 <= k <= C"),
     ("k above C", lambda e: _params(e, k=257), "1 <= k <= C"),
     ("index_bits", lambda e: _params(e, index_bits=9), "index_bits must equal max(1, ceil(log2 C))"),
-    ("value_bits", lambda e: _params(e, value_bits=4), "value_bits must be 8"),
-    ("index_coding", lambda e: _params(e, index_coding=1), "index_coding must be 0"),
+    ("value_bits", lambda e: _params(e, value_bits=3), "value_bits must be 8, 4, 2 or 1"),
+    ("index_coding", lambda e: _params(e, index_coding=2), "index_coding must be 0 (fixed-width) or 1 (Rice)"),
     ("pad_count", lambda e: _params(e, pad_count=0), "pad_count must be (C - numel mod C) mod C"),
     ("pad_count plus C", lambda e: _params(e, pad_count=unpack_params(e.params)["pad_count"] + 256), "pad_count must be"),
 ]

@@ -1,5 +1,5 @@
-"""The entropy coders through Python: Rice and bitmap index sets, Elias-γ/ω, QSGD's sparse level
-stream and the capped Huffman code (docs/FORMAT.md §6.2–6.5).
+"""The entropy coders through Python: Rice-coded index sets, Elias-γ/ω, QSGD's sparse level
+stream and the capped Huffman code (docs/FORMAT.md §6.2–6.4).
 
 Known bytes worked out by hand from the spec, round trips against pure-Python references written from
 the same text, and hostile inputs: every malformed stream raises ``WireError`` (never a crash, never a
@@ -145,22 +145,6 @@ def test_rice_decoder_rejects_hostile_streams():
 
 
 # ------------------------------------------------------------------------------------------------
-# Bitmap
-
-
-def test_bitmap_known_bytes_and_rules():
-    enc = wire.bitmap_encode([0, 3, 1, 4], universe=5, set_len=2)
-    assert enc == bytes([0b0100_1001, 0b10])
-    assert wire.bitmap_decode(enc, 4, 5, set_len=2).tolist() == [0, 3, 1, 4]
-    with pytest.raises(WireError, match="bitmap set 0 has 3 positions"):
-        wire.bitmap_decode(bytes([0b0100_1011, 0b10]), 4, 5, set_len=2)
-    with pytest.raises(WireError, match="padding"):
-        wire.bitmap_decode(bytes([0b0100_1001, 0b110]), 4, 5, set_len=2)
-    with pytest.raises(WireError, match="length mismatch"):
-        wire.bitmap_decode(enc + b"\0", 4, 5, set_len=2)
-
-
-# ------------------------------------------------------------------------------------------------
 # Elias
 
 
@@ -300,8 +284,6 @@ def test_arbitrary_bytes_raise_or_decode_canonically(data, count, set_len, unive
     for decode, encode in (
         (lambda: wire.rice_decode(data, count, universe, param, set_len=set_len),
          lambda out: wire.rice_encode(out, universe, param, set_len=set_len)),
-        (lambda: wire.bitmap_decode(data, count, universe, set_len=set_len),
-         lambda out: wire.bitmap_encode(out, universe, set_len=set_len)),
         (lambda: wire.elias_decode(data, count, "omega"), lambda out: wire.elias_encode(out, "omega")),
         (lambda: wire.elias_decode(data, count, "gamma"), lambda out: wire.elias_encode(out, "gamma")),
         (lambda: wire.sparse_levels_decode(data, count, universe, set_len),

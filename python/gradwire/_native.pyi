@@ -140,7 +140,7 @@ def decode_frame(
     left to the codec layer.
     """
 
-# Entropy coders (docs/FORMAT.md sections 6.2-6.5). Index sets: `count` uint32 indices in sets of
+# Entropy coders (docs/FORMAT.md sections 6.2-6.4). Index sets: `count` uint32 indices in sets of
 # `set_len`, strictly ascending within a set and below `universe` (1..2**32).
 
 def rice_param(indices: npt.NDArray[np.uint32], set_len: int, universe: int) -> tuple[int, int]:
@@ -163,12 +163,6 @@ def rice_decode(
 ) -> npt.NDArray[np.uint32]:
     """Decode ``count`` indices; the stream must be exact (length, padding). ``count`` is checked
     against the input before allocating."""
-
-def bitmap_encode(indices: npt.NDArray[np.uint32], set_len: int, universe: int) -> bytes:
-    """``universe`` bits per set, bit ``i`` set when ``i`` is in the set, LSB-first."""
-
-def bitmap_decode(data: npt.NDArray[np.uint8], count: int, set_len: int, universe: int) -> npt.NDArray[np.uint32]:
-    """Decode a bitmap: exact length, zero padding, exactly ``set_len`` positions per set."""
 
 def elias_encode(values: npt.NDArray[np.uint64], kind: str) -> bytes:
     """Elias codes (``kind`` ``"gamma"`` or ``"omega"``) of positive integers, first bit first."""

@@ -16,8 +16,6 @@ BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
 
 __all__ = [
     "as_u8",
-    "bitmap_decode",
-    "bitmap_encode",
     "crc32c",
     "elias_decode",
     "elias_encode",
@@ -121,7 +119,7 @@ def crc32c(data: BytesLike, value: int = 0) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# Entropy coders (docs/FORMAT.md §6.2–6.5). Index sets are ``sets`` consecutive sets of ``set_len``
+# Entropy coders (docs/FORMAT.md §6.2–6.4). Index sets are ``sets`` consecutive sets of ``set_len``
 # indices each, strictly ascending within a set and below ``universe``; ``set_len=None`` means one
 # set of all of them.
 
@@ -157,17 +155,6 @@ def rice_decode(
 ) -> np.ndarray:
     """``count`` uint32 indices from a Rice stream (into ``out`` if given); the stream must be exact."""
     return _native.rice_decode(as_u8(data), int(count), _set_len(set_len, count), int(universe), int(param), out)
-
-
-def bitmap_encode(indices, universe: int, set_len: Optional[int] = None) -> bytes:
-    """One bit per position of each set's universe, LSB-first."""
-    idx = _as_array(indices, np.uint32)
-    return _native.bitmap_encode(idx, _set_len(set_len, idx.size), int(universe))
-
-
-def bitmap_decode(data: BytesLike, count: int, universe: int, set_len: Optional[int] = None) -> np.ndarray:
-    """``count`` uint32 indices from a bitmap of exactly ``set_len`` positions per set."""
-    return _native.bitmap_decode(as_u8(data), int(count), _set_len(set_len, count), int(universe))
 
 
 def elias_encode(values, kind: str = "omega") -> bytes:

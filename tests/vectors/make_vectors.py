@@ -10,12 +10,13 @@ far from zero, whose values sit exactly on the int8 grid between the chunk's min
 from the transform (~1e-7) then cannot change which coefficients are kept or how they round, so
 ``encode(input)`` reproduces the frame's positions and values exactly on any machine.
 
-Usage: python tests/vectors/make_vectors.py
+Usage: python tests/vectors/make_vectors.py [NAME ...]   (only the named vectors, others untouched)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -32,17 +33,21 @@ def designed_dct_input(shape, codec: DCTCodec, seed: int) -> torch.Tensor:
     plan = codec.plan(shape)
     n, c = plan.num_chunks, plan.chunk_numel
     k = min(codec.topk, c)
+    top = (1 << getattr(codec, "value_bits", 8)) - 1  # the grid's last level: 255 for int8
     g = torch.Generator().manual_seed(seed)
     coeffs = torch.zeros(n, c, dtype=torch.float64)
-    grid = torch.arange(-128, 128, dtype=torch.float64)
+    grid = torch.arange(0, top + 1, dtype=torch.float64)
     for j in range(n):
         pos = torch.randperm(c, generator=g)[:k]
         lo = -1.0 - torch.rand(1, generator=g, dtype=torch.float64).item()
         hi = 1.0 + torch.rand(1, generator=g, dtype=torch.float64).item()
-        values = lo + (grid + 128) * ((hi - lo) / 255)  # the chunk's int8 grid, lo and hi included
+        values = lo + grid * ((hi - lo) / top)  # the chunk's grid, lo and hi included
         far = torch.nonzero(values.abs() > 0.3).flatten()
-        pick = far[torch.randperm(far.numel(), generator=g)[: k - 2]]
-        q = torch.cat([torch.tensor([0, 255]), pick])[:k]
+        if far.numel() >= k - 2:
+            pick = far[torch.randperm(far.numel(), generator=g)[: k - 2]]
+        else:  # a grid of few levels (value_bits < 8): levels repeat
+            pick = far[torch.randint(far.numel(), (k - 2,), generator=g)]
+        q = torch.cat([torch.tensor([0, top]), pick])[:k]
         coeffs[j, pos] = values[q]
     x = D.idct_chunks(coeffs.reshape(n, *plan.chunk_shape))
     return D.from_chunks(x.reshape(n, c), plan).float()
@@ -80,11 +85,29 @@ def vectors():
         ("v", tiles, designed_dct_input((70,), build(tiles), 3)),
         ("conv", tiles, designed_dct_input((4, 2, 3, 3), build(tiles), 4)),
     ]
+    # Entropy-coded positions and values below a byte (FORMAT.md §5.2 index_coding 1, §6.2).
+    rice4 = {"codec": "dct", "chunk_shape": [16, 16], "topk": 8, "index_coding": "rice", "value_bits": 4}
+    yield "dct_rice_4bit", dict(round=3, sender=7, bundle=False, stable=True), [
+        ("layer.weight", rice4, designed_dct_input((32, 48), build(rice4), 5)),
+    ]
+    rice2 = {"codec": "dct", "topk": 24, "mode": "tiles", "index_coding": "rice", "value_bits": 2}
+    yield "dct_tiles_rice_2bit", dict(round=4, sender=8, bundle=False, stable=True), [
+        ("m", rice2, designed_dct_input((8, 12), build(rice2), 6)),
+    ]
+    sparse1 = {"codec": "dct", "chunk_shape": [64], "topk": 3, "index_coding": "auto", "value_bits": 1}
+    dense1 = {"codec": "dct", "chunk_shape": [16], "topk": 12, "index_coding": "auto", "value_bits": 1}
+    yield "dct_auto_1bit_bundle", dict(round=5, sender=9, bundle=True, stable=True), [
+        ("sparse", sparse1, designed_dct_input((256,), build(sparse1), 7)),
+        ("dense", dense1, designed_dct_input((48,), build(dense1), 8)),
+    ]
 
 
-def main() -> None:
-    manifest = {}
+def main(names: list[str]) -> None:
+    path = HERE / "manifest.json"
+    manifest = json.loads(path.read_text()) if names and path.exists() else {}
     for name, meta, records in vectors():
+        if names and name not in names:
+            continue
         entries = [build(config).compress(t, rec)[0] for rec, config, t in records]
         frame = gradwire.write_frame(entries, round=meta["round"], sender=meta["sender"], bundle=meta["bundle"])
         decoded = gradwire.decode_bundle(frame)
@@ -95,8 +118,8 @@ def main() -> None:
             tensors[f"decoded/{rec}"] = decoded[rec].contiguous()
         save_file(tensors, str(HERE / f"{name}.safetensors"))
         manifest[name] = dict(meta, records={rec: config for rec, config, _ in records})
-    (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

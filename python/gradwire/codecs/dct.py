@@ -5,6 +5,14 @@ of every chunk, keep each chunk's ``k`` coefficients of largest magnitude — th
 ascending, so the index set is canonical and decoding deterministic — and quantize them to int8 with a
 per-chunk scale and minimum. Positions are packed at ``ceil(log2 C)`` bits (12 for 64×64 chunks).
 
+Beyond the public DCT codecs, positions may instead be entropy-coded (``index_coding="rice"``): each
+chunk's sorted positions as Golomb-Rice coded gaps with one parameter per tensor, within 2–3 % of the
+information floor ``log2(C choose k)`` bits per chunk at ``k/C`` from 1/1024 to 1/16; ``"auto"`` takes
+the smaller of fixed and Rice for each tensor. (No bitmap coding: Rice with parameter 0 spends
+``i_last + 1 <= C`` bits on a chunk whose last position is ``i_last`` — it *is* the chunk's bitmap, cut
+after its last one — so a bitmap is never smaller.) Values may use 8, 4, 2 or 1 bits (``value_bits``):
+``2^b`` levels between the chunk's minimum and maximum, packed below a byte.
+
 The math runs in float32 on the tensor's device; only the compact payload (positions, int8 values,
 scales, minimums) crosses to the host. The reconstruction :meth:`DCTCodec.compress` returns is computed
 by the very function the decoder runs on the same quantized data, so it equals what receivers decode,
@@ -36,9 +44,12 @@ __all__ = [
     "MAX_CHUNK_NUMEL",
     "ParsedRecord",
     "dct_record_norm",
+    "dequantize_levels",
     "index_bits_for",
+    "index_stream_sizes",
     "pack_params",
     "parse_record",
+    "quantize_levels",
     "unpack_params",
 ]
 
@@ -49,7 +60,12 @@ MAX_CHUNK_SIDE = 1024
 #: Highest ``chunk_ndim``.
 MAX_CHUNK_NDIM = 8
 VALUE_BITS = 8
+#: The value widths a record may use (``2^b`` quantization levels per chunk).
+VALUE_BITS_CHOICES = (8, 4, 2, 1)
 INDEX_CODING_FIXED = 0
+INDEX_CODING_RICE = 1
+_INDEX_CODINGS = {"fixed": INDEX_CODING_FIXED, "rice": INDEX_CODING_RICE}
+_INDEX_CODING_NAMES = {v: k for k, v in _INDEX_CODINGS.items()}
 #: Section names, in their order in a record.
 SECTIONS = ("idx", "val", "scale", "min")
 
@@ -64,15 +80,32 @@ def index_bits_for(c: int) -> int:
     return max(1, (int(c) - 1).bit_length())
 
 
-def pack_params(mode: int, chunk_shape: Sequence[int], k: int, pad_count: int) -> bytes:
-    """The ``params`` bytes of a DCT record (FORMAT.md §5.2)."""
+def pack_params(
+    mode: int,
+    chunk_shape: Sequence[int],
+    k: int,
+    pad_count: int,
+    *,
+    index_coding: int = INDEX_CODING_FIXED,
+    index_param: Optional[int] = None,
+    value_bits: int = VALUE_BITS,
+) -> bytes:
+    """The ``params`` bytes of a DCT record (FORMAT.md §5.2).
+
+    The ``index_bits`` field holds the coding's parameter: the packed width (coding 0, always
+    ``ceil(log2 C)``) or the Rice parameter (coding 1, ``index_param``).
+    """
     c = 1
     for d in chunk_shape:
         c *= int(d)
     nd = len(chunk_shape)
+    if index_coding == INDEX_CODING_FIXED:
+        index_param = index_bits_for(c)
+    elif index_param is None:
+        raise ValueError("a Rice-coded record needs its parameter (index_param)")
     return (
         struct.pack(f"<BB{nd}I", mode, nd, *chunk_shape)
-        + _TAIL.pack(k, index_bits_for(c), VALUE_BITS, INDEX_CODING_FIXED, pad_count)
+        + _TAIL.pack(k, index_param, value_bits, index_coding, pad_count)
     )
 
 
@@ -97,10 +130,45 @@ def unpack_params(params: bytes) -> dict:
 
 
 def _reconstruct(
-    idx: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, plan: _dct.ChunkPlan
+    idx: torch.Tensor, levels: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, plan: _dct.ChunkPlan
 ) -> torch.Tensor:
     """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
-    return _dct.decode_levels(idx, q.to(torch.int16) + 128, scales, mins, plan)
+    return _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, plan)
+
+
+def quantize_levels(values: torch.Tensor, value_bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-chunk linear quantization of ``values`` ``(num_chunks, k)`` to ``L = 2^value_bits − 1`` steps.
+
+    ``scale = max(max − min, 1e-8) / L`` and ``level = clamp(round_half_even((v − min) / scale), 0, L)``
+    in float32; at 8 bits exactly :func:`gradwire.dct.quantize_int8` (``level = q + 128``), so 8-bit
+    records are unchanged byte for byte. Returns ``(levels int16, scales, mins)``.
+    """
+    if value_bits == VALUE_BITS:
+        q, scales, mins = _dct.quantize_int8(values)
+        return q.to(torch.int16) + 128, scales, mins
+    top = float((1 << value_bits) - 1)
+    v = values.to(torch.float32)
+    mins = v.amin(dim=1)
+    scales = (v.amax(dim=1) - mins).clamp_min(_dct.MIN_RANGE) / top
+    levels = torch.round((v - mins[:, None]) / scales[:, None]).clamp_(0.0, top)
+    return levels.to(torch.int16), scales, mins
+
+
+def dequantize_levels(levels: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """``level · scale + min`` per chunk in float32 (at 8 bits the same numbers as ``dequantize_int8``)."""
+    return levels.to(torch.float32) * scales.to(torch.float32).reshape(-1, 1) + mins.to(torch.float32).reshape(-1, 1)
+
+
+def index_stream_sizes(idx: np.ndarray, c: int) -> dict[int, tuple[int, Optional[int]]]:
+    """Bytes of each index coding for ``idx`` ``(num_chunks, k)`` (sorted rows below ``c``), with the
+    coding's parameter: ``{coding: (bytes, param)}``. The Rice parameter is the data's optimum."""
+    n, k = idx.shape
+    bits = index_bits_for(c)
+    param, rice_len = wire.rice_param(idx.reshape(-1), c, set_len=k) if n * k else (0, 0)
+    return {
+        INDEX_CODING_FIXED: ((n * k * bits + 7) // 8, bits),
+        INDEX_CODING_RICE: (rice_len, param),
+    }
 
 
 class DCTCodec(Codec):
@@ -110,6 +178,11 @@ class DCTCodec(Codec):
     ``chunk_shape``. ``mode="tiles"`` (DeMo, mode 1): the tensor as a matrix cut into tiles whose sides
     are the largest divisors ``<= 64`` of its dimensions; ``chunk_shape`` is then not used. Each chunk
     keeps ``min(topk, C)`` coefficients.
+
+    ``index_coding``: ``"fixed"`` (the default: positions packed at ``ceil(log2 C)`` bits, as every
+    public DCT codec), ``"rice"`` (sorted gaps, Golomb-Rice with the tensor's best parameter) or
+    ``"auto"`` (the smaller of the two, per tensor).
+    ``value_bits``: 8 (int8, the default), 4, 2 or 1 bits per kept coefficient.
     """
 
     codec_id = 1
@@ -120,6 +193,8 @@ class DCTCodec(Codec):
         chunk_shape: Union[int, Sequence[int]] = (64, 64),
         topk: int = 32,
         mode: Union[str, int] = "flat",
+        index_coding: str = "fixed",
+        value_bits: int = VALUE_BITS,
     ):
         if isinstance(chunk_shape, int):
             chunk_shape = (chunk_shape,)
@@ -144,9 +219,15 @@ class DCTCodec(Codec):
         topk = int(topk)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
+        if index_coding != "auto" and index_coding not in _INDEX_CODINGS:
+            raise ValueError(f"index_coding must be 'fixed', 'rice' or 'auto', got {index_coding!r}")
+        if int(value_bits) not in VALUE_BITS_CHOICES:
+            raise ValueError(f"value_bits must be 8, 4, 2 or 1, got {value_bits!r}")
         self.chunk_shape = chunk_shape
         self.topk = topk
         self.mode = mode
+        self.index_coding = index_coding
+        self.value_bits = int(value_bits)
 
     def plan(self, shape: Sequence[int]) -> _dct.ChunkPlan:
         """How a tensor of ``shape`` is cut into chunks by this codec."""
@@ -172,25 +253,34 @@ class DCTCodec(Codec):
 
         coeffs = _dct.encode_chunks(x.to(torch.float32), plan)
         idx, top = _dct.select_topk(coeffs, k)
-        q, scales, mins = _dct.quantize_int8(top)
-        recon = _reconstruct(idx, q, scales, mins, plan).to(tensor.dtype)
+        levels, scales, mins = quantize_levels(top, self.value_bits)
+        recon = _reconstruct(idx, levels, scales, mins, plan).to(tensor.dtype)
 
         # Only the compact payload crosses to the host.
         idx_host = idx.to(torch.int16 if c <= (1 << 15) else torch.int32).cpu().numpy()
-        q_host = q.cpu().numpy().reshape(-1)
+        if self.value_bits == VALUE_BITS:
+            q_host = (levels - 128).to(torch.int8).cpu().numpy().reshape(-1)
+        else:
+            q_host = np.frombuffer(
+                wire.pack_bits(levels.to(torch.int32).cpu().numpy().reshape(-1), self.value_bits), dtype=np.uint8
+            )
         scales_host = scales.cpu().numpy()
         mins_host = mins.cpu().numpy()
         if not (np.isfinite(scales_host).all() and np.isfinite(mins_host).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
 
+        coding, param, idx_bytes = self._code_indices(idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, bits)
         entry = Entry(
             name=name,
             codec=self.codec_id,
             dtype=tensor.dtype,
             shape=tuple(x.shape),
-            params=pack_params(plan.mode, plan.chunk_shape, k, plan.pad_count),
+            params=pack_params(
+                plan.mode, plan.chunk_shape, k, plan.pad_count,
+                index_coding=coding, index_param=param, value_bits=self.value_bits,
+            ),
             sections={
-                "idx": np.frombuffer(wire.pack_bits(idx_host.reshape(-1).astype(np.uint32), bits), dtype=np.uint8),
+                "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
                 "val": q_host,
                 "scale": scales_host.astype(np.float32, copy=False),
                 "min": mins_host.astype(np.float32, copy=False),
@@ -198,8 +288,32 @@ class DCTCodec(Codec):
         )
         return entry, recon
 
+    def _code_indices(self, idx: np.ndarray, c: int, bits: int) -> tuple[int, int, bytes]:
+        """``(index_coding, its parameter, the idx section)`` for positions ``idx`` ``(num_chunks, k)``."""
+        n, k = idx.shape
+        flat = idx.reshape(-1)
+        if self.index_coding == "fixed":
+            return INDEX_CODING_FIXED, bits, wire.pack_bits(flat, bits)
+        if self.index_coding == "rice":
+            param = wire.rice_param(flat, c, set_len=k)[0] if n * k else 0
+            return INDEX_CODING_RICE, param, wire.rice_encode(flat, c, param, set_len=k)
+        sizes = index_stream_sizes(idx, c)
+        # Smaller wins; a tie goes to fixed packing, the simpler stream.
+        coding = min(sizes, key=lambda cd: (sizes[cd][0], cd))
+        param = sizes[coding][1]
+        if coding == INDEX_CODING_FIXED:
+            return coding, param, wire.pack_bits(flat, bits)
+        return coding, param, wire.rice_encode(flat, c, param, set_len=k)
+
     def __repr__(self) -> str:
-        return f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r})"
+        extra = ""
+        if self.index_coding != "fixed":
+            extra += f", index_coding={self.index_coding!r}"
+        if self.value_bits != VALUE_BITS:
+            extra += f", value_bits={self.value_bits}"
+        return (
+            f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,8 +324,12 @@ def _bad(entry: Entry, rule: str) -> FrameError:
     return FrameError(f"record {entry.name!r}: dct: {rule}")
 
 
-def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int]:
-    """Validate ``entry.params`` against the record's shape; returns ``(plan, k, index_bits)``."""
+def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int, int, int]:
+    """Validate ``entry.params`` against the record's shape.
+
+    Returns ``(plan, k, index_bits, value_bits, index_coding)``; ``index_bits`` is the coding's
+    parameter (packed width or Rice parameter).
+    """
     p = entry.params
     if len(p) < 2:
         raise _bad(entry, f"params must be at least 2 bytes (mode, chunk_ndim), got {len(p)}")
@@ -237,12 +355,21 @@ def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int]:
     if not 1 <= k <= c:
         raise _bad(entry, f"k must satisfy 1 <= k <= C = {c}, got {k}")
     want_bits = index_bits_for(c)
-    if index_bits != want_bits:
-        raise _bad(entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}")
-    if value_bits != VALUE_BITS:
-        raise _bad(entry, f"value_bits must be 8, got {value_bits}")
-    if index_coding != INDEX_CODING_FIXED:
-        raise _bad(entry, f"index_coding must be 0 (fixed-width packing), got {index_coding}")
+    if index_coding == INDEX_CODING_FIXED:
+        if index_bits != want_bits:
+            raise _bad(
+                entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}"
+            )
+    elif index_coding == INDEX_CODING_RICE:
+        if index_bits > want_bits:
+            raise _bad(
+                entry, f"index_coding 1 (Rice): the parameter (index_bits) must be <= {want_bits} for C = {c},"
+                f" got {index_bits}"
+            )
+    else:
+        raise _bad(entry, f"index_coding must be 0 (fixed-width) or 1 (Rice), got {index_coding}")
+    if value_bits not in VALUE_BITS_CHOICES:
+        raise _bad(entry, f"value_bits must be 8, 4, 2 or 1, got {value_bits}")
 
     numel = entry.numel
     if mode == _dct.MODE_FLAT:
@@ -263,7 +390,7 @@ def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int]:
                 f" (recomputed), got {tuple(chunk_shape)}",
             )
         plan = _dct.plan_tiles(entry.shape)
-    return plan, k, index_bits
+    return plan, k, index_bits, value_bits, index_coding
 
 
 def _section(entry: Entry, name: str, dtype, count: int, count_rule: str) -> np.ndarray:
@@ -276,7 +403,7 @@ def _section(entry: Entry, name: str, dtype, count: int, count_rule: str) -> np.
     return arr
 
 
-def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int):
+def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int, value_bits: int, coding: int):
     names = list(entry.sections)
     for s in SECTIONS:
         if s not in entry.sections:
@@ -290,15 +417,37 @@ def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int):
     n = plan.num_chunks
     total = n * k
     c = plan.chunk_numel
-    idx_bytes = _section(entry, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)")
-    val = _section(entry, "val", np.int8, total, "num_chunks * k")
+    if coding == INDEX_CODING_FIXED:
+        idx_bytes = _section(entry, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)")
+    else:
+        idx_bytes = entry.sections["idx"]
+        if "idx" in entry.section_elems or idx_bytes.dtype != np.uint8:
+            raise _bad(entry, f"section 'idx' must have element type uint8, got {idx_bytes.dtype}")
+    if value_bits == VALUE_BITS:
+        val = _section(entry, "val", np.int8, total, "num_chunks * k")
+    else:
+        val = _section(
+            entry, "val", np.uint8, (total * value_bits + 7) // 8, f"ceil(num_chunks * k * {value_bits} / 8)"
+        )
     scale = _section(entry, "scale", np.float32, n, "num_chunks")
     mins = _section(entry, "min", np.float32, n, "num_chunks")
 
+    # The Rust decoders check length, padding, order and range, and bound what they allocate by the
+    # bytes they are given.
     try:
-        idx = wire.unpack_bits_exact(idx_bytes, bits, total)
+        if coding == INDEX_CODING_FIXED:
+            idx = wire.unpack_bits_exact(idx_bytes, bits, total)
+        else:
+            idx = wire.rice_decode(idx_bytes, total, c, bits, set_len=k)
     except ValueError as e:
         raise _bad(entry, f"section 'idx': {e}") from None
+    if value_bits == VALUE_BITS:
+        levels = val.astype(np.int16) + 128
+    else:
+        try:
+            levels = wire.unpack_bits_exact(val, value_bits, total).astype(np.int16)
+        except ValueError as e:
+            raise _bad(entry, f"section 'val': {e}") from None
     idx = np.asarray(idx).reshape(n, k)
     if total and int(idx.max()) >= c:
         raise _bad(entry, f"index out of range: every index must be < C = {c}, got {int(idx.max())}")
@@ -311,11 +460,13 @@ def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int):
     if not bool(np.all(np.isfinite(mins))):
         raise _bad(entry, "mins must be finite")
     with np.errstate(over="ignore", invalid="ignore"):
-        top = scale * np.float32(255.0)
+        top = scale * np.float32((1 << value_bits) - 1)
         ok = np.isfinite(top) & np.isfinite(top + mins)
     if not bool(np.all(ok)):
-        raise _bad(entry, "dequantized coefficients must be finite ((val + 128) * scale + min overflows float32)")
-    return idx, val, scale, mins
+        raise _bad(
+            entry, "dequantized coefficients must be finite ((2^value_bits - 1) * scale + min overflows float32)"
+        )
+    return idx, levels, scale, mins
 
 
 @dataclass(frozen=True)
@@ -332,7 +483,8 @@ class ParsedRecord:
     idx: torch.Tensor
     values: torch.Tensor
     #: The same coefficients as grid levels: ``values == levels * scales + mins`` per chunk, levels
-    #: integers in [0, 255]; what the bit-exact decode (``gradwire.dct.decode_levels``) works from.
+    #: integers in [0, 2^value_bits - 1]; what the bit-exact decode (``gradwire.dct.decode_levels``)
+    #: works from.
     levels: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor
@@ -350,15 +502,15 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
     """
     if entry.dtype not in _FLOAT_DTYPES:
         raise _bad(entry, f"dtype must be a floating-point type, got {entry.dtype}")
-    plan, k, bits = _check_params(entry)
-    idx, val, scale, mins = _check_sections(entry, plan, k, bits)
+    plan, k, bits, value_bits, coding = _check_params(entry)
+    idx, levels, scale, mins = _check_sections(entry, plan, k, bits, value_bits, coding)
     # Everything is checked; only now is anything of the record's size allocated.
     dev = torch.device("cpu") if device is None else torch.device(device)
     idx_t = torch.from_numpy(idx.astype(np.int64)).to(dev)
-    q_t = torch.from_numpy(np.array(val, dtype=np.int8)).reshape(plan.num_chunks, k).to(dev)
+    lv_t = torch.from_numpy(np.asarray(levels, dtype=np.int16)).reshape(plan.num_chunks, k).to(dev)
     s_t = torch.from_numpy(np.array(scale, dtype=np.float32)).to(dev)
     m_t = torch.from_numpy(np.array(mins, dtype=np.float32)).to(dev)
-    return ParsedRecord(plan, k, idx_t, _dct.dequantize_int8(q_t, s_t, m_t), q_t.to(torch.int16) + 128, s_t, m_t)
+    return ParsedRecord(plan, k, idx_t, dequantize_levels(lv_t, s_t, m_t), lv_t, s_t, m_t)
 
 
 @register_decoder(DCTCodec.codec_id)

@@ -1,7 +1,7 @@
 //! Throughput of the entropy coders on 64 MiB, each next to a memcpy of the same 64 MiB.
 //!
 //! Throughput is counted in bytes of the *uncompressed* side, as in `kernels.rs`: the u32
-//! indices a Rice or bitmap stream codes (DCT positions: sets of k of C = 4096), the u8
+//! indices a Rice stream codes (DCT positions: sets of k of C = 4096), the u8
 //! exponents a Huffman stream codes, the u64 values an Elias stream codes. The target
 //! for the index stream is at least 0.25× memcpy. Run with
 //! `cargo bench -p gradwire-core --bench entropy` (add `-- --quick` for a short run).
@@ -95,15 +95,6 @@ fn indices_impl(c: &mut Criterion) -> Result<()> {
         g.bench_function(format!("rice_decode_k{k}"), |b| {
             b.iter(|| rice_decode_into(black_box(&enc), k, CHUNK, param, &mut out).is_ok())
         });
-        if k == 256 {
-            let map = bitmap_encode(&idx, k, CHUNK)?;
-            g.bench_function(format!("bitmap_encode_k{k}"), |b| {
-                b.iter(|| bitmap_encode(black_box(&idx), k, CHUNK).map(|v| v.len()))
-            });
-            g.bench_function(format!("bitmap_decode_k{k}"), |b| {
-                b.iter(|| bitmap_decode(black_box(&map), idx.len(), k, CHUNK).map(|v| v.len()))
-            });
-        }
     }
     g.finish();
     Ok(())

@@ -1,5 +1,5 @@
 //! Elias-γ and Elias-ω codes of positive integers, and the sparse signed-level stream of QSGD
-//! built on them (FORMAT.md section 6.4).
+//! built on them (FORMAT.md section 6.3).
 //!
 //! Both codes are defined most significant bit first and written so that their first bit is the
 //! first stream bit of the LSB-first stream of section 6:

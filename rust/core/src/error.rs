@@ -2,8 +2,8 @@
 //!
 //! Every way an input can be wrong has its own variant carrying the values involved, and the
 //! `Display` text names the problem. Variants fall in two groups: kernel input errors (bit
-//! packing, quartic and zero-run coding, Rice, bitmap, Elias and Huffman codes) and frame errors (the frame format of
-//! `docs/FORMAT.md`); [`WireError::is_frame_error`] tells them apart.
+//! packing, quartic and zero-run coding, Rice, Elias and Huffman codes) and frame errors (the
+//! frame format of `docs/FORMAT.md`); [`WireError::is_frame_error`] tells them apart.
 
 use thiserror::Error;
 
@@ -113,14 +113,6 @@ pub enum WireError {
     /// A Golomb-Rice parameter outside `0..=31`.
     #[error("Rice parameter {param} is outside 0..=31")]
     InvalidRiceParameter { param: u32 },
-
-    /// A bitmap set whose number of one bits is not the set size.
-    #[error("bitmap set {set} has {ones} positions, expected {expected}")]
-    BitmapCount {
-        set: usize,
-        ones: u64,
-        expected: usize,
-    },
 
     /// Elias codes are defined for positive integers only.
     #[error("value 0 at index {index}: Elias codes take positive integers")]
@@ -339,7 +331,6 @@ impl WireError {
             | IndexOutOfRange { .. }
             | NotStrictlyAscending { .. }
             | InvalidRiceParameter { .. }
-            | BitmapCount { .. }
             | EliasZero { .. }
             | EliasOverflow { .. }
             | LevelOutOfRange { .. }

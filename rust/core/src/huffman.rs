@@ -1,4 +1,4 @@
-//! Canonical Huffman codes of bytes with a code-length cap and an escape (FORMAT.md section 6.5),
+//! Canonical Huffman codes of bytes with a code-length cap and an escape (FORMAT.md section 6.4),
 //! the exponent coder of GComp (Li et al., SoCC'24).
 //!
 //! The code has up to 257 codewords: one per byte value that has a code, and an *escape*. A byte

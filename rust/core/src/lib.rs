@@ -2,7 +2,7 @@
 //!
 //! * [`bitpack`]: fixed-width LSB-first bit packing (FORMAT.md section 6);
 //! * [`quartic`] and [`zero_run`]: the two lossless stages of 3LC;
-//! * [`rice`] and [`bitmap`]: index sets (DCT positions) as Golomb-Rice gaps or bitmaps;
+//! * [`rice`]: index sets (DCT positions) as Golomb-Rice coded gaps;
 //! * [`elias`]: Elias-γ and Elias-ω codes and QSGD's sparse level stream;
 //! * [`huffman`]: canonical Huffman codes with a length cap and an escape (GComp's exponents);
 //! * [`checksum`]: the CRC-32C frame checksum;
@@ -14,7 +14,6 @@
 #![forbid(unsafe_code)]
 
 mod bitio;
-pub mod bitmap;
 pub mod bitpack;
 pub mod checksum;
 pub mod elias;
@@ -25,7 +24,6 @@ pub mod quartic;
 pub mod rice;
 pub mod zero_run;
 
-pub use bitmap::{bitmap_decode, bitmap_encode, bitmap_len};
 pub use elias::{
     elias_decode, elias_encode, elias_gamma_decode, elias_gamma_encode, elias_omega_decode,
     elias_omega_encode, sparse_levels_decode, sparse_levels_encode, EliasKind,

@@ -40,7 +40,7 @@ fn check_param(param: u32) -> Result<()> {
 
 /// Checks the universe and that `count` values make whole sets of `set_len`; returns the number
 /// of sets. `set_len == 0` is allowed with `count == 0` (no sets).
-pub(crate) fn check_sets(count: usize, set_len: usize, universe: u64) -> Result<usize> {
+fn check_sets(count: usize, set_len: usize, universe: u64) -> Result<usize> {
     if universe == 0 && count > 0 || universe > MAX_UNIVERSE {
         return Err(WireError::InvalidUniverse { universe });
     }
@@ -81,7 +81,7 @@ fn set_error(index: usize, next_min: u64, v: u64, universe: u64) -> WireError {
 /// Calls `f(gap)` for every gap of every set, validating the sets (strictly ascending within a
 /// set, every index below `universe`).
 #[inline(always)]
-pub(crate) fn for_each_gap(
+fn for_each_gap(
     indices: &[u32],
     set_len: usize,
     universe: u64,

@@ -388,39 +388,7 @@ fn rice_decode<'py>(
     Ok(PyArray1::from_vec(py, out))
 }
 
-/// The bitmap of sets of `set_len` strictly ascending indices below `universe` (section 6.3).
-#[pyfunction]
-fn bitmap_encode<'py>(
-    py: Python<'py>,
-    indices: PyReadonlyArray1<'py, u32>,
-    set_len: usize,
-    universe: u64,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let i = slice(&indices, "indices")?;
-    let out = py
-        .detach(|| gw::bitmap_encode(i, set_len, universe))
-        .map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
-}
-
-/// Decode `count` indices in sets of `set_len` from a bitmap (exact length, zero padding,
-/// `set_len` positions per set).
-#[pyfunction]
-fn bitmap_decode<'py>(
-    py: Python<'py>,
-    data: PyReadonlyArray1<'py, u8>,
-    count: usize,
-    set_len: usize,
-    universe: u64,
-) -> PyResult<Bound<'py, PyArray1<u32>>> {
-    let d = slice(&data, "data")?;
-    let out = py
-        .detach(|| gw::bitmap_decode(d, count, set_len, universe))
-        .map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
-}
-
-/// Elias codes (`kind` 'gamma' or 'omega') of positive uint64 `values` (section 6.4).
+/// Elias codes (`kind` 'gamma' or 'omega') of positive uint64 `values` (section 6.3).
 #[pyfunction]
 fn elias_encode<'py>(
     py: Python<'py>,
@@ -487,7 +455,7 @@ fn sparse_levels_decode<'py>(
     Ok((PyArray1::from_vec(py, p), PyArray1::from_vec(py, l)))
 }
 
-/// The serialized capped Huffman codebook (section 6.5) of 256 uint64 byte `counts`.
+/// The serialized capped Huffman codebook (section 6.4) of 256 uint64 byte `counts`.
 #[pyfunction]
 fn huffman_book<'py>(
     py: Python<'py>,
@@ -562,8 +530,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rice_param_estimate, m)?)?;
     m.add_function(wrap_pyfunction!(rice_encode, m)?)?;
     m.add_function(wrap_pyfunction!(rice_decode, m)?)?;
-    m.add_function(wrap_pyfunction!(bitmap_encode, m)?)?;
-    m.add_function(wrap_pyfunction!(bitmap_decode, m)?)?;
     m.add_function(wrap_pyfunction!(elias_encode, m)?)?;
     m.add_function(wrap_pyfunction!(elias_decode, m)?)?;
     m.add_function(wrap_pyfunction!(sparse_levels_encode, m)?)?;
