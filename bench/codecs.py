@@ -41,6 +41,7 @@ from gradwire import (
     MinMaxUInt8,
     OneBit,
     PowerSGD,
+    QSGD,
     RandomK,
     SignSGD,
     ThreeLC,
@@ -87,6 +88,12 @@ ROWS: list[BenchRow] = [
     BenchRow("Accordion PowerSGD r4↔r1", lambda: Accordion(PowerSGD(rank=4), PowerSGD(rank=1), interval=2)),
     BenchRow("DCT 64×64 k=32 (flat)", lambda: DCTCodec(topk=32)),
     BenchRow("DCT tiles k=32", lambda: DCTCodec(topk=32, mode="tiles")),
+    BenchRow("DCT 64×64 k=32 Rice idx", lambda: DCTCodec(topk=32, index_coding="rice")),
+    BenchRow("DCT 64×64 k=32 Rice idx 4-bit", lambda: DCTCodec(topk=32, index_coding="rice", value_bits=4)),
+    BenchRow("DCT 64×64 k=64 Rice idx 2-bit", lambda: DCTCodec(topk=64, index_coding="rice", value_bits=2)),
+    BenchRow("QSGD s=4 bucket 512", lambda: QSGD(levels=4, bucket=512), error_feedback=False),
+    BenchRow("QSGD s=1 bucket 4096", lambda: QSGD(levels=1, bucket=4096), error_feedback=False),
+    BenchRow("QSGD s=16 bucket 512 (γ)", lambda: QSGD(levels=16, bucket=512, elias="gamma"), error_feedback=False),
 ]
 
 

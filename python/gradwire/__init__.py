@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
 from .codecs import Accordion, MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
+from .codecs import QSGD
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -45,6 +46,7 @@ __all__ = [
     "MinMaxUInt8",
     "OneBit",
     "PowerSGD",
+    "QSGD",
     "RandomK",
     "SignSGD",
     "ThreeLC",

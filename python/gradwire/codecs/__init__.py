@@ -13,11 +13,12 @@ from .dct import DCTCodec
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
 from .powersgd import PowerSGD
+from .qsgd import QSGD
 from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Accordion", "Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = ["Accordion", "Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -30,6 +31,7 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "topk": TopK,
     "randomk": RandomK,
     "powersgd": PowerSGD,
+    "qsgd": QSGD,
     "accordion": Accordion,
 }
 
