@@ -37,6 +37,7 @@ from gradwire import (
     Codec,
     DCTCodec,
     ErrorFeedback,
+    GComp,
     IdentityCodec,
     MinMaxUInt8,
     OneBit,
@@ -94,6 +95,11 @@ ROWS: list[BenchRow] = [
     BenchRow("QSGD s=4 bucket 512", lambda: QSGD(levels=4, bucket=512), error_feedback=False),
     BenchRow("QSGD s=1 bucket 4096", lambda: QSGD(levels=1, bucket=4096), error_feedback=False),
     BenchRow("QSGD s=16 bucket 512 (γ)", lambda: QSGD(levels=16, bucket=512, elias="gamma"), error_feedback=False),
+    # GComp without the parameters (δ needs them: bench/gcomp_levels.py) at fixed mantissa levels; each
+    # frame carries its codebook, as this table decodes every frame on its own.
+    BenchRow("GComp lossless (level 0)", lambda: GComp(carry_book="always"), error_feedback=False),
+    BenchRow("GComp drop 12 bits (level 2)", lambda: GComp(fixed_level=2, carry_book="always"), error_feedback=False),
+    BenchRow("GComp drop 18 bits (level 3)", lambda: GComp(fixed_level=3, carry_book="always"), error_feedback=False),
 ]
 
 

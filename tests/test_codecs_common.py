@@ -23,6 +23,8 @@ KWARGS = {
     "topk": dict(density=0.1),
     "randomk": dict(density=0.1),
     "accordion": dict(low={"codec": "powersgd", "rank": 2}, high={"codec": "powersgd", "rank": 1}, interval=2),
+    # Stateless decoding here: every frame carries its codebook (by default only a changed book travels).
+    "gcomp": dict(carry_book="always"),
 }
 NAMES = sorted(CODECS)
 SHAPES = [(40, 24), (8, 3, 3, 3), (100,), (1,), ()]

@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
 from .codecs import Accordion, MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
-from .codecs import QSGD
+from .codecs import QSGD, GComp, GCompDecoderState
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
 from .frame import (
@@ -41,6 +41,8 @@ __all__ = [
     "ErrorFeedback",
     "Frame",
     "FrameError",
+    "GComp",
+    "GCompDecoderState",
     "IdentityCodec",
     "Limits",
     "MinMaxUInt8",

@@ -10,6 +10,7 @@ from typing import Callable
 from .accordion import Accordion
 from .base import Codec
 from .dct import DCTCodec
+from .gcomp import GComp, GCompDecoderState
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8
 from .powersgd import PowerSGD
@@ -18,7 +19,7 @@ from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Accordion", "Codec", "DCTCodec", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = ["Accordion", "Codec", "DCTCodec", "GComp", "GCompDecoderState", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -26,6 +27,7 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "dct": DCTCodec,
     "minmax": MinMaxUInt8,
     "3lc": ThreeLC,
+    "gcomp": GComp,
     "onebit": OneBit,
     "signsgd": SignSGD,
     "topk": TopK,

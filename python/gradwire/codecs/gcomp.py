@@ -1,0 +1,600 @@
+"""GComp (id 3): near-lossless gradient compression (Li et al., SoCC'24; FORMAT.md §5.4).
+
+Each float is split into sign, exponent and mantissa:
+
+- **Exponents** (the biased 8-bit exponent; zero and denormals count as 0) are Huffman-coded with a
+  code-length cap: a code that would be longer than the cap is replaced by an escape code followed by
+  the raw exponent, and decoding looks up the next ``cap`` bits in a table (Rust, FORMAT.md §6.4). The
+  codebook is built from the exponents observed for each tensor name and rebuilt every
+  ``rebuild_every`` steps; a frame carries its book only when the book changed (``carry_book="changed"``)
+  or always (``carry_book="always"``, for receivers that keep no state).
+- **Zero pruning**: a zero (or denormal) gradient costs only its exponent code; it sends no sign and no
+  mantissa.
+- **Multi-level mantissa truncation**: blocks of ``block`` elements keep all of the 23 mantissa bits
+  or drop the low 6, 12 or 18 (bf16 tensors: 0, 2, 4 or 6 of 7), a 2-bit level per block. The level
+  comes from the quantization metric δ of the paper's Table 2 for the optimizer in use (SGD, momentum,
+  Nesterov, AdaGrad, RMSProp, Adam, AdamW): δ is the ratio of what the parameter becomes without this
+  gradient to what the gradient adds to it, so dropping ``d`` of ``W`` mantissa bits moves the updated
+  parameter by at most ``2^(d − W) / |δ|`` of itself. A block takes the largest drop with
+  ``|δ| ≥ 2^(d − W + p − tolerance_bits)`` for every nonzero element, ``p`` the parameter's precision
+  (24 bits for float32): at ``tolerance_bits=0`` the change stays below half a unit in the last place of
+  every parameter, which therefore rarely changes at all. Decoding puts the dropped bits back at the
+  middle of their range (``1`` then zeros), halving the worst error of plain truncation.
+
+The codec needs the parameter and its optimizer state to compute δ: pass them to :meth:`GComp.compress`
+(``param=``, ``state=``), or :meth:`GComp.bind` the model's named parameters and optimizer once
+(:meth:`GComp.from_optimizer` also reads the optimizer's hyperparameters), after which
+``ErrorFeedback``, ``encode_bundle`` and every other caller of ``compress(tensor, name)`` get them by
+name. Without a parameter every block keeps its full mantissa (``fixed_level`` forces one level
+everywhere instead).
+
+Receivers: ``gradwire.decode`` decodes a frame that carries its book; :class:`GCompDecoderState` keeps
+the last book of each (sender, tensor name) stream and decodes frames that only name it.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Union
+
+import numpy as np
+import torch
+
+from .. import wire
+from ..errors import FrameError
+from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
+from ..wire import BytesLike
+from . import _record as rec
+from .base import Codec
+
+__all__ = [
+    "DROPS",
+    "GComp",
+    "GCompDecoderState",
+    "OPTIMIZERS",
+    "block_levels",
+    "quantization_metric",
+    "unpack_params",
+]
+
+_CODEC = "gcomp"
+_PARAMS = struct.Struct("<BII")  # format, block, book_id
+FORMAT_F32 = 0
+FORMAT_BF16 = 1
+#: Mantissa bits of each format, and the bits each of the four levels drops.
+MANTISSA_BITS = {FORMAT_F32: 23, FORMAT_BF16: 7}
+DROPS = {FORMAT_F32: (0, 6, 12, 18), FORMAT_BF16: (0, 2, 4, 6)}
+#: The optimizers of the paper's Table 2.
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam", "adamw")
+#: Significand bits of a parameter of each dtype (half an ulp is 2^-p of its value).
+_PARAM_PRECISION = {torch.float32: 24, torch.float64: 53, torch.float16: 11, torch.bfloat16: 8}
+_CARRY = ("changed", "always")
+
+
+# ---------------------------------------------------------------------------------------------
+# The quantization metric (paper, Table 2)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The hyperparameters δ needs; field names follow torch.optim."""
+
+    kind: str
+    lr: float
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    dampening: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    alpha: float = 0.99
+    lr_decay: float = 0.0
+
+
+def _state_tensor(state: Mapping, key: str, like: torch.Tensor) -> torch.Tensor:
+    t = state.get(key) if state else None
+    if t is None:
+        return torch.zeros_like(like)
+    return t.detach().to(device=like.device, dtype=like.dtype)
+
+
+def _step(state: Mapping) -> int:
+    """The step about to be taken (1 for the first): torch keeps the count of steps done."""
+    s = state.get("step", 0) if state else 0
+    return int(s.item() if isinstance(s, torch.Tensor) else s) + 1
+
+
+def quantization_metric(
+    grad: torch.Tensor, param: torch.Tensor, state: Optional[Mapping], opt: OptimizerConfig
+) -> torch.Tensor:
+    """δ of the paper's Table 2 for each element (float64, on ``grad``'s device).
+
+    ``state`` is the optimizer's state of ``param`` *before* this step (torch.optim names:
+    ``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``sum``, ``square_avg``, ``step``); missing
+    entries are zeros, as before a first step. Elements with a zero gradient give ±inf or NaN.
+    """
+    g = grad.detach().to(torch.float64)
+    th = param.detach().to(device=g.device, dtype=torch.float64)
+    eta, lam = opt.lr, opt.weight_decay
+    k = opt.kind
+    with torch.no_grad():
+        if k == "sgd":
+            return th / (eta * g) - lam * th / g
+        if k == "momentum":
+            b = _state_tensor(state, "momentum_buffer", th)
+            return (th - eta * opt.momentum * b) / (eta * (1 - opt.dampening) * g) - lam * th / g
+        if k == "nesterov":
+            b = _state_tensor(state, "momentum_buffer", th)
+            mu = opt.momentum
+            return ((1 - eta * lam * (1 + mu)) * th - eta * mu * mu * b) / (eta * (1 + mu) * g)
+        if k == "adagrad":
+            t = _step(state)
+            eta_t = eta / (1 + (t - 1) * opt.lr_decay)
+            r = _state_tensor(state, "sum", th) + (g + lam * th) ** 2
+            return th * (r.sqrt() + opt.eps) / (eta_t * g) - lam * th / g
+        if k == "rmsprop":
+            v = opt.alpha * _state_tensor(state, "square_avg", th) + (1 - opt.alpha) * (g + lam * th) ** 2
+            return th * (v.sqrt() + opt.eps) / (eta * g) - lam * th / g
+        b1, b2 = opt.betas
+        t = _step(state)
+        m = _state_tensor(state, "exp_avg", th)
+        if k == "adam":
+            v = b2 * _state_tensor(state, "exp_avg_sq", th) + (1 - b2) * (g + lam * th) ** 2
+            return (th * (v.sqrt() + opt.eps) * (1 - b1**t) - eta * b1 * m) / (eta * (1 - b1) * g) - lam * th / g
+        if k == "adamw":
+            v = b2 * _state_tensor(state, "exp_avg_sq", th) + (1 - b2) * g**2
+            return (th * (v.sqrt() + opt.eps) * (1 - b1**t) * (1 - eta * lam) - eta * b1 * m) / (eta * (1 - b1) * g)
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {k!r}")
+
+
+def block_levels(
+    delta: torch.Tensor,
+    nonzero: torch.Tensor,
+    block: int,
+    fmt: int,
+    param_precision: int,
+    tolerance_bits: float = 0.0,
+) -> torch.Tensor:
+    """Per block, the largest level ``l`` with ``|δ| ≥ 2^(drop_l − W + p − tolerance)`` for all its
+    nonzero elements (int64, on ``delta``'s device). NaN δ allows level 0 only; a block of zeros gets 3."""
+    n = delta.numel()
+    nb = -(-n // block)
+    mag = torch.nan_to_num(delta.abs().reshape(-1), nan=0.0)
+    mag = torch.where(nonzero.reshape(-1), mag, torch.full_like(mag, math.inf))
+    padded = torch.full((nb * block,), math.inf, dtype=mag.dtype, device=mag.device)
+    padded[:n] = mag
+    worst = padded.view(nb, block).amin(dim=1)
+    w = MANTISSA_BITS[fmt]
+    level = torch.zeros(nb, dtype=torch.int64, device=mag.device)
+    for lv, d in enumerate(DROPS[fmt]):
+        if lv:
+            level = torch.where(worst >= 2.0 ** (d - w + param_precision - tolerance_bits), lv, level)
+    return level
+
+
+# ---------------------------------------------------------------------------------------------
+# Float fields
+
+
+def _split(x: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sign, exponent, mantissa)`` int32 fields of a float tensor's values as float32 (bf16
+    mantissa: its 7 bits); zero and denormals get exponent 0 and mantissa 0."""
+    bits = x.reshape(-1).to(torch.float32).view(torch.int32)
+    exp = (bits >> 23) & 0xFF
+    sign = (bits >> 31) & 1
+    mant = bits & 0x7FFFFF
+    if fmt == FORMAT_BF16:
+        mant = mant >> 16
+    zero = exp == 0
+    mant = torch.where(zero, torch.zeros_like(mant), mant)
+    return sign, exp, mant
+
+
+def _compose(sign: torch.Tensor, exp: torch.Tensor, kept: torch.Tensor, drop: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Float32 values from the fields: dropped mantissa bits come back as ``1 0 … 0`` (the middle of
+    their range); exponent 0 is zero. Encoder and decoder both call exactly this."""
+    half = torch.where(drop > 0, torch.ones_like(drop) << (drop - 1).clamp_min(0), torch.zeros_like(drop))
+    mant = (kept << drop) | half
+    if fmt == FORMAT_BF16:
+        mant = mant << 16
+    # The sign bit as -2^31 added to the other 31 bits: no signed shift overflow.
+    bits = ((exp << 23) | mant) + sign * torch.iinfo(torch.int32).min
+    bits = torch.where(exp == 0, torch.zeros_like(bits), bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec
+
+
+@dataclass
+class _Book:
+    data: bytes
+    book_id: int
+    steps: int = 0
+    counts: Optional[np.ndarray] = None
+    carried: bool = False
+
+
+class GComp(Codec):
+    """Near-lossless: Huffman-coded exponents, zero pruning, four-level mantissa truncation by δ.
+
+    Parameters: ``optimizer`` (one of :data:`OPTIMIZERS`, or None: no δ, full mantissas) and its
+    hyperparameters ``lr``, ``weight_decay``, ``momentum``, ``dampening``, ``betas``, ``eps``,
+    ``alpha``, ``lr_decay`` (torch.optim names); ``block`` (elements per level), ``cap`` (longest
+    Huffman code, 1..15), ``rebuild_every`` (steps between codebook rebuilds), ``carry_book``
+    (``"changed"`` or ``"always"``), ``tolerance_bits`` (how many bits above half an ulp of the
+    parameter the truncation may reach; 0 = near-lossless), ``fixed_level`` (0..3 everywhere).
+    """
+
+    codec_id = 3
+    name = "gcomp"
+
+    def __init__(
+        self,
+        optimizer: Optional[str] = None,
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        alpha: float = 0.99,
+        lr_decay: float = 0.0,
+        block: int = 64,
+        cap: int = 12,
+        rebuild_every: int = 50,
+        carry_book: str = "changed",
+        tolerance_bits: float = 0.0,
+        fixed_level: Optional[int] = None,
+    ):
+        if optimizer is not None and optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} or None, got {optimizer!r}")
+        if not 1 <= int(block) < (1 << 32):
+            raise ValueError(f"block must lie in [1, 2^32), got {block}")
+        if not 1 <= int(cap) <= 15:
+            raise ValueError(f"cap must lie in [1, 15], got {cap}")
+        if int(rebuild_every) < 1:
+            raise ValueError(f"rebuild_every must be >= 1, got {rebuild_every}")
+        if carry_book not in _CARRY:
+            raise ValueError(f"carry_book must be 'changed' or 'always', got {carry_book!r}")
+        if fixed_level is not None and fixed_level not in (0, 1, 2, 3):
+            raise ValueError(f"fixed_level must be 0, 1, 2, 3 or None, got {fixed_level!r}")
+        if optimizer is not None and not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.optimizer = (
+            None
+            if optimizer is None
+            else OptimizerConfig(optimizer, float(lr), float(weight_decay), float(momentum), float(dampening),
+                                 (float(betas[0]), float(betas[1])), float(eps), float(alpha), float(lr_decay))
+        )
+        self.block = int(block)
+        self.cap = int(cap)
+        self.rebuild_every = int(rebuild_every)
+        self.carry_book = carry_book
+        self.tolerance_bits = float(tolerance_bits)
+        self.fixed_level = fixed_level
+        self._books: dict[str, _Book] = {}
+        self._params: dict[str, torch.Tensor] = {}
+        self._torch_optimizer: Optional[torch.optim.Optimizer] = None
+        self._group_configs: dict[int, OptimizerConfig] = {}
+
+    # ----------------------------------------------------------------------------- binding
+
+    def bind(
+        self,
+        named_parameters: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+        optimizer: Optional[torch.optim.Optimizer] = None,
+    ) -> "GComp":
+        """Remember the parameters by name (and the torch optimizer holding their state), so that
+        ``compress(grad, name)`` finds the parameter and state δ needs. Returns ``self``."""
+        items = named_parameters.items() if isinstance(named_parameters, Mapping) else named_parameters
+        self._params = {n: p for n, p in items}
+        self._torch_optimizer = optimizer
+        return self
+
+    @classmethod
+    def from_optimizer(
+        cls,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+        **kwargs,
+    ) -> "GComp":
+        """A codec bound to a torch optimizer, its kind and hyperparameters read from it per parameter
+        group (SGD with momentum is Table 2's Momentum, or Nesterov with ``nesterov=True``)."""
+        codec = cls(_optimizer_kind(optimizer, optimizer.param_groups[0]), **kwargs)
+        codec.bind(named_parameters, optimizer)
+        for group in optimizer.param_groups:
+            cfg = _config_of(optimizer, group)
+            for p in group["params"]:
+                codec._group_configs[id(p)] = cfg
+        return codec
+
+    def _context(self, name: str, param, state):
+        if param is None:
+            param = self._params.get(name)
+        if param is not None and state is None and self._torch_optimizer is not None:
+            state = self._torch_optimizer.state.get(param, {})
+        cfg = self._group_configs.get(id(param), self.optimizer) if param is not None else self.optimizer
+        return param, state, cfg
+
+    # ----------------------------------------------------------------------------- encoding
+
+    def compress(
+        self,
+        tensor: torch.Tensor,
+        name: str = "",
+        *,
+        param: Optional[torch.Tensor] = None,
+        state: Optional[Mapping] = None,
+    ) -> tuple[Entry, torch.Tensor]:
+        rec.check_float_input(tensor)
+        fmt = FORMAT_BF16 if tensor.dtype == torch.bfloat16 else FORMAT_F32
+        x = tensor.detach()
+        sign, exp, mant = _split(x, fmt)
+        if exp.numel() and bool((exp == 255).any()):
+            raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
+        nonzero = exp != 0
+        levels = self._levels(x, name, param, state, nonzero, fmt)
+        drops = torch.tensor(DROPS[fmt], dtype=torch.int32, device=x.device)
+        block_of = torch.arange(exp.numel(), device=x.device) // self.block
+        drop = drops[levels[block_of]] if exp.numel() else torch.zeros(0, dtype=torch.int32, device=x.device)
+        kept = mant >> drop
+        recon = _compose(sign, exp, kept, drop, fmt).reshape(tensor.shape).to(tensor.dtype)
+
+        # Host side: the exponent histogram (256 counts), then the bytes.
+        counts = torch.bincount(exp, minlength=256).cpu().numpy().astype(np.uint64)
+        book = self._book_for(name, counts)
+        exp_host = exp.to(torch.uint8).cpu().numpy()
+        sections: dict[str, np.ndarray] = {}
+        if self.carry_book == "always" or not book.carried:
+            sections["book"] = np.frombuffer(book.data, np.uint8)
+            book.carried = True
+        sections["exp"] = np.frombuffer(wire.huffman_encode(exp_host, book.data), np.uint8)
+        sections["level"] = np.frombuffer(wire.pack_bits(levels.cpu().numpy().astype(np.uint32), 2), np.uint8)
+        sections["sign"] = np.frombuffer(wire.pack_bits(sign[nonzero].cpu().numpy().astype(np.uint32), 1), np.uint8)
+        parts = []
+        width = MANTISSA_BITS[fmt]
+        for lv, d in enumerate(DROPS[fmt]):
+            sel = nonzero & (levels[block_of] == lv) if exp.numel() else nonzero
+            vals = kept[sel].cpu().numpy().astype(np.uint32)
+            parts.append(wire.pack_bits(vals, width - d))
+        sections["mant"] = np.frombuffer(b"".join(parts), np.uint8)
+        entry = Entry(
+            name=name,
+            codec=self.codec_id,
+            dtype=tensor.dtype,
+            shape=tuple(tensor.shape),
+            params=_PARAMS.pack(fmt, self.block, book.book_id),
+            sections=sections,
+        )
+        return entry, recon
+
+    def _levels(self, x, name, param, state, nonzero, fmt) -> torch.Tensor:
+        nb = -(-x.numel() // self.block)
+        if self.fixed_level is not None:
+            return torch.full((nb,), self.fixed_level, dtype=torch.int64, device=x.device)
+        param, state, cfg = self._context(name, param, state)
+        if param is None or cfg is None:
+            return torch.zeros(nb, dtype=torch.int64, device=x.device)
+        if tuple(param.shape) != tuple(x.shape):
+            raise ValueError(f"parameter of {name!r} has shape {tuple(param.shape)}, the gradient {tuple(x.shape)}")
+        delta = quantization_metric(x, param, state, cfg)
+        precision = _PARAM_PRECISION.get(param.dtype, 24)
+        return block_levels(delta, nonzero, self.block, fmt, precision, self.tolerance_bits)
+
+    def _book_for(self, name: str, counts: np.ndarray) -> _Book:
+        """The book this step is coded with: built at a name's first step, rebuilt from the counts of
+        the last ``rebuild_every`` steps when that many have passed (a new id only if it changed)."""
+        book = self._books.get(name)
+        if book is None:
+            book = _Book(wire.huffman_book(counts, self.cap), book_id=0, counts=np.zeros(256, np.uint64))
+            self._books[name] = book
+        elif book.steps >= self.rebuild_every:
+            data = wire.huffman_book(book.counts, self.cap)
+            if data != book.data:
+                book.data, book.book_id, book.carried = data, (book.book_id + 1) & 0xFFFFFFFF, False
+            book.steps, book.counts = 0, np.zeros(256, np.uint64)
+        book.counts += counts
+        book.steps += 1
+        return book
+
+    def book(self, name: str) -> Optional[tuple[int, bytes]]:
+        """``(book_id, serialized codebook)`` currently used for tensor ``name``, if any."""
+        b = self._books.get(name)
+        return None if b is None else (b.book_id, b.data)
+
+    def reset(self) -> None:
+        """Forget every codebook (the next frame of each tensor carries a new one)."""
+        self._books.clear()
+
+    def __repr__(self) -> str:
+        kind = None if self.optimizer is None else self.optimizer.kind
+        return (
+            f"GComp(optimizer={kind!r}, block={self.block}, cap={self.cap}, rebuild_every={self.rebuild_every}, "
+            f"carry_book={self.carry_book!r}, tolerance_bits={self.tolerance_bits}, fixed_level={self.fixed_level})"
+        )
+
+
+def _optimizer_kind(optimizer: torch.optim.Optimizer, group: Mapping) -> str:
+    if isinstance(optimizer, torch.optim.AdamW):
+        return "adamw"
+    if isinstance(optimizer, torch.optim.Adam):
+        return "adam"
+    if isinstance(optimizer, torch.optim.Adagrad):
+        return "adagrad"
+    if isinstance(optimizer, torch.optim.RMSprop):
+        return "rmsprop"
+    if isinstance(optimizer, torch.optim.SGD):
+        if group.get("momentum", 0):
+            return "nesterov" if group.get("nesterov", False) else "momentum"
+        return "sgd"
+    raise ValueError(f"no quantization metric for {type(optimizer).__name__}; supported: {', '.join(OPTIMIZERS)}")
+
+
+def _config_of(optimizer: torch.optim.Optimizer, group: Mapping) -> OptimizerConfig:
+    lr = group["lr"]
+    return OptimizerConfig(
+        kind=_optimizer_kind(optimizer, group),
+        lr=float(lr.item() if isinstance(lr, torch.Tensor) else lr),
+        weight_decay=float(group.get("weight_decay", 0.0)),
+        momentum=float(group.get("momentum", 0.0)),
+        dampening=float(group.get("dampening", 0.0)),
+        betas=tuple(float(b) for b in group.get("betas", (0.9, 0.999))),
+        eps=float(group.get("eps", 1e-8)),
+        alpha=float(group.get("alpha", 0.99)),
+        lr_decay=float(group.get("lr_decay", 0.0)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def unpack_params(params: bytes) -> dict:
+    """A record's parameters as a dict (layout only; the decoder checks ranges)."""
+    fmt, block, book_id = _PARAMS.unpack(params)
+    return dict(format=fmt, block=block, book_id=book_id)
+
+
+def _u8(entry: Entry, name: str) -> np.ndarray:
+    arr = entry.sections[name]
+    if name in entry.section_elems or arr.dtype != np.uint8:
+        raise rec.bad(entry, _CODEC, f"section {name!r} must have element type uint8, got {arr.dtype}")
+    return arr
+
+
+def carried_book(entry: Entry) -> Optional[bytes]:
+    """The serialized codebook a GComp record carries, if it carries one (not validated)."""
+    arr = entry.sections.get("book")
+    return None if arr is None else np.asarray(arr, dtype=np.uint8).tobytes()
+
+
+def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Optional[bytes] = None) -> torch.Tensor:
+    """Decode a GComp record, with ``book`` when the record does not carry its own.
+
+    Every field is checked as hostile input (FrameError naming the rule) before the output is built.
+    """
+    rec.check_record_dtype(entry, _CODEC)
+    fmt, block, book_id = rec.params(entry, _CODEC, _PARAMS, "u8 format, u32 block, u32 book_id")
+    if fmt not in MANTISSA_BITS:
+        raise rec.bad(entry, _CODEC, f"format must be 0 (f32) or 1 (bf16), got {fmt}")
+    if fmt == FORMAT_BF16 and entry.dtype != torch.bfloat16:
+        raise rec.bad(entry, _CODEC, f"format 1 (bf16) needs dtype bfloat16, got {entry.dtype}")
+    if block < 1:
+        raise rec.bad(entry, _CODEC, "block must be >= 1, got 0")
+    names = ("book", "exp", "level", "sign", "mant") if "book" in entry.sections else ("exp", "level", "sign", "mant")
+    rec.expect_sections(entry, _CODEC, names)
+    if "book" in entry.sections:
+        book = _u8(entry, "book").tobytes()
+    elif book is None:
+        raise rec.bad(
+            entry, _CODEC,
+            f"codebook not carried (book_id {book_id}): decode with a GCompDecoderState that received it",
+        )
+    n = entry.numel
+    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, _u8(entry, "exp"), n, book)
+    if n and bool((exp == 255).any()):
+        raise rec.bad(entry, _CODEC, "exponent 255 (infinity or NaN) is not allowed")
+    nb = -(-n // block)
+    level_bytes = rec.section(entry, _CODEC, "level", np.uint8, (2 * nb + 7) // 8, "ceil(num_blocks / 4)")
+    levels = rec.wire_call(entry, _CODEC, "section 'level'", wire.unpack_bits_exact, level_bytes, 2, nb)
+    nonzero = exp != 0
+    nnz = int(nonzero.sum())
+    sign_bytes = rec.section(entry, _CODEC, "sign", np.uint8, (nnz + 7) // 8, "ceil(nonzero / 8)")
+    signs = rec.wire_call(entry, _CODEC, "section 'sign'", wire.unpack_bits_exact, sign_bytes, 1, nnz)
+    # The mantissa part of each level: its nonzeros, in element order, at (W - drop) bits.
+    width = MANTISSA_BITS[fmt]
+    block_level = levels.astype(np.int64)[np.arange(n, dtype=np.int64) // block]
+    nz_level = block_level[nonzero]
+    counts = [int((nz_level == lv).sum()) for lv in range(4)]
+    lens = [(c * (width - d) + 7) // 8 for c, d in zip(counts, DROPS[fmt])]
+    mant_bytes = rec.section(entry, _CODEC, "mant", np.uint8, sum(lens), "the four levels' packed mantissas")
+    kept = np.zeros(nnz, np.int64)
+    start = 0
+    for lv, (c, d, ln) in enumerate(zip(counts, DROPS[fmt], lens)):
+        part = mant_bytes[start : start + ln]
+        vals = rec.wire_call(entry, _CODEC, "section 'mant'", wire.unpack_bits_exact, part, width - d, c)
+        kept[nz_level == lv] = vals
+        start += ln
+    # Everything is checked; build the tensor on the requested device.
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    exp_t = torch.from_numpy(exp.astype(np.int32)).to(dev)
+    nz_t = torch.from_numpy(nonzero).to(dev)
+    sign_t = torch.zeros(n, dtype=torch.int32, device=dev)
+    sign_t[nz_t] = torch.from_numpy(signs.astype(np.int32)).to(dev)
+    kept_t = torch.zeros(n, dtype=torch.int32, device=dev)
+    kept_t[nz_t] = torch.from_numpy(kept.astype(np.int32)).to(dev)
+    drops = torch.tensor(DROPS[fmt], dtype=torch.int32, device=dev)
+    drop_t = drops[torch.from_numpy(block_level).to(dev)] if n else torch.zeros(0, dtype=torch.int32, device=dev)
+    out = _compose(sign_t, exp_t, kept_t, drop_t, fmt)
+    return out.reshape(entry.shape).to(entry.dtype)
+
+
+@register_decoder(GComp.codec_id)
+def _decode_registered(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+    return decode_gcomp(entry, device)
+
+
+class GCompDecoderState:
+    """What a receiver keeps to decode GComp frames that do not carry their codebook: the last book of
+    each (sender, tensor name) stream, with its id. Frames of other codecs decode as usual.
+
+    A frame that carries a book updates the stream's book (after the book is validated); one that names
+    a book id this state does not hold for the stream raises ``FrameError``.
+    """
+
+    def __init__(self) -> None:
+        self._books: dict[tuple[int, str], tuple[int, bytes]] = {}
+
+    def book(self, sender: int, name: str) -> Optional[tuple[int, bytes]]:
+        """``(book_id, serialized book)`` last received for the stream, if any."""
+        return self._books.get((sender, name))
+
+    def decode_entry(self, entry: Entry, sender: int, device: Optional[torch.device] = None) -> torch.Tensor:
+        """Decode one record of a frame from ``sender``."""
+        if entry.codec != GComp.codec_id:
+            return decode_entry(entry, device)
+        if len(entry.params) != _PARAMS.size:
+            return decode_gcomp(entry, device)  # raises, naming the rule
+        book_id = _PARAMS.unpack(entry.params)[2]
+        key = (int(sender), entry.name)
+        carried = carried_book(entry)
+        if carried is not None:
+            rec.wire_call(entry, _CODEC, "section 'book'", wire.huffman_book_lengths, carried)
+            out = decode_gcomp(entry, device)
+            self._books[key] = (book_id, carried)
+            return out
+        known = self._books.get(key)
+        if known is None:
+            raise rec.bad(
+                entry, _CODEC, f"codebook not carried (book_id {book_id}) and none received from sender {sender}"
+            )
+        if known[0] != book_id:
+            raise rec.bad(
+                entry, _CODEC,
+                f"codebook not carried: the record names book_id {book_id}, the last received from sender "
+                f"{sender} is {known[0]}",
+            )
+        return decode_gcomp(entry, device, known[1])
+
+    def decode_bundle(
+        self, frame: Union[BytesLike, Frame], *, device: Optional[Union[torch.device, str]] = None
+    ) -> dict[str, torch.Tensor]:
+        """Decode every record of a frame (bundle or tensor frame) into ``{name: tensor}``."""
+        f = frame if isinstance(frame, Frame) else read_frame(frame)
+        dev = None if device is None else torch.device(device)
+        return {e.name: self.decode_entry(e, f.sender, dev) for e in f.entries}
+
+    def decode(
+        self, frame: Union[BytesLike, Frame], *, device: Optional[Union[torch.device, str]] = None
+    ) -> torch.Tensor:
+        """Decode a tensor frame."""
+        f = frame if isinstance(frame, Frame) else read_frame(frame)
+        dev = None if device is None else torch.device(device)
+        return self.decode_entry(f.entry(), f.sender, dev)
+
+    def reset(self) -> None:
+        self._books.clear()
