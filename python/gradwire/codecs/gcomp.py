@@ -177,6 +177,15 @@ def block_levels(
 # Float fields
 
 
+def _per_element(levels: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Each of ``n`` elements' block level (a block larger than the tensor is one block)."""
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64, device=levels.device)
+    if block >= n:
+        return levels[:1].expand(n)
+    return levels.repeat_interleave(block)[:n]
+
+
 def _split(x: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(sign, exponent, mantissa)`` int32 fields of a float tensor's values as float32 (bf16
     mantissa: its 7 bits); zero and denormals get exponent 0 and mantissa 0."""
@@ -339,8 +348,8 @@ class GComp(Codec):
         nonzero = exp != 0
         levels = self._levels(x, name, param, state, nonzero, fmt)
         drops = torch.tensor(DROPS[fmt], dtype=torch.int32, device=x.device)
-        block_of = torch.arange(exp.numel(), device=x.device) // self.block
-        drop = drops[levels[block_of]] if exp.numel() else torch.zeros(0, dtype=torch.int32, device=x.device)
+        elem_level = _per_element(levels, self.block, exp.numel())
+        drop = drops[elem_level]
         kept = mant >> drop
         recon = _compose(sign, exp, kept, drop, fmt).reshape(tensor.shape).to(tensor.dtype)
 
@@ -355,12 +364,13 @@ class GComp(Codec):
         sections["exp"] = np.frombuffer(wire.huffman_encode(exp_host, book.data), np.uint8)
         sections["level"] = np.frombuffer(wire.pack_bits(levels.cpu().numpy().astype(np.uint32), 2), np.uint8)
         sections["sign"] = np.frombuffer(wire.pack_bits(sign[nonzero].cpu().numpy().astype(np.uint32), 1), np.uint8)
+        # Only the nonzeros' kept bits and levels cross to the host; the parts are split there.
+        nz_kept = kept[nonzero].cpu().numpy().astype(np.uint32)
+        nz_level = elem_level[nonzero].to(torch.uint8).cpu().numpy()
         parts = []
         width = MANTISSA_BITS[fmt]
         for lv, d in enumerate(DROPS[fmt]):
-            sel = nonzero & (levels[block_of] == lv) if exp.numel() else nonzero
-            vals = kept[sel].cpu().numpy().astype(np.uint32)
-            parts.append(wire.pack_bits(vals, width - d))
+            parts.append(wire.pack_bits(nz_kept[nz_level == lv], width - d))
         sections["mant"] = np.frombuffer(b"".join(parts), np.uint8)
         entry = Entry(
             name=name,
@@ -507,17 +517,21 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     signs = rec.wire_call(entry, _CODEC, "section 'sign'", wire.unpack_bits_exact, sign_bytes, 1, nnz)
     # The mantissa part of each level: its nonzeros, in element order, at (W - drop) bits.
     width = MANTISSA_BITS[fmt]
-    block_level = levels.astype(np.int64)[np.arange(n, dtype=np.int64) // block]
+    # Never more than 2·numel entries, whatever `block` says.
+    block_level = np.repeat(levels.astype(np.int8), block)[:n] if block < n else np.full(n, levels[0] if nb else 0, np.int8)
     nz_level = block_level[nonzero]
-    counts = [int((nz_level == lv).sum()) for lv in range(4)]
+    counts = np.bincount(nz_level, minlength=4).tolist()
     lens = [(c * (width - d) + 7) // 8 for c, d in zip(counts, DROPS[fmt])]
     mant_bytes = rec.section(entry, _CODEC, "mant", np.uint8, sum(lens), "the four levels' packed mantissas")
-    kept = np.zeros(nnz, np.int64)
+    kept = np.zeros(nnz, np.int32)
     start = 0
     for lv, (c, d, ln) in enumerate(zip(counts, DROPS[fmt], lens)):
         part = mant_bytes[start : start + ln]
         vals = rec.wire_call(entry, _CODEC, "section 'mant'", wire.unpack_bits_exact, part, width - d, c)
-        kept[nz_level == lv] = vals
+        if c == nnz:
+            kept[:] = vals
+        elif c:
+            kept[nz_level == lv] = vals
         start += ln
     # Everything is checked; build the tensor on the requested device.
     dev = torch.device("cpu") if device is None else torch.device(device)
@@ -526,9 +540,9 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     sign_t = torch.zeros(n, dtype=torch.int32, device=dev)
     sign_t[nz_t] = torch.from_numpy(signs.astype(np.int32)).to(dev)
     kept_t = torch.zeros(n, dtype=torch.int32, device=dev)
-    kept_t[nz_t] = torch.from_numpy(kept.astype(np.int32)).to(dev)
+    kept_t[nz_t] = torch.from_numpy(kept).to(dev)
     drops = torch.tensor(DROPS[fmt], dtype=torch.int32, device=dev)
-    drop_t = drops[torch.from_numpy(block_level).to(dev)] if n else torch.zeros(0, dtype=torch.int32, device=dev)
+    drop_t = drops[torch.from_numpy(block_level.astype(np.int64)).to(dev)]
     out = _compose(sign_t, exp_t, kept_t, drop_t, fmt)
     return out.reshape(entry.shape).to(entry.dtype)
 
