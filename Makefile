@@ -49,6 +49,8 @@ bench: install
 	$(PY) bench/dct_codec.py
 	$(PY) bench/server_rounds.py
 	$(PY) bench/codecs.py
+	$(PY) bench/dct_indices.py
+	$(PY) bench/gcomp_levels.py
 	$(PY) bench/ddp.py
 
 clean:
