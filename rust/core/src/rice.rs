@@ -260,7 +260,27 @@ pub fn rice_encode_into(
             let to = ((start + block.len()) * param as usize).div_ceil(8);
             crate::bitpack::pack_bits_into(rems, param, &mut out[from..to])?;
         }
-        for &g in gaps.iter() {
+        // Two gaps at a time: when both one bits fall in the current word (the common case),
+        // one test and one OR place them.
+        let mut pairs = gaps.chunks_exact(2);
+        for pair in &mut pairs {
+            let a = bit + u64::from(pair[0] >> param);
+            let b = a + 1 + u64::from(pair[1] >> param);
+            if b < word_base + 64 {
+                word |= (1u64 << (a - word_base)) | (1u64 << (b - word_base));
+            } else {
+                for one in [a, b] {
+                    while one >= word_base + 64 {
+                        out.extend_from_slice(&word.to_le_bytes());
+                        word = 0;
+                        word_base += 64;
+                    }
+                    word |= 1u64 << (one - word_base);
+                }
+            }
+            bit = b + 1;
+        }
+        for &g in pairs.remainder() {
             let one = bit + u64::from(g >> param);
             while one >= word_base + 64 {
                 out.extend_from_slice(&word.to_le_bytes());
