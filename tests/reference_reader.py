@@ -107,6 +107,127 @@ def rice_decode(data: bytes, count: int, set_len: int, param: int) -> list[int]:
     return out
 
 
+class Bits:
+    """A bit stream read LSB-first (FORMAT.md §6): bit m is bit m mod 8 of byte m div 8."""
+
+    def __init__(self, data: bytes):
+        self.value, self.len, self.pos = int.from_bytes(data, "little"), 8 * len(data), 0
+
+    def bit(self) -> int:
+        if self.pos >= self.len:
+            raise ValueError("bit stream ends early")
+        b = (self.value >> self.pos) & 1
+        self.pos += 1
+        return b
+
+    def msb_first(self, n: int) -> int:
+        v = 0
+        for _ in range(n):
+            v = 2 * v + self.bit()
+        return v
+
+    def lsb_first(self, n: int) -> int:
+        return sum(self.bit() << j for j in range(n))
+
+    def assert_ended(self) -> None:
+        assert (self.pos + 7) // 8 == self.len // 8, "bytes after the stream"
+        assert self.value >> self.pos == 0, "nonzero padding bits"
+
+
+def elias(bits: Bits, kind: int) -> int:
+    """§6.3: kind 0 = ω, 1 = γ."""
+    if kind == 1:
+        zeros = 0
+        while bits.bit() == 0:
+            zeros += 1
+        return (1 << zeros) | bits.msb_first(zeros)
+    n = 1
+    while bits.bit() == 1:
+        n = (1 << n) | bits.msb_first(n)
+    return n
+
+
+def huffman_table(book: bytes) -> tuple[dict, dict]:
+    """§6.4: {(length, codeword): symbol} of a serialized book (the escape is 256), and the lengths."""
+    cap, esc, lo, count = book[0], book[1], book[2], struct.unpack_from("<H", book, 3)[0]
+    lengths = {lo + i: (book[5 + i // 2] >> (4 * (i % 2))) & 0xF for i in range(count)}
+    lengths = {sym: n for sym, n in lengths.items() if n}
+    if esc:
+        lengths[256] = esc
+    assert max(lengths.values()) <= cap
+    table, code, prev = {}, 0, 0
+    for sym in sorted(lengths, key=lambda s_: (lengths[s_], s_)):
+        code <<= lengths[sym] - prev
+        table[(lengths[sym], code)] = sym
+        code, prev = code + 1, lengths[sym]
+    return table, lengths
+
+
+def huffman_symbols(bits: Bits, count: int, book: bytes) -> list[int]:
+    table, lengths = huffman_table(book)
+    out = []
+    for _ in range(count):
+        n, code = 0, 0
+        while (n, code) not in table:
+            code, n = 2 * code + bits.bit(), n + 1
+            assert n <= 15, "not a codeword"
+        sym = table[(n, code)]
+        if sym == 256:
+            sym = bits.lsb_first(8)
+            assert sym not in lengths, "escaped symbol with a code"
+        out.append(sym)
+    bits.assert_ended()
+    return out
+
+
+def f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def decode_gcomp(e: dict, numel: int) -> list[float]:
+    """§5.4."""
+    fmt, block, _book_id = struct.unpack("<BII", e["params"])
+    sec = {k: bytes(v) for k, v in e["sections"].items()}
+    width, drops = (23, (0, 6, 12, 18)) if fmt == 0 else (7, (0, 2, 4, 6))
+    exps = huffman_symbols(Bits(sec["exp"]), numel, sec["book"])
+    nblocks = (numel + block - 1) // block
+    levels = unpack_bits(sec["level"], 2, nblocks)
+    nonzero = [i for i in range(numel) if exps[i]]
+    signs = unpack_bits(sec["sign"], 1, len(nonzero))
+    kept, start = {}, 0
+    for lv, d in enumerate(drops):
+        mine = [i for i in nonzero if levels[i // block] == lv]
+        size = (len(mine) * (width - d) + 7) // 8
+        for i, k in zip(mine, unpack_bits(sec["mant"][start:start + size], width - d, len(mine))):
+            kept[i] = k
+        start += size
+    assert start == len(sec["mant"])
+    out = [0.0] * numel
+    for j, i in enumerate(nonzero):
+        d = drops[levels[i // block]]
+        mant = (kept[i] << d) | ((1 << (d - 1)) if d else 0)
+        if fmt == 1:
+            mant <<= 16
+        out[i] = struct.unpack("<f", struct.pack("<I", (signs[j] << 31) | (exps[i] << 23) | mant))[0]
+    return out
+
+
+def decode_qsgd(e: dict, numel: int) -> list[float]:
+    """§5.5."""
+    levels, bucket, kind, nnz = struct.unpack("<IIBQ", e["params"])
+    norms = e["sections"]["norm"]
+    bits = Bits(bytes(e["sections"]["data"]))
+    out, pos = [0.0] * numel, -1
+    for _ in range(nnz):
+        pos += elias(bits, kind)
+        negative = bits.bit()
+        level = elias(bits, kind)
+        assert pos < numel and level <= levels
+        out[pos] = f32(norms[pos // bucket] * f32((-level if negative else level) / levels))
+    bits.assert_ended()
+    return out
+
+
 def dct_matrix(n: int) -> list[list[float]]:
     return [[math.sqrt((1 if f == 0 else 2) / n) * math.cos(math.pi * (2 * i + 1) * f / (2 * n)) for i in range(n)]
             for f in range(n)]
@@ -139,8 +260,12 @@ def decode_entry(e: dict) -> list[float]:
     numel = math.prod(e["shape"])
     if e["codec"] == 0:
         return [float(v) for v in e["sections"]["data"]]
+    if e["codec"] == 3:
+        return decode_gcomp(e, numel)
+    if e["codec"] == 4:
+        return decode_qsgd(e, numel)
     if e["codec"] != 1:
-        raise ValueError("codec not in format v1")
+        raise ValueError("codec not in this reader")
     p = Reader(e["params"])
     mode, cnd = p.u("B"), p.u("B")
     chunk = [p.u("I") for _ in range(cnd)]

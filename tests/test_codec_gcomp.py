@@ -356,3 +356,21 @@ def test_cuda_tensors_compress_on_their_device():
     assert torch.equal(out, recon)
     cpu_entry, _ = GComp(fixed_level=2).compress(x.cpu(), "w")
     assert all(np.array_equal(entry.sections[k], cpu_entry.sections[k]) for k in entry.sections)
+
+
+def test_golden_vector_re_encodes_byte_for_byte():
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    here = Path(__file__).parent / "vectors"
+    meta = json.loads((here / "manifest.json").read_text())["gcomp_levels_bundle"]
+    frame = (here / "gcomp_levels_bundle.gwf").read_bytes()
+    tensors = load_file(str(here / "gcomp_levels_bundle.safetensors"))
+    entries = []
+    for name, config in meta["records"].items():
+        params = {k: v for k, v in config.items() if k != "codec"}
+        entries.append(GComp(**params).compress(tensors[f"input/{name}"], name)[0])
+    again = gradwire.write_frame(entries, round=meta["round"], sender=meta["sender"], bundle=True)
+    assert again == frame

@@ -100,6 +100,21 @@ def vectors():
         ("sparse", sparse1, designed_dct_input((256,), build(sparse1), 7)),
         ("dense", dense1, designed_dct_input((48,), build(dense1), 8)),
     ]
+    # GComp (FORMAT.md §5.4, §6.4) and QSGD (§5.5, §6.3). Deterministic, but their re-encoding is
+    # checked in their own tests (test_codec_gcomp.py, test_codec_qsgd.py), not by the DCT-specific one.
+    g2 = torch.Generator().manual_seed(99)
+    grads = torch.randn(40, 12, generator=g2) * 1e-3
+    grads[::3] = 0.0
+    grads[5, 7] = 2.5e4  # an exponent that a cap of 5 escapes
+    yield "gcomp_levels_bundle", dict(round=6, sender=10, bundle=True, stable=False), [
+        ("lossless", {"codec": "gcomp", "block": 16, "cap": 5}, grads),
+        ("level2", {"codec": "gcomp", "block": 16, "cap": 5, "fixed_level": 2}, grads.flip(0)),
+        ("bf16", {"codec": "gcomp", "block": 8, "fixed_level": 1}, torch.randn(30, generator=g2).to(torch.bfloat16)),
+    ]
+    yield "qsgd_omega_gamma_bundle", dict(round=7, sender=11, bundle=True, stable=False), [
+        ("omega", {"codec": "qsgd", "levels": 4, "bucket": 32, "seed": 3}, torch.randn(100, generator=g2)),
+        ("gamma", {"codec": "qsgd", "levels": 2, "bucket": 64, "elias": "gamma", "seed": 4}, torch.randn(7, 9, generator=g2)),
+    ]
 
 
 def main(names: list[str]) -> None:
