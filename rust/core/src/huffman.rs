@@ -334,6 +334,55 @@ impl HuffmanBook {
         lut
     }
 
+    /// One symbol near the end of the input, where every read is checked.
+    #[cold]
+    fn decode_one(
+        &self,
+        lut: &[u16],
+        r: &mut BitReader<'_>,
+        decoded: usize,
+        count: usize,
+    ) -> Result<u8> {
+        let cap = u32::from(self.cap);
+        r.refill();
+        let truncated = |r: &BitReader<'_>| WireError::StreamTruncated {
+            decoded,
+            count,
+            bit_offset: r.position(),
+        };
+        let entry = lut[(r.buf & ((1u64 << cap) - 1)) as usize];
+        let len = u32::from(entry >> 9);
+        if len == 0 {
+            // Bits past the end read as zeros: a miss there is a truncation, not a bad code.
+            return Err(if r.avail < cap {
+                truncated(r)
+            } else {
+                WireError::InvalidCode {
+                    bit_offset: r.position(),
+                }
+            });
+        }
+        if len > r.avail {
+            return Err(truncated(r));
+        }
+        r.consume(len);
+        if usize::from(entry & 0x1FF) != ESCAPE {
+            return Ok((entry & 0x1FF) as u8);
+        }
+        let at = r.position();
+        let Some(raw) = r.get(8) else {
+            return Err(truncated(r));
+        };
+        let raw = raw as u8;
+        if self.lengths[usize::from(raw)] != 0 {
+            return Err(WireError::EscapedSymbolHasCode {
+                symbol: raw,
+                bit_offset: at,
+            });
+        }
+        Ok(raw)
+    }
+
     /// Decodes exactly `count` symbols; the stream must end with the last one (zero padding bits,
     /// no byte more). Every codeword is at least one bit, so `count` is checked against the
     /// input's length before anything is allocated.
@@ -353,47 +402,47 @@ impl HuffmanBook {
             });
         }
         let lut = self.decode_table();
-        let mask = (1u64 << self.cap) - 1;
-        let mut out = Vec::with_capacity(count);
+        let cap = u32::from(self.cap);
+        let mask = (1u64 << cap) - 1;
+        let mut out = vec![0u8; count];
         let mut r = BitReader::new(data);
-        for decoded in 0..count {
+        let mut i = 0usize;
+        while i < count {
             r.refill();
-            let entry = lut[(r.buf & mask) as usize];
-            let len = u32::from(entry >> 9);
-            let truncated = WireError::StreamTruncated {
-                decoded,
-                count,
-                bit_offset: r.position(),
-            };
-            if len == 0 {
-                return Err(if r.avail < u32::from(self.cap) {
-                    truncated
-                } else {
-                    WireError::InvalidCode {
+            // Fast path: while a longest symbol (an escape code and its byte) is sure to be in the
+            // buffer, no end-of-input test per symbol.
+            while i < count && r.avail >= cap + 8 {
+                let entry = lut[(r.buf & mask) as usize];
+                let len = u32::from(entry >> 9);
+                if len == 0 {
+                    return Err(WireError::InvalidCode {
                         bit_offset: r.position(),
-                    }
-                });
-            }
-            if len > r.avail {
-                return Err(truncated);
-            }
-            r.consume(len);
-            let symbol = usize::from(entry & 0x1FF);
-            if symbol == ESCAPE {
-                let at = r.position();
-                let Some(raw) = r.get(8) else {
-                    return Err(truncated);
-                };
-                let raw = raw as u8;
-                if self.lengths[usize::from(raw)] != 0 {
-                    return Err(WireError::EscapedSymbolHasCode {
-                        symbol: raw,
-                        bit_offset: at,
                     });
                 }
-                out.push(raw);
-            } else {
-                out.push(symbol as u8);
+                r.consume(len);
+                let symbol = entry & 0x1FF;
+                out[i] = if usize::from(symbol) == ESCAPE {
+                    let raw = (r.buf & 0xFF) as u8;
+                    if self.lengths[usize::from(raw)] != 0 {
+                        return Err(WireError::EscapedSymbolHasCode {
+                            symbol: raw,
+                            bit_offset: r.position(),
+                        });
+                    }
+                    r.consume(8);
+                    raw
+                } else {
+                    symbol as u8
+                };
+                i += 1;
+            }
+            if i < count {
+                r.refill();
+                if r.avail < cap + 8 {
+                    // The last bits of the input: one symbol at a time, every read checked.
+                    out[i] = self.decode_one(&lut, &mut r, i, count)?;
+                    i += 1;
+                }
             }
         }
         r.finish()?;
