@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 import numpy as np
 import torch
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 
 from gradwire import DCTCodec, wire
 from gradwire.codecs.dct import unpack_params
+from timing import best
 
 C = 4096
 RATIOS = (1024, 512, 256, 128, 64, 32, 16)
@@ -52,15 +52,6 @@ def real_gradient(progress: bool) -> torch.Tensor:
     steps = collect_gradients("char_transformer", steps=8, record_every=4, progress=progress)
     flat = torch.cat([g.reshape(-1) for snap in steps for g in snap.values()])
     return flat[: flat.numel() // C * C].reshape(-1, 64)
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def index_sets(n_bytes: int, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 from pathlib import Path
 
 import matplotlib
@@ -43,6 +42,7 @@ import gradwire  # noqa: E402
 from gradwire import GComp, IdentityCodec, wire  # noqa: E402
 from gradwire.codecs.gcomp import DROPS, unpack_params  # noqa: E402
 from gradwire.models import CharTransformer, CharVocab, char_batch, digits_mlp, load_digits, load_pydoc_text  # noqa: E402
+from timing import timed  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -77,15 +77,6 @@ SETUPS = [
     ("digits MLP", "AdamW", digits_task, lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=1e-2)),
     ("char transformer", "AdamW", char_task, lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=1e-2)),
 ]
-
-
-def timed(fn, repeat=3):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def same_after_step(model, opt, decoded) -> float:

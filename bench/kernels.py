@@ -15,7 +15,6 @@ Usage: python bench/kernels.py [--mib 64] [--repeat 5]
 from __future__ import annotations
 
 import argparse
-import time
 import zlib
 
 import numpy as np
@@ -23,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gradwire import wire
+from timing import best
 
 # ------------------------------------------------------------------------------------------------
 # numpy versions of the same transformations
@@ -97,15 +97,6 @@ def np_zero_run_decode(data: bytes) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------------
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main() -> None:
