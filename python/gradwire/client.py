@@ -19,7 +19,6 @@ replica (or load the full state when too far behind), and check the weights hash
 from __future__ import annotations
 
 import random
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
@@ -30,7 +29,8 @@ import torch
 from .codecs.base import Codec
 from .errors import FrameError
 from .feedback import ErrorFeedback
-from .frame import SERVER_SENDER, Frame, Limits, decode_bundle, read_frame
+from .frame import SERVER_SENDER, Frame, Limits, decode_bundle, frame_length, read_frame
+from .protocol import API_PREFIX, HASH_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER, Reason
 from .state import apply_update, state_from_bytes, state_hash, state_to_bytes
 
 __all__ = [
@@ -52,13 +52,7 @@ __all__ = [
     "split_frames",
 ]
 
-VERSION_HEADER = "X-Gradwire-Version"
-HASH_HEADER = "X-Gradwire-Weights-Hash"
-_OCTET = {"Content-Type": "application/octet-stream"}
-_HEADER = struct.Struct("<4sHHQ")  # magic, version, flags, total_len: enough of a header to delimit frames
-_MIN_FRAME = 36
-#: The server caps long polls at 60 s (API v1).
-MAX_WAIT_S = 60.0
+_OCTET = {"Content-Type": OCTET_STREAM}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +122,8 @@ def _error_class(status: int, error: str, *, frame_request: bool) -> type[Gradwi
     if status == 409:
         return ConflictError
     if status == 410:
-        return {"round_closed": RoundClosedError, "too_far_behind": TooFarBehindError}.get(error, GradwireHTTPError)
+        return {Reason.ROUND_CLOSED.value: RoundClosedError,
+                Reason.TOO_FAR_BEHIND.value: TooFarBehindError}.get(error, GradwireHTTPError)
     if status in (400, 413, 422):
         return FrameRejectedError if frame_request else RequestRejectedError
     return GradwireHTTPError
@@ -177,14 +172,10 @@ def _read_frames(body: bytes, limits: Optional[Limits]) -> list[tuple[bytes, Fra
     frames: list[tuple[bytes, Frame]] = []
     offset = 0
     while offset < len(view):
-        left = len(view) - offset
-        if left < _MIN_FRAME:
-            raise FrameError(f"frame {len(frames)} at byte {offset}: {left} bytes left, a frame takes at least {_MIN_FRAME}")
-        _magic, _version, _flags, total_len = _HEADER.unpack_from(view, offset)
-        if total_len < _MIN_FRAME or total_len > left:
-            raise FrameError(
-                f"frame {len(frames)} at byte {offset}: total_len {total_len} does not fit the {left} bytes left"
-            )
+        try:
+            total_len = frame_length(view[offset:])
+        except FrameError as exc:
+            raise FrameError(f"frame {len(frames)} at byte {offset}: {exc}") from None
         chunk = bytes(view[offset : offset + total_len])
         frames.append((chunk, read_frame(chunk, limits=lim)))  # magic, version, structure and CRC
         offset += total_len
@@ -327,24 +318,24 @@ class GradwireClient:
 
     def create_run(self, config: Optional[Mapping[str, Any]] = None) -> str:
         """``POST /v1/runs`` with a RunConfig (every field optional); returns the new run id."""
-        response = self._request("POST", "/v1/runs", idempotent=False, json=dict(config or {}))
+        response = self._request("POST", f"{API_PREFIX}/runs", idempotent=False, json=dict(config or {}))
         return str(response.json()["run_id"])
 
     def put_state(self, run_id: str, state: Mapping[str, torch.Tensor]) -> dict:
         """``PUT /v1/runs/{run_id}/state``: the initial model; returns ``{"version": 0, "weights_hash"}``."""
         body = state_to_bytes(state)
         return self._request(
-            "PUT", f"/v1/runs/{run_id}/state", idempotent=True, content=body, headers=_OCTET
+            "PUT", f"{API_PREFIX}/runs/{run_id}/state", idempotent=True, content=body, headers=_OCTET
         ).json()
 
     def register_node(self, run_id: str, name: Optional[str] = None) -> tuple[int, str]:
         """``POST /v1/runs/{run_id}/nodes``; returns ``(node_id, token)`` — the token is shown only once."""
-        body = self._request("POST", f"/v1/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
+        body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
         return int(body["node_id"]), str(body["token"])
 
     def status(self, run_id: str) -> dict:
         """``GET /v1/runs/{run_id}``: version, open round, weights hash, submissions, config."""
-        return self._request("GET", f"/v1/runs/{run_id}", idempotent=True).json()
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}", idempotent=True).json()
 
     # -- rounds (node) ---------------------------------------------------------------------------
 
@@ -356,7 +347,7 @@ class GradwireClient:
         """
         response = self._request(
             "POST",
-            f"/v1/runs/{run_id}/rounds/{int(round)}/updates",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{int(round)}/updates",
             idempotent=True,
             frame_request=True,
             content=bytes(frame),
@@ -380,7 +371,7 @@ class GradwireClient:
             wait = min(float(wait), MAX_WAIT_S)
             params["wait"] = wait
             extra = wait
-        response = self._request("GET", f"/v1/runs/{run_id}/updates", idempotent=True, params=params, extra_timeout=extra)
+        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/updates", idempotent=True, params=params, extra_timeout=extra)
         version = _header_int(response, VERSION_HEADER)
         weights_hash = _header_str(response, HASH_HEADER)
         parsed = _read_frames(response.content, limits)
@@ -401,7 +392,7 @@ class GradwireClient:
 
         The state is checked against the hash header; :class:`OutOfSyncError` if they differ.
         """
-        response = self._request("GET", f"/v1/runs/{run_id}/state", idempotent=True)
+        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/state", idempotent=True)
         version = _header_int(response, VERSION_HEADER)
         weights_hash = _header_str(response, HASH_HEADER)
         try:

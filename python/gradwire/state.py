@@ -3,18 +3,30 @@
 Nodes and the server must hold bit-identical weights. They get there by starting from the same state
 and applying the same decoded updates with the same operation (:func:`apply_update`, an in-place fp32
 add in name order); :func:`state_hash` lets a node check that it is in sync with the server.
+
+:func:`pack_state_dict` / :func:`unpack_state_dict` keep the ``state_dict()`` of codecs, error feedback
+and optimizers at rest: nested dicts of tensors and plain values, as safetensors (the tensors) plus
+JSON (the structure and the plain values) in its metadata — never pickle.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping, MutableMapping
+import json
+from typing import Any, Mapping, MutableMapping
 
 import torch
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
-__all__ = ["apply_update", "state_from_bytes", "state_hash", "state_to_bytes"]
+__all__ = [
+    "apply_update",
+    "pack_state_dict",
+    "state_from_bytes",
+    "state_hash",
+    "state_to_bytes",
+    "unpack_state_dict",
+]
 
 
 def state_hash(state: Mapping[str, torch.Tensor]) -> str:
@@ -54,3 +66,79 @@ def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
         return dict(_st_load(bytes(data)))
     except Exception as exc:  # safetensors raises its own SafetensorError for malformed headers
         raise ValueError(f"not a valid safetensors state: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Nested state dicts at rest
+
+_STRUCTURE_KEY = "gradwire.state_dict"
+_TENSOR_MARK = "__tensor__"
+
+
+def pack_state_dict(state: Mapping[str, Any]) -> bytes:
+    """A nested state dict as safetensors bytes.
+
+    Keys are strings; leaves are tensors or JSON values (None, bool, int, float, str, lists and tuples of
+    these — tuples come back as lists). Tensors are stored as contiguous CPU copies under ``t0, t1, …``
+    and the structure as JSON in the metadata, each tensor leaf replaced by ``{"__tensor__": "tK"}``.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            key = f"t{len(tensors)}"
+            tensors[key] = node.detach().cpu().contiguous().clone()
+            return {_TENSOR_MARK: key}
+        if isinstance(node, Mapping):
+            out = {}
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise ValueError(f"state dict keys must be strings, got {k!r} at {path or 'the top'}")
+                if k == _TENSOR_MARK:
+                    raise ValueError(f"the key {_TENSOR_MARK!r} is reserved (at {path or 'the top'})")
+                out[k] = walk(v, f"{path}.{k}" if path else k)
+            return out
+        if isinstance(node, (list, tuple)):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise ValueError(f"state dict value at {path or 'the top'} is a {type(node).__name__}; "
+                         "only tensors, dicts, lists and JSON scalars are kept")
+
+    structure = walk(state, "")
+    return _st_save(tensors, {_STRUCTURE_KEY: json.dumps(structure, allow_nan=True)})
+
+
+def unpack_state_dict(data: bytes) -> dict[str, Any]:
+    """The nested state dict :func:`pack_state_dict` wrote; ``ValueError`` for anything else."""
+    data = bytes(data)
+    try:
+        tensors = dict(_st_load(data))  # validates the header and every tensor's extent
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise ValueError(f"not a packed state dict: {exc}") from exc
+    # The metadata sits in the (already validated) JSON header: u64 length, then the header itself.
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    raw = (header.get("__metadata__") or {}).get(_STRUCTURE_KEY)
+    if raw is None:
+        raise ValueError(f"not a packed state dict: its metadata has no {_STRUCTURE_KEY!r}")
+    try:
+        structure = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"not a packed state dict: bad structure JSON ({exc})") from None
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if set(node) == {_TENSOR_MARK}:
+                key = node[_TENSOR_MARK]
+                if key not in tensors:
+                    raise ValueError(f"not a packed state dict: tensor {key!r} is missing")
+                return tensors[key]
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out = walk(structure)
+    if not isinstance(out, dict):
+        raise ValueError("not a packed state dict: the top level is not a dict")
+    return out

@@ -7,18 +7,13 @@ weight diff as the next version. See docs/API.md and docs/SERVER.md.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("gradwire-server")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0"
+from .version import __version__
 
 __all__ = ["ServerSettings", "__version__", "create_app", "serve"]
 
 
 def __getattr__(name):
-    # Lazy so that `import gradwire_server` stays cheap (no FastAPI/torch until needed).
+    # Lazy so that `import gradwire_server` stays cheap (no FastAPI/uvicorn/torch until needed).
     if name == "create_app":
         from .app import create_app
 
@@ -27,23 +22,8 @@ def __getattr__(name):
         from .settings import ServerSettings
 
         return ServerSettings
+    if name == "serve":
+        from .serving import serve
+
+        return serve
     raise AttributeError(name)
-
-
-def serve(settings=None) -> None:
-    """Run the server with uvicorn until SIGINT/SIGTERM (graceful shutdown)."""
-    import uvicorn
-
-    from .app import create_app
-    from .logs import logging_config
-    from .settings import ServerSettings
-
-    settings = settings or ServerSettings()
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=logging_config(settings.log_json, settings.log_level),
-        access_log=settings.log_level == "debug",
-        timeout_graceful_shutdown=30,
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import serve
+from .serving import serve
 from .settings import ServerSettings
 
 

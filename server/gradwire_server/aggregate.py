@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from gradwire.accumulate import DenseAccumulator, make_accumulator
+from gradwire.accumulate import make_accumulator
 from gradwire.frame import Entry, Frame, decode_entry
 
 __all__ = ["RULES", "Update", "aggregate", "clip_factors"]
@@ -53,10 +53,8 @@ def clip_factors(norms: Sequence[float]) -> list[float]:
     return [1.0 if n <= med or n == 0.0 else med / n for n in norms]
 
 
-def _weighted_sum(
-    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device], dense: bool = False
-) -> torch.Tensor:
-    acc = DenseAccumulator(tuple(entries[0].shape), device) if dense else make_accumulator(entries[0], device)
+def _weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]) -> torch.Tensor:
+    acc = make_accumulator(entries[0], device)
     for e, w in zip(entries, weights):
         acc.add(e, w)
     return acc.finish()
@@ -89,14 +87,11 @@ def aggregate(
     rule: str = "mean",
     trim_fraction: float = 0.2,
     device: Optional[torch.device] = None,
-    dense_decode: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``.
 
     Updates are combined in the order given (the caller sorts them, e.g. by node id), so the result is
     deterministic. Every update must hold every name in ``names`` (the server validated that).
-    ``dense_decode=True`` sums the means by decoding every record densely instead of in the codec's
-    domain (the baseline bench/server_rounds.py compares against).
     """
     if rule not in RULES:
         raise ValueError(f"unknown aggregation rule {rule!r}; known: {', '.join(RULES)}")
@@ -109,7 +104,7 @@ def aggregate(
         total = sum(u.weight for u in updates)
         coeffs = [u.weight * c / total for u, c in zip(updates, clip)]
         for name in names:
-            out[name] = _weighted_sum([p[name] for p in per_update], coeffs, device, dense_decode)
+            out[name] = _weighted_sum([p[name] for p in per_update], coeffs, device)
         return out
     for name in names:
         stacked = _stack_dense([p[name] for p in per_update], device)

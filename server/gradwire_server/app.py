@@ -14,13 +14,10 @@ import secrets
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
-from . import __version__
-from .errors import ApiError
+from .version import __version__
+from .http_errors import install_error_handlers
 from .metrics import Metrics
 from .rounds import RoundEngine
 from .routes import health, nodes, runs, state, updates
@@ -63,10 +60,6 @@ class ServerContext:
         return float(self.store.live_nodes(self.settings.live_window_rounds))
 
 
-def _is_update_submission(request: Request) -> bool:
-    return request.method == "POST" and request.url.path.endswith("/updates")
-
-
 def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
     """The gradwire aggregation server as an ASGI app (serve it with uvicorn)."""
     settings = settings or ServerSettings()
@@ -95,23 +88,7 @@ def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
     )
     app.state.server = ctx
 
-    def error_response(request: Request, status: int, reason: str, detail: str, headers=None) -> JSONResponse:
-        ctx.metrics.reject(reason, update=_is_update_submission(request))
-        return JSONResponse({"error": reason, "detail": detail}, status_code=status, headers=headers)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return error_response(request, exc.status, exc.reason, exc.detail, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return error_response(request, 422, "invalid_request", detail)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(request, exc.status_code, reason, str(exc.detail))
+    install_error_handlers(app, lambda reason, update: ctx.metrics.reject(reason, update=update))
 
     for module in (health, runs, nodes, state, updates):
         app.include_router(module.router)

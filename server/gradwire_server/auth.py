@@ -10,7 +10,7 @@ from typing import Optional
 
 from fastapi import Request
 
-from .errors import ApiError
+from .errors import Reason, Rejected
 
 __all__ = ["Principal", "hash_token", "new_token", "principal"]
 
@@ -34,19 +34,19 @@ class Principal:
 
     def require_admin(self) -> None:
         if not self.admin:
-            raise ApiError(403, "forbidden", "this endpoint needs the admin token")
+            raise Rejected(Reason.FORBIDDEN, "this endpoint needs the admin token")
 
     def require_member(self, run_id: str) -> None:
         """The admin, or a node of ``run_id``."""
         if not self.admin and self.run_id != run_id:
-            raise ApiError(403, "forbidden", "this token belongs to a node of another run")
+            raise Rejected(Reason.FORBIDDEN, "this token belongs to a node of another run")
 
     def require_node(self, run_id: str) -> int:
         """A node of ``run_id``; returns its node id."""
         if self.admin:
-            raise ApiError(403, "forbidden", "updates are submitted with a node token, not the admin token")
+            raise Rejected(Reason.FORBIDDEN, "updates are submitted with a node token, not the admin token")
         if self.run_id != run_id:
-            raise ApiError(403, "forbidden", "this token belongs to a node of another run")
+            raise Rejected(Reason.FORBIDDEN, "this token belongs to a node of another run")
         assert self.node_id is not None
         return self.node_id
 
@@ -54,11 +54,11 @@ class Principal:
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization")
     if not header:
-        raise ApiError(401, "missing_token", "send 'Authorization: Bearer <token>'",
+        raise Rejected(Reason.MISSING_TOKEN, "send 'Authorization: Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(401, "missing_token", "the Authorization header must be 'Bearer <token>'",
+        raise Rejected(Reason.MISSING_TOKEN, "the Authorization header must be 'Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
     return token.strip()
 
@@ -71,5 +71,5 @@ async def principal(request: Request) -> Principal:
         return Principal(admin=True)
     node = server.store.node_by_token_hash(hash_token(token))
     if node is None:
-        raise ApiError(401, "invalid_token", "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise Rejected(Reason.INVALID_TOKEN, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
     return Principal(admin=False, run_id=node.run_id, node_id=node.node_id)

@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import gradwire
+from gradwire.frame import MIN_FRAME_BYTES
 
 __all__ = ["AggregationConfig", "CodecConfig", "OptimizerConfig", "RunConfig"]
 
@@ -79,7 +80,7 @@ class RunConfig(BaseModel):
     quorum: int = Field(1, ge=1, description="Aggregate as soon as this many distinct nodes submitted.")
     min_updates: int = Field(1, ge=1, description="At the deadline, aggregate if at least this many updates.")
     round_deadline_s: float = Field(30.0, gt=0, description="Seconds from the moment a round opens.")
-    max_frame_bytes: int = Field(64 << 20, ge=36)
+    max_frame_bytes: int = Field(64 << 20, ge=MIN_FRAME_BYTES)
     max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")

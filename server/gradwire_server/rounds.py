@@ -6,7 +6,9 @@ submitted, or at ``round_deadline_s`` after the round opened with at least ``min
 never holds a round past its deadline; with fewer the round stays open until ``min_updates`` arrive).
 
 Closing a round: aggregate (:mod:`.aggregate`) → AdamW on the fp32 master weights (:mod:`.optim`) →
-``diff = target − master`` compressed by the downlink codec with a server-side error-feedback residual →
+``diff = target − master`` compressed by the downlink codec inside the run's one downlink
+:class:`~gradwire.ErrorFeedback`, whose whole ``state_dict()`` (residuals and the codec's own state, e.g.
+PowerSGD's warm-start factors) is carried from round to round and persisted with each version →
 ``master += decode_bundle(frame)`` with :func:`gradwire.state.apply_update`, the very operation nodes
 run, so everyone applying the same frames holds bit-identical weights → durable publish, whose SQLite
 commit makes version ``v + 1`` exist. Everything is computed on copies and adopted only after that
@@ -25,17 +27,17 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from gradwire import ErrorFeedback, FrameError, decode_bundle, read_frame
-from gradwire.frame import SERVER_SENDER
+from gradwire.frame import MAX_NAME_BYTES, SERVER_SENDER
 from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
 
 from .aggregate import Update, aggregate
 from .config import RunConfig
-from .errors import ApiError
+from .errors import Reason, Rejected
 from .metrics import Metrics
 from .optim import AdamWState, adamw_step
 from .settings import ServerSettings
@@ -46,12 +48,10 @@ __all__ = ["RoundEngine", "RunRuntime"]
 
 log = logging.getLogger("gradwire_server.rounds")
 
-MAX_NAME_BYTES = 1024  # FORMAT.md §3: a record name is at most 1024 bytes
-
 
 @dataclass
 class RunRuntime:
-    """A run's live state. ``master``/``moments``/``residual`` are replaced, never mutated, on publish."""
+    """A run's live state. ``master``/``moments``/``downlink_state`` are replaced, never mutated, on publish."""
 
     run_id: str
     config: RunConfig
@@ -60,7 +60,7 @@ class RunRuntime:
     opened_at: Optional[float] = None
     master: Optional[dict[str, torch.Tensor]] = None
     moments: Optional[AdamWState] = None
-    residual: dict[str, torch.Tensor] = field(default_factory=dict)
+    downlink_state: dict[str, Any] = field(default_factory=dict)
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,7 +87,7 @@ class _Published:
     frame: bytes
     master: dict[str, torch.Tensor]
     moments: AdamWState
-    residual: dict[str, torch.Tensor]
+    downlink_state: dict[str, Any]
     weights_hash: str
     opened_at: float
     aggregate_s: float
@@ -148,7 +148,7 @@ class RoundEngine:
         moments = self.store.load_tensors(run_id, "moments", rec.version)
         rt.moments = (AdamWState.zeros_like(rt.master) if moments is None
                       else AdamWState.from_tensors(moments, step=rec.version))
-        rt.residual = self.store.load_tensors(run_id, "residual", rec.version) or {}
+        rt.downlink_state = self.store.load_downlink_state(run_id, rec.version) or {}
         self.store.prune(run_id, rec.version, rt.config.keep_versions)
         for sub in self.store.submissions_for(run_id, rec.version):
             frame = read_frame(self.store.read_submission(sub))
@@ -165,7 +165,7 @@ class RoundEngine:
         try:
             return self.runs[run_id]
         except KeyError:
-            raise ApiError(404, "unknown_run", f"no run {run_id!r}") from None
+            raise Rejected(Reason.UNKNOWN_RUN, f"no run {run_id!r}") from None
 
     async def create_run(self, config: RunConfig) -> str:
         run_id = await asyncio.to_thread(self.store.create_run, config.model_dump(mode="json"))
@@ -180,11 +180,11 @@ class RoundEngine:
         rt = self.runtime(run_id)
         async with rt.lock:
             if rt.version > 0 or rt.pending or await asyncio.to_thread(self.store.any_submission, run_id):
-                raise ApiError(409, "already_started", "updates were already accepted; the initial state is fixed")
+                raise Rejected(Reason.ALREADY_STARTED, "updates were already accepted; the initial state is fixed")
             master = await asyncio.to_thread(_parse_state, body)
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
-            rt.master, rt.moments, rt.residual = master, AdamWState.zeros_like(master), {}
+            rt.master, rt.moments, rt.downlink_state = master, AdamWState.zeros_like(master), {}
             rt.weights_hash, rt.opened_at = h, opened
             self.metrics.version.labels(run=run_id).set(0)
         rt.wake.set()
@@ -209,7 +209,7 @@ class RoundEngine:
 
     def _require_state(self, rt: RunRuntime) -> dict[str, torch.Tensor]:
         if rt.master is None:
-            raise ApiError(409, "state_not_set", "the run has no initial state yet (PUT /v1/runs/{run_id}/state)")
+            raise Rejected(Reason.STATE_NOT_SET, "the run has no initial state yet (PUT /v1/runs/{run_id}/state)")
         return rt.master
 
     async def state_bytes(self, run_id: str) -> tuple[bytes, int, str]:
@@ -224,7 +224,7 @@ class RoundEngine:
         rt = self.runtime(run_id)
         self._require_state(rt)
         if since > rt.version:
-            raise ApiError(422, "version_ahead", f"version {since} is ahead of the run's {rt.version}")
+            raise Rejected(Reason.VERSION_AHEAD, f"version {since} is ahead of the run's {rt.version}")
         if since == rt.version and wait > 0:
             event = rt.published
             try:
@@ -236,12 +236,11 @@ class RoundEngine:
             return b"", version, h
         oldest = self.store.oldest_diff(run_id, version, rt.config.keep_versions)
         if since + 1 < oldest:
-            raise ApiError(410, "too_far_behind",
-                           f"diffs before version {oldest} are no longer kept; fetch the full state")
+            raise Rejected(Reason.TOO_FAR_BEHIND, f"diffs before version {oldest} are no longer kept; fetch the full state")
         try:
             data = await asyncio.to_thread(self.store.read_diffs, run_id, since + 1, version)
         except FileNotFoundError:
-            raise ApiError(410, "too_far_behind", "those diffs were just pruned; fetch the full state") from None
+            raise Rejected(Reason.TOO_FAR_BEHIND, "those diffs were just pruned; fetch the full state") from None
         return data, version, h
 
     # -- submissions ------------------------------------------------------------------------------
@@ -252,8 +251,7 @@ class RoundEngine:
         if rec is None:
             return None
         if rec.sha256 != sha:
-            raise ApiError(409, "conflicting_submission",
-                           f"node {node_id} already submitted a different update for round {round}")
+            raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}")
         return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending)}
 
     def _weight_for(self, rt: RunRuntime, round: int) -> float:
@@ -261,11 +259,11 @@ class RoundEngine:
         if round == rt.version:
             return 1.0
         if round > rt.version:
-            raise ApiError(409, "round_not_open", f"round {round} is not open; the open round is {rt.version}")
+            raise Rejected(Reason.ROUND_NOT_OPEN, f"round {round} is not open; the open round is {rt.version}")
         if rt.config.late_policy == "staleness":
             # An update computed `s` versions ago counts with weight 1 / (1 + s) in the open round.
             return 1.0 / (1 + rt.version - round)
-        raise ApiError(410, "round_closed", f"round {round} is closed; the open round is {rt.version}")
+        raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed; the open round is {rt.version}")
 
     async def submit(self, run_id: str, node_id: int, round: int, body: bytes) -> dict:
         """Validate and durably record one update; the answer means it will be counted exactly once."""
@@ -346,7 +344,7 @@ class RoundEngine:
             t0 = time.perf_counter()
             pub = await asyncio.to_thread(self._publish, rt, updates)
             opened_before = rt.opened_at
-            rt.master, rt.moments, rt.residual = pub.master, pub.moments, pub.residual
+            rt.master, rt.moments, rt.downlink_state = pub.master, pub.moments, pub.downlink_state
             rt.version, rt.weights_hash, rt.opened_at = pub.version, pub.weights_hash, pub.opened_at
             rt.pending = {}
             await asyncio.to_thread(self.store.prune, rt.run_id, rt.version, rt.config.keep_versions)
@@ -368,10 +366,10 @@ class RoundEngine:
         return self.step_and_publish(rt, grads, len(updates), aggregate_s)
 
     @staticmethod
-    def aggregate_round(rt: RunRuntime, updates: list[Update], dense_decode: bool = False) -> dict[str, torch.Tensor]:
+    def aggregate_round(rt: RunRuntime, updates: list[Update]) -> dict[str, torch.Tensor]:
         """The round's aggregated gradient under the run's rule."""
         agg = rt.config.aggregation
-        return aggregate(updates, sorted(rt.spec), agg.rule, agg.trim_fraction, dense_decode=dense_decode)
+        return aggregate(updates, sorted(rt.spec), agg.rule, agg.trim_fraction)
 
     def step_and_publish(self, rt: RunRuntime, grads: dict[str, torch.Tensor], n_updates: int,
                          aggregate_s: float = 0.0) -> _Published:
@@ -385,18 +383,20 @@ class RoundEngine:
         names = sorted(master)
         targets, moments = adamw_step(cfg.optimizer, master, grads, rt.moments)
         diff = {n: targets[n] - master[n] for n in names}
+        # The downlink feedback continues from the last version's state (a copy: ``rt`` stays as it was
+        # until the caller adopts the result after the commit).
         feedback = ErrorFeedback(cfg.downlink.build())
-        feedback.load_state_dict(rt.residual)
+        feedback.load_state_dict(rt.downlink_state)
         version = rt.version + 1
         frame = feedback.encode_bundle(diff, round=version, sender=SERVER_SENDER)
         new_master = {n: master[n].clone() for n in names}
         apply_update(new_master, decode_bundle(frame))
         h = state_hash(new_master)
         opened = time.time()
-        residual = feedback.state_dict()
-        self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), residual, h,
+        downlink_state = feedback.state_dict()
+        self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), downlink_state, h,
                            n_updates, opened)
-        return _Published(version, frame, new_master, moments, residual, h, opened, aggregate_s)
+        return _Published(version, frame, new_master, moments, downlink_state, h, opened, aggregate_s)
 
 
 def _parse_state(body: bytes) -> dict[str, torch.Tensor]:
@@ -404,18 +404,18 @@ def _parse_state(body: bytes) -> dict[str, torch.Tensor]:
     try:
         state = state_from_bytes(body)
     except ValueError as exc:
-        raise ApiError(400, "bad_state", str(exc)) from None
+        raise Rejected(Reason.BAD_STATE, str(exc)) from None
     if not state:
-        raise ApiError(400, "bad_state", "the state holds no tensors")
+        raise Rejected(Reason.BAD_STATE, "the state holds no tensors")
     out = {}
     for name in sorted(state):
         t = state[name]
         if not name or len(name.encode("utf-8")) > MAX_NAME_BYTES:
-            raise ApiError(400, "bad_state", f"tensor names must be 1 to {MAX_NAME_BYTES} bytes, got {name[:40]!r}")
+            raise Rejected(Reason.BAD_STATE, f"tensor names must be 1 to {MAX_NAME_BYTES} bytes, got {name[:40]!r}")
         if not t.is_floating_point():
-            raise ApiError(400, "bad_state", f"tensor {name!r} is {t.dtype}; only floating-point tensors train")
+            raise Rejected(Reason.BAD_STATE, f"tensor {name!r} is {t.dtype}; only floating-point tensors train")
         t = t.to(torch.float32).contiguous()
         if not bool(torch.isfinite(t).all()):
-            raise ApiError(400, "bad_state", f"tensor {name!r} holds NaN or infinite values")
+            raise Rejected(Reason.BAD_STATE, f"tensor {name!r} holds NaN or infinite values")
         out[name] = t
     return out

@@ -8,6 +8,8 @@ from typing import Literal, Optional
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gradwire.frame import MIN_FRAME_BYTES
+
 __all__ = ["ServerSettings"]
 
 
@@ -22,7 +24,7 @@ class ServerSettings(BaseSettings):
     admin_token: Optional[SecretStr] = Field(
         None, description="Admin bearer token; if unset one is generated into <data_dir>/admin_token (mode 0600)."
     )
-    max_frame_bytes: int = Field(64 << 20, ge=36, description="Default per-run ceiling on a submitted frame.")
+    max_frame_bytes: int = Field(64 << 20, ge=MIN_FRAME_BYTES, description="Default per-run ceiling on a submitted frame.")
     max_state_bytes: int = Field(4 << 30, ge=1, description="Ceiling on an initial-state upload (PUT state).")
     live_window_rounds: int = Field(5, ge=1, description="A node is live if it submitted in this many last rounds.")
     log_json: bool = Field(False, description="Structured JSON log lines instead of plain text.")

@@ -5,7 +5,8 @@ Layout under ``data_dir``::
     gradwire.sqlite3                       runs, nodes, versions, submissions (WAL, synchronous=FULL)
     runs/<run_id>/weights/v<version>.safetensors    fp32 master weights at <version>
     runs/<run_id>/moments/v<version>.safetensors    AdamW exp_avg.* / exp_avg_sq.* after <version> steps
-    runs/<run_id>/residual/v<version>.safetensors   downlink error-feedback residual at <version>
+    runs/<run_id>/downlink/v<version>.safetensors   the downlink ErrorFeedback's state_dict() at <version>
+                                                   (residuals and codec state; gradwire.state.pack_state_dict)
     runs/<run_id>/diffs/v<version>.gwf              the frame that published <version>
     runs/<run_id>/submissions/r<round>-n<node>-<sha>.gwf  an acknowledged update, kept until its round closes
 
@@ -27,11 +28,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from gradwire.state import pack_state_dict, unpack_state_dict
 
 __all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write"]
 
@@ -305,7 +308,7 @@ class Store:
         frame: bytes,
         weights: Mapping[str, torch.Tensor],
         moments: Mapping[str, torch.Tensor],
-        residual: Mapping[str, torch.Tensor],
+        downlink_state: Mapping[str, Any],
         weights_hash: str,
         updates: int,
         opened_at: float,
@@ -318,7 +321,7 @@ class Store:
         atomic_write(self.diff_path(run_id, version), frame)
         atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
         atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
-        atomic_write(self._versioned(run_id, "residual", version), st_save(dict(residual)))
+        atomic_write(self._versioned(run_id, "downlink", version), pack_state_dict(downlink_state))
         self._tx([
             ("UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ? WHERE run_id = ? AND version = ?",
              (version, weights_hash, opened_at, run_id, version - 1)),
@@ -326,19 +329,24 @@ class Store:
              "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
         ], expect_one=True)
 
-    def version_hash(self, run_id: str, version: int) -> Optional[str]:
-        row = self._one("SELECT weights_hash FROM versions WHERE run_id = ? AND version = ?", (run_id, version))
-        return None if row is None else row[0]
-
     def load_tensors(self, run_id: str, kind: str, version: int) -> Optional[dict[str, torch.Tensor]]:
-        """``kind`` in weights/moments/residual; ``None`` if that file does not exist."""
+        """``kind`` in weights/moments; ``None`` if that file does not exist."""
         path = self._versioned(run_id, kind, version)
         if not path.exists():
             return None
         return dict(st_load(path.read_bytes()))
 
-    def weights_bytes(self, run_id: str, version: int) -> bytes:
-        return self._versioned(run_id, "weights", version).read_bytes()
+    def load_downlink_state(self, run_id: str, version: int) -> Optional[dict[str, Any]]:
+        """The downlink error feedback's state at ``version``; ``None`` if none was kept.
+
+        Stores written before codec state was kept hold only the residuals (``residual/``): those come
+        back as a flat ``{name: tensor}``, which ``ErrorFeedback.load_state_dict`` also accepts.
+        """
+        path = self._versioned(run_id, "downlink", version)
+        if path.exists():
+            return unpack_state_dict(path.read_bytes())
+        legacy = self._versioned(run_id, "residual", version)
+        return dict(st_load(legacy.read_bytes())) if legacy.exists() else None
 
     def read_diffs(self, run_id: str, first: int, last: int) -> bytes:
         """The frames publishing versions ``first..last`` concatenated (each self-delimiting)."""
@@ -359,7 +367,7 @@ class Store:
         """
         root = self.run_dir(run_id)
         oldest_diff = self.oldest_diff(run_id, version, keep_versions)
-        for kind in ("weights", "moments", "residual", "diffs"):
+        for kind in ("weights", "moments", "downlink", "residual", "diffs"):
             folder = root / kind
             if not folder.is_dir():
                 continue

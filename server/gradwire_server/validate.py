@@ -3,7 +3,7 @@
 Order: structure and CRC (:func:`gradwire.read_frame` with the run's limits) → bundle, sender and round
 → tensor names and shapes equal to the model's → every record decodes (in the codec's domain where it
 can: the DCT's norm parses and checks every section without a dense decode) → finite values → the
-update's L2 norm under the run's ceiling. Any failure raises :class:`ApiError` with the reason of
+update's L2 norm under the run's ceiling. Any failure raises :class:`Rejected` with the reason of
 docs/API.md; nothing here is ever unpickled.
 """
 
@@ -16,7 +16,7 @@ from gradwire import FrameError, Limits, read_frame
 from gradwire.accumulate import entry_norm
 from gradwire.frame import Entry, Frame
 
-from .errors import ApiError
+from .errors import Reason, Rejected
 
 __all__ = ["ModelSpec", "validate_update"]
 
@@ -24,7 +24,7 @@ ModelSpec = Mapping[str, tuple[int, ...]]
 
 
 def _record_norm_sq(entry: Entry) -> float:
-    """Squared L2 norm of one record; raises ApiError for undecodable or non-finite records.
+    """Squared L2 norm of one record; raises Rejected for undecodable or non-finite records.
 
     A codec with a registered norm (the DCT) validates every section and computes the norm in its own
     domain, without a dense decode; its values are finite by construction once its sections passed (a
@@ -33,9 +33,9 @@ def _record_norm_sq(entry: Entry) -> float:
     try:
         n = entry_norm(entry)
     except FrameError as exc:
-        raise ApiError(400, "bad_frame", str(exc)) from None
+        raise Rejected(Reason.BAD_FRAME, str(exc)) from None
     if not math.isfinite(n):
-        raise ApiError(422, "non_finite", f"record {entry.name!r} holds NaN or infinite values")
+        raise Rejected(Reason.NON_FINITE, f"record {entry.name!r} holds NaN or infinite values")
     return n * n
 
 
@@ -48,20 +48,20 @@ def validate_update(
     max_frame_bytes: int,
     max_update_norm: Optional[float],
 ) -> tuple[Frame, float]:
-    """The parsed frame and its L2 norm, or :class:`ApiError` naming what is wrong."""
+    """The parsed frame and its L2 norm, or :class:`Rejected` naming what is wrong."""
     max_elems = max((math.prod(s) for s in spec.values()), default=1)
     limits = Limits(max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)),
                     max_tensor_elements=max(1, max_elems))
     try:
         frame = read_frame(body, limits=limits)
     except FrameError as exc:
-        raise ApiError(400, "bad_frame", str(exc)) from None
+        raise Rejected(Reason.BAD_FRAME, str(exc)) from None
     if not frame.bundle:
-        raise ApiError(422, "not_a_bundle", "submit a bundle frame (flags bit 0 set) holding every parameter")
+        raise Rejected(Reason.NOT_A_BUNDLE, "submit a bundle frame (flags bit 0 set) holding every parameter")
     if frame.sender != node_id:
-        raise ApiError(422, "sender_mismatch", f"frame sender {frame.sender} is not this token's node {node_id}")
+        raise Rejected(Reason.SENDER_MISMATCH, f"frame sender {frame.sender} is not this token's node {node_id}")
     if frame.round != round:
-        raise ApiError(422, "round_mismatch", f"frame round {frame.round} differs from the URL's round {round}")
+        raise Rejected(Reason.ROUND_MISMATCH, f"frame round {frame.round} differs from the URL's round {round}")
     got = {e.name: tuple(e.shape) for e in frame.entries}
     if got != dict(spec):
         missing = sorted(set(spec) - set(got))
@@ -74,10 +74,10 @@ def validate_update(
             parts.append(f"unknown {extra[:5]}")
         if wrong:
             parts.append("shape of " + ", ".join(f"{n!r} is {got[n]}, the model's {tuple(spec[n])}" for n in wrong[:5]))
-        raise ApiError(422, "tensor_mismatch", "; ".join(parts))
+        raise Rejected(Reason.TENSOR_MISMATCH, "; ".join(parts))
     norm = math.sqrt(sum(_record_norm_sq(e) for e in frame.entries))
     if not math.isfinite(norm):
-        raise ApiError(422, "non_finite", "the update's norm is not finite")
+        raise Rejected(Reason.NON_FINITE, "the update's norm is not finite")
     if max_update_norm is not None and norm > max_update_norm:
-        raise ApiError(422, "norm_too_large", f"update L2 norm {norm:.6g} exceeds the run's ceiling {max_update_norm:g}")
+        raise Rejected(Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} exceeds the run's ceiling {max_update_norm:g}")
     return frame, norm

@@ -8,10 +8,12 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
+from gradwire.protocol import API_PREFIX
+
 from ..auth import Principal, hash_token, new_token, principal
 from .common import ERROR, server
 
-router = APIRouter(prefix="/v1/runs/{run_id}/nodes", tags=["nodes"])
+router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}/nodes", tags=["nodes"])
 
 
 class NodeRequest(BaseModel):

@@ -7,11 +7,13 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
+from gradwire.protocol import API_PREFIX
+
 from ..auth import Principal, principal
 from ..config import RunConfig
 from .common import ERROR, server
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"])
+router = APIRouter(prefix=f"{API_PREFIX}/runs", tags=["runs"])
 
 
 class RunCreated(BaseModel):

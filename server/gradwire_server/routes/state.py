@@ -5,10 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel
 
-from ..auth import Principal, principal
-from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server
+from gradwire.protocol import API_PREFIX
 
-router = APIRouter(prefix="/v1/runs/{run_id}/state", tags=["state"])
+from ..auth import Principal, principal
+from ..errors import Reason
+from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server, versioned_octets
+
+router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}/state", tags=["state"])
 
 
 class StateSet(BaseModel):
@@ -23,7 +26,7 @@ async def put_state(run_id: str, request: Request, who: Principal = Depends(prin
     who.require_admin()
     ctx = server(request)
     ctx.engine.runtime(run_id)
-    body = await read_body(request, ctx.settings.max_state_bytes, reason="state_too_large")
+    body = await read_body(request, ctx.settings.max_state_bytes, reason=Reason.STATE_TOO_LARGE)
     return await ctx.engine.set_state(run_id, body)
 
 
@@ -36,5 +39,4 @@ async def get_state(run_id: str, request: Request, who: Principal = Depends(prin
     who.require_member(run_id)
     data, version, h = await ctx.engine.state_bytes(run_id)
     ctx.metrics.bytes_out.inc(len(data))
-    return Response(data, media_type="application/octet-stream",
-                    headers={"X-Gradwire-Version": str(version), "X-Gradwire-Weights-Hash": h})
+    return versioned_octets(data, version, h)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
 
-from ..auth import Principal, principal
-from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server
+from gradwire.protocol import API_PREFIX, MAX_WAIT_S
 
-router = APIRouter(prefix="/v1/runs/{run_id}", tags=["updates"])
+from ..auth import Principal, principal
+from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server, versioned_octets
+
+router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}", tags=["updates"])
 
 
 class Accepted(BaseModel):
@@ -48,12 +50,11 @@ async def submit_update(request: Request, run_id: str, round: int = Path(ge=0),
                409: ERROR, 410: ERROR, 422: ERROR},
 )
 async def get_updates(request: Request, run_id: str, since: int = Query(ge=0),
-                      wait: float = Query(0.0, ge=0.0, le=60.0),
+                      wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S),
                       who: Principal = Depends(principal)) -> Response:
     ctx = server(request)
     ctx.engine.runtime(run_id)
     who.require_member(run_id)
     data, version, h = await ctx.engine.updates_since(run_id, since, wait)
     ctx.metrics.bytes_out.inc(len(data))
-    return Response(data, media_type="application/octet-stream",
-                    headers={"X-Gradwire-Version": str(version), "X-Gradwire-Weights-Hash": h})
+    return versioned_octets(data, version, h)

@@ -1,0 +1,70 @@
+"""The REST protocol v1 of the aggregation server (docs/API.md), written once for both of its sides.
+
+The client (:mod:`gradwire.client`) and the server (``gradwire_server``) import these names; neither
+spells a header or an error reason of its own. The HTTP status each reason is answered with is the
+server's business (one table in ``gradwire_server.http_errors``); the client reads the status from the
+response and the reason from its JSON body ``{"error": reason, "detail": message}``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "API_PREFIX",
+    "HASH_HEADER",
+    "MAX_WAIT_S",
+    "OCTET_STREAM",
+    "Reason",
+    "VERSION_HEADER",
+]
+
+#: Every route of API v1 lives under this prefix.
+API_PREFIX = "/v1"
+#: The run's version that a state or update response carries.
+VERSION_HEADER = "X-Gradwire-Version"
+#: ``gradwire.state.state_hash`` of the master weights at that version.
+HASH_HEADER = "X-Gradwire-Weights-Hash"
+#: The media type of frames and safetensors bodies.
+OCTET_STREAM = "application/octet-stream"
+#: The server caps a long poll (``GET …/updates?wait=``) at this many seconds.
+MAX_WAIT_S = 60.0
+
+
+class Reason(str, enum.Enum):
+    """The snake_case ``error`` of every refusal the server answers (docs/API.md lists when)."""
+
+    # the request itself
+    BAD_REQUEST = "bad_request"
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    HTTP_ERROR = "http_error"
+    # who is asking
+    MISSING_TOKEN = "missing_token"
+    INVALID_TOKEN = "invalid_token"
+    FORBIDDEN = "forbidden"
+    # runs and their state
+    UNKNOWN_RUN = "unknown_run"
+    ALREADY_STARTED = "already_started"
+    STATE_NOT_SET = "state_not_set"
+    BAD_STATE = "bad_state"
+    STATE_TOO_LARGE = "state_too_large"
+    # versions and rounds
+    VERSION_AHEAD = "version_ahead"
+    TOO_FAR_BEHIND = "too_far_behind"
+    ROUND_NOT_OPEN = "round_not_open"
+    ROUND_CLOSED = "round_closed"
+    CONFLICTING_SUBMISSION = "conflicting_submission"
+    # the submitted frame
+    FRAME_TOO_LARGE = "frame_too_large"
+    BAD_FRAME = "bad_frame"
+    NOT_A_BUNDLE = "not_a_bundle"
+    SENDER_MISMATCH = "sender_mismatch"
+    ROUND_MISMATCH = "round_mismatch"
+    TENSOR_MISMATCH = "tensor_mismatch"
+    NON_FINITE = "non_finite"
+    NORM_TOO_LARGE = "norm_too_large"
+
+    def __str__(self) -> str:
+        return self.value

@@ -1,0 +1,76 @@
+"""The one place where refusals become HTTP answers: the status of every reason and the app's handlers.
+
+Every refusal is answered ``{"error": reason, "detail": message}`` with the status below (docs/API.md)
+and counted by reason in the rejection metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gradwire.protocol import Reason
+
+from .errors import Rejected
+
+__all__ = ["STATUS", "install_error_handlers"]
+
+#: The HTTP status each reason is answered with.
+STATUS: dict[Reason, int] = {
+    Reason.BAD_REQUEST: 400,
+    Reason.BAD_STATE: 400,
+    Reason.BAD_FRAME: 400,
+    Reason.MISSING_TOKEN: 401,
+    Reason.INVALID_TOKEN: 401,
+    Reason.FORBIDDEN: 403,
+    Reason.NOT_FOUND: 404,
+    Reason.UNKNOWN_RUN: 404,
+    Reason.METHOD_NOT_ALLOWED: 405,
+    Reason.ALREADY_STARTED: 409,
+    Reason.STATE_NOT_SET: 409,
+    Reason.ROUND_NOT_OPEN: 409,
+    Reason.CONFLICTING_SUBMISSION: 409,
+    Reason.ROUND_CLOSED: 410,
+    Reason.TOO_FAR_BEHIND: 410,
+    Reason.FRAME_TOO_LARGE: 413,
+    Reason.STATE_TOO_LARGE: 413,
+    Reason.INVALID_REQUEST: 422,
+    Reason.VERSION_AHEAD: 422,
+    Reason.NOT_A_BUNDLE: 422,
+    Reason.SENDER_MISMATCH: 422,
+    Reason.ROUND_MISMATCH: 422,
+    Reason.TENSOR_MISMATCH: 422,
+    Reason.NON_FINITE: 422,
+    Reason.NORM_TOO_LARGE: 422,
+}
+
+
+def _is_update_submission(request: Request) -> bool:
+    return request.method == "POST" and request.url.path.endswith("/updates")
+
+
+def install_error_handlers(app: FastAPI, reject: Callable[[str, bool], None]) -> None:
+    """Answer every refusal as JSON with its status; ``reject(reason, is_update)`` counts it."""
+
+    def answer(request: Request, status: int, reason: str, detail: str,
+               headers: Optional[dict[str, str]] = None) -> JSONResponse:
+        reject(reason, _is_update_submission(request))
+        return JSONResponse({"error": reason, "detail": detail}, status_code=status, headers=headers)
+
+    @app.exception_handler(Rejected)
+    async def _rejected(request: Request, exc: Rejected):
+        return answer(request, STATUS[exc.reason], exc.reason.value, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return answer(request, STATUS[Reason.INVALID_REQUEST], Reason.INVALID_REQUEST.value, detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(exc.status_code, Reason.HTTP_ERROR)
+        return answer(request, exc.status_code, reason.value, str(exc.detail))

@@ -1,0 +1,151 @@
+"""The import graph of docs/ARCHITECTURE.md: no cycles, and the library never imports the apps or the server.
+
+Every ``import`` statement counts, also those inside functions (a lazy import that closes a cycle is
+still a cycle: it only moves the failure to the first call). Edges are taken as written: ``from . import
+wire`` is an edge to ``gradwire.wire`` when that is a module, ``from ..frame import Entry`` one to
+``gradwire.frame``, ``import gradwire`` one to the package itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {
+    "gradwire": REPO / "python" / "gradwire",
+    "gradwire_apps": REPO / "python" / "gradwire_apps",
+    "gradwire_server": REPO / "server" / "gradwire_server",
+}
+LIBRARY = "gradwire"
+#: Packages the library must never import, directly or through another module of it.
+NOT_FOR_THE_LIBRARY = ("gradwire_apps", "gradwire_server", "typer", "rich", "tqdm", "sklearn", "matplotlib",
+                       "fastapi", "uvicorn", "starlette", "pydantic_settings", "prometheus_client")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for top, root in ROOTS.items():
+        if not root.is_dir():
+            continue
+        # A compiled module (gradwire._native) is known by its stub; it imports nothing of ours.
+        for path in sorted(root.rglob("*.py")) + [p for p in root.rglob("*.pyi") if not p.with_suffix(".py").exists()]:
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([top, *parts])] = path
+    return mods
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module named by an import statement of ``name`` (internal ones resolved, others by top name)."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out.add(_nearest(alias.name, modules))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in modules else _nearest(target, modules))
+    out.discard(name)
+    return out
+
+
+def _nearest(dotted: str, modules: dict[str, Path]) -> str:
+    """The innermost known module of ``dotted``, or its top-level name for outside packages."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        cand = ".".join(parts[:i])
+        if cand in modules:
+            return cand
+    return parts[0]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _edges(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_every_package_and_lazy_imports():
+    graph = _graph()
+    assert "gradwire.frame" in graph and "gradwire_server.rounds" in graph and "gradwire_apps" in graph
+    # A function-level import counts: the server's package imports its app lazily, in __getattr__.
+    assert "gradwire_server.app" in graph["gradwire_server"]
+    assert "gradwire._native" in graph["gradwire.frame"]
+
+
+def test_no_import_cycles_anywhere():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" ↔ ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_library_never_imports_the_apps_the_server_or_their_dependencies():
+    graph = _graph()
+    offenders = sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        if name == LIBRARY or name.startswith(LIBRARY + ".")
+        for dep in deps
+        if dep.split(".")[0] in NOT_FOR_THE_LIBRARY
+    )
+    assert not offenders, offenders
+
+
+def test_nothing_reaches_code_through_sys_path():
+    hits = [
+        str(path.relative_to(REPO))
+        for folder in ("python", "server", "tests", "bench", "examples")
+        for path in (REPO / folder).rglob("*.py")
+        if path != Path(__file__).resolve() and ("sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())
+    ]
+    assert not hits, hits
