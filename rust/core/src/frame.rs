@@ -288,6 +288,32 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
     Ok((header, le_u32(data, 28)))
 }
 
+/// The length of the frame that starts `data`, which may run on into further frames (the
+/// downlink concatenates them): checks the magic, the version and that `total_len` is at least
+/// [`MIN_FRAME_LEN`] and no more than `data` holds. The frame itself is not checked: parse it
+/// with [`parse_frame`] over exactly that many bytes.
+pub fn frame_len_at_start(data: &[u8]) -> Result<usize> {
+    if data.len() < MIN_FRAME_LEN {
+        return Err(WireError::FrameTooShort { got: data.len() });
+    }
+    let mut magic = [0u8; 4];
+    magic.copy_from_slice(&data[0..4]);
+    if magic != MAGIC {
+        return Err(WireError::BadMagic { found: magic });
+    }
+    let version = le_u16(data, 4);
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion { version });
+    }
+    let declared = le_u64(data, 8);
+    let got = data.len();
+    match usize::try_from(declared) {
+        Ok(n) if n < MIN_FRAME_LEN => Err(WireError::FrameTooShort { got: n }),
+        Ok(n) if n <= got => Ok(n),
+        _ => Err(WireError::FrameTruncated { declared, got }),
+    }
+}
+
 /// Parses and validates a whole frame. See the module docs for what is checked and in which
 /// order.
 pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>> {
@@ -729,6 +755,35 @@ fn emit(header: &FrameHeader, entries: &[EntrySpec<'_>], buf: &mut [u8]) -> Resu
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn frame_len_at_start_delimits_concatenated_frames() {
+        // Only the envelope is read: a header-sized frame with a zero CRC is enough.
+        let mut f = vec![0u8; MIN_FRAME_LEN];
+        f[0..4].copy_from_slice(&MAGIC);
+        f[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        f[8..16].copy_from_slice(&(MIN_FRAME_LEN as u64).to_le_bytes());
+        let mut joined = f.clone();
+        joined.extend_from_slice(&f);
+        assert_eq!(frame_len_at_start(&joined).ok(), Some(MIN_FRAME_LEN));
+        assert!(matches!(frame_len_at_start(&f[..10]), Err(WireError::FrameTooShort { got: 10 })));
+        let mut long = f.clone();
+        long[8..16].copy_from_slice(&1000u64.to_le_bytes());
+        assert!(matches!(
+            frame_len_at_start(&long),
+            Err(WireError::FrameTruncated { declared: 1000, got: 36 })
+        ));
+        let mut small = f.clone();
+        small[8..16].copy_from_slice(&5u64.to_le_bytes());
+        assert!(matches!(frame_len_at_start(&small), Err(WireError::FrameTooShort { got: 5 })));
+        let mut magic = f.clone();
+        magic[0] = b'X';
+        assert!(matches!(frame_len_at_start(&magic), Err(WireError::BadMagic { .. })));
+        let mut huge = f;
+        huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(frame_len_at_start(&huge), Err(WireError::FrameTruncated { .. })));
+    }
+
     use super::*;
     use proptest::prelude::*;
 
