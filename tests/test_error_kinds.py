@@ -7,6 +7,7 @@ with what the native module can raise.
 
 from __future__ import annotations
 
+import pickle
 import re
 import struct
 from pathlib import Path
@@ -129,6 +130,13 @@ def test_bad_kernel_input_raises_its_kind(kind):
         KERNEL_CASES[kind]()
     assert info.value.kind == kind, str(info.value)
     assert type(info.value) is WireError is ERROR_KINDS[kind]
+
+
+def test_kind_survives_pickling():
+    with pytest.raises(FrameError) as info:
+        read_frame(tensor_frame()[:-1])
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is FrameError and again.kind == "frame_truncated" and str(again) == str(info.value)
 
 
 def test_kind_of_an_out_buffer_error_is_the_kernels():
