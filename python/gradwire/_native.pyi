@@ -8,12 +8,14 @@ runs with the GIL released. Array outputs own their memory (no copy is made to h
 Errors: problems with a frame raise :class:`FrameError`; every other invalid input raises
 :class:`WireError`. Both are ``ValueError`` subclasses and their message names the problem
 (for instance ``"value 5000 at index 3 does not fit in 12 bits"`` or
-``"checksum mismatch: frame says 0x1a2b3c4d, computed 0x5e6f7a8b"``). A non-contiguous array
+``"checksum mismatch: frame says 0x1a2b3c4d, computed 0x5e6f7a8b"``); their ``kind`` attribute
+names it with a stable snake_case string (``"value_too_wide"``, ``"checksum_mismatch"``: one per
+error of the core, listed in :data:`ERROR_KINDS` and docs/FORMAT.md section 7.1). A non-contiguous array
 raises ``ValueError``; an array of the wrong dtype or number of dimensions raises ``TypeError``;
 an integer argument out of range raises ``OverflowError``.
 """
 
-from typing import Optional
+from typing import Final, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -21,8 +23,36 @@ import numpy.typing as npt
 class WireError(ValueError):
     """Input a gradwire kernel cannot encode or decode (a ``ValueError``)."""
 
+    #: The stable snake_case name of the problem (docs/FORMAT.md section 7.1). A native error
+    #: sets its own on the instance; the class default ``"invalid_input"`` marks one raised from
+    #: Python code.
+    kind: str
+
 class FrameError(WireError):
     """A frame, or one of its records, breaks a rule of docs/FORMAT.md (a ``WireError``)."""
+
+    #: As :attr:`WireError.kind`; the class default ``"invalid_record"`` marks a codec rule of
+    #: FORMAT.md section 5 checked by a Python decoder.
+    kind: str
+
+#: Every ``kind`` a native error can carry, in the core's order, mapped to the class raised with
+#: it (:class:`WireError` for kernel input, :class:`FrameError` for frame rules).
+ERROR_KINDS: Final[dict[str, type[WireError]]]
+
+# Frame constants of docs/FORMAT.md, the Rust core's own values.
+#: The frame format version this module reads and writes (1).
+FORMAT_VERSION: Final[int]
+#: The first four bytes of every frame, ``b"GWIR"``.
+FRAME_MAGIC: Final[bytes]
+#: Bytes of the frame header (32).
+FRAME_HEADER_BYTES: Final[int]
+#: The shortest frame: header and CRC-32C trailer, a bundle with no records (36).
+MIN_FRAME_BYTES: Final[int]
+#: The longest record name, in bytes (1024).
+MAX_NAME_BYTES: Final[int]
+#: Element and dtype codes of FORMAT.md table 4.1 by type name: ``{"u8": 0, ..., "bf16": 9,
+#: "f32": 10, "f64": 11}``.
+ELEM_CODES: Final[dict[str, int]]
 
 def pack_bits(values: npt.NDArray[np.uint32], bits: int) -> bytes:
     """Pack ``values`` at ``bits`` bits each (1..32) into an LSB-first bit stream.

@@ -6,8 +6,20 @@ Both are defined by the native module so that Rust errors surface as these exact
   (a value wider than its bit width, a byte outside the quartic alphabet, a short buffer).
 - ``FrameError`` (a ``WireError``): a frame, or one of its records, breaks a rule of
   docs/FORMAT.md. The message names the rule.
+
+Every instance has a ``kind``: a stable snake_case name of the problem, for code that must tell
+problems apart without parsing messages (``except FrameError as e: if e.kind == "checksum_mismatch"``).
+Messages may be reworded; a kind is never renamed or reused. The kinds are listed, each with the
+rule it stands for, in docs/FORMAT.md section 7.1:
+
+- an error of the Rust core carries the kind of its ``WireError`` variant, the variant's name in
+  snake case (``"checksum_mismatch"``, ``"frame_truncated"``, ``"bad_magic"``,
+  ``"value_too_wide"`` ...); ``ERROR_KINDS`` maps each to the class raised with it;
+- an error raised by Python code carries its class default: ``"invalid_record"`` for
+  ``FrameError`` (a codec decoder rejecting a record by a rule of FORMAT.md section 5) and
+  ``"invalid_input"`` for ``WireError``.
 """
 
-from ._native import FrameError, WireError
+from ._native import ERROR_KINDS, FrameError, WireError
 
-__all__ = ["FrameError", "WireError"]
+__all__ = ["ERROR_KINDS", "FrameError", "WireError"]

@@ -7,7 +7,8 @@ dispatches each record to the decoder registered for its codec id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +19,24 @@ from .wire import BytesLike, as_u8
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "ELEM_BF16",
+    "ELEM_CODES",
+    "ELEM_F16",
+    "ELEM_F32",
+    "ELEM_F64",
+    "ELEM_I16",
+    "ELEM_I32",
+    "ELEM_I64",
+    "ELEM_I8",
+    "ELEM_U16",
+    "ELEM_U32",
+    "ELEM_U64",
+    "ELEM_U8",
+    "FORMAT_VERSION",
+    "FRAME_HEADER_BYTES",
+    "FRAME_MAGIC",
+    "MAX_NAME_BYTES",
+    "MIN_FRAME_BYTES",
     "Entry",
     "Frame",
     "Limits",
@@ -33,26 +52,43 @@ __all__ = [
 #: The sender id the aggregation server puts on its own frames.
 SERVER_SENDER = 0xFFFFFFFF
 
-# Element codes of FORMAT.md §4.1, by numpy dtype. bf16 has no numpy dtype: its payload travels as
-# uint16 words and is tagged through ``Entry.section_elems``.
+# Protocol constants of docs/FORMAT.md, taken from the Rust core (never restated here).
+#: The frame format version (1).
+FORMAT_VERSION: int = _native.FORMAT_VERSION
+#: The first four bytes of every frame, ``b"GWIR"``.
+FRAME_MAGIC: bytes = _native.FRAME_MAGIC
+#: Bytes of the frame header (32).
+FRAME_HEADER_BYTES: int = _native.FRAME_HEADER_BYTES
+#: The shortest frame, header plus CRC-32C trailer: a bundle with no records (36).
+MIN_FRAME_BYTES: int = _native.MIN_FRAME_BYTES
+#: The longest record name, in bytes of UTF-8 (1024).
+MAX_NAME_BYTES: int = _native.MAX_NAME_BYTES
+
+#: Element and dtype codes of FORMAT.md table 4.1 by type name (``"u8"`` ... ``"f64"``), read-only.
+ELEM_CODES: Mapping[str, int] = MappingProxyType(dict(_native.ELEM_CODES))
+ELEM_U8: int = ELEM_CODES["u8"]
+ELEM_I8: int = ELEM_CODES["i8"]
+ELEM_U16: int = ELEM_CODES["u16"]
+ELEM_I16: int = ELEM_CODES["i16"]
+ELEM_U32: int = ELEM_CODES["u32"]
+ELEM_I32: int = ELEM_CODES["i32"]
+ELEM_U64: int = ELEM_CODES["u64"]
+ELEM_I64: int = ELEM_CODES["i64"]
+ELEM_F16: int = ELEM_CODES["f16"]
+ELEM_BF16: int = ELEM_CODES["bf16"]
+ELEM_F32: int = ELEM_CODES["f32"]
+ELEM_F64: int = ELEM_CODES["f64"]
+
+# Element codes by numpy dtype: "u8" is numpy's "u1" (the width in bytes). bf16 has no numpy dtype:
+# its payload travels as uint16 words and is tagged through ``Entry.section_elems``.
 _ELEM_BY_NUMPY = {
-    np.dtype(np.uint8): 0,
-    np.dtype(np.int8): 1,
-    np.dtype(np.uint16): 2,
-    np.dtype(np.int16): 3,
-    np.dtype(np.uint32): 4,
-    np.dtype(np.int32): 5,
-    np.dtype(np.uint64): 6,
-    np.dtype(np.int64): 7,
-    np.dtype(np.float16): 8,
-    np.dtype(np.float32): 10,
-    np.dtype(np.float64): 11,
+    np.dtype(f"{name[0]}{int(name[1:]) // 8}"): code for name, code in ELEM_CODES.items() if code != ELEM_BF16
 }
-ELEM_BF16 = 9
 _NUMPY_BY_ELEM = {code: dt for dt, code in _ELEM_BY_NUMPY.items()}
 _NUMPY_BY_ELEM[ELEM_BF16] = np.dtype("<u2")
 
-_DTYPE_CODE = {torch.float16: 8, torch.bfloat16: 9, torch.float32: 10, torch.float64: 11}
+# The floating-point codes a record's dtype may take, by torch dtype.
+_DTYPE_CODE = {torch.float16: ELEM_F16, torch.bfloat16: ELEM_BF16, torch.float32: ELEM_F32, torch.float64: ELEM_F64}
 _DTYPE_BY_CODE = {code: dt for dt, code in _DTYPE_CODE.items()}
 
 

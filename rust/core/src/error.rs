@@ -4,6 +4,11 @@
 //! `Display` text names the problem. Variants fall in two groups: kernel input errors (bit
 //! packing, quartic and zero-run coding, Rice, Elias and Huffman codes) and frame errors (the
 //! frame format of `docs/FORMAT.md`); [`WireError::is_frame_error`] tells them apart.
+//!
+//! Every variant also has a stable snake_case *kind*, [`WireError::kind`], the variant's name
+//! in snake case (`ChecksumMismatch` is `"checksum_mismatch"`). Kinds are part of the public
+//! interface (docs/FORMAT.md section 7.1 lists them; Python exceptions carry them as `kind`):
+//! a released kind is never renamed or reused, a new variant brings a new kind.
 
 use thiserror::Error;
 
@@ -304,73 +309,115 @@ pub enum WireError {
     LeftoverBytes { count: usize },
 }
 
-impl WireError {
-    /// True for errors about the frame format (structure, envelope, limits), false for kernel
-    /// input errors. The Python glue raises `FrameError` for the former and `WireError` for
-    /// the latter.
-    pub fn is_frame_error(&self) -> bool {
-        use WireError::*;
-        match self {
-            InvalidBitWidth { .. }
-            | ValueTooWide { .. }
-            | SizeOverflow { .. }
-            | InputTooShort { .. }
-            | LengthMismatch { .. }
-            | OutputSizeMismatch { .. }
-            | NonzeroPaddingBits { .. }
-            | InvalidTrit { .. }
-            | InvalidQuarticByte { .. }
-            | NonzeroQuarticPadding { .. }
-            | ZeroRunInputByte { .. }
-            | ZeroRunTooLong { .. }
-            | ZeroRunTooShort { .. }
-            | StreamTruncated { .. }
-            | NotWholeSets { .. }
-            | InvalidUniverse { .. }
-            | SetTooLarge { .. }
-            | IndexOutOfRange { .. }
-            | NotStrictlyAscending { .. }
-            | InvalidRiceParameter { .. }
-            | EliasZero { .. }
-            | EliasOverflow { .. }
-            | LevelOutOfRange { .. }
-            | SparseLengthMismatch { .. }
-            | InvalidCodeLengthCap { .. }
-            | CodeLengthAboveCap { .. }
-            | KraftOverflow { .. }
-            | EmptyCodebook
-            | CodebookRange { .. }
-            | SymbolNotInBook { .. }
-            | InvalidCode { .. }
-            | EscapedSymbolHasCode { .. } => false,
-            FrameTooShort { .. }
-            | BadMagic { .. }
-            | UnsupportedVersion { .. }
-            | FrameTruncated { .. }
-            | FrameTrailingBytes { .. }
-            | FrameTooLarge { .. }
-            | ChecksumMismatch { .. }
-            | ReservedFlags { .. }
-            | TensorFrameEntryCount { .. }
-            | TooManyEntries { .. }
-            | FieldOverrun { .. }
-            | NameTooLong { .. }
-            | NameNotUtf8 { .. }
-            | EmptyName { .. }
-            | DuplicateName { .. }
-            | SectionNameLength { .. }
-            | SectionNameInvalid { .. }
-            | DuplicateSection { .. }
-            | TooManyDims { .. }
-            | NumelOverflow { .. }
-            | TooManyElements { .. }
-            | ParamsTooLong { .. }
-            | TooManySections { .. }
-            | UnknownElemType { .. }
-            | InvalidDtype { .. }
-            | SectionLength { .. }
-            | LeftoverBytes { .. } => true,
+/// Declares, from one table, each variant's stable kind and its group: [`WireError::kind`],
+/// [`WireError::is_frame_error`], [`WireError::KERNEL_KINDS`] and [`WireError::FRAME_KINDS`].
+/// The `match`es are exhaustive, so a new variant does not compile until it is listed here.
+macro_rules! error_kinds {
+    (
+        kernel { $($kv:ident => $kk:literal,)* }
+        frame { $($fv:ident => $fk:literal,)* }
+    ) => {
+        impl WireError {
+            /// The kinds of the kernel input errors, in declaration order.
+            pub const KERNEL_KINDS: &'static [&'static str] = &[$($kk),*];
+            /// The kinds of the frame errors, in declaration order.
+            pub const FRAME_KINDS: &'static [&'static str] = &[$($fk),*];
+
+            /// A stable snake_case name of the variant (`ChecksumMismatch` is
+            /// `"checksum_mismatch"`), one per variant. Unlike the message, which may be
+            /// reworded, a kind never changes once released: callers match on it (the Python
+            /// glue sets it as the exception's `kind` attribute, and docs/FORMAT.md section 7.1
+            /// lists them all).
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(WireError::$kv { .. } => $kk,)*
+                    $(WireError::$fv { .. } => $fk,)*
+                }
+            }
+
+            /// True for errors about the frame format (structure, envelope, limits), false for
+            /// kernel input errors. The Python glue raises `FrameError` for the former and
+            /// `WireError` for the latter.
+            pub fn is_frame_error(&self) -> bool {
+                match self {
+                    $(WireError::$kv { .. } => false,)*
+                    $(WireError::$fv { .. } => true,)*
+                }
+            }
         }
+
+        /// (variant name, kind) of every variant, for the test that kinds follow the names.
+        #[cfg(test)]
+        const VARIANT_KINDS: &[(&str, &str)] = &[
+            $((stringify!($kv), $kk),)*
+            $((stringify!($fv), $fk),)*
+        ];
+    };
+}
+
+error_kinds! {
+    kernel {
+        InvalidBitWidth => "invalid_bit_width",
+        ValueTooWide => "value_too_wide",
+        SizeOverflow => "size_overflow",
+        InputTooShort => "input_too_short",
+        LengthMismatch => "length_mismatch",
+        OutputSizeMismatch => "output_size_mismatch",
+        NonzeroPaddingBits => "nonzero_padding_bits",
+        InvalidTrit => "invalid_trit",
+        InvalidQuarticByte => "invalid_quartic_byte",
+        NonzeroQuarticPadding => "nonzero_quartic_padding",
+        ZeroRunInputByte => "zero_run_input_byte",
+        ZeroRunTooLong => "zero_run_too_long",
+        ZeroRunTooShort => "zero_run_too_short",
+        StreamTruncated => "stream_truncated",
+        NotWholeSets => "not_whole_sets",
+        InvalidUniverse => "invalid_universe",
+        SetTooLarge => "set_too_large",
+        IndexOutOfRange => "index_out_of_range",
+        NotStrictlyAscending => "not_strictly_ascending",
+        InvalidRiceParameter => "invalid_rice_parameter",
+        EliasZero => "elias_zero",
+        EliasOverflow => "elias_overflow",
+        LevelOutOfRange => "level_out_of_range",
+        SparseLengthMismatch => "sparse_length_mismatch",
+        InvalidCodeLengthCap => "invalid_code_length_cap",
+        CodeLengthAboveCap => "code_length_above_cap",
+        KraftOverflow => "kraft_overflow",
+        EmptyCodebook => "empty_codebook",
+        CodebookRange => "codebook_range",
+        SymbolNotInBook => "symbol_not_in_book",
+        InvalidCode => "invalid_code",
+        EscapedSymbolHasCode => "escaped_symbol_has_code",
+    }
+    frame {
+        FrameTooShort => "frame_too_short",
+        BadMagic => "bad_magic",
+        UnsupportedVersion => "unsupported_version",
+        FrameTruncated => "frame_truncated",
+        FrameTrailingBytes => "frame_trailing_bytes",
+        FrameTooLarge => "frame_too_large",
+        ChecksumMismatch => "checksum_mismatch",
+        ReservedFlags => "reserved_flags",
+        TensorFrameEntryCount => "tensor_frame_entry_count",
+        TooManyEntries => "too_many_entries",
+        FieldOverrun => "field_overrun",
+        NameTooLong => "name_too_long",
+        NameNotUtf8 => "name_not_utf8",
+        EmptyName => "empty_name",
+        DuplicateName => "duplicate_name",
+        SectionNameLength => "section_name_length",
+        SectionNameInvalid => "section_name_invalid",
+        DuplicateSection => "duplicate_section",
+        TooManyDims => "too_many_dims",
+        NumelOverflow => "numel_overflow",
+        TooManyElements => "too_many_elements",
+        ParamsTooLong => "params_too_long",
+        TooManySections => "too_many_sections",
+        UnknownElemType => "unknown_elem_type",
+        InvalidDtype => "invalid_dtype",
+        SectionLength => "section_length",
+        LeftoverBytes => "leftover_bytes",
     }
 }
 
@@ -412,5 +459,85 @@ mod tests {
             e.to_string(),
             "bad magic: expected 47 57 49 52 (\"GWIR\"), found [47, 57, 49, 58]"
         );
+    }
+
+    fn snake_case(name: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in name.chars().enumerate() {
+            if c.is_ascii_uppercase() {
+                if i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_lowercase());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kinds_are_distinct_snake_case_names_of_the_variants() {
+        let mut seen = std::collections::HashSet::new();
+        for &(variant, kind) in VARIANT_KINDS {
+            assert_eq!(kind, snake_case(variant), "kind of {variant}");
+            assert!(
+                !kind.is_empty()
+                    && !kind.starts_with('_')
+                    && !kind.ends_with('_')
+                    && !kind.contains("__")
+                    && kind
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{kind:?} is not snake_case"
+            );
+            assert!(seen.insert(kind), "kind {kind:?} is used twice");
+        }
+        let listed: Vec<&str> = WireError::KERNEL_KINDS
+            .iter()
+            .chain(WireError::FRAME_KINDS)
+            .copied()
+            .collect();
+        let table: Vec<&str> = VARIANT_KINDS.iter().map(|&(_, k)| k).collect();
+        assert_eq!(listed, table);
+    }
+
+    #[test]
+    fn kind_and_group_of_instances() {
+        let cases = [
+            (
+                WireError::ChecksumMismatch {
+                    stored: 1,
+                    computed: 2,
+                },
+                "checksum_mismatch",
+                true,
+            ),
+            (WireError::EmptyCodebook, "empty_codebook", false),
+            (
+                WireError::ValueTooWide {
+                    index: 0,
+                    value: 9,
+                    bits: 3,
+                },
+                "value_too_wide",
+                false,
+            ),
+            (
+                WireError::LeftoverBytes { count: 1 },
+                "leftover_bytes",
+                true,
+            ),
+        ];
+        for (e, kind, frame) in cases {
+            assert_eq!(e.kind(), kind);
+            assert_eq!(e.is_frame_error(), frame);
+            let group = if frame {
+                WireError::FRAME_KINDS
+            } else {
+                WireError::KERNEL_KINDS
+            };
+            assert!(group.contains(&kind));
+        }
     }
 }

@@ -58,6 +58,22 @@ pub mod codes {
     pub const BF16: u8 = 9;
     pub const F32: u8 = 10;
     pub const F64: u8 = 11;
+
+    /// Every code with its lowercase type name, in code order (`("bf16", BF16)` …).
+    pub const ALL: [(&str, u8); 12] = [
+        ("u8", U8),
+        ("i8", I8),
+        ("u16", U16),
+        ("i16", I16),
+        ("u32", U32),
+        ("i32", I32),
+        ("u64", U64),
+        ("i64", I64),
+        ("f16", F16),
+        ("bf16", BF16),
+        ("f32", F32),
+        ("f64", F64),
+    ];
 }
 
 /// Size in bytes of an element type code, `None` for reserved codes (12–255).
@@ -786,6 +802,19 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn code_table_lists_every_code_once_in_order() {
+        for (i, &(name, code)) in codes::ALL.iter().enumerate() {
+            assert_eq!(usize::from(code), i, "{name}");
+            assert!(elem_size(code).is_some(), "{name}");
+            assert_eq!(
+                is_float_dtype(code),
+                name.starts_with('f') || name == "bf16"
+            );
+        }
+        assert_eq!(elem_size(codes::ALL.len() as u8), None);
+    }
 
     /// Hand-built frames, able to express every violation. `finish` fixes up `total_len` and
     /// the CRC so that the structure check is what fails.

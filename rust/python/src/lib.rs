@@ -3,41 +3,104 @@
 //! Byte inputs arrive as 1-D contiguous numpy arrays (the Python wrapper views any bytes-like
 //! object with `np.frombuffer`; the abi3 build has no buffer protocol). Every kernel runs with
 //! the GIL released. Errors from the core become `FrameError` (frame rules) or `WireError`
-//! (everything else), both `ValueError`s, with the core's message.
+//! (everything else), both `ValueError`s, with the core's message and its stable kind as the
+//! `kind` attribute. The frame constants (`FRAME_HEADER_BYTES`, `ELEM_CODES`, ...) are the
+//! core's, so Python never restates them. `python/gradwire/_native.pyi` is the stub, checked
+//! against the built module by `tests/test_native_stub.py`.
 
 use gradwire_core as gw;
 use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 create_exception!(
     gradwire._native,
     WireError,
     PyValueError,
-    "Input a gradwire kernel cannot encode or decode (a ValueError)."
+    "Input a gradwire kernel cannot encode or decode (a ValueError).\n\n\
+     `kind` names the problem with a stable snake_case string (docs/FORMAT.md section 7.1); \
+     raised from Python code without a native origin it is the class default 'invalid_input'."
 );
 create_exception!(
     gradwire._native,
     FrameError,
     WireError,
-    "A frame, or one of its records, breaks a rule of docs/FORMAT.md (a WireError)."
+    "A frame, or one of its records, breaks a rule of docs/FORMAT.md (a WireError).\n\n\
+     `kind` names the broken rule (docs/FORMAT.md section 7.1); raised by a codec's decoder \
+     for a section 5 rule it is the class default 'invalid_record'."
 );
 
-/// Maps a core error onto the Python exception classes.
-fn py_err(e: gw::WireError) -> PyErr {
-    if e.is_frame_error() {
+/// `kind` of a `WireError` raised from Python, not from the core.
+const PY_WIRE_ERROR_KIND: &str = "invalid_input";
+/// `kind` of a `FrameError` raised from Python: a codec's record rule (FORMAT.md section 5).
+const PY_FRAME_ERROR_KIND: &str = "invalid_record";
+
+/// Maps a core error onto the Python exception classes: the core's message, and its stable
+/// kind as the instance's `kind` attribute.
+fn py_err(py: Python<'_>, e: gw::WireError) -> PyErr {
+    let err = if e.is_frame_error() {
         FrameError::new_err(e.to_string())
     } else {
         WireError::new_err(e.to_string())
+    };
+    match err.value(py).setattr(intern!(py, "kind"), e.kind()) {
+        Ok(()) => err,
+        Err(failed) => failed,
     }
+}
+
+/// `.raise_in(py)`: a core result as a Python result, the error raised by [`py_err`].
+trait RaiseIn<T> {
+    fn raise_in(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> RaiseIn<T> for gw::Result<T> {
+    fn raise_in(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| py_err(py, e))
+    }
+}
+
+/// Runs a core kernel with the GIL released.
+fn nogil<T, F>(py: Python<'_>, kernel: F) -> PyResult<T>
+where
+    T: Send,
+    F: FnOnce() -> gw::Result<T> + Send,
+{
+    py.detach(kernel).raise_in(py)
 }
 
 /// The contiguous data of a 1-D numpy array.
 fn slice<'a, T: Element>(arr: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
     arr.as_slice()
         .map_err(|_| PyValueError::new_err(format!("{what} must be a contiguous 1-D array")))
+}
+
+/// A kernel's output bytes (computed with the GIL released) as Python `bytes`.
+fn bytes_of<'py, F>(py: Python<'py>, kernel: F) -> PyResult<Bound<'py, PyBytes>>
+where
+    F: FnOnce() -> gw::Result<Vec<u8>> + Send,
+{
+    Ok(PyBytes::new(py, &nogil(py, kernel)?))
+}
+
+/// Python `bytes` of `len` bytes written in place by `kernel` (GIL released): no copy.
+fn bytes_filled<'py, F>(py: Python<'py>, len: usize, kernel: F) -> PyResult<Bound<'py, PyBytes>>
+where
+    F: FnOnce(&mut [u8]) -> gw::Result<()> + Send,
+{
+    PyBytes::new_with(py, len, |buf| nogil(py, || kernel(buf)))
+}
+
+/// A kernel's output vector (computed with the GIL released) as a numpy array, without a copy.
+fn array_of<'py, T, F>(py: Python<'py>, kernel: F) -> PyResult<Bound<'py, PyArray1<T>>>
+where
+    T: Element + Send,
+    F: FnOnce() -> gw::Result<Vec<T>> + Send,
+{
+    Ok(PyArray1::from_vec(py, nogil(py, kernel)?))
 }
 
 /// Runs a decoding kernel straight into the caller's array `out` (exactly `len` elements), GIL
@@ -65,11 +128,34 @@ where
                 s.len()
             )));
         }
-        py.detach(|| kernel(s)).map_err(py_err)?;
+        nogil(py, || kernel(s))?;
     }
     Ok(out)
 }
 
+/// The `out=` convention of the decoders: with the caller's array `out` (writeable,
+/// contiguous, exactly `len` elements) `into` decodes there and `out` is returned; without it
+/// `alloc` returns a new array (the core checks what the input announces before allocating).
+/// Either runs with the GIL released.
+fn decode_out<'py, T, I, A>(
+    py: Python<'py>,
+    out: Option<Bound<'py, PyArray1<T>>>,
+    len: usize,
+    into: I,
+    alloc: A,
+) -> PyResult<Bound<'py, PyArray1<T>>>
+where
+    T: Element + Send,
+    I: FnOnce(&mut [T]) -> gw::Result<()> + Send,
+    A: FnOnce() -> gw::Result<Vec<T>> + Send,
+{
+    match out {
+        Some(out) => decode_into(py, out, len, into),
+        None => array_of(py, alloc),
+    }
+}
+
+/// Pack `values` at `bits` bits each (1..32) into an LSB-first bit stream.
 #[pyfunction]
 fn pack_bits<'py>(
     py: Python<'py>,
@@ -77,53 +163,44 @@ fn pack_bits<'py>(
     bits: u32,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let v = slice(&values, "values")?;
-    let len = gw::packed_len(v.len(), bits).map_err(py_err)?;
-    PyBytes::new_with(py, len, |buf| {
-        py.detach(|| gw::pack_bits_into(v, bits, buf))
-            .map_err(py_err)
-    })
+    let len = gw::packed_len(v.len(), bits).raise_in(py)?;
+    bytes_filled(py, len, |buf| gw::pack_bits_into(v, bits, buf))
 }
 
-/// Unpack `count` values of `bits` bits from an LSB-first bit stream; `data` may be longer
-/// than needed and padding bits are ignored. Returns a uint32 array.
-#[pyfunction]
-#[pyo3(signature = (data, bits, count, out = None))]
-fn unpack_bits<'py>(
-    py: Python<'py>,
-    data: PyReadonlyArray1<'py, u8>,
-    bits: u32,
-    count: usize,
-    out: Option<Bound<'py, PyArray1<u32>>>,
-) -> PyResult<Bound<'py, PyArray1<u32>>> {
-    let d = slice(&data, "data")?;
-    if let Some(out) = out {
-        return decode_into(py, out, count, |o| gw::unpack_bits_into(d, bits, o));
-    }
-    let out = py
-        .detach(|| gw::unpack_bits(d, bits, count))
-        .map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
+/// The two unpackers: the same signature and `out=` handling, lenient or strict kernels.
+macro_rules! unpacker {
+    ($(#[doc = $doc:literal])* $name:ident, $into:path, $alloc:path) => {
+        $(#[doc = $doc])*
+        #[pyfunction]
+        #[pyo3(signature = (data, bits, count, out = None))]
+        fn $name<'py>(
+            py: Python<'py>,
+            data: PyReadonlyArray1<'py, u8>,
+            bits: u32,
+            count: usize,
+            out: Option<Bound<'py, PyArray1<u32>>>,
+        ) -> PyResult<Bound<'py, PyArray1<u32>>> {
+            let d = slice(&data, "data")?;
+            decode_out(py, out, count, |o| $into(d, bits, o), || $alloc(d, bits, count))
+        }
+    };
 }
 
-/// Strict unpack_bits: `data` must be exactly ceil(count*bits/8) bytes with zero padding bits.
-#[pyfunction]
-#[pyo3(signature = (data, bits, count, out = None))]
-fn unpack_bits_exact<'py>(
-    py: Python<'py>,
-    data: PyReadonlyArray1<'py, u8>,
-    bits: u32,
-    count: usize,
-    out: Option<Bound<'py, PyArray1<u32>>>,
-) -> PyResult<Bound<'py, PyArray1<u32>>> {
-    let d = slice(&data, "data")?;
-    if let Some(out) = out {
-        return decode_into(py, out, count, |o| gw::unpack_bits_exact_into(d, bits, o));
-    }
-    let out = py
-        .detach(|| gw::unpack_bits_exact(d, bits, count))
-        .map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
-}
+unpacker!(
+    /// Unpack `count` values of `bits` bits from an LSB-first bit stream; `data` may be longer
+    /// than needed and padding bits are ignored. Returns a uint32 array.
+    unpack_bits,
+    gw::unpack_bits_into,
+    gw::unpack_bits
+);
+
+unpacker!(
+    /// Strict unpack_bits: `data` must be exactly ceil(count*bits/8) bytes with zero padding
+    /// bits.
+    unpack_bits_exact,
+    gw::unpack_bits_exact_into,
+    gw::unpack_bits_exact
+);
 
 /// 3LC quartic encoding of int8 trits (-1, 0, 1): five per byte, ceil(n/5) bytes <= 242.
 #[pyfunction]
@@ -132,9 +209,8 @@ fn quartic_encode<'py>(
     trits: PyReadonlyArray1<'py, i8>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let t = slice(&trits, "trits")?;
-    PyBytes::new_with(py, gw::quartic_len(t.len()), |buf| {
-        py.detach(|| gw::quartic_encode_into(t, buf))
-            .map_err(py_err)
+    bytes_filled(py, gw::quartic_len(t.len()), |buf| {
+        gw::quartic_encode_into(t, buf)
     })
 }
 
@@ -149,11 +225,13 @@ fn quartic_decode<'py>(
     out: Option<Bound<'py, PyArray1<i8>>>,
 ) -> PyResult<Bound<'py, PyArray1<i8>>> {
     let d = slice(&data, "data")?;
-    if let Some(out) = out {
-        return decode_into(py, out, count, |o| gw::quartic_decode_into(d, o));
-    }
-    let out = py.detach(|| gw::quartic_decode(d, count)).map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
+    decode_out(
+        py,
+        out,
+        count,
+        |o| gw::quartic_decode_into(d, o),
+        || gw::quartic_decode(d, count),
+    )
 }
 
 /// 3LC zero-run encoding of quartic bytes (runs of 121 become codes 243..255).
@@ -163,8 +241,7 @@ fn zero_run_encode<'py>(
     data: PyReadonlyArray1<'py, u8>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let d = slice(&data, "data")?;
-    let out = py.detach(|| gw::zero_run_encode(d)).map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
+    bytes_of(py, || gw::zero_run_encode(d))
 }
 
 /// Invert zero_run_encode; with `expected_len` a different decoded length raises WireError
@@ -178,13 +255,8 @@ fn zero_run_decode<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let d = slice(&data, "data")?;
     // The length is checked against expected_len before the output is allocated.
-    let len = py
-        .detach(|| gw::zero_run_output_len(d, expected_len))
-        .map_err(py_err)?;
-    PyBytes::new_with(py, len, |buf| {
-        py.detach(|| gw::zero_run_decode_into(d, buf))
-            .map_err(py_err)
-    })
+    let len = nogil(py, || gw::zero_run_output_len(d, expected_len))?;
+    bytes_filled(py, len, |buf| gw::zero_run_decode_into(d, buf))
 }
 
 /// zero_run_decode into the caller's uint8 array `out`, whose length is the expected decoded
@@ -249,12 +321,9 @@ fn encode_frame<'py>(
     }
     let header = gw::FrameHeader::new(bundle, round, sender);
     let limits = gw::Limits::default();
-    let len = py
-        .detach(|| gw::frame_len(&header, &specs, &limits))
-        .map_err(py_err)?;
-    PyBytes::new_with(py, len, |buf| {
-        py.detach(|| gw::write_frame_into(&header, &specs, &limits, buf))
-            .map_err(py_err)
+    let len = nogil(py, || gw::frame_len(&header, &specs, &limits))?;
+    bytes_filled(py, len, |buf| {
+        gw::write_frame_into(&header, &specs, &limits, buf)
     })
 }
 
@@ -272,8 +341,9 @@ type EntryOut<'a, 'py> = (
 /// (name, codec, dtype, shape, (params_start, params_end), [(section, elem, start, end), ...])
 /// with byte offsets into `data`. Raises FrameError naming the broken rule.
 #[pyfunction]
+// The defaults as plain integers: `inspect.signature` reads only literals.
 #[pyo3(
-    text_signature = "(data, max_frame_bytes=2**31, max_entries=2**20, max_tensor_elements=2**31)"
+    text_signature = "(data, max_frame_bytes=2147483648, max_entries=1048576, max_tensor_elements=2147483648)"
 )]
 #[pyo3(signature = (data, max_frame_bytes = 1u64 << 31, max_entries = 1u32 << 20, max_tensor_elements = 1u64 << 31))]
 fn decode_frame<'py>(
@@ -289,7 +359,7 @@ fn decode_frame<'py>(
         max_entries,
         max_tensor_elements,
     };
-    let view = py.detach(|| gw::parse_frame(d, &limits)).map_err(py_err)?;
+    let view = nogil(py, || gw::parse_frame(d, &limits))?;
     let mut entries: Vec<EntryOut<'_, 'py>> = Vec::with_capacity(view.entries.len());
     for e in &view.entries {
         let shape = PyTuple::new(py, &e.shape)?;
@@ -323,8 +393,8 @@ fn elias_kind(kind: &str) -> PyResult<gw::EliasKind> {
     }
 }
 
-fn huffman_book_of(book: &PyReadonlyArray1<'_, u8>) -> PyResult<gw::HuffmanBook> {
-    gw::HuffmanBook::from_bytes(slice(book, "book")?).map_err(py_err)
+fn huffman_book_of(py: Python<'_>, book: &PyReadonlyArray1<'_, u8>) -> PyResult<gw::HuffmanBook> {
+    gw::HuffmanBook::from_bytes(slice(book, "book")?).raise_in(py)
 }
 
 /// The Rice parameter (0..31) that codes sets of `set_len` sorted indices below `universe` in
@@ -337,8 +407,7 @@ fn rice_param<'py>(
     universe: u64,
 ) -> PyResult<(u32, usize)> {
     let i = slice(&indices, "indices")?;
-    py.detach(|| gw::rice_param(i, set_len, universe))
-        .map_err(py_err)
+    nogil(py, || gw::rice_param(i, set_len, universe))
 }
 
 /// A Rice parameter for sets of `set_len` random indices below `universe`, from the two numbers.
@@ -358,10 +427,7 @@ fn rice_encode<'py>(
     param: u32,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let i = slice(&indices, "indices")?;
-    let out = py
-        .detach(|| gw::rice_encode(i, set_len, universe, param))
-        .map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
+    bytes_of(py, || gw::rice_encode(i, set_len, universe, param))
 }
 
 /// Decode `count` indices in sets of `set_len` from a Rice stream; the stream must be exact.
@@ -377,15 +443,13 @@ fn rice_decode<'py>(
     out: Option<Bound<'py, PyArray1<u32>>>,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let d = slice(&data, "data")?;
-    if let Some(out) = out {
-        return decode_into(py, out, count, |o| {
-            gw::rice_decode_into(d, set_len, universe, param, o)
-        });
-    }
-    let out = py
-        .detach(|| gw::rice_decode(d, count, set_len, universe, param))
-        .map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
+    decode_out(
+        py,
+        out,
+        count,
+        |o| gw::rice_decode_into(d, set_len, universe, param, o),
+        || gw::rice_decode(d, count, set_len, universe, param),
+    )
 }
 
 /// Elias codes (`kind` 'gamma' or 'omega') of positive uint64 `values` (section 6.3).
@@ -397,8 +461,7 @@ fn elias_encode<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let v = slice(&values, "values")?;
     let k = elias_kind(kind)?;
-    let out = py.detach(|| gw::elias_encode(v, k)).map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
+    bytes_of(py, || gw::elias_encode(v, k))
 }
 
 /// Decode exactly `count` Elias codes; the stream must end with the last one.
@@ -411,10 +474,7 @@ fn elias_decode<'py>(
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
     let d = slice(&data, "data")?;
     let k = elias_kind(kind)?;
-    let out = py
-        .detach(|| gw::elias_decode(d, count, k))
-        .map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
+    array_of(py, || gw::elias_decode(d, count, k))
 }
 
 /// QSGD's sparse stream of nonzero int32 `levels` at strictly ascending uint64 `positions`.
@@ -428,10 +488,7 @@ fn sparse_levels_encode<'py>(
     let p = slice(&positions, "positions")?;
     let l = slice(&levels, "levels")?;
     let k = elias_kind(kind)?;
-    let out = py
-        .detach(|| gw::sparse_levels_encode(p, l, k))
-        .map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
+    bytes_of(py, || gw::sparse_levels_encode(p, l, k))
 }
 
 type SparseLevels<'py> = (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<i32>>);
@@ -449,9 +506,9 @@ fn sparse_levels_decode<'py>(
 ) -> PyResult<SparseLevels<'py>> {
     let d = slice(&data, "data")?;
     let k = elias_kind(kind)?;
-    let (p, l) = py
-        .detach(|| gw::sparse_levels_decode(d, count, universe, max_level, k))
-        .map_err(py_err)?;
+    let (p, l) = nogil(py, || {
+        gw::sparse_levels_decode(d, count, universe, max_level, k)
+    })?;
     Ok((PyArray1::from_vec(py, p), PyArray1::from_vec(py, l)))
 }
 
@@ -466,9 +523,7 @@ fn huffman_book<'py>(
     let c: &[u64; 256] = c.try_into().map_err(|_| {
         PyValueError::new_err(format!("counts must hold 256 values, got {}", c.len()))
     })?;
-    let book = py
-        .detach(|| gw::HuffmanBook::from_counts(c, cap))
-        .map_err(py_err)?;
+    let book = nogil(py, || gw::HuffmanBook::from_counts(c, cap))?;
     Ok(PyBytes::new(py, &book.to_bytes()))
 }
 
@@ -479,7 +534,7 @@ fn huffman_book_lengths<'py>(
     py: Python<'py>,
     book: PyReadonlyArray1<'py, u8>,
 ) -> PyResult<(u32, Bound<'py, PyArray1<u8>>)> {
-    let b = huffman_book_of(&book)?;
+    let b = huffman_book_of(py, &book)?;
     Ok((b.cap(), PyArray1::from_slice(py, b.lengths())))
 }
 
@@ -491,9 +546,8 @@ fn huffman_encode<'py>(
     book: PyReadonlyArray1<'py, u8>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let s = slice(&symbols, "symbols")?;
-    let b = huffman_book_of(&book)?;
-    let out = py.detach(|| b.encode(s)).map_err(py_err)?;
-    Ok(PyBytes::new(py, &out))
+    let b = huffman_book_of(py, &book)?;
+    bytes_of(py, || b.encode(s))
 }
 
 /// Decode exactly `count` symbols with a serialized codebook (table lookup on `cap` bits).
@@ -505,16 +559,41 @@ fn huffman_decode<'py>(
     book: PyReadonlyArray1<'py, u8>,
 ) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let d = slice(&data, "data")?;
-    let b = huffman_book_of(&book)?;
-    let out = py.detach(|| b.decode(d, count)).map_err(py_err)?;
-    Ok(PyArray1::from_vec(py, out))
+    let b = huffman_book_of(py, &book)?;
+    array_of(py, || b.decode(d, count))
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("WireError", py.get_type::<WireError>())?;
-    m.add("FrameError", py.get_type::<FrameError>())?;
+    let wire_error = py.get_type::<WireError>();
+    let frame_error = py.get_type::<FrameError>();
+    // Class defaults for instances raised from Python; a core error sets its own on the instance.
+    wire_error.setattr("kind", PY_WIRE_ERROR_KIND)?;
+    frame_error.setattr("kind", PY_FRAME_ERROR_KIND)?;
+    let kinds = PyDict::new(py);
+    for &kind in gw::WireError::KERNEL_KINDS {
+        kinds.set_item(kind, &wire_error)?;
+    }
+    for &kind in gw::WireError::FRAME_KINDS {
+        kinds.set_item(kind, &frame_error)?;
+    }
+    m.add("WireError", wire_error)?;
+    m.add("FrameError", frame_error)?;
+    m.add("ERROR_KINDS", kinds)?;
+
+    // Frame constants of docs/FORMAT.md, from the core's own.
+    m.add("FORMAT_VERSION", gw::frame::VERSION)?;
+    m.add("FRAME_MAGIC", PyBytes::new(py, &gw::frame::MAGIC))?;
+    m.add("FRAME_HEADER_BYTES", gw::frame::HEADER_LEN)?;
+    m.add("MIN_FRAME_BYTES", gw::frame::MIN_FRAME_LEN)?;
+    m.add("MAX_NAME_BYTES", gw::frame::MAX_NAME_LEN)?;
+    let elem_codes = PyDict::new(py);
+    for (name, code) in gw::frame::codes::ALL {
+        elem_codes.set_item(name, code)?;
+    }
+    m.add("ELEM_CODES", elem_codes)?;
+
     m.add_function(wrap_pyfunction!(pack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(unpack_bits, m)?)?;
     m.add_function(wrap_pyfunction!(unpack_bits_exact, m)?)?;
