@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 import torch
 
 from ..frame import ELEM_BF16, Entry
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["Accordion", "AccordionDecision", "register_setting_reader", "setting_of"]

@@ -46,7 +46,7 @@ from .. import wire
 from ..errors import FrameError
 from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
 from ..wire import BytesLike
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = [
@@ -469,13 +469,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(format=fmt, block=block, book_id=book_id)
 
 
-def _u8(entry: Entry, name: str) -> np.ndarray:
-    arr = entry.sections[name]
-    if name in entry.section_elems or arr.dtype != np.uint8:
-        raise rec.bad(entry, _CODEC, f"section {name!r} must have element type uint8, got {arr.dtype}")
-    return arr
-
-
 def carried_book(entry: Entry) -> Optional[bytes]:
     """The serialized codebook a GComp record carries, if it carries one (not validated)."""
     arr = entry.sections.get("book")
@@ -498,14 +491,14 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     names = ("book", "exp", "level", "sign", "mant") if "book" in entry.sections else ("exp", "level", "sign", "mant")
     rec.expect_sections(entry, _CODEC, names)
     if "book" in entry.sections:
-        book = _u8(entry, "book").tobytes()
+        book = rec.byte_section(entry, _CODEC, "book").tobytes()
     elif book is None:
         raise rec.bad(
             entry, _CODEC,
             f"codebook not carried (book_id {book_id}): decode with a GCompDecoderState that received it",
         )
     n = entry.numel
-    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, _u8(entry, "exp"), n, book)
+    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, rec.byte_section(entry, _CODEC, "exp"), n, book)
     if n and bool((exp == 255).any()):
         raise rec.bad(entry, _CODEC, "exponent 255 (infinity or NaN) is not allowed")
     nb = -(-n // block)

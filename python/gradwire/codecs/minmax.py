@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["MAX_CHUNK", "MinMaxUInt8", "dequantize", "quantize"]

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = [

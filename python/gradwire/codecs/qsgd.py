@@ -28,7 +28,7 @@ import torch
 
 from .. import wire
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["QSGD", "dequantize", "quantize", "unpack_params"]
@@ -169,9 +169,7 @@ def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     norms = rec.section(entry, _CODEC, "norm", np.float32, nb, "ceil(numel / bucket)")
     if nb and not bool(np.all(np.isfinite(norms) & (norms >= 0))):
         raise rec.bad(entry, _CODEC, "norms must be finite and >= 0")
-    data = entry.sections["data"]
-    if "data" in entry.section_elems or data.dtype != np.uint8:
-        raise rec.bad(entry, _CODEC, f"section 'data' must have element type uint8, got {data.dtype}")
+    data = rec.byte_section(entry, _CODEC, "data")
     # The Rust decoder checks the stream (positions ascending and < numel, 1 <= |level| <= s, exact
     # length) and refuses an nnz the bytes cannot hold before allocating.
     positions, lv = rec.wire_call(

@@ -27,7 +27,7 @@ import torch
 
 from .. import wire
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["OneBit", "SignSGD", "pack_sign_bits", "unpack_sign_bits"]
@@ -165,8 +165,7 @@ def unpack_params(params: bytes) -> dict:
 def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     codec = "onebit"
     rec.check_record_dtype(entry, codec)
-    if entry.params:
-        raise rec.bad(entry, codec, f"params must be empty, got {len(entry.params)} bytes")
+    rec.no_params(entry, codec)
     rec.expect_sections(entry, codec, ("bits", "pos", "neg"))
     rows, cols = rec.matrix_shape(entry.shape)
     pos = rec.section(entry, codec, "pos", np.float32, cols, "numel / shape[0] (columns)")

@@ -32,7 +32,7 @@ import torch
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
 from ..frame import Entry, decode_entry, register_decoder, write_frame
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = [
