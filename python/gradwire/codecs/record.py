@@ -17,6 +17,7 @@ import torch
 
 from ..errors import FrameError, WireError
 from ..frame import ELEM_BF16, Entry
+from ..lowrank import matrix_shape
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -162,12 +163,3 @@ def wire_call(entry: Entry, codec: str, what: str, fn, *args):
         raise bad(entry, codec, f"{what}: {e}") from None
 
 
-def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
-    """The matrix view ``(shape[0], numel / shape[0])`` of a tensor; ``(numel, 1)`` for ``ndim <= 1``."""
-    shape = tuple(int(d) for d in shape)
-    rest = 1
-    for d in shape[1:]:
-        rest *= d
-    if len(shape) <= 1:
-        return (shape[0] if shape else 1), 1
-    return shape[0], rest
