@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from ..errors import FrameError
 from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
 from ..wire import BytesLike
 from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
@@ -419,6 +420,49 @@ class GComp(Codec):
     def reset(self) -> None:
         """Forget every codebook (the next frame of each tensor carries a new one)."""
         self._books.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"books": {name: {"book", "book_id", "steps", "counts", "carried"}}}``: per tensor name the
+        serialized codebook (uint8 tensor), its id, the steps since it was built, the exponent counts of
+        those steps (int64 tensor of 256) and whether a frame carried it yet. What :meth:`bind` was given
+        (parameters, optimizer) is not state: bind the restored codec again."""
+        return {
+            "books": {
+                n: {
+                    "book": torch.frombuffer(bytearray(b.data), dtype=torch.uint8),
+                    "book_id": b.book_id,
+                    "steps": b.steps,
+                    "counts": torch.from_numpy(b.counts.astype(np.int64)),
+                    "carried": b.carried,
+                }
+                for n, b in self._books.items()
+            }
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "GComp state", ("books",))
+        books = {}
+        for n, v in sd.mapping(s["books"], "GComp state 'books'").items():
+            what = f"GComp book of {n!r}"
+            f = sd.fields(v, what, ("book", "book_id", "steps", "counts", "carried"))
+            data = sd.tensor(f["book"], f"{what} 'book'", dtype=torch.uint8, ndim=1).cpu().numpy().tobytes()
+            try:
+                wire.huffman_book_lengths(data)
+            except ValueError as e:  # WireError and FrameError are ValueErrors
+                raise ValueError(f"{what}: not a valid codebook ({e})") from None
+            counts = sd.tensor(f["counts"], f"{what} 'counts'", dtype=torch.int64, shape=(256,)).cpu().numpy()
+            if (counts < 0).any():
+                raise ValueError(f"{what} 'counts' must be >= 0")
+            if not isinstance(f["carried"], bool):
+                raise ValueError(f"{what} 'carried' must be a bool, got {f['carried']!r}")
+            books[n] = _Book(
+                data,
+                sd.integer(f["book_id"], f"{what} 'book_id'", 0, 0xFFFFFFFF),
+                sd.integer(f["steps"], f"{what} 'steps'"),
+                counts.astype(np.uint64),
+                f["carried"],
+            )
+        self._books = books
 
     def __repr__(self) -> str:
         kind = None if self.optimizer is None else self.optimizer.kind

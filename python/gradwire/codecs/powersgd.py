@@ -22,7 +22,7 @@ so a codec needs no random state. The steps are exposed as functions: :func:`pow
 from __future__ import annotations
 
 import struct
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ import torch
 from ..frame import Entry, register_decoder
 from ..lowrank import compressible, initial_q, name_seed, orthogonalize_
 from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
@@ -172,12 +173,20 @@ class PowerSGD(Codec):
         else:
             self._q.pop(name, None)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """``{name: Q}``, plain tensors (saveable with safetensors)."""
-        return {n: q.detach().clone().contiguous() for n, q in self._q.items()}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"q": {name: Q}}``: each tensor's warm-start ``Q`` (float32, ``cols × r``). The first ``Q`` of a
+        name is drawn from ``seed`` and the name, so there is no random state to keep."""
+        return {"q": {n: q.detach().clone().contiguous() for n, q in self._q.items()}}
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._q = {str(n): q.detach().to(torch.float32).clone() for n, q in state.items()}
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "PowerSGD state", ("q",))
+        new = {}
+        for n, q in sd.mapping(s["q"], "PowerSGD state 'q'").items():
+            q = sd.tensor(q, f"PowerSGD state Q of {n!r}", floating=True, ndim=2)
+            if not 1 <= q.shape[1] <= self.rank:
+                raise ValueError(f"PowerSGD state Q of {n!r} must have 1..rank = {self.rank} columns, got {q.shape[1]}")
+            new[n] = q.detach().to(torch.float32).clone()
+        self._q = new
 
     def __repr__(self) -> str:
         extra = "" if self.factor_dtype == torch.float32 else f", factor_dtype={self.factor_dtype}"

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
-from ..frame import Entry, decode_entry, register_decoder, write_frame
+from ..frame import Entry, decode_entry, register_decoder
 from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
@@ -165,7 +166,7 @@ class TopK(Codec):
     def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """``{name: (record, reconstruction)}``; with ``scope="global"`` ``k`` counts over all tensors."""
         if self.scope == "tensor":
-            return {n: self.compress(t, n) for n, t in tensors.items()}
+            return super().compress_bundle(tensors)
         names = list(tensors)
         if not names:
             return {}
@@ -187,9 +188,10 @@ class TopK(Codec):
             start += size
         return out
 
-    def encode_bundle(self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0) -> bytes:
-        entries = [e for e, _ in self.compress_bundle(tensors).values()]
-        return write_frame(entries, round=round, sender=sender, bundle=True)
+    @property
+    def bundle_budget(self) -> bool:
+        """``scope="global"`` spends ``k`` over the whole bundle."""
+        return self.scope == "global"
 
     def __repr__(self) -> str:
         amount = f"k={self.k}" if self.k is not None else f"density={self.density}"
@@ -285,6 +287,14 @@ class RandomK(Codec):
         self.unbiased = bool(unbiased)
         self.value_dtype = _check_value_dtype(value_dtype)
         self.calls = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"calls": n}``: how many seeds the codec has drawn (the next call uses seed number ``n + 1``)."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "RandomK state", ("calls",))
+        self.calls = sd.integer(s["calls"], "RandomK state 'calls'")
 
     def next_seed(self) -> int:
         """The seed of the next call: splitmix64 of ``seed`` advanced by the call counter."""
