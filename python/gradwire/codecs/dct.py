@@ -268,11 +268,8 @@ class DCTCodec(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
 
         coding, param, idx_bytes = self._code_indices(idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, bits)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(x.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=pack_params(
                 plan.mode, plan.chunk_shape, k, plan.pad_count,
                 index_coding=coding, index_param=param, value_bits=self.value_bits,

@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 import torch
 
 from .. import wire
-from ..errors import FrameError
 from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
 from ..wire import BytesLike
 from . import record as rec
@@ -373,11 +372,8 @@ class GComp(Codec):
         for lv, d in enumerate(DROPS[fmt]):
             parts.append(wire.pack_bits(nz_kept[nz_level == lv], width - d))
         sections["mant"] = np.frombuffer(b"".join(parts), np.uint8)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(fmt, self.block, book.book_id),
             sections=sections,
         )

@@ -33,13 +33,10 @@ class IdentityCodec(Codec):
         wire = self.wire_dtype or tensor.dtype
         sent = tensor.detach().to(wire).contiguous()
         payload, elem = rec.values_payload(sent)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             sections={"data": payload},
-            section_elems={"data": elem} if elem is not None else {},
+            section_elems={"data": elem},
         )
         return entry, sent.to(tensor.dtype)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import struct
 from typing import Any, Mapping, Optional
 
-import numpy as np
 import torch
 
 from ..frame import Entry, register_decoder
@@ -134,15 +133,11 @@ class PowerSGD(Codec):
         recon = powersgd_decompress(p_sent, q_sent).reshape(tensor.shape).to(tensor.dtype)
         p_payload, p_elem = rec.values_payload(p_sent)
         q_payload, q_elem = rec.values_payload(q_sent)
-        elems = {k: e for k, e in (("p", p_elem), ("q", q_elem)) if e is not None}
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(MODE_FACTORS, r),
             sections={"p": p_payload, "q": q_payload},
-            section_elems=elems,
+            section_elems={"p": p_elem, "q": q_elem},
         )
         return entry, recon
 
@@ -150,11 +145,8 @@ class PowerSGD(Codec):
         sent = tensor.detach().to(torch.float32)
         if sent.numel() and not bool(torch.isfinite(sent).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values")
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(MODE_DENSE, 0),
             sections={"data": sent.reshape(-1).cpu().numpy()},
         )

@@ -163,11 +163,8 @@ class QSGD(Codec):
         positions = nz.cpu().numpy().astype(np.uint64)
         lv = q[nz].cpu().numpy()
         data = wire.sparse_levels_encode(positions, lv, self.elias)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(self.levels, self.bucket, _ELIAS[self.elias], positions.size),
             sections={"norm": norms_host.astype(np.float32, copy=False), "data": np.frombuffer(data, np.uint8)},
         )

@@ -26,6 +26,7 @@ __all__ = [
     "byte_section",
     "check_float_input",
     "check_record_dtype",
+    "entry",
     "expect_sections",
     "float_section",
     "matrix_shape",
@@ -43,6 +44,24 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NUMPY_VALUE = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 _TORCH_VALUE = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+def entry(
+    codec_id: int,
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    params: bytes = b"",
+    sections: dict[str, np.ndarray],
+    section_elems: Optional[dict[str, Optional[int]]] = None,
+) -> Entry:
+    """The record of ``tensor`` (its dtype and shape) made by codec ``codec_id``; element codes of
+    ``section_elems`` that are ``None`` (no bf16 tag) are left out."""
+    elems = {k: e for k, e in (section_elems or {}).items() if e is not None}
+    return Entry(
+        name=name, codec=codec_id, dtype=tensor.dtype, shape=tuple(tensor.shape), params=params,
+        sections=sections, section_elems=elems,
+    )
 
 
 def bad(entry: Entry, codec: str, rule: str) -> FrameError:

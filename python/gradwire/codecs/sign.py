@@ -95,11 +95,8 @@ class OneBit(Codec):
         if not (np.isfinite(pos_host).all() and np.isfinite(neg_host).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values (or column sums overflow float32)")
         recon = _decode_columns(nonneg, pos, neg, rows, cols).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             sections={"bits": pack_sign_bits(nonneg), "pos": pos_host, "neg": neg_host},
         )
         return entry, recon
@@ -137,11 +134,8 @@ class SignSGD(Codec):
         if not math.isfinite(scale_host):
             raise ValueError(f"tensor {name!r} holds non-finite values (or mean |g| overflows float32)")
         recon = _decode_scaled(nonneg, scale).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_SIGN_PARAMS.pack(_SCALE_MODES[self.scale]),
             sections={"bits": pack_sign_bits(nonneg), "scale": np.array([scale_host], dtype=np.float32)},
         )

@@ -114,17 +114,14 @@ def _topk_entry(
     gaps_host = gaps.cpu().numpy()
     width = max(1, int(gaps_host.max()).bit_length()) if gaps_host.size else 1
     payload, elem = rec.values_payload(sent)
-    entry = Entry(
-        name=name,
-        codec=TopK.codec_id,
-        dtype=tensor.dtype,
-        shape=tuple(tensor.shape),
+    entry = rec.entry(
+        TopK.codec_id, name, tensor,
         params=_TOPK_PARAMS.pack(INDEX_CODING_FIXED, width, idx.numel()),
         sections={
             "idx": np.frombuffer(wire.pack_bits(gaps_host.astype(np.uint32), width), dtype=np.uint8),
             "val": payload,
         },
-        section_elems={"val": elem} if elem is not None else {},
+        section_elems={"val": elem},
     )
     recon = _scatter(idx, sent, n).reshape(tensor.shape).to(tensor.dtype)
     return entry, recon
@@ -313,14 +310,11 @@ class RandomK(Codec):
             values = values * float(np.float32(n / k))
         sent = _values_for_wire(values, self.value_dtype, name)
         payload, elem = rec.values_payload(sent)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_RANDK_PARAMS.pack(seed, k, int(self.unbiased)),
             sections={"val": payload},
-            section_elems={"val": elem} if elem is not None else {},
+            section_elems={"val": elem},
         )
         recon = _scatter(idx, sent, n).reshape(tensor.shape).to(tensor.dtype)
         return entry, recon

@@ -98,11 +98,8 @@ class ThreeLC(Codec):
             quartic = quartic_bytes(q).cpu().numpy()
         data = np.frombuffer(wire.zero_run_encode(quartic), dtype=np.uint8)
         recon = dequantize(q, m).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(self.sparsity),
             sections={"scale": np.array([m_host], dtype=np.float32), "data": data},
         )
