@@ -9,7 +9,7 @@ import torch
 
 import gradwire
 from gradwire import Accordion, DCTCodec, ErrorFeedback, PowerSGD, TopK
-from gradwire.codecs.accordion import AccordionDecision, setting_of
+from gradwire.accordion import AccordionDecision, setting_of
 from gradwire.frame import read_frame
 
 SHAPE = (48, 32)
@@ -101,8 +101,12 @@ def test_composes_with_error_feedback_and_bundles():
 
 
 def test_codecs_may_be_given_by_name():
-    acc = gradwire.make_codec("accordion", low={"codec": "topk", "density": 0.5}, high={"codec": "topk", "k": 3})
+    acc = Accordion(low={"codec": "topk", "density": 0.5}, high={"codec": "topk", "k": 3})
     assert isinstance(acc.low, TopK) and acc.high.k == 3
+    # Accordion is a policy above the codecs, not a wire format: it is not in the registry.
+    assert "accordion" not in gradwire.CODECS
+    with pytest.raises(ValueError, match="unknown codec 'accordion'"):
+        gradwire.make_codec("accordion", low={"codec": "topk", "k": 1}, high={"codec": "topk", "k": 1})
     with pytest.raises(ValueError, match="'codec' key"):
         Accordion(low={"density": 0.5}, high=TopK(k=1))
     with pytest.raises(ValueError):
@@ -139,3 +143,17 @@ def test_setting_of_reads_every_builtin_codec():
     for codec, expect in cases:
         assert setting_of(codec.compress(x)[0]) == expect
     assert setting_of(gradwire.RandomK(k=5, unbiased=False).compress(x)[0])["unbiased"] is False
+
+
+def test_a_bundle_wide_budget_is_spent_per_setting():
+    # Global top-k on both sides: the layers in one setting share that setting's k.
+    acc = Accordion(low=TopK(k=40, scope="global"), high=TopK(k=4, scope="global"), interval=1)
+    assert acc.bundle_budget and not Accordion(low=TopK(k=4), high=TopK(k=2)).bundle_budget
+    grads = {"a": _grad(0), "b": _grad(1)}
+    for _ in range(2):  # the first interval, and the one with no norm to compare, run on "low"
+        out = acc.compress_bundle(grads)
+        assert sum(setting_of(e)["k"] for e, _ in out.values()) == 40
+    out = acc.compress_bundle(grads)  # the same norms again: both layers settle on "high"
+    assert {acc.regime_of(e) for e, _ in out.values()} == {"high"}
+    assert sum(setting_of(e)["k"] for e, _ in out.values()) == 4
+    assert sum(int((r != 0).sum()) for _, r in out.values()) == 4

@@ -10,15 +10,8 @@ import torch
 
 import gradwire
 from gradwire import ErrorFeedback, FrameError, PowerSGD
-from gradwire.codecs.powersgd import (
-    compressible,
-    initial_q,
-    matrix_view,
-    orthogonalize,
-    powersgd_decompress,
-    powersgd_p,
-    powersgd_q,
-)
+from gradwire.codecs.powersgd import first_q, matrix_view, powersgd_decompress, powersgd_p, powersgd_q
+from gradwire.lowrank import compressible, orthogonalize_, should_compress
 from gradwire.frame import read_frame, write_frame
 
 CUDA = torch.cuda.is_available()
@@ -67,6 +60,17 @@ def test_small_matrices_go_dense_under_min_compression():
     assert entry.params[0] == 0
 
 
+def test_factors_must_be_strictly_smaller_as_in_torch_powersgd():
+    # 6 x 6 at rank 3: (6 + 6) * 3 = 36 = 6 * 6, no saving, so dense (torch's powerSGD_hook rule).
+    assert not should_compress(6, 6, 3)
+    assert should_compress(6, 6, 2)
+    assert not compressible((6, 6), 3, 1.0) and compressible((6, 7), 3, 1.0)
+    entry, _ = PowerSGD(3, min_compression=1.0).compress(_rand((6, 6), seed=4))
+    assert entry.params[0] == 0
+    entry, _ = PowerSGD(3, min_compression=1.0).compress(_rand((6, 7), seed=4))
+    assert entry.params[0] == 1
+
+
 def test_low_rank_input_is_reconstructed_exactly_in_one_step():
     m = _low_rank(60, 40, 2, seed=5)
     _, recon = PowerSGD(rank=2).compress(m, "w")
@@ -111,8 +115,8 @@ def test_q_is_kept_per_name_and_can_be_saved_and_reset():
 
 
 def test_the_same_seed_gives_the_same_first_q_on_every_worker():
-    assert torch.equal(initial_q("layer.weight", 20, 2, seed=3), initial_q("layer.weight", 20, 2, seed=3))
-    assert not torch.equal(initial_q("layer.weight", 20, 2, seed=3), initial_q("layer.bias", 20, 2, seed=3))
+    assert torch.equal(first_q("layer.weight", 20, 2, seed=3), first_q("layer.weight", 20, 2, seed=3))
+    assert not torch.equal(first_q("layer.weight", 20, 2, seed=3), first_q("layer.bias", 20, 2, seed=3))
     x = _rand((30, 20), seed=11)
     assert torch.equal(PowerSGD(seed=3).compress(x, "w")[1], PowerSGD(seed=3).compress(x, "w")[1])
 
@@ -129,8 +133,8 @@ def test_zero_gradient_keeps_the_warm_start_alive():
 
 def test_collective_helpers_compose_to_the_codec():
     m = _rand((30, 20), seed=13)
-    q0 = initial_q("w", 20, 2, seed=0)
-    p_hat = orthogonalize(powersgd_p(m, q0))
+    q0 = first_q("w", 20, 2, seed=0)
+    p_hat = orthogonalize_(powersgd_p(m, q0))
     assert torch.allclose(p_hat.T @ p_hat, torch.eye(2), atol=1e-5)
     q1 = powersgd_q(m, p_hat)
     approx = powersgd_decompress(p_hat, q1)

@@ -9,7 +9,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.torch as gt
-from gradwire.torch.powersgd import orthogonalize
+from gradwire.lowrank import orthogonalize_ as orthogonalize
 from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
 
 

@@ -11,7 +11,8 @@ from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
 from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
-from .codecs import Accordion, MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
+from .accordion import Accordion
+from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
 from .codecs import QSGD, GComp, GCompDecoderState
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback

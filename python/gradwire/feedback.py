@@ -11,10 +11,11 @@ Error feedback is the sender's business and never lives inside a codec.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
+from .codecs import statedict as sd
 from .codecs.base import Codec
 from .frame import Entry, write_frame
 
@@ -44,15 +45,11 @@ class ErrorFeedback:
     def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> list[Entry]:
         """Records for every named tensor plus its residual; stores the new residuals.
 
-        A codec whose budget spans tensors (global top-k) provides ``compress_bundle`` and gets all the
-        corrected tensors at once; any other codec compresses them one by one.
+        The codec gets all the corrected tensors at once (:meth:`Codec.compress_bundle`), so one whose
+        budget spans the bundle (global top-k) spends it across them.
         """
         xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
-        bundle_fn = getattr(self.codec, "compress_bundle", None)
-        if bundle_fn is None:
-            done = {n: self.codec.compress(x, n) for n, x in xs.items()}
-        else:
-            done = bundle_fn(xs)
+        done = self.codec.compress_bundle(xs)
         return [self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors]
 
     def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -105,17 +102,30 @@ class ErrorFeedback:
         else:
             self._residuals.pop(name, None)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """``{name: residual}``, plain tensors (saveable with ``safetensors.torch.save_file``)."""
-        return {n: r.detach().clone().contiguous() for n, r in self._residuals.items()}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"residuals": {name: residual}, "codec": codec.state_dict()}``: float32 residuals (copies) and
+        the wrapped codec's own state. A fresh ``ErrorFeedback`` around a codec built with the same
+        arguments, given this state, continues exactly as this one would."""
+        return {
+            "residuals": {n: r.detach().clone().contiguous() for n, r in self._residuals.items()},
+            "codec": self.codec.state_dict(),
+        }
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Replace every residual with ``state``'s (converted to float32; devices kept as given)."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: what :meth:`state_dict` returned, or (the older format) a flat
+        ``{name: residual}`` dict, which replaces the residuals and leaves the codec's state alone.
+        Residuals are converted to float32, their devices kept as given. ``ValueError`` on a bad state."""
+        state = sd.mapping(state, "ErrorFeedback state")
+        nested = isinstance(state.get("residuals"), Mapping)
+        if nested:
+            state = sd.fields(state, "ErrorFeedback state", ("residuals", "codec"))
+        residuals = sd.mapping(state["residuals"], "ErrorFeedback state 'residuals'") if nested else state
         new = {}
-        for n, r in state.items():
-            if not isinstance(r, torch.Tensor) or not r.is_floating_point():
-                raise ValueError(f"residual {n!r} must be a floating-point tensor")
-            new[str(n)] = r.detach().to(torch.float32).clone()
+        for n, r in residuals.items():
+            r = sd.tensor(r, f"residual {n!r}", floating=True)
+            new[n] = r.detach().to(torch.float32).clone()
+        if nested:
+            self.codec.load_state_dict(state["codec"])
         self._residuals = new
 
     def __repr__(self) -> str:

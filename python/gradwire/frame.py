@@ -139,23 +139,6 @@ class Entry:
         """Bytes this record's payload takes in a frame (excluding the record's own header)."""
         return len(self.params) + sum(int(a.nbytes) for a in self.sections.values())
 
-    def section(self, name: str, dtype, count: Optional[int] = None) -> np.ndarray:
-        """The section ``name`` as a numpy array of ``dtype``, checked as hostile input."""
-        try:
-            arr = self.sections[name]
-        except KeyError:
-            raise FrameError(f"record {self.name!r}: section {name!r} is missing") from None
-        want = np.dtype(dtype)
-        if arr.dtype != want:
-            raise FrameError(
-                f"record {self.name!r}: section {name!r} has element type {arr.dtype}, expected {want}"
-            )
-        if count is not None and arr.shape[0] != count:
-            raise FrameError(
-                f"record {self.name!r}: section {name!r} holds {arr.shape[0]} elements, expected {count}"
-            )
-        return arr
-
 
 @dataclass
 class Frame:

@@ -1,13 +1,14 @@
 """Codecs: one file per codec, all following :class:`gradwire.codecs.base.Codec`.
 
 Pick one by name with :func:`make_codec` (``make_codec("dct", topk=32)``) or build the class directly.
+The registry holds wire formats only: :class:`gradwire.Accordion`, a policy choosing between two codecs
+per layer, lives above this package (:mod:`gradwire.accordion`).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .accordion import Accordion
 from .base import Codec
 from .dct import DCTCodec
 from .gcomp import GComp, GCompDecoderState
@@ -19,7 +20,7 @@ from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Accordion", "Codec", "DCTCodec", "GComp", "GCompDecoderState", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = ["Codec", "DCTCodec", "GComp", "GCompDecoderState", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {
@@ -34,7 +35,6 @@ CODECS: dict[str, Callable[..., Codec]] = {
     "randomk": RandomK,
     "powersgd": PowerSGD,
     "qsgd": QSGD,
-    "accordion": Accordion,
 }
 
 

@@ -33,9 +33,9 @@ import torch
 
 from .. import dct as _dct
 from .. import wire
-from ..errors import FrameError
 from ..accumulate import register_accumulator, register_norm
 from ..frame import Entry, decode_entry, register_decoder
+from . import record as rec
 from .base import Codec
 
 __all__ = [
@@ -71,7 +71,6 @@ SECTIONS = ("idx", "val", "scale", "min")
 
 _MODES = {"flat": _dct.MODE_FLAT, "tiles": _dct.MODE_TILES}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TAIL = struct.Struct("<IBBBQ")  # k, index_bits, value_bits, index_coding, pad_count
 
 
@@ -243,8 +242,7 @@ class DCTCodec(Codec):
         return _dct.plan_flat(shape, self.chunk_shape)
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
-        if tensor.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"expected a float16/bfloat16/float32/float64 tensor, got {tensor.dtype}")
+        rec.check_float_input(tensor)
         x = tensor.detach()
         plan = self.plan(x.shape)
         c = plan.chunk_numel
@@ -270,11 +268,8 @@ class DCTCodec(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
 
         coding, param, idx_bytes = self._code_indices(idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, bits)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(x.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=pack_params(
                 plan.mode, plan.chunk_shape, k, plan.pad_count,
                 index_coding=coding, index_param=param, value_bits=self.value_bits,
@@ -320,8 +315,11 @@ class DCTCodec(Codec):
 # Decoding
 
 
+_CODEC = "dct"
+
+
 def _bad(entry: Entry, rule: str) -> FrameError:
-    return FrameError(f"record {entry.name!r}: dct: {rule}")
+    return rec.bad(entry, _CODEC, rule)
 
 
 def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int, int, int]:
@@ -393,61 +391,39 @@ def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int, int, int]:
     return plan, k, index_bits, value_bits, index_coding
 
 
-def _section(entry: Entry, name: str, dtype, count: int, count_rule: str) -> np.ndarray:
-    arr = entry.sections[name]
-    want = np.dtype(dtype)
-    if name in entry.section_elems or arr.dtype != want:
-        raise _bad(entry, f"section {name!r} must have element type {want}, got {arr.dtype}")
-    if arr.ndim != 1 or arr.shape[0] != count:
-        raise _bad(entry, f"section {name!r} must hold {count_rule} = {count} elements, got {arr.size}")
-    return arr
-
-
 def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int, value_bits: int, coding: int):
-    names = list(entry.sections)
-    for s in SECTIONS:
-        if s not in entry.sections:
-            raise _bad(entry, f"section {s!r} is missing")
-    for s in names:
-        if s not in SECTIONS:
-            raise _bad(entry, f"unexpected section {s!r} (a DCT record has exactly idx, val, scale, min)")
-    if tuple(names) != SECTIONS:
-        raise _bad(entry, f"sections must be in the order idx, val, scale, min, got {', '.join(names)}")
+    rec.expect_sections(entry, _CODEC, SECTIONS)
 
     n = plan.num_chunks
     total = n * k
     c = plan.chunk_numel
     if coding == INDEX_CODING_FIXED:
-        idx_bytes = _section(entry, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)")
-    else:
-        idx_bytes = entry.sections["idx"]
-        if "idx" in entry.section_elems or idx_bytes.dtype != np.uint8:
-            raise _bad(entry, f"section 'idx' must have element type uint8, got {idx_bytes.dtype}")
-    if value_bits == VALUE_BITS:
-        val = _section(entry, "val", np.int8, total, "num_chunks * k")
-    else:
-        val = _section(
-            entry, "val", np.uint8, (total * value_bits + 7) // 8, f"ceil(num_chunks * k * {value_bits} / 8)"
+        idx_bytes = rec.section(
+            entry, _CODEC, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)"
         )
-    scale = _section(entry, "scale", np.float32, n, "num_chunks")
-    mins = _section(entry, "min", np.float32, n, "num_chunks")
+    else:
+        idx_bytes = rec.byte_section(entry, _CODEC, "idx")
+    if value_bits == VALUE_BITS:
+        val = rec.section(entry, _CODEC, "val", np.int8, total, "num_chunks * k")
+    else:
+        val = rec.section(
+            entry, _CODEC, "val", np.uint8, (total * value_bits + 7) // 8, f"ceil(num_chunks * k * {value_bits} / 8)"
+        )
+    scale = rec.section(entry, _CODEC, "scale", np.float32, n, "num_chunks")
+    mins = rec.section(entry, _CODEC, "min", np.float32, n, "num_chunks")
 
     # The Rust decoders check length, padding, order and range, and bound what they allocate by the
     # bytes they are given.
-    try:
-        if coding == INDEX_CODING_FIXED:
-            idx = wire.unpack_bits_exact(idx_bytes, bits, total)
-        else:
-            idx = wire.rice_decode(idx_bytes, total, c, bits, set_len=k)
-    except ValueError as e:
-        raise _bad(entry, f"section 'idx': {e}") from None
+    if coding == INDEX_CODING_FIXED:
+        idx = rec.wire_call(entry, _CODEC, "section 'idx'", wire.unpack_bits_exact, idx_bytes, bits, total)
+    else:
+        idx = rec.wire_call(entry, _CODEC, "section 'idx'", wire.rice_decode, idx_bytes, total, c, bits, k)
     if value_bits == VALUE_BITS:
         levels = val.astype(np.int16) + 128
     else:
-        try:
-            levels = wire.unpack_bits_exact(val, value_bits, total).astype(np.int16)
-        except ValueError as e:
-            raise _bad(entry, f"section 'val': {e}") from None
+        levels = rec.wire_call(
+            entry, _CODEC, "section 'val'", wire.unpack_bits_exact, val, value_bits, total
+        ).astype(np.int16)
     idx = np.asarray(idx).reshape(n, k)
     if total and int(idx.max()) >= c:
         raise _bad(entry, f"index out of range: every index must be < C = {c}, got {int(idx.max())}")
@@ -489,10 +465,6 @@ class ParsedRecord:
     scales: torch.Tensor
     mins: torch.Tensor
 
-    def same_layout(self, other: "ParsedRecord") -> bool:
-        """Whether both records put their coefficients into the same ``(num_chunks, C)`` array."""
-        return self.plan == other.plan
-
 
 def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedRecord:
     """Validate a DCT record as hostile input and return its positions and dequantized coefficients.
@@ -500,8 +472,7 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
     The one parser of the codec's sections: the decoder, the transform-domain accumulator and the norm
     all go through it, so a new index coding or value width is added here once.
     """
-    if entry.dtype not in _FLOAT_DTYPES:
-        raise _bad(entry, f"dtype must be a floating-point type, got {entry.dtype}")
+    rec.check_record_dtype(entry, _CODEC)
     plan, k, bits, value_bits, coding = _check_params(entry)
     idx, levels, scale, mins = _check_sections(entry, plan, k, bits, value_bits, coding)
     # Everything is checked; only now is anything of the record's size allocated.
@@ -516,12 +487,11 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
 @register_decoder(DCTCodec.codec_id)
 def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     """Decode a DCT record, validating every field as hostile input first."""
-    rec = parse_record(entry, device)
-    return _reconstruct_levels(rec).to(entry.dtype)
+    return _reconstruct_levels(parse_record(entry, device)).to(entry.dtype)
 
 
-def _reconstruct_levels(rec: ParsedRecord) -> torch.Tensor:
-    return _dct.decode_levels(rec.idx, rec.levels, rec.scales, rec.mins, rec.plan)
+def _reconstruct_levels(parsed: ParsedRecord) -> torch.Tensor:
+    return _dct.decode_levels(parsed.idx, parsed.levels, parsed.scales, parsed.mins, parsed.plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,17 +523,17 @@ class DCTAccumulator:
         if entry.codec != DCTCodec.codec_id:
             self._add_dense(decode_entry(entry, self.device), weight)
             return
-        rec = parse_record(entry, self.device)
+        parsed = parse_record(entry, self.device)
         if self.plan is None:
-            self.plan = rec.plan
-            self.coeffs = torch.zeros(rec.plan.num_chunks * rec.plan.chunk_numel, dtype=torch.float32,
+            self.plan = parsed.plan
+            self.coeffs = torch.zeros(parsed.plan.num_chunks * parsed.plan.chunk_numel, dtype=torch.float32,
                                       device=self.device)
-        if rec.plan != self.plan:
-            self._add_dense(_reconstruct_levels(rec), weight)
+        if parsed.plan != self.plan:
+            self._add_dense(_reconstruct_levels(parsed), weight)
             return
         c = self.plan.chunk_numel
-        flat = (rec.idx + torch.arange(rec.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
-        vals = rec.values.reshape(-1)
+        flat = (parsed.idx + torch.arange(parsed.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
+        vals = parsed.values.reshape(-1)
         if weight != 1.0:
             vals = vals * weight
         # index_select / index_copy_ rather than coeffs[flat] (advanced indexing is ~20x slower on the
@@ -608,5 +578,5 @@ def dct_record_norm(entry: Entry) -> float:
     so this is then an upper bound on the decoded tensor's norm — the safe side for a norm ceiling or
     for clipping.
     """
-    rec = parse_record(entry)
-    return float(rec.values.to(torch.float64).square().sum().sqrt())
+    parsed = parse_record(entry)
+    return float(parsed.values.to(torch.float64).square().sum().sqrt())

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 import torch
 
 from .. import wire
-from ..errors import FrameError
 from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
 from ..wire import BytesLike
-from . import _record as rec
+from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
@@ -372,11 +372,8 @@ class GComp(Codec):
         for lv, d in enumerate(DROPS[fmt]):
             parts.append(wire.pack_bits(nz_kept[nz_level == lv], width - d))
         sections["mant"] = np.frombuffer(b"".join(parts), np.uint8)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(fmt, self.block, book.book_id),
             sections=sections,
         )
@@ -419,6 +416,49 @@ class GComp(Codec):
     def reset(self) -> None:
         """Forget every codebook (the next frame of each tensor carries a new one)."""
         self._books.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"books": {name: {"book", "book_id", "steps", "counts", "carried"}}}``: per tensor name the
+        serialized codebook (uint8 tensor), its id, the steps since it was built, the exponent counts of
+        those steps (int64 tensor of 256) and whether a frame carried it yet. What :meth:`bind` was given
+        (parameters, optimizer) is not state: bind the restored codec again."""
+        return {
+            "books": {
+                n: {
+                    "book": torch.frombuffer(bytearray(b.data), dtype=torch.uint8),
+                    "book_id": b.book_id,
+                    "steps": b.steps,
+                    "counts": torch.from_numpy(b.counts.astype(np.int64)),
+                    "carried": b.carried,
+                }
+                for n, b in self._books.items()
+            }
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "GComp state", ("books",))
+        books = {}
+        for n, v in sd.mapping(s["books"], "GComp state 'books'").items():
+            what = f"GComp book of {n!r}"
+            f = sd.fields(v, what, ("book", "book_id", "steps", "counts", "carried"))
+            data = sd.tensor(f["book"], f"{what} 'book'", dtype=torch.uint8, ndim=1).cpu().numpy().tobytes()
+            try:
+                wire.huffman_book_lengths(data)
+            except ValueError as e:  # WireError and FrameError are ValueErrors
+                raise ValueError(f"{what}: not a valid codebook ({e})") from None
+            counts = sd.tensor(f["counts"], f"{what} 'counts'", dtype=torch.int64, shape=(256,)).cpu().numpy()
+            if (counts < 0).any():
+                raise ValueError(f"{what} 'counts' must be >= 0")
+            if not isinstance(f["carried"], bool):
+                raise ValueError(f"{what} 'carried' must be a bool, got {f['carried']!r}")
+            books[n] = _Book(
+                data,
+                sd.integer(f["book_id"], f"{what} 'book_id'", 0, 0xFFFFFFFF),
+                sd.integer(f["steps"], f"{what} 'steps'"),
+                counts.astype(np.uint64),
+                f["carried"],
+            )
+        self._books = books
 
     def __repr__(self) -> str:
         kind = None if self.optimizer is None else self.optimizer.kind
@@ -469,13 +509,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(format=fmt, block=block, book_id=book_id)
 
 
-def _u8(entry: Entry, name: str) -> np.ndarray:
-    arr = entry.sections[name]
-    if name in entry.section_elems or arr.dtype != np.uint8:
-        raise rec.bad(entry, _CODEC, f"section {name!r} must have element type uint8, got {arr.dtype}")
-    return arr
-
-
 def carried_book(entry: Entry) -> Optional[bytes]:
     """The serialized codebook a GComp record carries, if it carries one (not validated)."""
     arr = entry.sections.get("book")
@@ -498,14 +531,14 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     names = ("book", "exp", "level", "sign", "mant") if "book" in entry.sections else ("exp", "level", "sign", "mant")
     rec.expect_sections(entry, _CODEC, names)
     if "book" in entry.sections:
-        book = _u8(entry, "book").tobytes()
+        book = rec.byte_section(entry, _CODEC, "book").tobytes()
     elif book is None:
         raise rec.bad(
             entry, _CODEC,
             f"codebook not carried (book_id {book_id}): decode with a GCompDecoderState that received it",
         )
     n = entry.numel
-    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, _u8(entry, "exp"), n, book)
+    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, rec.byte_section(entry, _CODEC, "exp"), n, book)
     if n and bool((exp == 255).any()):
         raise rec.bad(entry, _CODEC, "exponent 255 (infinity or NaN) is not allowed")
     nb = -(-n // block)

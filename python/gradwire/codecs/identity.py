@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 
-from ..errors import FrameError
-from ..frame import ELEM_BF16, Entry, register_decoder
+from ..frame import Entry, register_decoder
+from . import record as rec
 from .base import Codec
 
 __all__ = ["IdentityCodec"]
 
-_WIRE_TYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+_CODEC = "identity"
 
 
 class IdentityCodec(Codec):
@@ -25,29 +24,19 @@ class IdentityCodec(Codec):
     name = "identity"
 
     def __init__(self, wire_dtype: Optional[torch.dtype] = None):
-        if wire_dtype is not None and wire_dtype not in _WIRE_TYPES:
+        if wire_dtype is not None and wire_dtype not in rec.FLOAT_DTYPES:
             raise ValueError(f"wire_dtype must be a floating-point dtype, got {wire_dtype}")
         self.wire_dtype = wire_dtype
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
-        if not tensor.is_floating_point():
-            raise ValueError(f"expected a floating-point tensor, got {tensor.dtype}")
+        rec.check_float_input(tensor)
         wire = self.wire_dtype or tensor.dtype
         sent = tensor.detach().to(wire).contiguous()
-        host = sent.cpu().reshape(-1)
-        elems = {}
-        if wire == torch.bfloat16:
-            payload = host.view(torch.int16).numpy().view(np.uint16)
-            elems["data"] = ELEM_BF16
-        else:
-            payload = host.numpy()
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        payload, elem = rec.values_payload(sent)
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             sections={"data": payload},
-            section_elems=elems,
+            section_elems={"data": elem},
         )
         return entry, sent.to(tensor.dtype)
 
@@ -57,18 +46,9 @@ class IdentityCodec(Codec):
 
 @register_decoder(IdentityCodec.codec_id)
 def _decode_identity(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
-    if entry.params:
-        raise FrameError(f"record {entry.name!r}: identity codec takes no parameters, got {len(entry.params)} bytes")
-    if "data" not in entry.sections or len(entry.sections) != 1:
-        raise FrameError(f"record {entry.name!r}: identity codec expects exactly one section 'data'")
-    arr = entry.sections["data"]
-    if entry.section_elems.get("data") == ELEM_BF16:
-        arr = entry.section("data", np.uint16, entry.numel)
-        t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        if arr.dtype not in (np.float16, np.float32, np.float64):
-            raise FrameError(f"record {entry.name!r}: identity 'data' must be a float type, got {arr.dtype}")
-        arr = entry.section("data", arr.dtype, entry.numel)
-        t = torch.from_numpy(arr.copy())
+    rec.check_record_dtype(entry, _CODEC)
+    rec.no_params(entry, _CODEC)
+    rec.expect_sections(entry, _CODEC, ("data",))
+    t = rec.float_section(entry, _CODEC, "data", entry.numel, "numel", allowed=rec.FLOAT_DTYPES, finite=False)
     t = t.reshape(entry.shape).to(entry.dtype)
     return t if device is None else t.to(device)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["MAX_CHUNK", "MinMaxUInt8", "dequantize", "quantize"]
@@ -98,11 +98,8 @@ class MinMaxUInt8(Codec):
         if not ok:
             raise ValueError(f"tensor {name!r} holds non-finite values (or a range too wide for float32)")
         recon = dequantize(codes, mins, maxs, self.chunk).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(self.chunk),
             sections={"min": mins_host, "max": maxs_host, "codes": codes.cpu().numpy()},
         )

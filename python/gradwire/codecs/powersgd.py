@@ -7,35 +7,35 @@ from the previous step of the same tensor name (a seeded standard normal at the 
     P = M Q;  P̂ = orthogonalize(P);  Q = Mᵀ P̂;  M ≈ P̂ Qᵀ
 
 ``P̂`` and ``Q`` go in the frame; ``Q`` is kept for the next step (the warm start that makes one power
-step per training step converge to the leading subspace). Vectors and biases (``ndim <= 1``) and matrices
-for which rank ``r`` saves less than ``min_compression``× go uncompressed, as a dense section of the same
-record. The paper runs PowerSGD with error feedback: ``ErrorFeedback(PowerSGD(...))``.
+step per training step converge to the leading subspace). Vectors and biases (``ndim <= 1``) go
+uncompressed, as a dense section of the same record, and so do matrices whose factors would not be
+strictly smaller: factors only when ``(rows + cols) · r · min_compression < rows · cols``. The paper runs
+PowerSGD with error feedback: ``ErrorFeedback(PowerSGD(...))``.
 
-The steps are exposed as functions so that the collective version — an all-reduce of ``P`` between
-the two halves, and of ``Q`` after — reuses them: :func:`powersgd_p`, :func:`orthogonalize`,
-:func:`powersgd_q`, :func:`powersgd_decompress`, with :func:`matrix_view`, :func:`compressible` and
-:func:`initial_q` to set up.
+The compress-or-not rule, the draw of the first ``Q`` and the orthogonalization are
+:mod:`gradwire.lowrank`'s, shared with the collective hook (:mod:`gradwire.torch.powersgd`). The first
+``Q`` of a tensor is drawn from ``seed`` and the CRC-32 of its name (:func:`gradwire.lowrank.name_seed`),
+so a codec needs no random state. The steps are exposed as functions: :func:`powersgd_p`,
+:func:`powersgd_q`, :func:`powersgd_decompress`, with :func:`matrix_view` and :func:`first_q`.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
-import numpy as np
 import torch
 
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from ..lowrank import compressible, initial_q, name_seed, orthogonalize_
+from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
     "PowerSGD",
-    "compressible",
-    "initial_q",
+    "first_q",
     "matrix_view",
-    "orthogonalize",
     "powersgd_decompress",
     "powersgd_p",
     "powersgd_q",
@@ -53,31 +53,15 @@ def matrix_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(rows, cols).to(torch.float32)
 
 
-def compressible(shape: Sequence[int], rank: int, min_compression: float = 2.0) -> bool:
-    """Whether a tensor of ``shape`` goes as rank-``rank`` factors: ``ndim >= 2`` and the factors,
-    ``r·(rows + cols)`` values, at least ``min_compression`` times smaller than the ``rows·cols`` values."""
-    if len(shape) < 2:
-        return False
-    rows, cols = rec.matrix_shape(shape)
-    r = min(rank, rows, cols)
-    return r >= 1 and rows * cols >= min_compression * r * (rows + cols)
-
-
-def initial_q(name: str, cols: int, rank: int, seed: int = 0, device=None) -> torch.Tensor:
+def first_q(name: str, cols: int, rank: int, seed: int = 0, device=None) -> torch.Tensor:
     """The first ``Q`` (``cols × rank``, i.i.d. standard normal) of tensor ``name``, the same on every
     worker and device: drawn on the CPU from ``seed`` and the CRC-32 of the name."""
-    g = torch.Generator().manual_seed((int(seed) * 0x9E3779B1 + zlib.crc32(name.encode())) % (1 << 63))
-    return torch.randn(cols, rank, generator=g).to(device)
+    return initial_q(cols, rank, torch.Generator().manual_seed(name_seed(name, seed)), device=device)
 
 
 def powersgd_p(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """First half: ``P = M Q`` (all-reduce-mean ``P`` here in the collective version)."""
     return m @ q
-
-
-def orthogonalize(p: torch.Tensor) -> torch.Tensor:
-    """Orthonormal columns spanning ``P``'s (reduced QR, well defined for rank-deficient ``P``)."""
-    return torch.linalg.qr(p, mode="reduced").Q
 
 
 def powersgd_q(m: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
@@ -131,9 +115,9 @@ class PowerSGD(Codec):
         r = min(self.rank, rows, cols)
         q = self._q.get(name)
         if q is None or tuple(q.shape) != (cols, r):
-            q = initial_q(name, cols, r, self.seed, m.device)
+            q = first_q(name, cols, r, self.seed, m.device)
         q = q.to(m.device)
-        p_hat = orthogonalize(powersgd_p(m, q))
+        p_hat = orthogonalize_(powersgd_p(m, q))
         q_new = powersgd_q(m, p_hat)
         # Row-major copies: the receiver multiplies row-major factors, and so must the sender (QR may
         # return column-major storage, and a matmul's rounding can depend on the layout).
@@ -149,15 +133,11 @@ class PowerSGD(Codec):
         recon = powersgd_decompress(p_sent, q_sent).reshape(tensor.shape).to(tensor.dtype)
         p_payload, p_elem = rec.values_payload(p_sent)
         q_payload, q_elem = rec.values_payload(q_sent)
-        elems = {k: e for k, e in (("p", p_elem), ("q", q_elem)) if e is not None}
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(MODE_FACTORS, r),
             sections={"p": p_payload, "q": q_payload},
-            section_elems=elems,
+            section_elems={"p": p_elem, "q": q_elem},
         )
         return entry, recon
 
@@ -165,11 +145,8 @@ class PowerSGD(Codec):
         sent = tensor.detach().to(torch.float32)
         if sent.numel() and not bool(torch.isfinite(sent).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values")
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(MODE_DENSE, 0),
             sections={"data": sent.reshape(-1).cpu().numpy()},
         )
@@ -188,12 +165,20 @@ class PowerSGD(Codec):
         else:
             self._q.pop(name, None)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """``{name: Q}``, plain tensors (saveable with safetensors)."""
-        return {n: q.detach().clone().contiguous() for n, q in self._q.items()}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"q": {name: Q}}``: each tensor's warm-start ``Q`` (float32, ``cols × r``). The first ``Q`` of a
+        name is drawn from ``seed`` and the name, so there is no random state to keep."""
+        return {"q": {n: q.detach().clone().contiguous() for n, q in self._q.items()}}
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._q = {str(n): q.detach().to(torch.float32).clone() for n, q in state.items()}
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "PowerSGD state", ("q",))
+        new = {}
+        for n, q in sd.mapping(s["q"], "PowerSGD state 'q'").items():
+            q = sd.tensor(q, f"PowerSGD state Q of {n!r}", floating=True, ndim=2)
+            if not 1 <= q.shape[1] <= self.rank:
+                raise ValueError(f"PowerSGD state Q of {n!r} must have 1..rank = {self.rank} columns, got {q.shape[1]}")
+            new[n] = q.detach().to(torch.float32).clone()
+        self._q = new
 
     def __repr__(self) -> str:
         extra = "" if self.factor_dtype == torch.float32 else f", factor_dtype={self.factor_dtype}"

@@ -21,14 +21,15 @@ the same frames. The quantization runs on the tensor's device; only the norms an
 from __future__ import annotations
 
 import struct
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 
 from .. import wire
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = ["QSGD", "dequantize", "quantize", "unpack_params"]
@@ -107,14 +108,45 @@ class QSGD(Codec):
         self.elias = elias
         self.seed = int(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
+        # Loaded generator states of devices this process has not used (or cannot build) yet.
+        self._pending: dict[str, torch.Tensor] = {}
 
     def _generator(self, device: torch.device) -> torch.Generator:
         g = self._generators.get(device)
         if g is None:
             g = torch.Generator(device=device)
-            g.manual_seed(self.seed)
+            state = self._pending.pop(str(device), None)
+            if state is None:
+                g.manual_seed(self.seed)
+            else:
+                g.set_state(state)
             self._generators[device] = g
         return g
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"generators": {device: state}}``: the random generator of each device the codec has drawn on
+        (``"cpu"``, ``"cuda:0"``, ...), as the uint8 tensor of ``torch.Generator.get_state()``."""
+        gens = {k: v.clone() for k, v in self._pending.items()}
+        gens.update({str(d): g.get_state().clone() for d, g in self._generators.items()})
+        return {"generators": gens}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "QSGD state", ("generators",))
+        pending: dict[str, torch.Tensor] = {}
+        for key, t in sd.mapping(s["generators"], "QSGD state 'generators'").items():
+            what = f"QSGD generator state of {key!r}"
+            t = sd.tensor(t, what, dtype=torch.uint8, ndim=1).detach().cpu().clone()
+            try:
+                device = torch.device(key)
+            except (RuntimeError, ValueError):
+                raise ValueError(f"{what}: not a device name") from None
+            if device.type == "cpu":
+                try:
+                    torch.Generator().set_state(t)
+                except RuntimeError as e:
+                    raise ValueError(f"{what}: {e}") from None
+            pending[str(device)] = t
+        self._generators, self._pending = {}, pending
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
         rec.check_float_input(tensor)
@@ -131,11 +163,8 @@ class QSGD(Codec):
         positions = nz.cpu().numpy().astype(np.uint64)
         lv = q[nz].cpu().numpy()
         data = wire.sparse_levels_encode(positions, lv, self.elias)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(self.levels, self.bucket, _ELIAS[self.elias], positions.size),
             sections={"norm": norms_host.astype(np.float32, copy=False), "data": np.frombuffer(data, np.uint8)},
         )
@@ -169,9 +198,7 @@ def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     norms = rec.section(entry, _CODEC, "norm", np.float32, nb, "ceil(numel / bucket)")
     if nb and not bool(np.all(np.isfinite(norms) & (norms >= 0))):
         raise rec.bad(entry, _CODEC, "norms must be finite and >= 0")
-    data = entry.sections["data"]
-    if "data" in entry.section_elems or data.dtype != np.uint8:
-        raise rec.bad(entry, _CODEC, f"section 'data' must have element type uint8, got {data.dtype}")
+    data = rec.byte_section(entry, _CODEC, "data")
     # The Rust decoder checks the stream (positions ascending and < numel, 1 <= |level| <= s, exact
     # length) and refuses an nnz the bytes cannot hold before allocating.
     positions, lv = rec.wire_call(

@@ -27,7 +27,7 @@ import torch
 
 from .. import wire
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["OneBit", "SignSGD", "pack_sign_bits", "unpack_sign_bits"]
@@ -95,11 +95,8 @@ class OneBit(Codec):
         if not (np.isfinite(pos_host).all() and np.isfinite(neg_host).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values (or column sums overflow float32)")
         recon = _decode_columns(nonneg, pos, neg, rows, cols).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             sections={"bits": pack_sign_bits(nonneg), "pos": pos_host, "neg": neg_host},
         )
         return entry, recon
@@ -137,11 +134,8 @@ class SignSGD(Codec):
         if not math.isfinite(scale_host):
             raise ValueError(f"tensor {name!r} holds non-finite values (or mean |g| overflows float32)")
         recon = _decode_scaled(nonneg, scale).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_SIGN_PARAMS.pack(_SCALE_MODES[self.scale]),
             sections={"bits": pack_sign_bits(nonneg), "scale": np.array([scale_host], dtype=np.float32)},
         )
@@ -165,8 +159,7 @@ def unpack_params(params: bytes) -> dict:
 def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     codec = "onebit"
     rec.check_record_dtype(entry, codec)
-    if entry.params:
-        raise rec.bad(entry, codec, f"params must be empty, got {len(entry.params)} bytes")
+    rec.no_params(entry, codec)
     rec.expect_sections(entry, codec, ("bits", "pos", "neg"))
     rows, cols = rec.matrix_shape(entry.shape)
     pos = rec.section(entry, codec, "pos", np.float32, cols, "numel / shape[0] (columns)")

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
-from ..frame import Entry, decode_entry, register_decoder, write_frame
-from . import _record as rec
+from ..frame import Entry, decode_entry, register_decoder
+from . import record as rec
+from . import statedict as sd
 from .base import Codec
 
 __all__ = [
@@ -113,17 +114,14 @@ def _topk_entry(
     gaps_host = gaps.cpu().numpy()
     width = max(1, int(gaps_host.max()).bit_length()) if gaps_host.size else 1
     payload, elem = rec.values_payload(sent)
-    entry = Entry(
-        name=name,
-        codec=TopK.codec_id,
-        dtype=tensor.dtype,
-        shape=tuple(tensor.shape),
+    entry = rec.entry(
+        TopK.codec_id, name, tensor,
         params=_TOPK_PARAMS.pack(INDEX_CODING_FIXED, width, idx.numel()),
         sections={
             "idx": np.frombuffer(wire.pack_bits(gaps_host.astype(np.uint32), width), dtype=np.uint8),
             "val": payload,
         },
-        section_elems={"val": elem} if elem is not None else {},
+        section_elems={"val": elem},
     )
     recon = _scatter(idx, sent, n).reshape(tensor.shape).to(tensor.dtype)
     return entry, recon
@@ -165,7 +163,7 @@ class TopK(Codec):
     def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """``{name: (record, reconstruction)}``; with ``scope="global"`` ``k`` counts over all tensors."""
         if self.scope == "tensor":
-            return {n: self.compress(t, n) for n, t in tensors.items()}
+            return super().compress_bundle(tensors)
         names = list(tensors)
         if not names:
             return {}
@@ -187,9 +185,10 @@ class TopK(Codec):
             start += size
         return out
 
-    def encode_bundle(self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0) -> bytes:
-        entries = [e for e, _ in self.compress_bundle(tensors).values()]
-        return write_frame(entries, round=round, sender=sender, bundle=True)
+    @property
+    def bundle_budget(self) -> bool:
+        """``scope="global"`` spends ``k`` over the whole bundle."""
+        return self.scope == "global"
 
     def __repr__(self) -> str:
         amount = f"k={self.k}" if self.k is not None else f"density={self.density}"
@@ -286,6 +285,14 @@ class RandomK(Codec):
         self.value_dtype = _check_value_dtype(value_dtype)
         self.calls = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """``{"calls": n}``: how many seeds the codec has drawn (the next call uses seed number ``n + 1``)."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "RandomK state", ("calls",))
+        self.calls = sd.integer(s["calls"], "RandomK state 'calls'")
+
     def next_seed(self) -> int:
         """The seed of the next call: splitmix64 of ``seed`` advanced by the call counter."""
         self.calls += 1
@@ -303,14 +310,11 @@ class RandomK(Codec):
             values = values * float(np.float32(n / k))
         sent = _values_for_wire(values, self.value_dtype, name)
         payload, elem = rec.values_payload(sent)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_RANDK_PARAMS.pack(seed, k, int(self.unbiased)),
             sections={"val": payload},
-            section_elems={"val": elem} if elem is not None else {},
+            section_elems={"val": elem},
         )
         recon = _scatter(idx, sent, n).reshape(tensor.shape).to(tensor.dtype)
         return entry, recon

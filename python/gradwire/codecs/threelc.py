@@ -22,7 +22,7 @@ import torch
 
 from .. import wire
 from ..frame import Entry, register_decoder
-from . import _record as rec
+from . import record as rec
 from .base import Codec
 
 __all__ = ["ThreeLC", "dequantize", "quantize", "quartic_bytes"]
@@ -98,11 +98,8 @@ class ThreeLC(Codec):
             quartic = quartic_bytes(q).cpu().numpy()
         data = np.frombuffer(wire.zero_run_encode(quartic), dtype=np.uint8)
         recon = dequantize(q, m).reshape(tensor.shape).to(tensor.dtype)
-        entry = Entry(
-            name=name,
-            codec=self.codec_id,
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
+        entry = rec.entry(
+            self.codec_id, name, tensor,
             params=_PARAMS.pack(self.sparsity),
             sections={"scale": np.array([m_host], dtype=np.float32), "data": data},
         )
@@ -126,9 +123,7 @@ def _decode_threelc(entry: Entry, device: Optional[torch.device]) -> torch.Tenso
         raise rec.bad(entry, _CODEC, f"sparsity must lie in [1, 2), got {sparsity}")
     rec.expect_sections(entry, _CODEC, SECTIONS)
     scale = rec.section(entry, _CODEC, "scale", np.float32, 1, "1")
-    data = entry.sections["data"]
-    if "data" in entry.section_elems or data.dtype != np.uint8:
-        raise rec.bad(entry, _CODEC, f"section 'data' must have element type uint8, got {data.dtype}")
+    data = rec.byte_section(entry, _CODEC, "data")
     m = float(scale[0])
     if not (math.isfinite(m) and m >= 0):
         raise rec.bad(entry, _CODEC, f"scale M must be finite and >= 0, got {m}")

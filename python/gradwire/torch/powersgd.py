@@ -6,7 +6,8 @@ rank ``r`` by one step of subspace iteration whose two halves are all-reduced: `
 next step (warm start) and what the approximation missed is added to the next step's gradient (error
 feedback). Vectors, and matrices whose factors would not be ``min_compression_rate`` times smaller than
 they are, are averaged uncompressed. The arithmetic follows torch's own ``powerSGD_hook`` step by step
-(same orthogonalization, same seeded draw of the first ``Q``), so the two train alike.
+(same orthogonalization, same seeded draw of the first ``Q``, same compress-or-not rule: all three from
+:mod:`gradwire.lowrank`, which the frame codec ``gradwire.PowerSGD`` uses too), so the two train alike.
 
 Where it differs, by design:
 
@@ -29,35 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["PowerSGDState", "orthogonalize", "powersgd_hook", "should_compress"]
+from ..lowrank import compressible, initial_q, orthogonalize_
 
-
-def orthogonalize(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
-    """Orthonormalize the columns of ``matrix`` (n × r, r ≤ n) in place and return it.
-
-    Gram–Schmidt for r ≤ 2 or half precision, the Q of a QR factorization otherwise (torch's choice).
-    A column of zeros stays zero instead of becoming NaN.
-    """
-    n, r = matrix.shape
-    if r <= 2 or matrix.dtype in (torch.float16, torch.bfloat16):
-        for i in range(r):
-            col = matrix[:, i : i + 1]
-            norm = torch.linalg.vector_norm(col, dim=0, keepdim=True)
-            if epsilon == 0:
-                col.div_(torch.where(norm == 0, torch.ones_like(norm), norm))
-            else:
-                col.div_(norm + epsilon)
-            if i + 1 < r:
-                rest = matrix[:, i + 1 :]
-                rest.sub_(torch.sum(col * rest, dim=0, keepdim=True) * col)
-    else:
-        matrix.copy_(torch.linalg.qr(matrix).Q)
-    return matrix
-
-
-def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float) -> bool:
-    """Whether a rows × cols matrix is worth sending as rank-``rank`` factors."""
-    return (rows + cols) * rank * min_compression_rate < rows * cols
+__all__ = ["PowerSGDState", "powersgd_hook"]
 
 
 class PowerSGDState:
@@ -144,13 +119,11 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     plain: list[torch.Tensor] = []
     by_shape: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}
     for param, grad in zip(bucket.parameters(), bucket.gradients()):
-        if grad.ndim > 1:
+        if compressible(grad.shape, state.rank, state.min_compression_rate):
             m = grad.view(grad.shape[0], -1)
-            r = min(m.shape[0], m.shape[1], state.rank)
-            if should_compress(m.shape[0], m.shape[1], r, state.min_compression_rate):
-                by_shape.setdefault(tuple(m.shape), []).append((id(param), m))
-                continue
-        plain.append(grad)
+            by_shape.setdefault(tuple(m.shape), []).append((id(param), m))
+        else:
+            plain.append(grad)
     # Matrices grouped by shape in order of first appearance: the order torch draws its Q factors in.
     matrices = [item for group_items in by_shape.values() for item in group_items]
 
@@ -176,7 +149,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
             g.copy_(first[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
     for i, p in enumerate(ps):
-        ps[i] = orthogonalize(first[offset : offset + p.numel()].view_as(p), state.orthogonalization_epsilon)
+        ps[i] = orthogonalize_(first[offset : offset + p.numel()].view_as(p), state.orthogonalization_epsilon)
         offset += p.numel()
 
     new_qs = [m.t() @ p for (_, m), p in zip(matrices, ps)]
@@ -211,8 +184,8 @@ def _initial_qs(state: PowerSGDState, matrices: list[tuple[int, torch.Tensor]], 
         r = min(m.shape[0], m.shape[1], state.rank)
         if draw:
             # Drawn on the host with a seeded generator, so every rank and device gets the same Q.
-            q = torch.randn(m.shape[1], r, generator=generator, dtype=buf.dtype).to(buf.device)
+            q = initial_q(m.shape[1], r, generator, dtype=buf.dtype, device=buf.device)
         else:
             q = state.qs[key]
-        qs.append(orthogonalize(q, state.orthogonalization_epsilon))
+        qs.append(orthogonalize_(q, state.orthogonalization_epsilon))
     return qs

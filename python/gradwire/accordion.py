@@ -18,19 +18,28 @@ and frames decode with the wrapped codec's decoder. Every decision is kept in :a
 
 With error feedback (``ErrorFeedback(Accordion(...))``) the tensors Accordion sees include the carried
 residual; the norms it compares are of those sums.
+
+Accordion is a policy above the codecs, not one of them: it lives outside :mod:`gradwire.codecs` and
+outside the registry ``gradwire.CODECS`` (``make_codec("accordion")`` does not exist; build
+``gradwire.Accordion`` directly). It follows the :class:`~gradwire.codecs.base.Codec` protocol, so it
+goes wherever a codec goes (``ErrorFeedback``, ``gradwire.torch.ddp_hook``), and builds the codecs it is
+given as mappings (``{"codec": "powersgd", "rank": 2}``) with the registry's :func:`make_codec`. This
+module imports :mod:`gradwire.codecs`, never the other way round.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, Union
 
 import torch
 
-from ..frame import ELEM_BF16, Entry
-from . import _record as rec
-from .base import Codec
+from .codecs import dct, make_codec, minmax, powersgd, sign, sparse, threelc
+from .codecs import record as rec
+from .codecs import statedict as sd
+from .codecs.base import Codec
+from .frame import ELEM_BF16, Entry
 
 __all__ = ["Accordion", "AccordionDecision", "register_setting_reader", "setting_of"]
 
@@ -62,8 +71,6 @@ CodecSpec = Union[Codec, Mapping[str, Any]]
 
 def _build(spec: CodecSpec, which: str) -> Codec:
     if isinstance(spec, Mapping):
-        from . import make_codec  # the registry imports this module
-
         params = dict(spec)
         try:
             name = params.pop("codec")
@@ -83,7 +90,7 @@ class Accordion(Codec):
     mappings such as ``{"codec": "powersgd", "rank": 2}``.
     """
 
-    codec_id = None  # not a wire format: records carry the wrapped codec's id
+    codec_id: ClassVar[None] = None  # type: ignore[assignment]  # not a wire format: records carry low's or high's id
     name = "accordion"
 
     def __init__(self, low: CodecSpec, high: CodecSpec, threshold: float = 0.5, interval: int = 10):
@@ -113,12 +120,37 @@ class Accordion(Codec):
         entry, recon = codec.compress(tensor, name)
         self._made_by.setdefault((name, _key(setting_of(entry))), set()).add(layer.setting)
 
+        self._account(name, layer, tensor)
+        return entry, recon
+
+    @property
+    def bundle_budget(self) -> bool:
+        """Whether ``low`` or ``high`` spends a budget over a bundle (then so does Accordion, per setting)."""
+        return bool(self.low.bundle_budget or self.high.bundle_budget)
+
+    def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """``{name: (record, reconstruction)}``. With a bundle-wide budget in ``low`` or ``high``, the tensors
+        of each setting go to their codec's :meth:`~Codec.compress_bundle` together; else one by one."""
+        if not self.bundle_budget:
+            return super().compress_bundle(tensors)
+        layers = {n: self._layers.setdefault(n, _Layer()) for n in tensors}
+        done: dict[str, tuple[Entry, torch.Tensor]] = {}
+        for setting, codec in ((LOW, self.low), (HIGH, self.high)):
+            group = {n: t for n, t in tensors.items() if layers[n].setting == setting}
+            if group:
+                done.update(codec.compress_bundle(group))
+        for n, t in tensors.items():
+            layer = layers[n]
+            self._made_by.setdefault((n, _key(setting_of(done[n][0]))), set()).add(layer.setting)
+            self._account(n, layer, t)
+        return {n: done[n] for n in tensors}
+
+    def _account(self, name: str, layer: _Layer, tensor: torch.Tensor) -> None:
         x = tensor.detach().to(torch.float32)
-        layer.total = x.clone() if layer.total is None else layer.total + x
+        layer.total = x.clone() if layer.total is None else layer.total.to(x.device) + x
         layer.calls += 1
         if layer.calls % self.interval == 0:
             self._decide(name, layer)
-        return entry, recon
 
     def _decide(self, name: str, layer: _Layer) -> None:
         norm = float(layer.total.norm())
@@ -145,8 +177,73 @@ class Accordion(Codec):
         """Forget every layer's sums, norms and settings (the log is kept)."""
         self._layers.clear()
 
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every layer's interval (``calls``, the running ``total`` or None, ``old_norm``, ``setting``), the
+        decision ``log`` (lists ``[step, name, norm, ratio, critical, setting]``), which setting made
+        which record setting (``made_by``, for :meth:`regime_of`) and ``low``'s and ``high``'s own state.
+        Non-finite floats are written ``"inf"``, ``"-inf"``, ``"nan"``."""
+        layers = {
+            n: {
+                "calls": layer.calls,
+                "total": None if layer.total is None else layer.total.detach().clone().contiguous(),
+                "old_norm": None if layer.old_norm is None else sd.to_float(layer.old_norm),
+                "setting": layer.setting,
+            }
+            for n, layer in self._layers.items()
+        }
+        log = [[d.step, d.name, sd.to_float(d.norm), sd.to_float(d.ratio), d.critical, d.setting] for d in self.log]
+        made_by = [
+            [name, [list(kv) for kv in key], sorted(settings)] for (name, key), settings in self._made_by.items()
+        ]
+        return {
+            "layers": layers,
+            "log": log,
+            "made_by": made_by,
+            "low": self.low.state_dict(),
+            "high": self.high.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        s = sd.fields(state, "Accordion state", ("layers", "log", "made_by", "low", "high"))
+        layers: dict[str, _Layer] = {}
+        for n, v in sd.mapping(s["layers"], "Accordion state 'layers'").items():
+            what = f"Accordion layer {n!r}"
+            f = sd.fields(v, what, ("calls", "total", "old_norm", "setting"))
+            total = None
+            if f["total"] is not None:
+                total = sd.tensor(f["total"], f"{what} 'total'", floating=True).detach().to(torch.float32).clone()
+            old = None if f["old_norm"] is None else sd.from_float(f["old_norm"], f"{what} 'old_norm'")
+            layers[n] = _Layer(sd.integer(f["calls"], f"{what} 'calls'"), total, old, _setting(f["setting"], what))
+        log = []
+        for i, d in enumerate(sd.sequence(s["log"], "Accordion state 'log'")):
+            what = f"Accordion log entry {i}"
+            step, name, norm, ratio, critical, setting = sd.sequence(d, what, 6)
+            if not isinstance(name, str) or not isinstance(critical, bool):
+                raise ValueError(f"{what}: name must be a str and critical a bool, got {name!r}, {critical!r}")
+            log.append(AccordionDecision(sd.integer(step, f"{what} step"), name, sd.from_float(norm, f"{what} norm"),
+                                         sd.from_float(ratio, f"{what} ratio"), critical, _setting(setting, what)))
+        made_by: dict[tuple[str, tuple], set[str]] = {}
+        for i, m in enumerate(sd.sequence(s["made_by"], "Accordion state 'made_by'")):
+            what = f"Accordion made_by entry {i}"
+            name, key, settings = sd.sequence(m, what, 3)
+            pairs = [sd.sequence(kv, what, 2) for kv in sd.sequence(key, what)]
+            if not isinstance(name, str) or not all(isinstance(a, str) and isinstance(b, str) for a, b in pairs):
+                raise ValueError(f"{what} must hold a name and [str, str] pairs")
+            made_by[(name, tuple((a, b) for a, b in pairs))] = {_setting(x, what) for x in sd.sequence(settings, what)}
+        self.low.load_state_dict(s["low"])
+        self.high.load_state_dict(s["high"])
+        self._layers, self.log, self._made_by = layers, log, made_by
+
     def __repr__(self) -> str:
         return f"Accordion(low={self.low!r}, high={self.high!r}, threshold={self.threshold}, interval={self.interval})"
+
+
+def _setting(value: Any, what: str) -> str:
+    if value not in (LOW, HIGH):
+        raise ValueError(f"{what}: setting must be 'low' or 'high', got {value!r}")
+    return value
 
 
 def _key(setting: Mapping[str, Any]) -> tuple:
@@ -188,8 +285,6 @@ def setting_of(entry: Entry) -> dict:
 
 
 def _register_builtin_readers() -> None:
-    from . import dct, minmax, powersgd, sign, sparse, threelc
-
     @register_setting_reader(0)
     def _identity(entry: Entry) -> dict:
         data = entry.sections.get("data")

@@ -1,8 +1,10 @@
-"""Checks and conversions shared by the codecs' encoders and decoders.
+"""The one place that checks records: params, sections and their element types, for every decoder.
 
 Decoders treat a record as hostile input: every helper here raises :class:`~gradwire.errors.FrameError`
 with a message of the form ``record 'name': codec: rule`` before anything of the tensor's size is
-allocated. Encoders use the same helpers to put float payloads (f16, bf16, f32) into sections.
+allocated. Every codec's decoder (and DCT's :func:`~gradwire.codecs.dct.parse_record`) goes through
+these helpers, so a rule is worded the same way for all of them. Encoders use the same helpers to put
+float payloads (f16, bf16, f32) into sections.
 """
 
 from __future__ import annotations
@@ -15,16 +17,20 @@ import torch
 
 from ..errors import FrameError, WireError
 from ..frame import ELEM_BF16, Entry
+from ..lowrank import matrix_shape
 
 __all__ = [
     "FLOAT_DTYPES",
     "VALUE_DTYPES",
     "bad",
+    "byte_section",
     "check_float_input",
     "check_record_dtype",
+    "entry",
     "expect_sections",
     "float_section",
     "matrix_shape",
+    "no_params",
     "params",
     "section",
     "tensor_from_values",
@@ -36,7 +42,26 @@ __all__ = [
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Element types a codec may choose for the float values it sends.
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_NUMPY_VALUE = {torch.float16: np.float16, torch.float32: np.float32}
+_NUMPY_VALUE = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+_TORCH_VALUE = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+def entry(
+    codec_id: int,
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    params: bytes = b"",
+    sections: dict[str, np.ndarray],
+    section_elems: Optional[dict[str, Optional[int]]] = None,
+) -> Entry:
+    """The record of ``tensor`` (its dtype and shape) made by codec ``codec_id``; element codes of
+    ``section_elems`` that are ``None`` (no bf16 tag) are left out."""
+    elems = {k: e for k, e in (section_elems or {}).items() if e is not None}
+    return Entry(
+        name=name, codec=codec_id, dtype=tensor.dtype, shape=tuple(tensor.shape), params=params,
+        sections=sections, section_elems=elems,
+    )
 
 
 def bad(entry: Entry, codec: str, rule: str) -> FrameError:
@@ -62,6 +87,12 @@ def params(entry: Entry, codec: str, layout: struct.Struct, fields: str) -> tupl
     return layout.unpack(entry.params)
 
 
+def no_params(entry: Entry, codec: str) -> None:
+    """The record carries no parameters."""
+    if entry.params:
+        raise bad(entry, codec, f"params must be empty, got {len(entry.params)} bytes")
+
+
 def expect_sections(entry: Entry, codec: str, names: Sequence[str]) -> None:
     """The record holds exactly the sections ``names``, in that order."""
     have = list(entry.sections)
@@ -75,15 +106,26 @@ def expect_sections(entry: Entry, codec: str, names: Sequence[str]) -> None:
         raise bad(entry, codec, f"sections must be in the order {', '.join(names)}, got {', '.join(have)}")
 
 
+def _elem_name(entry: Entry, name: str) -> str:
+    return "bf16" if entry.section_elems.get(name) == ELEM_BF16 else str(entry.sections[name].dtype)
+
+
 def section(entry: Entry, codec: str, name: str, dtype, count: int, count_rule: str) -> np.ndarray:
     """Section ``name`` with element type ``dtype`` holding exactly ``count`` elements."""
     arr = entry.sections[name]
     want = np.dtype(dtype)
     if name in entry.section_elems or arr.dtype != want:
-        got = "bf16" if entry.section_elems.get(name) == ELEM_BF16 else str(arr.dtype)
-        raise bad(entry, codec, f"section {name!r} must have element type {want}, got {got}")
+        raise bad(entry, codec, f"section {name!r} must have element type {want}, got {_elem_name(entry, name)}")
     if arr.ndim != 1 or arr.shape[0] != count:
         raise bad(entry, codec, f"section {name!r} must hold {count_rule} = {count} elements, got {arr.size}")
+    return arr
+
+
+def byte_section(entry: Entry, codec: str, name: str) -> np.ndarray:
+    """Section ``name`` of uint8 bytes, of any length (a stream whose decoder checks its length)."""
+    arr = entry.sections[name]
+    if name in entry.section_elems or arr.dtype != np.uint8:
+        raise bad(entry, codec, f"section {name!r} must have element type uint8, got {_elem_name(entry, name)}")
     return arr
 
 
@@ -96,17 +138,13 @@ def float_section(
     allowed: Iterable[torch.dtype] = VALUE_DTYPES,
     finite: bool = True,
 ) -> torch.Tensor:
-    """Section ``name`` of f16, bf16 or f32 values (as ``allowed``) as a CPU tensor of that dtype."""
+    """Section ``name`` of f16, bf16, f32 (or f64, where ``allowed``) values as a CPU tensor of that dtype."""
     arr = entry.sections[name]
     allowed = tuple(allowed)
     if entry.section_elems.get(name) == ELEM_BF16:
         dtype = torch.bfloat16
-    elif arr.dtype == np.float16:
-        dtype = torch.float16
-    elif arr.dtype == np.float32:
-        dtype = torch.float32
     else:
-        dtype = None
+        dtype = _TORCH_VALUE.get(arr.dtype)
     if dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
         got = str(dtype).replace("torch.", "") if dtype is not None else str(arr.dtype)
@@ -144,12 +182,3 @@ def wire_call(entry: Entry, codec: str, what: str, fn, *args):
         raise bad(entry, codec, f"{what}: {e}") from None
 
 
-def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
-    """The matrix view ``(shape[0], numel / shape[0])`` of a tensor; ``(numel, 1)`` for ``ndim <= 1``."""
-    shape = tuple(int(d) for d in shape)
-    rest = 1
-    for d in shape[1:]:
-        rest *= d
-    if len(shape) <= 1:
-        return (shape[0] if shape else 1), 1
-    return shape[0], rest
