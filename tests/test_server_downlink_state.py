@@ -12,7 +12,7 @@ import httpx
 import gradwire
 from gradwire.client import split_frames
 from gradwire.frame import SERVER_SENDER
-from gradwire.state import apply_update, state_hash, unpack_state_dict
+from gradwire.state import apply_update, state_hash
 from gradwire_server.config import RunConfig
 from gradwire_server.metrics import Metrics
 from gradwire_server.optim import AdamWState, adamw_step
@@ -106,7 +106,11 @@ def test_powersgd_downlink_killed_mid_run_publishes_the_frames_of_an_uninterrupt
                 run.wait_version(rnd + 1)
             frames, weights_hash = _all_published(c, run)
 
-        kept = unpack_state_dict((srv.data_dir / "runs" / run.run_id / "downlink" / f"v{rounds}.safetensors").read_bytes())
+    store = Store(tmp_path / "data")
+    try:
+        kept = store.load_downlink_state(run.run_id, rounds)
+    finally:
+        store.close()
     assert kept["codec"], "the downlink's PowerSGD state is not persisted"
     assert len(frames) == len(ref_frames) == rounds
     for version, (got, want) in enumerate(zip(frames, ref_frames), start=1):

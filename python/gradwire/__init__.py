@@ -16,6 +16,7 @@ from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, To
 from .codecs import QSGD, GComp, GCompDecoderState
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
+from .registry import POLICIES, build_codec, codec_names
 from .frame import (
     Entry,
     Frame,
@@ -59,6 +60,9 @@ __all__ = [
     "decode_bundle",
     "decode_entry",
     "make_codec",
+    "POLICIES",
+    "build_codec",
+    "codec_names",
     "read_frame",
     "register_decoder",
     "wire",

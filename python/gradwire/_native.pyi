@@ -150,6 +150,14 @@ _SectionView = tuple[str, int, int, int]
 # (name, codec, dtype, shape, (params_start, params_end), sections)
 _EntryView = tuple[str, int, int, tuple[int, ...], tuple[int, int], list[_SectionView]]
 
+def frame_length(data: npt.NDArray[np.uint8]) -> int:
+    """The ``total_len`` of the frame that starts ``data`` (which may run on into more frames).
+
+    Checks the magic, the version and ``MIN_FRAME_BYTES <= total_len <= len(data)``; raises
+    ``FrameError`` (``frame_too_short``, ``bad_magic``, ``unsupported_version``, ``frame_truncated``)
+    otherwise. The frame itself is not checked: parse exactly that many bytes with ``decode_frame``.
+    """
+
 def decode_frame(
     data: npt.NDArray[np.uint8],
     max_frame_bytes: int = 2**31,

@@ -44,6 +44,7 @@ __all__ = [
     "decode",
     "decode_bundle",
     "decode_entry",
+    "frame_length",
     "read_frame",
     "register_decoder",
     "write_frame",
@@ -190,6 +191,15 @@ def write_frame(
             )
         )
     return _native.encode_frame(int(round), int(sender), bool(bundle), specs)
+
+
+def frame_length(data: BytesLike) -> int:
+    """The length of the frame that starts ``data``, which may run on into further frames.
+
+    Checks the magic, the version and that ``total_len`` fits (``FrameError`` otherwise); the frame
+    itself is checked only by :func:`read_frame` over exactly that many bytes.
+    """
+    return _native.frame_length(as_u8(data))
 
 
 def read_frame(data: BytesLike, *, limits: Optional[Limits] = None) -> Frame:

@@ -13,7 +13,7 @@ __all__ = ["AggregationConfig", "CodecConfig", "OptimizerConfig", "RunConfig"]
 
 
 class CodecConfig(BaseModel):
-    """A codec by registry name (``gradwire.CODECS``) and its keyword parameters."""
+    """A codec or policy by name (``gradwire.codec_names()``) and its keyword parameters."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -34,7 +34,7 @@ class CodecConfig(BaseModel):
             import torch
 
             params["wire_dtype"] = getattr(torch, params["wire_dtype"])
-        return gradwire.make_codec(self.codec, **params)
+        return gradwire.build_codec(self.codec, **params)
 
 
 class OptimizerConfig(BaseModel):

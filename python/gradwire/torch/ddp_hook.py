@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from ..accumulate import make_accumulator
-from ..codecs import Codec, make_codec
+from ..codecs import Codec
+from ..registry import build_codec
 from ..errors import FrameError
 from ..feedback import ErrorFeedback
 from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
@@ -220,7 +221,7 @@ def ddp_hook(
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
     ``codec`` is a codec instance or a registered name (``"dct"``; ``codec_params`` then go to
-    :func:`gradwire.make_codec`). Error feedback is kept per bucket and survives DDP's bucket rebuild.
+    :func:`gradwire.build_codec`: a wire codec or a policy such as Accordion). Error feedback is kept per bucket and survives DDP's bucket rebuild.
 
     ``per_parameter=True`` sends each parameter's gradient as its own record of a bundle frame, in its
     own shape, instead of the bucket as one flat vector: codecs that work per tensor (3LC's and
@@ -233,7 +234,7 @@ def ddp_hook(
         ddp_model.register_comm_hook(state, hook)
     """
     if isinstance(codec, str):
-        codec = make_codec(codec, **codec_params)
+        codec = build_codec(codec, **codec_params)
     elif codec_params:
         raise TypeError("codec parameters are only accepted with a codec name")
     state = GradwireHookState(

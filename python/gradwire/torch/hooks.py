@@ -16,7 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel
 
-from ..codecs import CODECS
+from ..registry import codec_names
 from .ddp_hook import GradwireHookState, ddp_hook
 from .powersgd import PowerSGDState, powersgd_hook
 
@@ -27,12 +27,12 @@ BUILTIN_HOOKS = ("none", "fp16", "torch-powersgd", "powersgd")
 
 
 def hook_names() -> tuple[str, ...]:
-    """Every name :func:`register_hook` accepts: the built-ins, then every registered codec.
+    """Every name :func:`register_hook` accepts: the built-ins, then every codec and policy :func:`gradwire.build_codec` knows.
 
     ``"powersgd"`` is the collective form (factors all-reduced); the frame codec of that name runs
     through :func:`gradwire.torch.ddp_hook` (``ddp_hook(gradwire.PowerSGD(...))``).
     """
-    return BUILTIN_HOOKS + tuple(name for name in CODECS if name not in BUILTIN_HOOKS)
+    return BUILTIN_HOOKS + tuple(name for name in codec_names() if name not in BUILTIN_HOOKS)
 
 
 @dataclass
@@ -99,7 +99,7 @@ def register_hook(
         state = PowerSGDState(powersgd_rank, process_group=process_group, start_iter=start_iter)
         model.register_comm_hook(state, powersgd_hook)
         return RegisteredHook(name, state, dense, element)
-    if name not in CODECS:
+    if name not in codec_names():
         raise ValueError(f"unknown hook {name!r}; known: {', '.join(hook_names())}")
     state, hook = ddp_hook(name, process_group, **codec_params)
     model.register_comm_hook(state, hook)

@@ -782,22 +782,37 @@ mod tests {
         let mut joined = f.clone();
         joined.extend_from_slice(&f);
         assert_eq!(frame_len_at_start(&joined).ok(), Some(MIN_FRAME_LEN));
-        assert!(matches!(frame_len_at_start(&f[..10]), Err(WireError::FrameTooShort { got: 10 })));
+        assert!(matches!(
+            frame_len_at_start(&f[..10]),
+            Err(WireError::FrameTooShort { got: 10 })
+        ));
         let mut long = f.clone();
         long[8..16].copy_from_slice(&1000u64.to_le_bytes());
         assert!(matches!(
             frame_len_at_start(&long),
-            Err(WireError::FrameTruncated { declared: 1000, got: 36 })
+            Err(WireError::FrameTruncated {
+                declared: 1000,
+                got: 36
+            })
         ));
         let mut small = f.clone();
         small[8..16].copy_from_slice(&5u64.to_le_bytes());
-        assert!(matches!(frame_len_at_start(&small), Err(WireError::FrameTooShort { got: 5 })));
+        assert!(matches!(
+            frame_len_at_start(&small),
+            Err(WireError::FrameTooShort { got: 5 })
+        ));
         let mut magic = f.clone();
         magic[0] = b'X';
-        assert!(matches!(frame_len_at_start(&magic), Err(WireError::BadMagic { .. })));
+        assert!(matches!(
+            frame_len_at_start(&magic),
+            Err(WireError::BadMagic { .. })
+        ));
         let mut huge = f;
         huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(frame_len_at_start(&huge), Err(WireError::FrameTruncated { .. })));
+        assert!(matches!(
+            frame_len_at_start(&huge),
+            Err(WireError::FrameTruncated { .. })
+        ));
     }
 
     use super::*;

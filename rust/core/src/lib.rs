@@ -41,8 +41,9 @@ pub use bitpack::{
 pub use checksum::crc32c;
 pub use error::{Result, WireError};
 pub use frame::{
-    elem_size, frame_len, is_float_dtype, parse_frame, parse_header, write_frame, write_frame_into,
-    EntrySpec, EntryView, FrameHeader, FrameView, FrameWriter, Limits, SectionView,
+    elem_size, frame_len, frame_len_at_start, is_float_dtype, parse_frame, parse_header,
+    write_frame, write_frame_into, EntrySpec, EntryView, FrameHeader, FrameView, FrameWriter,
+    Limits, SectionView,
 };
 pub use quartic::{
     quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len,

@@ -337,6 +337,13 @@ type EntryOut<'a, 'py> = (
     Vec<SectionOut<'a>>,
 );
 
+/// The length of the frame at the start of `data`, which may run on into further frames.
+/// Raises FrameError when `data` cannot start a frame (short, magic, version, total_len).
+#[pyfunction]
+fn frame_length(py: Python<'_>, data: PyReadonlyArray1<'_, u8>) -> PyResult<usize> {
+    gw::frame_len_at_start(slice(&data, "data")?).raise_in(py)
+}
+
 /// Parse and validate a version-1 frame. Returns (round, sender, bundle, entries), each entry
 /// (name, codec, dtype, shape, (params_start, params_end), [(section, elem, start, end), ...])
 /// with byte offsets into `data`. Raises FrameError naming the broken rule.
@@ -605,6 +612,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_length, m)?)?;
     m.add_function(wrap_pyfunction!(rice_param, m)?)?;
     m.add_function(wrap_pyfunction!(rice_param_estimate, m)?)?;
     m.add_function(wrap_pyfunction!(rice_encode, m)?)?;
