@@ -23,15 +23,15 @@ wheel: $(VENV)/.created
 	$(VENV)/bin/maturin build --release --quiet -o dist
 	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
 
+# One pip command: the wheel with its extras and the server from ./server (gradwire-server, which the
+# `apps` extra names, is not on PyPI: pip takes it from the path).
 install: wheel
 	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
-	$(PIP) install -q "$$(ls dist/*.whl)[test,demo,bench]"
-	$(PIP) install -q ./server
+	$(PIP) install -q "$$(ls dist/*.whl)[apps,test,bench]" ./server
 
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
-	$(PIP) install -q -e ".[test,demo,bench]"
-	$(PIP) install -q -e ./server
+	$(PIP) install -q -e ".[apps,test,bench]" -e ./server
 
 demo: install
 	$(VENV)/bin/gradwire demo

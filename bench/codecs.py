@@ -1,6 +1,6 @@
 """Every codec on the same real gradients, beside the dense baselines measured in the same run.
 
-Gradients come from :func:`gradwire.models.collect_gradients`: the digits MLP and the character-level
+Gradients come from :func:`gradwire_apps.gradients.collect_gradients`: the digits MLP and the character-level
 transformer trained on Python's ``pydoc_data`` text, a few recorded steps each. For every codec row, on
 each model, the whole model's gradient goes through ``encode_bundle`` → frame → ``decode_bundle``:
 
@@ -48,7 +48,7 @@ from gradwire import (
     ThreeLC,
     TopK,
 )
-from gradwire.models import MODELS, collect_gradients
+from gradwire_apps.gradients import MODELS, collect_gradients
 
 OUT = Path(__file__).resolve().parent / "out"
 #: Recorded steps whose encode and decode are timed.

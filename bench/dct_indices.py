@@ -4,7 +4,7 @@ index stream beside memcpy, measured in one run.
 Table 1, for 64×64 chunks (C = 4096) and k/C from 1/1024 to 1/16: bits per position of
 ``DCTCodec(index_coding="rice")`` (the whole ``idx`` section, per-tensor parameter included) on
 (a) Gaussian noise, whose top-k positions are uniform k-subsets — the case the floor describes — and
-(b) real gradients of the character-level transformer (``gradwire.models``), whose top-k positions
+(b) real gradients of the character-level transformer (``gradwire_apps.gradients``), whose top-k positions
 crowd the low frequencies; beside the floor ``log2(C choose k) / k``, fixed packing (12 bits) and
 DeMo's int64 (64 bits).
 
@@ -47,7 +47,7 @@ def rice_bits_per_index(x: torch.Tensor, k: int) -> tuple[float, int]:
 
 def real_gradient(progress: bool) -> torch.Tensor:
     """The char transformer's gradients of a few steps, flattened into one tensor of whole chunks."""
-    from gradwire.models import collect_gradients
+    from gradwire_apps.gradients import collect_gradients
 
     steps = collect_gradients("char_transformer", steps=8, record_every=4, progress=progress)
     flat = torch.cat([g.reshape(-1) for snap in steps for g in snap.values()])

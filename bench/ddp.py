@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import gradwire.torch as gt
-from gradwire.demo import digits_mlp, load_digits
+from gradwire_apps.demo.tasks import digits_mlp, load_digits
 
 # (label, what runs): a register_hook name, or "decentralized".
 CONFIGS = [

@@ -1,7 +1,7 @@
 """GComp on real gradients: traffic reduction, the levels δ picks, and the error of each level, measured in
 one run beside the dense fp32 frame of the same gradients.
 
-Two models train on data shipped with Python and scikit-learn (``gradwire.models``): the digits MLP
+Two models train on data shipped with Python and scikit-learn (``gradwire_apps.demo.tasks``): the digits MLP
 (with SGD + momentum and with AdamW) and the character-level transformer on ``pydoc_data`` (AdamW). At
 the recorded steps every gradient of the model goes through ``GComp.from_optimizer`` (δ from the
 optimizer's own state and hyperparameters) for several ``tolerance_bits``:
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm  # noqa: E402
 import gradwire  # noqa: E402
 from gradwire import GComp, IdentityCodec, wire  # noqa: E402
 from gradwire.codecs.gcomp import DROPS, unpack_params  # noqa: E402
-from gradwire.models import CharTransformer, CharVocab, char_batch, digits_mlp, load_digits, load_pydoc_text  # noqa: E402
+from gradwire_apps.demo.tasks import CharTransformer, CharVocab, char_batch, digits_mlp, load_digits, load_pydoc_text  # noqa: E402
 from timing import timed  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"

@@ -26,7 +26,6 @@ import gc
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,20 +36,17 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "server"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import gradwire  # noqa: E402
-from gradwire.frame import read_frame, write_frame  # noqa: E402
-from gradwire_server.aggregate import Update  # noqa: E402
-from gradwire_server.config import RunConfig  # noqa: E402
-from gradwire_server.metrics import Metrics  # noqa: E402
-from gradwire_server.optim import AdamWState  # noqa: E402
-from gradwire_server.rounds import RoundEngine, RunRuntime  # noqa: E402
-from gradwire_server.settings import ServerSettings  # noqa: E402
-from gradwire_server.store import Store  # noqa: E402
-from gradwire_server.validate import validate_update  # noqa: E402
+import gradwire
+from gradwire.frame import read_frame, write_frame
+from gradwire_server.aggregate import Update
+from gradwire_server.config import RunConfig
+from gradwire_server.launcher import LoopbackServer
+from gradwire_server.metrics import Metrics
+from gradwire_server.optim import AdamWState
+from gradwire_server.rounds import RoundEngine, RunRuntime
+from gradwire_server.settings import ServerSettings
+from gradwire_server.store import Store
+from gradwire_server.validate import validate_update
 
 console = Console()
 
@@ -191,7 +187,6 @@ async def _submit_all(url, run_id, nodes, frames, concurrency):
 
 
 def over_http(params: int, requests: int, concurrencies: list[int]) -> None:
-    from live_server import LiveServer
     from gradwire.state import state_to_bytes
 
     shapes = model_shapes(params)
@@ -204,7 +199,7 @@ def over_http(params: int, requests: int, concurrencies: list[int]) -> None:
         table.add_column(col, justify="right")
     state = state_to_bytes({n: torch.zeros(s) for n, s in shapes.items()})
     for conc in concurrencies:
-        with tempfile.TemporaryDirectory() as tmp, LiveServer(Path(tmp) / "data") as srv:
+        with tempfile.TemporaryDirectory() as tmp, LoopbackServer(Path(tmp) / "data") as srv:
             admin = srv.admin_headers()
             with httpx.Client(base_url=srv.url, timeout=120) as c:
                 run_id = c.post("/v1/runs", json={"quorum": requests + 1, "round_deadline_s": 3600,
@@ -212,9 +207,9 @@ def over_http(params: int, requests: int, concurrencies: list[int]) -> None:
                 nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(requests)]
                 assert c.put(f"/v1/runs/{run_id}/state", content=state, headers=admin).status_code == 200
             frames = frames_for(shapes, dct, requests, distinct=2)
-            cpu0 = _cpu_seconds(srv.proc.pid)
+            cpu0 = _cpu_seconds(srv.process.pid)
             wall, lat, statuses = asyncio.run(_submit_all(srv.url, run_id, nodes, frames, conc))
-            cpu = _cpu_seconds(srv.proc.pid) - cpu0
+            cpu = _cpu_seconds(srv.process.pid) - cpu0
             lat.sort()
             p99 = lat[min(len(lat) - 1, int(math.ceil(0.99 * len(lat))) - 1)]
             table.add_row(str(conc), f"{len(frames[0]) / 1e3:.0f}", f"{len(lat) / wall:.1f}",

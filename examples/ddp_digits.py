@@ -2,7 +2,7 @@
 torch.distributed (no server).
 
 Each rank trains on its own share of the training data (``--model digits``: the images;
-``--model transformer``: a stretch of Python's pydoc text for gradwire.models.CharTransformer).
+``--model transformer``: a stretch of Python's pydoc text for gradwire_apps.demo.tasks.CharTransformer).
 ``--algorithm ddp`` (default) wraps the model in DistributedDataParallel and exchanges gradients with
 ``--hook``: ``none`` (DDP's all-reduce),
 ``fp16`` (torch's hook), ``powersgd`` (gradwire's collective PowerSGD), ``torch-powersgd``, or any
@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 import gradwire.torch as gt
-from gradwire.demo import digits_mlp, evaluate, load_digits
+from gradwire_apps.demo.tasks import digits_mlp, evaluate, load_digits
 
 app = typer.Typer(add_completion=False)
 
@@ -60,11 +60,11 @@ class DigitsTask:
 
 
 class TransformerTask:
-    """gradwire.models.CharTransformer on Python's pydoc text: each rank its own stretch of the first
+    """gradwire_apps.demo.tasks.CharTransformer on Python's pydoc text: each rank its own stretch of the first
     90 %, next-character loss and accuracy on fixed windows of the last 10 %."""
 
     def __init__(self, rank: int, world: int, seed: int, device: torch.device):
-        from gradwire.models import CharTransformer, CharVocab, load_pydoc_text
+        from gradwire_apps.demo.tasks import CharTransformer, CharVocab, load_pydoc_text
 
         text = load_pydoc_text()
         tokens = CharVocab.of(text).encode(text)
@@ -77,7 +77,7 @@ class TransformerTask:
         self.model = CharTransformer(len(CharVocab.of(text))).to(device)
 
     def loss(self, net: nn.Module, batch: int, g: torch.Generator) -> torch.Tensor:
-        from gradwire.models import char_batch
+        from gradwire_apps.demo.tasks import char_batch
 
         x, y = char_batch(self.train_tokens, batch, self.model.context, g)
         logits = net(x.to(self.device))
@@ -85,7 +85,7 @@ class TransformerTask:
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        from gradwire.models import char_batch
+        from gradwire_apps.demo.tasks import char_batch
 
         self.model.cpu().eval()
         x, y = char_batch(self.test_tokens, 64, self.model.context, torch.Generator().manual_seed(12345))
@@ -176,7 +176,7 @@ def main(
     steps: int = typer.Option(300, help="optimizer steps"),
     batch_size: int = typer.Option(32, help="samples (digits) or 64-character windows (transformer) per rank per step"),
     lr: float = typer.Option(3e-3, help="AdamW learning rate"),
-    model: str = typer.Option("digits", help="digits (the MLP) or transformer (gradwire.models.CharTransformer)"),
+    model: str = typer.Option("digits", help="digits (the MLP) or transformer (gradwire_apps.demo.tasks.CharTransformer)"),
     seed: int = typer.Option(0),
     backend: Optional[str] = typer.Option(None, help="gloo or nccl (default: nccl where GPUs are)"),
 ) -> None:

@@ -1,22 +1,19 @@
-"""Shared pytest fixtures: a live aggregation server on loopback."""
+"""Shared pytest fixtures: a live aggregation server on loopback.
+
+The server package is imported as installed (``make test`` installs ``./server``); this folder is on
+``sys.path`` through pytest's ``pythonpath`` setting in pyproject.toml.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-# Tests import the server package from the source tree (it is also installable with `pip install ./server`).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer
 
 
 @pytest.fixture
 def live_server(tmp_path):
-    """A running ``gradwire_server`` on 127.0.0.1 with admin token ``test-admin``; killed afterwards."""
+    """A running ``gradwire_server`` on 127.0.0.1 with admin token ``test-admin``; stopped afterwards."""
     server = LiveServer(tmp_path / "server-data")
     try:
         yield server

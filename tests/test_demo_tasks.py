@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradwire.demo import CharTask, DigitsTask, make_task
+from gradwire_apps.demo.tasks import CharTask, DigitsTask, make_task
 
 
 def test_digits_shards_partition_the_training_split():

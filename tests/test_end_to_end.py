@@ -2,31 +2,24 @@
 
 Covers the client side of issue 4: a compressed run that trains with every node bit-identical to the
 server, a late joiner starting from the full state, a node too far behind recovering through the state,
-a gradient whose round closed going back into the residual, and ``gradwire demo`` itself.
+a gradient whose round closed going back into the residual (the ``gradwire`` command: test_cli.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 import gradwire
 from gradwire.client import GradwireClient, Node
-from gradwire.demo import DigitsTask, codec_spec, digits_mlp, evaluate, load_digits, run_distributed
 from gradwire.state import apply_update, state_hash
+from gradwire_apps.demo.runs import codec_spec, run_distributed
+from gradwire_apps.demo.tasks import DigitsTask, digits_mlp, evaluate, load_digits
 
-REPO = Path(__file__).resolve().parent.parent
 DCT = codec_spec("dct", chunk_shape=[32, 32], topk=32)
 
 
@@ -217,67 +210,3 @@ def test_nodes_on_cuda_stay_bit_identical_to_the_server(live_server):
         b.catch_up()
         assert next(a.module.parameters()).is_cuda
         assert state_hash(a.params) == state_hash(b.params) == admin.status(run_id)["weights_hash"]
-
-
-def test_demo_command_runs_end_to_end(tmp_path):
-    out = tmp_path / "demo_out"
-    proc = subprocess.run(
-        # The transformer here; the digits MLP (the default) runs through the same workers in the tests above.
-        [sys.executable, "-m", "gradwire.cli", "demo", "--model", "transformer", "--hidden", "32", "--batch-size", "4",
-         "--rounds", "3", "--workers", "2", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=_server_env(COLUMNS="160"), cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "char transformer" in proc.stdout and "2 nodes, 3 rounds" in proc.stdout
-    assert proc.stdout.count("2/2") == 2  # both runs: both nodes in sync with the server
-    png = (out / "loss.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["DCT k=32", "fp32 dense"]
-    assert all(r["in_sync"] and len(r["losses"]) == 3 for r in results)
-    dense_up = sum(results[1]["up_bytes"])
-    assert sum(results[0]["up_bytes"]) < dense_up / 3
-
-
-def _server_env(**extra):
-    path = os.pathsep.join(p for p in [str(REPO / "server"), os.environ.get("PYTHONPATH", "")] if p)
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
-
-
-def test_serve_command_runs_the_server_until_sigterm(tmp_path):
-    from live_server import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gradwire.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        env=_server_env(GRADWIRE_ADMIN_TOKEN="serve-admin"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    try:
-        with GradwireClient(f"http://127.0.0.1:{port}", "serve-admin", timeout=2.0) as admin:
-            deadline = time.monotonic() + 60
-            while not admin.ready():
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.1)
-            assert admin.health() == {"status": "ok"}
-            run_id = admin.create_run({})
-            assert admin.status(run_id)["version"] == 0
-        proc.send_signal(signal.SIGTERM)
-        # uvicorn shuts down gracefully, then re-raises the signal so the exit status still shows it.
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
-        log = proc.stdout.read().decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "Application shutdown complete" in log, log
-
-
-def test_serve_without_the_server_package_says_how_to_install_it():
-    code = (
-        "import sys; sys.modules['gradwire_server'] = None; sys.argv = ['gradwire', 'serve'];"
-        " from gradwire.cli import main; main()"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "pip install ./server" in proc.stderr

@@ -1,11 +1,13 @@
-"""gradwire.models: the real-gradient sources (pydoc text, char transformer, digits) and their gradients."""
+"""The demo's models (gradwire_apps.demo.tasks: pydoc text, char transformer) and the real gradients
+recorded from them (gradwire_apps.gradients)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gradwire.models import CharTransformer, CharVocab, char_batch, collect_gradients, load_pydoc_text
+from gradwire_apps.demo.tasks import CharTransformer, CharVocab, char_batch, load_pydoc_text
+from gradwire_apps.gradients import collect_gradients
 
 
 def test_pydoc_text_ships_with_python_and_round_trips_through_the_vocabulary():

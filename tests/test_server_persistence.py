@@ -15,7 +15,7 @@ import pytest
 import gradwire
 from gradwire.state import apply_update, state_hash
 from gradwire_server.store import atomic_write
-from live_server import SERVER_SRC, LiveServer
+from live_server import LiveServer
 from server_helpers import dct_frame, make_run, random_grads, split_frames, tiny_state
 
 CONFIG = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
@@ -136,8 +136,6 @@ def test_uncommitted_files_are_ignored_and_removed(server):
 
 
 _WRITER = """
-import sys
-sys.path.insert(0, {src!r})
 from pathlib import Path
 from gradwire_server.store import atomic_write
 path = Path({path!r})
@@ -150,7 +148,7 @@ while True:
 
 def test_atomic_write_survives_kill_9(tmp_path):
     path = tmp_path / "state.bin"
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER.format(src=str(SERVER_SRC), path=str(path))])
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER.format(path=str(path))])
     try:
         # Wait (bounded) until it has replaced the file a few times — each rename is a new inode —
         # then kill it at whatever moment it has reached.

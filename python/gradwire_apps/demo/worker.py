@@ -1,6 +1,6 @@
-"""One training node of the distributed demo, as its own process: ``python -m gradwire.worker ...``.
+"""One training node of the distributed demo, as its own process: ``python -m gradwire_apps.demo.worker ...``.
 
-The worker trains a demo task's model (:data:`gradwire.demo.TASKS`) on its shard of the training data
+The worker trains a demo task's model (:data:`gradwire_apps.demo.tasks.TASKS`) on its shard of the training data
 (a safetensors file its parent wrote) through a :class:`~gradwire.client.Node`: each round it computes a gradient on the weights of the current version, submits it compressed with
 error feedback, and applies the update the server publishes. It reports to its parent as JSON lines on
 stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}`` with the hash of
@@ -36,7 +36,7 @@ def main(
     data: Path = typer.Option(..., help="This node's shard of the training data (safetensors, as the task cut it)."),
     rounds: int = typer.Option(..., help="Train until the run reaches this version."),
     codec: str = typer.Option('{"codec": "dct", "params": {}}', help="Uplink codec as JSON {codec, params}."),
-    model_name: str = typer.Option("digits", "--model", help="What to train: digits or transformer (gradwire.demo.TASKS)."),
+    model_name: str = typer.Option("digits", "--model", help="What to train: digits or transformer (gradwire_apps.demo.tasks.TASKS)."),
     hidden: Optional[int] = typer.Option(None, help="The model's width (must match the run's state)."),
     batch_size: int = typer.Option(32, help="Examples per step on this node."),
     seed: int = typer.Option(0, help="Seed of this node's batch sampling."),
@@ -47,9 +47,11 @@ def main(
     import torch
     from safetensors.torch import load_file
 
-    from .client import GradwireClient, Node
-    from .codecs import make_codec
-    from .demo import make_task
+    from gradwire.client import GradwireClient, Node
+    from gradwire.codecs import make_codec
+    from gradwire.state import state_hash
+
+    from .tasks import make_task
 
     # Several workers share the machine's cores with the server: one thread each keeps them all moving.
     torch.set_num_threads(1)
@@ -87,8 +89,6 @@ def main(
                 down=node.bytes_received - down,
                 seconds=time.perf_counter() - t0,
             )
-        from .state import state_hash
-
         _emit(
             "done",
             node=node_id,
