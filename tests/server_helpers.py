@@ -9,6 +9,7 @@ import httpx
 import torch
 
 import gradwire
+from gradwire.client import split_frames  # noqa: F401 (re-exported for the server tests)
 from gradwire.state import state_to_bytes
 
 #: A tiny two-layer model: about 2.5 k parameters, four tensors (one of them not a multiple of any chunk).
@@ -89,16 +90,6 @@ def dct_frame(grads: dict[str, torch.Tensor], round: int, sender: int, topk: int
 
 def dense_frame(grads: dict[str, torch.Tensor], round: int, sender: int) -> bytes:
     return gradwire.IdentityCodec().encode_bundle(grads, round=round, sender=sender)
-
-
-def split_frames(data: bytes) -> list[bytes]:
-    """Concatenated frames → each frame's bytes (total_len is at offset 8)."""
-    out, pos = [], 0
-    while pos < len(data):
-        n = int.from_bytes(data[pos + 8 : pos + 16], "little")
-        out.append(data[pos : pos + n])
-        pos += n
-    return out
 
 
 def metric(client: httpx.Client, name: str, labels: str = "") -> float:
