@@ -9,7 +9,6 @@ import httpx
 import torch
 
 import gradwire
-from gradwire.client import split_frames  # noqa: F401 (re-exported for the server tests)
 from gradwire.state import state_to_bytes
 
 #: A tiny two-layer model: about 2.5 k parameters, four tensors (one of them not a multiple of any chunk).

@@ -12,7 +12,7 @@ import gradwire
 from gradwire import ErrorFeedback, FrameError, PowerSGD
 from gradwire.codecs.powersgd import first_q, matrix_view, powersgd_decompress, powersgd_p, powersgd_q
 from gradwire.lowrank import compressible, orthogonalize_, should_compress
-from gradwire.frame import read_frame, write_frame
+from gradwire.frame import write_frame
 
 CUDA = torch.cuda.is_available()
 

@@ -190,3 +190,27 @@ def test_error_feedback_gives_a_global_topk_budget_across_the_bundle():
     # the small tensor's gradient is kept whole in its residual, and the big one's dropped part in its own
     assert torch.equal(fb.residual("small"), small)
     torch.testing.assert_close(fb.residual("big") + out["big"], big)
+
+
+def test_take_back_returns_a_frame_that_never_counted_to_the_residual():
+    ef = ErrorFeedback(gradwire.DCTCodec(chunk_shape=(16,), topk=2))
+    x = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    frame = ef.encode_bundle({"w": x})
+    ef.take_back(gradwire.decode_bundle(frame))
+    # As if nothing had been sent: the whole input waits in the residual.
+    torch.testing.assert_close(ef.residual("w"), x, rtol=0, atol=1e-6)
+    with pytest.raises(KeyError, match="never compressed"):
+        ef.take_back({"other": torch.zeros(3)})
+
+
+def test_set_residual_replaces_one_residual_and_keeps_the_codec_state():
+    ef = ErrorFeedback(gradwire.PowerSGD(rank=1))
+    ef.encode_bundle({"a": torch.randn(8, 8), "b": torch.randn(8, 8)})
+    codec_state = ef.state_dict()["codec"]
+    ef.set_residual("a", torch.ones(8, 8, dtype=torch.float16))
+    assert ef.residual("a").dtype == torch.float32 and torch.equal(ef.residual("a"), torch.ones(8, 8))
+    assert set(ef.names()) == {"a", "b"}
+    after = ef.state_dict()["codec"]
+    assert all(torch.equal(after["q"][n], codec_state["q"][n]) for n in codec_state["q"])
+    with pytest.raises(ValueError):
+        ef.set_residual("a", torch.ones(3, dtype=torch.int64))

@@ -11,7 +11,8 @@ import gradwire
 from gradwire.state import apply_update, state_hash
 from gradwire_server.aggregate import Update, aggregate, clip_factors
 from live_server import LiveServer
-from server_helpers import dct_frame, dense_frame, make_run, split_frames
+from server_helpers import dct_frame, dense_frame, make_run
+from gradwire.client import split_frames
 
 SHAPES = {"w": (24, 40), "b": (24,)}
 NAMES = sorted(SHAPES)

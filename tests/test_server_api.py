@@ -13,7 +13,8 @@ import torch
 import gradwire
 from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
 from live_server import LiveServer
-from server_helpers import SHAPES, dct_frame, dense_frame, make_run, metric, random_grads, split_frames, tiny_state
+from server_helpers import SHAPES, dct_frame, dense_frame, make_run, metric, random_grads, tiny_state
+from gradwire.client import split_frames
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +15,8 @@ import gradwire
 from gradwire.state import apply_update, state_hash
 from gradwire_server.store import atomic_write
 from live_server import LiveServer
-from server_helpers import dct_frame, make_run, random_grads, split_frames, tiny_state
+from server_helpers import dct_frame, make_run, random_grads, tiny_state
+from gradwire.client import split_frames
 
 CONFIG = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
 
@@ -136,7 +136,6 @@ def test_uncommitted_files_are_ignored_and_removed(server):
 
 
 _WRITER = """
-from pathlib import Path
 from gradwire_server.store import atomic_write
 path = Path({path!r})
 i = 0

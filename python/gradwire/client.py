@@ -543,7 +543,7 @@ class Node:
             # round_closed: the round was published without us. conflicting_submission: this node
             # already has a different frame recorded for the round (a restarted process); that one
             # counts. Either way this gradient did not, and the round still publishes: wait for it.
-            if isinstance(exc, ConflictError) and exc.error != "conflicting_submission":
+            if isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
                 raise
             self.rounds_missed += 1
             self._return_to_residual(frame)
@@ -559,11 +559,7 @@ class Node:
     def _return_to_residual(self, frame: bytes) -> None:
         # The residual was set to (input - what the frame carries); the frame never counted, so add
         # what it carries back: the whole input waits for the next step.
-        carried = decode_bundle(frame)
-        residuals = self.feedback.state_dict()
-        for name, value in carried.items():
-            residuals[name] = residuals[name] + value.to(device=residuals[name].device, dtype=torch.float32)
-        self.feedback.load_state_dict(residuals)
+        self.feedback.take_back(decode_bundle(frame))
 
     def __repr__(self) -> str:
         return f"Node(run={self.run_id!r}, node_id={self.node_id}, version={self.version})"

@@ -85,11 +85,30 @@ class ErrorFeedback:
         """One bundle frame holding every named tensor (with its residual) compressed."""
         return write_frame(self.compress_bundle(tensors), round=round, sender=sender, bundle=True)
 
+    def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """Add back what a frame carried when it never counted (refused, or its round closed without it).
+
+        ``sent`` is that frame decoded (``{name: tensor}``); each residual grows by it, so the whole
+        input of that step waits for the next one, as if nothing had been sent.
+        """
+        missing = sorted(set(sent) - set(self._residuals))
+        if missing:
+            raise KeyError(f"no residual to take back into for {missing[:5]}: those tensors were never compressed")
+        for name, value in sent.items():
+            r = self._residuals[name]
+            self._residuals[name] = r + value.to(device=r.device, dtype=torch.float32)
+
     # -- state -----------------------------------------------------------------------------------
 
     def residual(self, name: str = "") -> Optional[torch.Tensor]:
         """The residual stored for ``name`` (float32), or ``None`` before its first compression."""
         return self._residuals.get(name)
+
+    def set_residual(self, name: str, residual: torch.Tensor) -> None:
+        """Replace ``name``'s residual (kept as float32 on ``residual``'s device), e.g. after re-cutting tensors."""
+        if not isinstance(residual, torch.Tensor) or not residual.is_floating_point():
+            raise ValueError(f"residual {name!r} must be a floating-point tensor")
+        self._residuals[name] = residual.detach().to(torch.float32).clone()
 
     def names(self) -> list[str]:
         """Names with a stored residual."""

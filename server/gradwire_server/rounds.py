@@ -24,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
-from gradwire import ErrorFeedback, FrameError, decode_bundle, read_frame
+from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.frame import MAX_NAME_BYTES, SERVER_SENDER
 from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
 

@@ -34,6 +34,7 @@ import torch
 from .. import dct as _dct
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
+from ..errors import FrameError
 from ..frame import Entry, decode_entry, register_decoder
 from . import record as rec
 from .base import Codec

@@ -133,9 +133,7 @@ class GradwireHookState:
                 for p, (_, n) in zip(pieces, layout)
             ]
         )
-        # The flat {name: residual} form replaces the residuals only (the codec's state stays as it is).
-        residuals = {n: self.feedback.residual(n) for n in self.feedback.names()}
-        self.feedback.load_state_dict({**residuals, _bucket_name(index): joined})
+        self.feedback.set_residual(_bucket_name(index), joined)
 
 
 def _bucket_name(index: int) -> str:
