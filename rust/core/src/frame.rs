@@ -256,9 +256,8 @@ fn le_u64(data: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Checks the envelope of a frame (size, magic, version, `total_len`, limit, CRC, reserved
-/// flags) and returns the header and `entry_count`, without looking at the records.
-pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> {
+/// The first checks of every frame: room for a header and trailer, the magic, the version (returned).
+fn check_start(data: &[u8]) -> Result<u16> {
     if data.len() < MIN_FRAME_LEN {
         return Err(WireError::FrameTooShort { got: data.len() });
     }
@@ -271,6 +270,13 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
     if version != VERSION {
         return Err(WireError::UnsupportedVersion { version });
     }
+    Ok(version)
+}
+
+/// Checks the envelope of a frame (size, magic, version, `total_len`, limit, CRC, reserved
+/// flags) and returns the header and `entry_count`, without looking at the records.
+pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> {
+    let version = check_start(data)?;
     let declared = le_u64(data, 8);
     let got = data.len();
     match u64::try_from(got) {
@@ -309,18 +315,7 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
 /// [`MIN_FRAME_LEN`] and no more than `data` holds. The frame itself is not checked: parse it
 /// with [`parse_frame`] over exactly that many bytes.
 pub fn frame_len_at_start(data: &[u8]) -> Result<usize> {
-    if data.len() < MIN_FRAME_LEN {
-        return Err(WireError::FrameTooShort { got: data.len() });
-    }
-    let mut magic = [0u8; 4];
-    magic.copy_from_slice(&data[0..4]);
-    if magic != MAGIC {
-        return Err(WireError::BadMagic { found: magic });
-    }
-    let version = le_u16(data, 4);
-    if version != VERSION {
-        return Err(WireError::UnsupportedVersion { version });
-    }
+    check_start(data)?;
     let declared = le_u64(data, 8);
     let got = data.len();
     match usize::try_from(declared) {
