@@ -136,6 +136,8 @@ def test_uncommitted_files_are_ignored_and_removed(server):
 
 
 _WRITER = """
+from pathlib import Path
+
 from gradwire_server.store import atomic_write
 path = Path({path!r})
 i = 0
