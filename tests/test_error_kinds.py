@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gradwire import _native, wire
-from gradwire.errors import ERROR_KINDS, FrameError, WireError
+from gradwire.errors import ERROR_KINDS, PYTHON_KINDS, FrameError, WireError, error
 from gradwire.frame import Entry, Limits, decode_entry, read_frame, write_frame
 
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
@@ -171,12 +171,23 @@ def documented_kinds() -> dict[str, str]:
 def test_format_md_lists_exactly_the_kinds_the_module_raises():
     native = {kind: cls.__name__ for kind, cls in ERROR_KINDS.items()}
     python_defaults = {FrameError.kind: "FrameError", WireError.kind: "WireError"}
+    python_kinds = {kind: cls.__name__ for kind, cls in PYTHON_KINDS.items()}
     assert not set(native) & set(python_defaults)
-    assert documented_kinds() == {**native, **python_defaults}
+    assert not (set(native) | set(python_defaults)) & set(python_kinds)
+    assert documented_kinds() == {**native, **python_defaults, **python_kinds}
+
+
+def test_python_kinds_are_set_on_the_instance():
+    for kind, cls in PYTHON_KINDS.items():
+        exc = error(kind, "message")
+        assert type(exc) is cls and exc.kind == kind and str(exc) == "message"
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is cls and again.kind == kind
+    assert FrameError.kind == "invalid_record"
 
 
 def test_kinds_are_distinct_snake_case():
-    kinds = [*ERROR_KINDS, FrameError.kind, WireError.kind]
+    kinds = [*ERROR_KINDS, FrameError.kind, WireError.kind, *PYTHON_KINDS]
     assert len(set(kinds)) == len(kinds)
     for kind in kinds:
         assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", kind), kind

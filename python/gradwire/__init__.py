@@ -16,6 +16,7 @@ from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, To
 from .codecs import QSGD, GComp, GCompDecoderState
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
+from .model_record import ModelSpec, decode_model, encode_model, is_model_record
 from .registry import POLICIES, build_codec, codec_names
 from .frame import (
     Entry,
@@ -48,6 +49,7 @@ __all__ = [
     "IdentityCodec",
     "Limits",
     "MinMaxUInt8",
+    "ModelSpec",
     "OneBit",
     "PowerSGD",
     "QSGD",
@@ -59,6 +61,9 @@ __all__ = [
     "decode",
     "decode_bundle",
     "decode_entry",
+    "decode_model",
+    "encode_model",
+    "is_model_record",
     "make_codec",
     "POLICIES",
     "build_codec",

@@ -17,9 +17,34 @@ rule it stands for, in docs/FORMAT.md section 7.1:
   ``"value_too_wide"`` ...); ``ERROR_KINDS`` maps each to the class raised with it;
 - an error raised by Python code carries its class default: ``"invalid_record"`` for
   ``FrameError`` (a codec decoder rejecting a record by a rule of FORMAT.md section 5) and
-  ``"invalid_input"`` for ``WireError``.
+  ``"invalid_input"`` for ``WireError``;
+- an error raised by Python code for a rule of its own carries one of :data:`PYTHON_KINDS`
+  (``"model_spec_mismatch"``, ``"invalid_model_record"``: the whole-model records of FORMAT.md
+  section 9), set on the instance by :func:`error`.
 """
+
+from types import MappingProxyType
+from typing import Mapping
 
 from ._native import ERROR_KINDS, FrameError, WireError
 
-__all__ = ["ERROR_KINDS", "FrameError", "WireError"]
+__all__ = ["ERROR_KINDS", "PYTHON_KINDS", "FrameError", "WireError", "error"]
+
+#: The kinds Python code of the library raises besides the two class defaults, mapped to the class
+#: raised with each (as :data:`ERROR_KINDS` does for the core's). Read-only.
+PYTHON_KINDS: Mapping[str, type[WireError]] = MappingProxyType(
+    {
+        # A whole-model record made for another model spec than the receiver's (FORMAT.md section 9).
+        "model_spec_mismatch": FrameError,
+        # A frame that breaks a rule of whole-model records: not one record in a bundle, a name that is
+        # not "@model:" and 32 lowercase hex digits, a record that is not 1-D f32 of the spec's length.
+        "invalid_model_record": FrameError,
+    }
+)
+
+
+def error(kind: str, message: str) -> WireError:
+    """An exception of the class :data:`PYTHON_KINDS` gives ``kind``, carrying ``kind`` on the instance."""
+    exc = PYTHON_KINDS[kind](message)
+    exc.kind = kind
+    return exc
