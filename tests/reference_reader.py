@@ -1,11 +1,12 @@
 """An independent reader of gradwire frames, written from docs/FORMAT.md alone.
 
-Pure Python (struct and math only): it shares no code with gradwire, so when it and gradwire agree on
-the golden frames, the document and the implementation agree.
+Pure Python (struct, math and hashlib only): it shares no code with gradwire, so when it and gradwire
+agree on the golden frames, the document and the implementation agree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 
@@ -302,4 +303,48 @@ def decode_entry(e: dict) -> list[float]:
         for r_ in range(a):
             for s in range(b):
                 out[(u * a + r_) * cols + v * b + s] = ch[r_ * b + s]
+    return out
+
+
+# Whole-model records (section 9).
+
+#: dtype codes of table 4.1 by type name.
+DTYPE_CODES = {"f16": 8, "bf16": 9, "f32": 10, "f64": 11}
+MODEL_PREFIX = "@model:"
+
+
+def spec_bytes(spec: list[dict]) -> bytes:
+    """§9.1: u32 count, then per tensor u16 name length, UTF-8 name, u8 dtype, u8 ndim, ndim u64 dims."""
+    out = struct.pack("<I", len(spec))
+    for t in spec:
+        name = t["name"].encode("utf-8")
+        out += struct.pack("<H", len(name)) + name + struct.pack("<BB", DTYPE_CODES[t["dtype"]], len(t["shape"]))
+        out += b"".join(struct.pack("<Q", d) for d in t["shape"])
+    return out
+
+
+def spec_hash(spec: list[dict]) -> str:
+    """BLAKE2b-128 of the spec's bytes, 32 lowercase hex digits."""
+    return hashlib.blake2b(spec_bytes(spec), digest_size=16).hexdigest()
+
+
+def split_model(frame: dict, spec: list[dict]) -> dict[str, list[float]]:
+    """§9.3: the one record of a parsed model frame, checked against ``spec``, decoded and cut into
+    ``{name: values in row-major order}``."""
+    if not frame["bundle"] or len(frame["entries"]) != 1:
+        raise ValueError("a model frame is a bundle of exactly one record")
+    e = frame["entries"][0]
+    digits = e["name"][len(MODEL_PREFIX):]
+    if not e["name"].startswith(MODEL_PREFIX) or len(digits) != 32 or set(digits) - set("0123456789abcdef"):
+        raise ValueError("not a model record")
+    if digits != spec_hash(spec):
+        raise ValueError("model spec mismatch")
+    sizes = [math.prod(t["shape"]) for t in spec]
+    if e["dtype"] != DTYPE_CODES["f32"] or e["shape"] != [sum(sizes)]:
+        raise ValueError("a model record is 1-D f32 of the spec's element count")
+    flat = decode_entry(e)
+    out, start = {}, 0
+    for t, n in zip(spec, sizes):
+        out[t["name"]] = flat[start:start + n]
+        start += n
     return out

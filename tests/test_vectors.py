@@ -14,11 +14,13 @@ from safetensors.torch import load_file
 import gradwire
 import reference_reader
 from gradwire import read_frame, write_frame
-from vectors.make_vectors import build
+from vectors.make_vectors import build, model_inputs, model_spec
 
 VECTORS = Path(__file__).parent / "vectors"
 MANIFEST = json.loads((VECTORS / "manifest.json").read_text())
 NAMES = sorted(MANIFEST)
+#: Whole-model vectors (FORMAT.md section 9): they list their model spec.
+MODEL_NAMES = sorted(n for n in NAMES if "model_spec" in MANIFEST[n])
 
 
 def load(name):
@@ -27,6 +29,7 @@ def load(name):
 
 def test_every_vector_kind_is_present():
     assert {"identity_f32", "identity_bundle_f16_bf16", "dct_flat", "dct_flat_padded", "dct_tiles_bundle"} <= set(NAMES)
+    assert {"model_identity", "model_dct_rice"} <= set(MODEL_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -59,10 +62,15 @@ def test_encoding_the_stored_input_reproduces_the_golden_frame(name):
         pytest.skip("input not designed for a BLAS-independent top-k; decoded and re-read only")
     entries = [build(r).compress(tensors[f"input/{rec}"], rec)[0] for rec, r in meta["records"].items()]
     again = write_frame(entries, round=meta["round"], sender=meta["sender"], bundle=meta["bundle"])
-    if name.startswith("identity"):
+    assert_same_frame(again, frame, exact=MANIFEST[name]["records"][entries[0].name]["codec"] == "identity")
+
+
+def assert_same_frame(again: bytes, frame: bytes, *, exact: bool) -> None:
+    """``again`` is ``frame``: byte for byte when ``exact``; else (DCT) header, params, positions and
+    values byte for byte, scale and min to float rounding."""
+    if exact:
         assert again == frame
         return
-    # DCT: header, params, positions and int8 values byte for byte; scale and min to float rounding.
     golden, mine = read_frame(frame), read_frame(again)
     assert len(again) == len(frame)
     for g, m in zip(golden.entries, mine.entries):
@@ -87,6 +95,50 @@ def test_independent_reader_written_from_the_spec_agrees(name):
         for a, b in zip(got, want):
             assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-4), (e["name"], a, b)
         assert len(got) == len(want)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_model_vector_decodes_by_its_spec_and_encodes_again(name):
+    frame, tensors = load(name)
+    meta = MANIFEST[name]
+    spec = model_spec(meta["model_spec"])
+    [rec] = meta["records"]
+    assert rec == spec.record_name and gradwire.is_model_record(read_frame(frame).entries[0])
+    out = gradwire.decode_model(frame, spec)
+    whole = gradwire.decode_bundle(frame)[rec]
+    assert list(out) == spec.names
+    for n, (a, b) in spec.offsets().items():
+        assert torch.equal(out[n].reshape(-1), whole[a:b])  # the record's decode, sliced
+        want = tensors[f"model/{n}"]
+        assert out[n].dtype == want.dtype == torch.float32 and out[n].shape == want.shape
+        if meta["records"][rec]["codec"] == "identity":
+            assert torch.equal(out[n], want)
+        else:
+            torch.testing.assert_close(out[n], want, rtol=0, atol=1e-6)
+    inputs = model_inputs(spec, tensors[f"input/{rec}"])
+    again = gradwire.encode_model(build(meta["records"][rec]), inputs, spec, round=meta["round"], sender=meta["sender"])
+    assert_same_frame(again, frame, exact=meta["records"][rec]["codec"] == "identity")
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_independent_reader_hashes_the_spec_and_splits_the_model(name):
+    frame, tensors = load(name)
+    spec = MANIFEST[name]["model_spec"]
+    parsed = reference_reader.parse(frame)
+    assert parsed["entries"][0]["name"] == "@model:" + reference_reader.spec_hash(spec)
+    assert reference_reader.spec_bytes(spec) == model_spec(spec).encode()  # two writers of §9.1 agree
+    split = reference_reader.split_model(parsed, spec)
+    assert list(split) == [t["name"] for t in spec]
+    for t in spec:
+        want = tensors[f"model/{t['name']}"]
+        assert list(want.shape) == t["shape"]
+        got, want = split[t["name"]], want.double().reshape(-1).tolist()
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-4), (t["name"], a, b)
+    other = [dict(spec[0], name=spec[0]["name"] + "_renamed"), *spec[1:]]
+    with pytest.raises(ValueError, match="mismatch"):
+        reference_reader.split_model(parsed, other)
 
 
 def test_independent_reader_rejects_a_corrupted_golden_frame():

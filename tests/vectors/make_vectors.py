@@ -10,6 +10,10 @@ far from zero, whose values sit exactly on the int8 grid between the chunk's min
 from the transform (~1e-7) then cannot change which coefficients are kept or how they round, so
 ``encode(input)`` reproduces the frame's positions and values exactly on any machine.
 
+Whole-model vectors (FORMAT.md section 9) also list their ``model_spec`` in the manifest (name, dtype by
+its table 4.1 name, shape; in the spec's order); their one record is named ``@model:<hash>``, its input
+is the flat vector, and ``model/<tensor>`` holds each tensor as ``gradwire.decode_model`` returns it.
+
 Usage: python tests/vectors/make_vectors.py [NAME ...]   (only the named vectors, others untouched)
 """
 
@@ -27,6 +31,8 @@ from gradwire import dct as D
 from gradwire.codecs import DCTCodec, make_codec
 
 HERE = Path(__file__).parent
+#: dtypes by their FORMAT.md table 4.1 names, as a manifest's ``model_spec`` writes them.
+SPEC_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 
 
 def designed_dct_input(shape, codec: DCTCodec, seed: int) -> torch.Tensor:
@@ -59,6 +65,24 @@ def build(config: dict):
     if "wire_dtype" in params:
         params["wire_dtype"] = getattr(torch, params["wire_dtype"])
     return make_codec(config["codec"], **params)
+
+
+def model_spec(listed: list[dict]) -> gradwire.ModelSpec:
+    """The ModelSpec a manifest's ``model_spec`` lists."""
+    return gradwire.ModelSpec((t["name"], SPEC_DTYPES[t["dtype"]], t["shape"]) for t in listed)
+
+
+def model_inputs(spec: gradwire.ModelSpec, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors whose flattening is ``flat`` (its slices in the spec's dtypes, which must hold them exactly)."""
+    out = {n: t.to(d).clone() for (n, t), d in zip(spec.unflatten(flat).items(), spec.dtypes)}
+    assert torch.equal(spec.flatten(out), flat), "the flat input does not fit the spec's dtypes"
+    return out
+
+
+def model_vector(listed: list[dict], config: dict, make_flat):
+    """The manifest fields and the one record of a whole-model vector: ``make_flat(spec, codec)``."""
+    spec = model_spec(listed)
+    return dict(model_spec=listed), [(spec.record_name, config, make_flat(spec, build(config)))]
 
 
 def vectors():
@@ -100,6 +124,30 @@ def vectors():
         ("sparse", sparse1, designed_dct_input((256,), build(sparse1), 7)),
         ("dense", dense1, designed_dct_input((48,), build(dense1), 8)),
     ]
+    # Whole-model records (FORMAT.md section 9): one flat record named by the spec's hash.
+    spec_listed = [
+        {"name": "embed.weight", "dtype": "f32", "shape": [5, 4]},
+        {"name": "norm.weight", "dtype": "bf16", "shape": [6]},
+        {"name": "temperature", "dtype": "f32", "shape": []},
+    ]
+    g3 = torch.Generator().manual_seed(77)
+
+    def identity_flat(spec, _codec):
+        return spec.flatten({n: torch.randn(s, generator=g3).to(d) for n, d, s in spec.tensors})
+
+    fields, records = model_vector(spec_listed, {"codec": "identity"}, identity_flat)
+    yield "model_identity", dict(round=11, sender=12, bundle=True, stable=True, **fields), records
+    spec_listed = [
+        {"name": "tok.weight", "dtype": "f32", "shape": [10, 16]},
+        {"name": "layer.weight", "dtype": "f32", "shape": [16, 4]},
+        {"name": "layer.bias", "dtype": "f32", "shape": [16]},
+        {"name": "head.bias", "dtype": "f32", "shape": [16]},
+    ]
+    rice_model = {"codec": "dct", "chunk_shape": [64], "topk": 4, "index_coding": "rice", "value_bits": 2}
+    fields, records = model_vector(
+        spec_listed, rice_model, lambda spec, codec: designed_dct_input((spec.numel,), codec, 9)
+    )
+    yield "model_dct_rice", dict(round=12, sender=13, bundle=True, stable=True, **fields), records
     # GComp (FORMAT.md §5.4, §6.4) and QSGD (§5.5, §6.3). Deterministic, but their re-encoding is
     # checked in their own tests (test_codec_gcomp.py, test_codec_qsgd.py), not by the DCT-specific one.
     g2 = torch.Generator().manual_seed(99)
@@ -126,8 +174,16 @@ def main(names: list[str]) -> None:
         entries = [build(config).compress(t, rec)[0] for rec, config, t in records]
         frame = gradwire.write_frame(entries, round=meta["round"], sender=meta["sender"], bundle=meta["bundle"])
         decoded = gradwire.decode_bundle(frame)
-        (HERE / f"{name}.gwf").write_bytes(frame)
         tensors = {}
+        if "model_spec" in meta:
+            spec = model_spec(meta["model_spec"])
+            [(rec, config, flat)] = records
+            again = gradwire.encode_model(build(config), model_inputs(spec, flat), spec,
+                                          round=meta["round"], sender=meta["sender"])
+            assert again == frame, "encode_model disagrees with the record written by hand"
+            for n, t in gradwire.decode_model(frame, spec).items():
+                tensors[f"model/{n}"] = t.clone().contiguous()
+        (HERE / f"{name}.gwf").write_bytes(frame)
         for rec, _, t in records:
             tensors[f"input/{rec}"] = t.contiguous()
             tensors[f"decoded/{rec}"] = decoded[rec].contiguous()
