@@ -50,6 +50,7 @@ bench: install
 	$(PY) bench/server_rounds.py
 	$(PY) bench/codecs.py
 	$(PY) bench/dct_indices.py
+	$(PY) bench/model_record.py
 	$(PY) bench/gcomp_levels.py
 	$(PY) bench/ddp.py
 
