@@ -47,6 +47,7 @@ from .wire import BytesLike
 __all__ = [
     "MODEL_RECORD_PREFIX",
     "ModelSpec",
+    "check_model_frame",
     "decode_model",
     "encode_model",
     "is_model_record",
