@@ -12,23 +12,25 @@ than the union of theirs — after a small header frame that says how to weigh t
   (``sender != 0xFFFFFFFF``).
 
 Every receiver computes ``exact_mean`` of the node frames' records with those weights — the same
-elementwise operations in the same order as the server — and so holds the same bits.
+elementwise operations in the same order as the server — and applies it with :func:`apply_mean`, the
+one function the server runs too, and so holds the same bits.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Mapping, MutableMapping, Optional, Sequence
 
 import torch
 
+from .algorithms import OuterStep, demo_update, exact_mean
 from .codecs.identity import IdentityCodec
 from .errors import FrameError
 from .frame import SERVER_SENDER, Frame, Limits, decode_entry, frame_length, read_frame, write_frame
 from .wire import BytesLike, as_u8
 
-__all__ = ["HEADER_RECORD", "Published", "read_published", "write_published"]
+__all__ = ["HEADER_RECORD", "Published", "apply_mean", "read_published", "write_published"]
 
 #: The name of the header frame's one record: the node frames' weights.
 HEADER_RECORD = "@aggregate"
@@ -46,6 +48,37 @@ class Published:
     def records(self) -> list[list]:
         """Each node frame's records, in frame order: what ``exact_mean`` takes."""
         return [f.entries for f in self.frames]
+
+    def mean(self, device=None) -> dict[str, torch.Tensor]:
+        """The weighted exact mean of the node frames: what this version applies."""
+        return exact_mean(self.records(), self.weights, device=device)
+
+
+def apply_mean(
+    algorithm: str,
+    config: Mapping[str, Any],
+    weights: MutableMapping[str, torch.Tensor],
+    mean: Mapping[str, torch.Tensor],
+    state: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Apply one version's ``mean`` to ``weights`` in place, as run ``config`` says; the server and every
+    node call this one function, so they hold the same bits.
+
+    ``config`` is the run's configuration as JSON (its ``demo`` / ``sparseloco`` sections); ``state`` the
+    algorithm's state before this version (SparseLoCo's outer momentum, ``{"outer": …}``; nothing for
+    DeMo). Returns the state after it.
+    """
+    if algorithm == "demo":
+        demo = config["demo"]
+        demo_update(weights, mean, float(demo["lr"]), float(demo.get("weight_decay", 0.0)))
+        return {}
+    if algorithm == "sparseloco":
+        sl = config["sparseloco"]
+        outer = OuterStep(float(sl["outer_lr"]), float(sl.get("outer_momentum", 0.0)), bool(sl.get("nesterov", False)))
+        outer.load_state_dict(state.get("outer", {"buffers": {}}))
+        outer.apply(weights, mean)
+        return {"outer": outer.state_dict()}
+    raise ValueError(f"algorithm {algorithm!r} does not publish frames to average (demo, sparseloco do)")
 
 
 def write_published(version: int, node_frames: Sequence[bytes], weights: Sequence[float]) -> bytes:
