@@ -54,7 +54,7 @@ def test_published_frames_equal_one_long_lived_downlink_codec(tmp_path):
             assert pub.weights_hash == state_hash(ref_master)
 
         # What was persisted with the last version is that codec's state, warm-start factors included.
-        kept = store.load_downlink_state(run_id, 5)
+        kept = store.load_server_state(run_id, 5)["downlink"]
         assert kept["codec"], "PowerSGD's warm-start state was not persisted"
         fresh = gradwire.ErrorFeedback(gradwire.PowerSGD(rank=1))
         fresh.load_state_dict(kept)
@@ -108,7 +108,7 @@ def test_powersgd_downlink_killed_mid_run_publishes_the_frames_of_an_uninterrupt
 
     store = Store(tmp_path / "data")
     try:
-        kept = store.load_downlink_state(run.run_id, rounds)
+        kept = store.load_server_state(run.run_id, rounds)["downlink"]
     finally:
         store.close()
     assert kept["codec"], "the downlink's PowerSGD state is not persisted"

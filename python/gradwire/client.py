@@ -28,10 +28,12 @@ import torch
 
 from .codecs.base import Codec
 from .errors import FrameError
+from .algorithms import DeMoState, SparseLoCoState
 from .feedback import ErrorFeedback
-from .frame import SERVER_SENDER, Frame, Limits, decode_bundle, frame_length, read_frame
+from .frame import SERVER_SENDER, Frame, Limits, decode_bundle, frame_length, read_frame, write_frame
+from .published import Published, apply_mean, read_published
 from .protocol import API_PREFIX, HASH_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER, Reason
-from .state import apply_update, state_from_bytes, state_hash, state_to_bytes
+from .state import apply_update, state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
 
 __all__ = [
     "AuthError",
@@ -45,6 +47,7 @@ __all__ = [
     "NotFoundError",
     "OutOfSyncError",
     "ProtocolError",
+    "PublishedBatch",
     "RequestRejectedError",
     "RoundClosedError",
     "TooFarBehindError",
@@ -155,6 +158,16 @@ class UpdateBatch:
     frames: list[bytes]
     version: int
     weights_hash: str
+
+
+@dataclass
+class PublishedBatch:
+    """The answer to ``published(since=v)``: versions v+1 … ``version`` of a DeMo or SparseLoCo run."""
+
+    versions: list[Published]
+    version: int
+    weights_hash: str
+    nbytes: int
 
 
 def split_frames(body: bytes, *, limits: Optional[Limits] = None) -> list[bytes]:
@@ -365,13 +378,7 @@ class GradwireClient:
         :class:`~gradwire.FrameError` for a body that is not valid frames and :class:`ProtocolError`
         when the frames do not produce versions ``since+1`` … current in order.
         """
-        params: dict[str, Any] = {"since": int(since)}
-        extra = 0.0
-        if wait is not None:
-            wait = min(float(wait), MAX_WAIT_S)
-            params["wait"] = wait
-            extra = wait
-        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/updates", idempotent=True, params=params, extra_timeout=extra)
+        response = self._updates_response(run_id, since, wait)
         version = _header_int(response, VERSION_HEADER)
         weights_hash = _header_str(response, HASH_HEADER)
         parsed = _read_frames(response.content, limits)
@@ -386,6 +393,44 @@ class GradwireClient:
         if any(h.sender != SERVER_SENDER or not h.bundle for h in headers):
             raise ProtocolError("a downlink frame is not a bundle frame from the server (sender 0xFFFFFFFF)")
         return UpdateBatch(frames=frames, version=version, weights_hash=weights_hash)
+
+    def _updates_response(self, run_id: str, since: int, wait: Optional[float]) -> httpx.Response:
+        params: dict[str, Any] = {"since": int(since)}
+        extra = 0.0
+        if wait is not None:
+            wait = min(float(wait), MAX_WAIT_S)
+            params["wait"] = wait
+            extra = wait
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}/updates", idempotent=True, params=params,
+                             extra_timeout=extra)
+
+    def published(
+        self, run_id: str, since: int, *, wait: Optional[float] = None, limits: Optional[Limits] = None
+    ) -> PublishedBatch:
+        """``GET`` the versions ``since+1`` … current of a DeMo or SparseLoCo run (:mod:`gradwire.published`:
+        each a weights header and the round's node frames), every frame checked.
+
+        Raises like :meth:`updates`; :class:`ProtocolError` when the versions are not ``since+1`` … current.
+        """
+        response = self._updates_response(run_id, since, wait)
+        version = _header_int(response, VERSION_HEADER)
+        weights_hash = _header_str(response, HASH_HEADER)
+        versions = read_published(response.content, limits=limits)
+        got = [p.version for p in versions]
+        if got != list(range(int(since) + 1, version + 1)):
+            raise ProtocolError(f"updates since {since} at version {version} should publish versions "
+                                f"{since + 1}..{version}, the body publishes {got[:8]}")
+        return PublishedBatch(versions=versions, version=version, weights_hash=weights_hash,
+                              nbytes=len(response.content))
+
+    def algorithm_state(self, run_id: str) -> tuple[dict[str, Any], int, str]:
+        """``GET`` the algorithm's node-relevant state (SparseLoCo's outer momentum): ``(state, version, hash)``."""
+        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/state/algorithm", idempotent=True)
+        try:
+            state = unpack_state_dict(response.content)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+        return state, _header_int(response, VERSION_HEADER), _header_str(response, HASH_HEADER)
 
     def state(self, run_id: str) -> tuple[dict[str, torch.Tensor], int, str]:
         """``GET`` the full fp32 state at the current version: ``(state, version, weights_hash)``.
@@ -451,7 +496,18 @@ class Node:
         for name, t in self.params.items():
             if t.dtype != torch.float32:
                 raise ValueError(f"replica tensor {name!r} is {t.dtype}; the server's master weights are float32")
+        self.codec = codec
         self.feedback = ErrorFeedback(codec)
+        #: The run's configuration (JSON, read at the first :meth:`sync`) and its algorithm.
+        self.config: Optional[dict[str, Any]] = None
+        self.algorithm: Optional[str] = None
+        self.demo: Optional[DeMoState] = None
+        self.sparseloco: Optional[SparseLoCoState] = None
+        #: SparseLoCo: the weights of the last synced version (the replica between syncs is local).
+        self.anchor: Optional[dict[str, torch.Tensor]] = None
+        self.inner: Optional[torch.optim.Optimizer] = None
+        self.local_steps = 0
+        self._algorithm_state: dict[str, Any] = {}
         self.wait = float(wait)
         self.step_timeout = step_timeout
         self.decode_device = torch.device(decode_device)
@@ -467,8 +523,39 @@ class Node:
 
     # -- replica ---------------------------------------------------------------------------------
 
+    def _configure(self) -> None:
+        """Read the run's algorithm and set up its node side (once)."""
+        self.config = self.client.status(self.run_id)["config"]
+        self.algorithm = self.config.get("algorithm", "adamw")
+        if self.algorithm == "demo":
+            self.demo = DeMoState(self.codec, beta=float(self.config["demo"]["beta"]))
+        elif self.algorithm == "sparseloco":
+            sl = self.config["sparseloco"]
+            if self.module is None:
+                raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
+            self.sparseloco = SparseLoCoState(self.codec, error_decay=float(sl["error_decay"]))
+            inner = sl["inner"]
+            self.inner = torch.optim.AdamW(self.module.parameters(), lr=float(inner["lr"]),
+                                           betas=tuple(inner["betas"]), eps=float(inner["eps"]),
+                                           weight_decay=float(inner["weight_decay"]))
+
     def sync(self) -> int:
         """Load the server's full state into the replica (at start, or when too far behind)."""
+        if self.config is None:
+            self._configure()
+        for _ in range(5):
+            version = self._load_state()
+            if self.algorithm != "sparseloco":
+                return version
+            # The outer momentum must be that of the same version as the weights.
+            state, at, _ = self.client.algorithm_state(self.run_id)
+            if at == version:
+                self._algorithm_state = state
+                self.anchor = {n: t.detach().clone() for n, t in self.params.items()}
+                return version
+        raise ProtocolError(f"node {self.node_id}: the run kept publishing while its state was fetched")
+
+    def _load_state(self) -> int:
         state, version, weights_hash = self.client.state(self.run_id)
         if set(state) != set(self.params):
             raise ValueError(
@@ -493,6 +580,8 @@ class Node:
         """
         if self.version is None:
             return self.sync()
+        if self.algorithm != "adamw":
+            return self._catch_up_published(wait)
         try:
             batch = self.client.updates(self.run_id, self.version, wait=wait)
         except TooFarBehindError:
@@ -505,6 +594,34 @@ class Node:
             self.version += 1  # frames publish version+1, version+2, … (checked by updates())
         if batch.frames:
             local = state_hash(self.params)
+            if local != batch.weights_hash:
+                raise OutOfSyncError(
+                    f"node {self.node_id} at version {batch.version}: weights hash {local}, server {batch.weights_hash}"
+                )
+        self.version, self.weights_hash = batch.version, batch.weights_hash
+        return self.version
+
+    def _catch_up_published(self, wait: Optional[float]) -> int:
+        # DeMo applies each version's mean to the replica; SparseLoCo to the anchor, which then becomes
+        # the replica (the local steps since the last sync are replaced by the synced weights).
+        try:
+            batch = self.client.published(self.run_id, self.version, wait=wait)
+        except TooFarBehindError:
+            return self.sync()
+        self.bytes_received += batch.nbytes
+        target = self.params if self.algorithm == "demo" else self.anchor
+        for published in batch.versions:
+            mean = published.mean(device=self.decode_device)
+            mean = {n: t.to(target[n].device) for n, t in mean.items()}
+            with torch.no_grad():
+                self._algorithm_state = apply_mean(self.algorithm, self.config, target, mean, self._algorithm_state)
+            self.version += 1
+        if batch.versions:
+            if self.algorithm == "sparseloco":
+                with torch.no_grad():
+                    for n, p in self.params.items():
+                        p.copy_(self.anchor[n])
+            local = state_hash(target)
             if local != batch.weights_hash:
                 raise OutOfSyncError(
                     f"node {self.node_id} at version {batch.version}: weights hash {local}, server {batch.weights_hash}"
@@ -531,12 +648,42 @@ class Node:
         """
         if self.version is None:
             self.sync()
+        if self.algorithm == "sparseloco":
+            return self._local_step(grads)
         grads = self.gradients() if grads is None else grads
         if set(grads) != set(self.params):
             raise ValueError(f"gradients name {sorted(set(grads) ^ set(self.params))[:5]} differently from the replica")
         round_ = int(self.version)
         ordered = {name: grads[name] for name in sorted(grads)}
+        if self.algorithm == "demo":
+            records = self.demo.compress(ordered, float(self.config["demo"]["lr"]))
+            frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
+            return self._submit_and_advance(round_, frame, self.demo.momenta)
         frame = self.feedback.encode_bundle(ordered, round=round_, sender=self.node_id)
+        return self._submit_and_advance(round_, frame, None)
+
+    def _local_step(self, grads: Optional[Mapping[str, torch.Tensor]]) -> int:
+        """SparseLoCo: one inner optimizer step; every ``sync_every``-th, send the pseudo-gradient and sync."""
+        if grads is not None:
+            params = dict(self.module.named_parameters())
+            for name, g in grads.items():
+                params[name].grad = g
+        self.inner.step()
+        self.local_steps += 1
+        if self.local_steps % int(self.config["sparseloco"]["sync_every"]):
+            return self.version
+        round_ = int(self.version)
+        records = self.sparseloco.compress(self.anchor, self.params)
+        frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
+        return self._submit_and_advance(round_, frame, self.sparseloco.errors)
+
+    def _submit_and_advance(self, round_: int, frame: bytes, buffers: Optional[dict[str, torch.Tensor]]) -> int:
+        """Submit ``frame`` for ``round_`` and wait until that round is published and applied.
+
+        A frame that does not count goes back where its contents came from: the error-feedback
+        residuals (``buffers=None``) or the algorithm's own buffers (DeMo's momenta, SparseLoCo's error
+        buffers), as if nothing had been sent.
+        """
         try:
             self.client.submit(self.run_id, round_, frame)
         except (RoundClosedError, ConflictError) as exc:
@@ -546,7 +693,12 @@ class Node:
             if isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
                 raise
             self.rounds_missed += 1
-            self._return_to_residual(frame)
+            sent = decode_bundle(frame)
+            if buffers is None:
+                self.feedback.take_back(sent)
+            else:
+                for name, t in sent.items():
+                    buffers[name].add_(t.to(device=buffers[name].device, dtype=buffers[name].dtype))
         self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:
@@ -555,11 +707,6 @@ class Node:
                 raise TimeoutError(f"node {self.node_id}: round {round_} was not published within {self.step_timeout} s")
             self.catch_up(wait=left)
         return self.version
-
-    def _return_to_residual(self, frame: bytes) -> None:
-        # The residual was set to (input - what the frame carries); the frame never counted, so add
-        # what it carries back: the whole input waits for the next step.
-        self.feedback.take_back(decode_bundle(frame))
 
     def __repr__(self) -> str:
         return f"Node(run={self.run_id!r}, node_id={self.node_id}, version={self.version})"

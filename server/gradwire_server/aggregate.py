@@ -27,19 +27,21 @@ import torch
 from gradwire.accumulate import make_accumulator
 from gradwire.frame import Entry, Frame, decode_entry
 
-__all__ = ["RULES", "Update", "aggregate", "clip_factors"]
+__all__ = ["RULES", "Update", "aggregate", "clip_factors", "mean_weights"]
 
 RULES = ("mean", "clipped_mean", "trimmed_mean", "median")
 
 
 @dataclass
 class Update:
-    """One node's validated update: its parsed bundle, its staleness weight and its L2 norm."""
+    """One node's validated update: its parsed bundle, its staleness weight and its L2 norm (and, for the
+    algorithms that publish the nodes' frames, the bytes it came in)."""
 
     frame: Frame
     weight: float = 1.0
     norm: float = 0.0
     node_id: int = 0
+    raw: bytes = b""
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
@@ -51,6 +53,15 @@ def clip_factors(norms: Sequence[float]) -> list[float]:
         return []
     med = statistics.median(norms)
     return [1.0 if n <= med or n == 0.0 else med / n for n in norms]
+
+
+def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
+    """Each update's coefficient in the ``mean`` or ``clipped_mean`` of ``updates``: ``wᵢ cᵢ / Σ wᵢ``."""
+    if rule not in ("mean", "clipped_mean"):
+        raise ValueError(f"rule {rule!r} is no weighted mean")
+    clip = clip_factors([u.norm for u in updates]) if rule == "clipped_mean" else [1.0] * len(updates)
+    total = sum(u.weight for u in updates)
+    return [u.weight * c / total for u, c in zip(updates, clip)]
 
 
 def _weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]) -> torch.Tensor:
@@ -100,9 +111,7 @@ def aggregate(
     per_update = [u.entries() for u in updates]
     out: dict[str, torch.Tensor] = {}
     if rule in ("mean", "clipped_mean"):
-        clip = clip_factors([u.norm for u in updates]) if rule == "clipped_mean" else [1.0] * len(updates)
-        total = sum(u.weight for u in updates)
-        coeffs = [u.weight * c / total for u, c in zip(updates, clip)]
+        coeffs = mean_weights(updates, rule)
         for name in names:
             out[name] = _weighted_sum([p[name] for p in per_update], coeffs, device)
         return out

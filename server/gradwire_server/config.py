@@ -9,7 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import gradwire
 from gradwire.frame import MIN_FRAME_BYTES
 
-__all__ = ["AggregationConfig", "CodecConfig", "OptimizerConfig", "RunConfig"]
+__all__ = ["ALGORITHMS", "AggregationConfig", "CodecConfig", "DeMoConfig", "OptimizerConfig", "RunConfig",
+           "SparseLoCoConfig"]
+
+#: How a run trains (docs/ALGORITHMS.md).
+ALGORITHMS = ("adamw", "demo", "sparseloco")
 
 
 class CodecConfig(BaseModel):
@@ -68,11 +72,40 @@ class AggregationConfig(BaseModel):
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
 
 
+class DeMoConfig(BaseModel):
+    """DeMo: nodes send the top-k DCT of their decoupled momentum; everyone applies ``-lr·sign(mean)``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-3, gt=0, description="The sign step (also scales the momentum's input, lr·grad).")
+    beta: float = Field(0.999, ge=0.0, lt=1.0, description="Momentum decay.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled: p ← p·(1 − lr·weight_decay).")
+
+
+class SparseLoCoConfig(BaseModel):
+    """SparseLoCo: nodes take ``sync_every`` local steps, then send their compressed pseudo-gradient."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sync_every: int = Field(32, ge=1, description="Local (inner) steps per round.")
+    inner: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Each node's local AdamW.")
+    error_decay: float = Field(0.95, ge=0.0, le=1.0, description="Decay of each node's error buffer.")
+    outer_lr: float = Field(1.0, gt=0)
+    outer_momentum: float = Field(0.0, ge=0.0, lt=1.0, description="DiLoCo's recipe: 0.9 with outer_lr 0.7.")
+    nesterov: bool = False
+
+
 class RunConfig(BaseModel):
     """A run's configuration; every field has a default."""
 
     model_config = ConfigDict(extra="forbid")
 
+    algorithm: Literal["adamw", "demo", "sparseloco"] = Field(
+        "adamw", description="adamw: the server steps AdamW on the mean gradient and sends the compressed weight "
+                             "diff; demo / sparseloco: the server averages the nodes' frames and publishes them "
+                             "(docs/ALGORITHMS.md).")
+    demo: DeMoConfig = Field(default_factory=DeMoConfig)
+    sparseloco: SparseLoCoConfig = Field(default_factory=SparseLoCoConfig)
     uplink: CodecConfig = Field(default_factory=CodecConfig)
     downlink: CodecConfig = Field(default_factory=CodecConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -84,3 +117,12 @@ class RunConfig(BaseModel):
     max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
+
+    @model_validator(mode="after")
+    def _frame_averaging_rules(self) -> "RunConfig":
+        if self.algorithm != "adamw" and self.aggregation.rule not in ("mean", "clipped_mean"):
+            raise ValueError(
+                f"algorithm {self.algorithm!r} publishes the nodes' frames with a weight each, which expresses "
+                f"'mean' and 'clipped_mean'; coordinate-wise rules ({self.aggregation.rule!r}) are not supported "
+                "for it yet")
+        return self

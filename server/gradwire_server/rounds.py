@@ -31,10 +31,12 @@ from typing import Any, Optional
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
+from gradwire.algorithms import exact_mean
 from gradwire.frame import MAX_NAME_BYTES, SERVER_SENDER
-from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
+from gradwire.published import apply_mean, write_published
+from gradwire.state import apply_update, pack_state_dict, state_from_bytes, state_hash, state_to_bytes
 
-from .aggregate import Update, aggregate
+from .aggregate import Update, aggregate, mean_weights
 from .config import RunConfig
 from .errors import Reason, Rejected
 from .metrics import Metrics
@@ -50,7 +52,7 @@ log = logging.getLogger("gradwire_server.rounds")
 
 @dataclass
 class RunRuntime:
-    """A run's live state. ``master``/``moments``/``downlink_state`` are replaced, never mutated, on publish."""
+    """A run's live state. ``master``/``moments``/``server_state`` are replaced, never mutated, on publish."""
 
     run_id: str
     config: RunConfig
@@ -59,7 +61,7 @@ class RunRuntime:
     opened_at: Optional[float] = None
     master: Optional[dict[str, torch.Tensor]] = None
     moments: Optional[AdamWState] = None
-    downlink_state: dict[str, Any] = field(default_factory=dict)
+    server_state: dict[str, Any] = field(default_factory=dict)
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -86,7 +88,7 @@ class _Published:
     frame: bytes
     master: dict[str, torch.Tensor]
     moments: AdamWState
-    downlink_state: dict[str, Any]
+    server_state: dict[str, Any]
     weights_hash: str
     opened_at: float
     aggregate_s: float
@@ -147,11 +149,12 @@ class RoundEngine:
         moments = self.store.load_tensors(run_id, "moments", rec.version)
         rt.moments = (AdamWState.zeros_like(rt.master) if moments is None
                       else AdamWState.from_tensors(moments, step=rec.version))
-        rt.downlink_state = self.store.load_downlink_state(run_id, rec.version) or {}
+        rt.server_state = self.store.load_server_state(run_id, rec.version)
         self.store.prune(run_id, rec.version, rt.config.keep_versions)
         for sub in self.store.submissions_for(run_id, rec.version):
-            frame = read_frame(self.store.read_submission(sub))
-            rt.pending[(sub.node_id, sub.round)] = Update(frame, sub.weight, sub.norm, sub.node_id)
+            raw = self.store.read_submission(sub)
+            frame = read_frame(raw)
+            rt.pending[(sub.node_id, sub.round)] = Update(frame, sub.weight, sub.norm, sub.node_id, raw)
         self.metrics.version.labels(run=run_id).set(rt.version)
         return rt
 
@@ -183,7 +186,7 @@ class RoundEngine:
             master = await asyncio.to_thread(_parse_state, body)
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
-            rt.master, rt.moments, rt.downlink_state = master, AdamWState.zeros_like(master), {}
+            rt.master, rt.moments, rt.server_state = master, AdamWState.zeros_like(master), {}
             rt.weights_hash, rt.opened_at = h, opened
             self.metrics.version.labels(run=run_id).set(0)
         rt.wake.set()
@@ -216,6 +219,16 @@ class RoundEngine:
         master = self._require_state(rt)
         version, h = rt.version, rt.weights_hash
         data = await asyncio.to_thread(state_to_bytes, master)
+        return data, version, h
+
+    async def algorithm_state_bytes(self, run_id: str) -> tuple[bytes, int, str]:
+        """What a node needs beside the weights to apply the next versions as the server does (SparseLoCo's
+        outer momentum; nothing for the other algorithms), packed, at the current version."""
+        rt = self.runtime(run_id)
+        self._require_state(rt)
+        version, h = rt.version, rt.weights_hash
+        public = {"outer": rt.server_state["outer"]} if "outer" in rt.server_state else {}
+        data = await asyncio.to_thread(pack_state_dict, public)
         return data, version, h
 
     async def updates_since(self, run_id: str, since: int, wait: float) -> tuple[bytes, int, str]:
@@ -298,7 +311,7 @@ class RoundEngine:
             weight = self._weight_for(rt, round)  # the round may have closed while we validated
             rec = SubmissionRecord(rt.run_id, node_id, round, rt.version, sha, len(body), weight, norm, time.time())
             await asyncio.to_thread(self.store.commit_submission, rec)
-            rt.pending[(node_id, round)] = Update(frame, weight, norm, node_id)
+            rt.pending[(node_id, round)] = Update(frame, weight, norm, node_id, body)
             submitted = len(rt.pending)
         rt.wake.set()
         return {"round": round, "node_id": node_id, "duplicate": False, "submitted": submitted}
@@ -343,7 +356,7 @@ class RoundEngine:
             t0 = time.perf_counter()
             pub = await asyncio.to_thread(self._publish, rt, updates)
             opened_before = rt.opened_at
-            rt.master, rt.moments, rt.downlink_state = pub.master, pub.moments, pub.downlink_state
+            rt.master, rt.moments, rt.server_state = pub.master, pub.moments, pub.server_state
             rt.version, rt.weights_hash, rt.opened_at = pub.version, pub.weights_hash, pub.opened_at
             rt.pending = {}
             await asyncio.to_thread(self.store.prune, rt.run_id, rt.version, rt.config.keep_versions)
@@ -359,6 +372,8 @@ class RoundEngine:
                  rt.run_id, rt.version, len(updates), len(pub.frame), rt.weights_hash)
 
     def _publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
+        if rt.config.algorithm != "adamw":
+            return self.average_and_publish(rt, updates)
         t0 = time.perf_counter()
         grads = self.aggregate_round(rt, updates)
         aggregate_s = time.perf_counter() - t0
@@ -385,17 +400,39 @@ class RoundEngine:
         # The downlink feedback continues from the last version's state (a copy: ``rt`` stays as it was
         # until the caller adopts the result after the commit).
         feedback = ErrorFeedback(cfg.downlink.build())
-        feedback.load_state_dict(rt.downlink_state)
+        feedback.load_state_dict(rt.server_state.get("downlink", {}))
         version = rt.version + 1
         frame = feedback.encode_bundle(diff, round=version, sender=SERVER_SENDER)
         new_master = {n: master[n].clone() for n in names}
         apply_update(new_master, decode_bundle(frame))
         h = state_hash(new_master)
         opened = time.time()
-        downlink_state = feedback.state_dict()
-        self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), downlink_state, h,
+        server_state = {"downlink": feedback.state_dict()}
+        self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), server_state, h,
                            n_updates, opened)
-        return _Published(version, frame, new_master, moments, downlink_state, h, opened, aggregate_s)
+        return _Published(version, frame, new_master, moments, server_state, h, opened, aggregate_s)
+
+    def average_and_publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
+        """DeMo and SparseLoCo: the weighted exact mean of the nodes' frames, applied to the master weights
+        the way every node applies it, and published as those frames after their weights.
+
+        Works on copies: ``rt`` is left untouched (the caller adopts the result after the commit).
+        """
+        cfg = rt.config
+        master = rt.master
+        assert master is not None
+        t0 = time.perf_counter()
+        weights = mean_weights(updates, cfg.aggregation.rule)
+        mean = exact_mean([u.frame.entries for u in updates], weights)
+        aggregate_s = time.perf_counter() - t0
+        new_master = {n: t.clone() for n, t in master.items()}
+        server_state = apply_mean(cfg.algorithm, cfg.model_dump(mode="json"), new_master, mean, rt.server_state)
+        version = rt.version + 1
+        frame = write_published(version, [u.raw for u in updates], weights)
+        h = state_hash(new_master)
+        opened = time.time()
+        self.store.publish(rt.run_id, version, frame, new_master, {}, server_state, h, len(updates), opened)
+        return _Published(version, frame, new_master, rt.moments, server_state, h, opened, aggregate_s)
 
 
 def _parse_state(body: bytes) -> dict[str, torch.Tensor]:

@@ -5,8 +5,10 @@ Layout under ``data_dir``::
     gradwire.sqlite3                       runs, nodes, versions, submissions (WAL, synchronous=FULL)
     runs/<run_id>/weights/v<version>.safetensors    fp32 master weights at <version>
     runs/<run_id>/moments/v<version>.safetensors    AdamW exp_avg.* / exp_avg_sq.* after <version> steps
-    runs/<run_id>/downlink/v<version>.safetensors   the downlink ErrorFeedback's state_dict() at <version>
-                                                   (residuals and codec state; gradwire.state.pack_state_dict)
+    runs/<run_id>/server_state/v<version>.safetensors  the algorithm's server-side state at <version>
+                                                   (gradwire.state.pack_state_dict): AdamW runs keep their
+                                                   downlink ErrorFeedback's state_dict() (residuals and codec
+                                                   state), SparseLoCo runs the outer optimizer's momentum
     runs/<run_id>/diffs/v<version>.gwf              the frame that published <version>
     runs/<run_id>/submissions/r<round>-n<node>-<sha>.gwf  an acknowledged update, kept until its round closes
 
@@ -308,7 +310,7 @@ class Store:
         frame: bytes,
         weights: Mapping[str, torch.Tensor],
         moments: Mapping[str, torch.Tensor],
-        downlink_state: Mapping[str, Any],
+        server_state: Mapping[str, Any],
         weights_hash: str,
         updates: int,
         opened_at: float,
@@ -321,7 +323,7 @@ class Store:
         atomic_write(self.diff_path(run_id, version), frame)
         atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
         atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
-        atomic_write(self._versioned(run_id, "downlink", version), pack_state_dict(downlink_state))
+        atomic_write(self._versioned(run_id, "server_state", version), pack_state_dict(server_state))
         self._tx([
             ("UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ? WHERE run_id = ? AND version = ?",
              (version, weights_hash, opened_at, run_id, version - 1)),
@@ -336,17 +338,18 @@ class Store:
             return None
         return dict(st_load(path.read_bytes()))
 
-    def load_downlink_state(self, run_id: str, version: int) -> Optional[dict[str, Any]]:
-        """The downlink error feedback's state at ``version``; ``None`` if none was kept.
+    def load_server_state(self, run_id: str, version: int) -> dict[str, Any]:
+        """The algorithm's server-side state at ``version`` (``{}`` if none was kept).
 
-        Stores written before codec state was kept hold only the residuals (``residual/``): those come
-        back as a flat ``{name: tensor}``, which ``ErrorFeedback.load_state_dict`` also accepts.
+        Stores written before this state was kept hold only the downlink residuals (``residual/``):
+        those come back as ``{"downlink": {name: tensor}}``, a form ``ErrorFeedback.load_state_dict``
+        also accepts.
         """
-        path = self._versioned(run_id, "downlink", version)
+        path = self._versioned(run_id, "server_state", version)
         if path.exists():
             return unpack_state_dict(path.read_bytes())
         legacy = self._versioned(run_id, "residual", version)
-        return dict(st_load(legacy.read_bytes())) if legacy.exists() else None
+        return {"downlink": dict(st_load(legacy.read_bytes()))} if legacy.exists() else {}
 
     def read_diffs(self, run_id: str, first: int, last: int) -> bytes:
         """The frames publishing versions ``first..last`` concatenated (each self-delimiting)."""
@@ -367,7 +370,7 @@ class Store:
         """
         root = self.run_dir(run_id)
         oldest_diff = self.oldest_diff(run_id, version, keep_versions)
-        for kind in ("weights", "moments", "downlink", "residual", "diffs"):
+        for kind in ("weights", "moments", "server_state", "residual", "diffs"):
             folder = root / kind
             if not folder.is_dir():
                 continue

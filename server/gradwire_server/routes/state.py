@@ -40,3 +40,19 @@ async def get_state(run_id: str, request: Request, who: Principal = Depends(prin
     data, version, h = await ctx.engine.state_bytes(run_id)
     ctx.metrics.bytes_out.inc(len(data))
     return versioned_octets(data, version, h)
+
+
+@router.get("/algorithm", response_class=Response,
+            summary="What a node needs beside the weights to apply the next versions (SparseLoCo's outer momentum)",
+            description="gradwire.state.pack_state_dict bytes (safetensors, structure as JSON metadata) of the "
+                        "algorithm's state at the version in the headers: `{\"outer\": {\"buffers\": …}}` for "
+                        "SparseLoCo runs, `{}` otherwise.",
+            responses={200: octet_response("packed state dict", VERSION_HEADERS), 401: ERROR, 403: ERROR,
+                       404: ERROR, 409: ERROR})
+async def get_algorithm_state(run_id: str, request: Request, who: Principal = Depends(principal)) -> Response:
+    ctx = server(request)
+    ctx.engine.runtime(run_id)
+    who.require_member(run_id)
+    data, version, h = await ctx.engine.algorithm_state_bytes(run_id)
+    ctx.metrics.bytes_out.inc(len(data))
+    return versioned_octets(data, version, h)
