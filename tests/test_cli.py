@@ -29,14 +29,15 @@ def test_demo_command_runs_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "char transformer" in proc.stdout and "2 nodes, 3 rounds" in proc.stdout
-    assert proc.stdout.count("2/2") == 2  # both runs: both nodes in sync with the server
+    assert proc.stdout.count("2/2") == 3  # every run: both nodes in sync with the server
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["DCT k=32", "fp32 dense"]
+    assert [r["label"] for r in results] == ["DeMo k=4 1-bit", "Panthalia DCT k=32", "fp32 dense"]
     assert all(r["in_sync"] and len(r["losses"]) == 3 for r in results)
-    dense_up = sum(results[1]["up_bytes"])
-    assert sum(results[0]["up_bytes"]) < dense_up / 3
+    demo_up, panthalia_up, dense_up = (sum(r["up_bytes"]) for r in results)
+    assert panthalia_up < dense_up / 3
+    assert demo_up < panthalia_up
 
 
 def test_serve_command_runs_the_server_until_sigterm(tmp_path):

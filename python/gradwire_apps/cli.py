@@ -38,7 +38,9 @@ def build_app():
         model: str = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
         workers: int = typer.Option(4, min=1, help="Worker processes (nodes) per run."),
         rounds: int = typer.Option(150, min=1, help="Rounds (published versions) per run."),
-        topk: int = typer.Option(32, min=1, help="DCT coefficients kept per chunk, both ways."),
+        topk: int = typer.Option(32, min=1, help="Panthalia run: DCT coefficients kept per chunk, both ways."),
+        demo_topk: int = typer.Option(4, min=1, help="DeMo run: DCT coefficients of the momentum sent per chunk."),
+        demo_lr: float = typer.Option(3e-3, help="DeMo run: the sign step."),
         chunk: int = typer.Option(32, min=2, help="DCT chunk side: chunks are chunk×chunk."),
         lr: float = typer.Option(3e-3, help="AdamW learning rate on the server."),
         batch_size: int = typer.Option(32, min=1, help="Examples per node per round."),
@@ -50,11 +52,12 @@ def build_app():
         admin_token: Optional[str] = typer.Option(None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."),
         progress: bool = typer.Option(True, help="Draw a progress bar per run."),
     ) -> None:
-        """Train a model on N worker processes through the aggregation server, compressed and not.
+        """Train a model on N worker processes through the aggregation server, three ways.
 
-        Starts the server on loopback (unless --url), then runs the same training twice — DCT compression
-        both ways, and uncompressed fp32 both ways — and prints loss, accuracy and bytes per round side by
-        side, with a plot of loss against rounds and against bytes in OUT/loss.png.
+        Starts the server on loopback (unless --url), then runs the same training three times — DeMo
+        (1-bit DCT momentum up, the round's frames down), Panthalia's path (DCT gradients up, AdamW on the
+        server, DCT weight diff down) and uncompressed fp32 both ways — and prints loss, accuracy and bytes
+        per round side by side, with a plot of loss against rounds and against bytes in OUT/loss.png.
         """
         missing = _missing(DEMO_MODULES if url is None else [m for m in DEMO_MODULES if m != "gradwire_server"])
         if missing:
@@ -65,7 +68,7 @@ def build_app():
 
         settings = DemoSettings(
             model=model, workers=workers, rounds=rounds, hidden=hidden, batch_size=batch_size, lr=lr, topk=topk,
-            chunk=chunk, aggregation=aggregation, seed=seed, out_dir=str(out),
+            demo_topk=demo_topk, demo_lr=demo_lr, chunk=chunk, aggregation=aggregation, seed=seed, out_dir=str(out),
         )
         results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)
         if not all(r.in_sync for r in results):

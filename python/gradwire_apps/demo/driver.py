@@ -1,10 +1,16 @@
-"""The main job, ``gradwire demo``: the compressed run and the uncompressed baseline, side by side.
+"""The main job, ``gradwire demo``: three ways to train the same model through the server, side by side.
 
 :func:`run_demo` starts the aggregation server on loopback (:class:`gradwire_server.launcher.LoopbackServer`)
-unless given a running one, then for each of two runs — DCT compression both ways, and the uncompressed
-baseline (identity codec both ways) — trains the same task from the same initial weights on N worker
-processes (:func:`~gradwire_apps.demo.runs.run_distributed`). The server aggregates the gradients and
-applies AdamW; the workers apply the published updates. At the end it prints a table (loss, accuracy,
+unless given a running one, then for each of three runs trains the same task from the same initial
+weights on N worker processes (:func:`~gradwire_apps.demo.runs.run_distributed`):
+
+- DeMo (``algorithm="demo"``): nodes send the top-k DCT of their decoupled momentum with 1-bit values and
+  Rice-coded positions; the server publishes the round's frames and everyone applies ``−lr·sign(mean)``;
+- Panthalia's path (``algorithm="adamw"``): DCT-compressed gradients up, AdamW on the server, the
+  DCT-compressed weight diff down;
+- the uncompressed baseline: fp32 gradients up, AdamW, fp32 diffs down.
+
+The workers apply what the server publishes and check its weights hash after every round. At the end it prints a table (loss, accuracy,
 bytes per round each way, compression; :mod:`~gradwire_apps.demo.report`) and plots loss against rounds
 and against bytes sent (:mod:`~gradwire_apps.demo.plot`).
 """
@@ -35,6 +41,8 @@ class DemoSettings:
     hidden: Optional[int] = None  # the task's default width
     batch_size: int = 32
     lr: float = 3e-3
+    demo_lr: float = 3e-3
+    demo_topk: int = 4
     topk: int = 32
     chunk: int = 32
     aggregation: str = "mean"
@@ -50,10 +58,10 @@ def run_demo(
     console=None,
     progress: bool = True,
 ) -> list[DistributedResult]:
-    """Both runs on one server, then the table and the plot.
+    """The three runs on one server, then the table and the plot.
 
     Starts a server on loopback unless ``url`` (and ``admin_token``) name a running one. Writes
-    ``<out_dir>/loss.png`` and ``<out_dir>/results.json``; returns both runs' results.
+    ``<out_dir>/loss.png`` and ``<out_dir>/results.json``; returns the runs' results.
     """
     from rich.console import Console
 
@@ -67,9 +75,13 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
     identity = codec_spec("identity")
+    demo_codec = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.demo_topk,
+                            mode="tiles", index_coding="rice", value_bits=1)
+    demo_run = {"algorithm": "demo", "demo": {"lr": settings.demo_lr, "beta": 0.999}}
     plans = [
-        (f"DCT k={settings.topk}", dct, dct),
-        ("fp32 dense", identity, identity),
+        (f"DeMo k={settings.demo_topk} 1-bit", demo_codec, identity, demo_run),
+        (f"Panthalia DCT k={settings.topk}", dct, dct, None),
+        ("fp32 dense", identity, identity, None),
     ]
     task = make_task(settings.model, settings.hidden)
 
@@ -79,9 +91,9 @@ def run_demo(
                 server_url, token, label=label, uplink=uplink, downlink=downlink,
                 task=task, workers=settings.workers, rounds=settings.rounds,
                 batch_size=settings.batch_size, lr=settings.lr, aggregation=settings.aggregation,
-                seed=settings.seed, log_dir=out / "logs", progress=progress,
+                seed=settings.seed, run_config=run_config, log_dir=out / "logs", progress=progress,
             )
-            for label, uplink, downlink in plans
+            for label, uplink, downlink, run_config in plans
         ]
 
     if url is None:
