@@ -3,6 +3,8 @@
 - :func:`ddp_hook` — a DDP communication hook for any gradwire codec (frames all-gathered, decoded in
   rank order, averaged; every rank ends bit-identical).
 - :func:`powersgd_hook` / :class:`PowerSGDState` — PowerSGD's collective form (factors all-reduced).
+- :class:`DeMo` / :class:`SparseLoCo` — the two algorithms of :mod:`gradwire.algorithms` as optimizers
+  (frames all-gathered, averaged exactly; every rank ends bit-identical).
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
 - :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
 - :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
@@ -18,13 +20,16 @@ from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import default_backend, init_from_env, spawn
+from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
 
 __all__ = [
+    "DeMo",
     "GradwireHookState",
     "LowPrecisionDecentralized",
     "PowerSGDState",
     "RegisteredHook",
+    "SparseLoCo",
     "all_gather_bytes",
     "ddp_hook",
     "default_backend",

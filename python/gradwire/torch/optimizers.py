@@ -1,0 +1,322 @@
+"""DeMo and SparseLoCo as ``torch.optim.Optimizer`` s on torch.distributed (gloo, NCCL).
+
+Both are thin transports around :mod:`gradwire.algorithms`: the node side forms this rank's records,
+one bundle frame per rank (``round`` = the step or sync counter, ``sender`` = the group rank) goes
+through :func:`~gradwire.torch.collectives.all_gather_bytes`, every rank reads every rank's frame (with
+:class:`~gradwire.Limits`), averages them with :func:`~gradwire.algorithms.exact_mean` in rank order and
+applies the update. ``exact_mean`` and the updates are fixed sequences of elementwise float32
+operations on exactly decoded records, so all ranks hold bit-identical weights afterwards (given that
+they started from the same weights, as DDP ensures by broadcasting them).
+
+Parameters are named by position, ``"g<group>.p<index>"`` (``"g0.p3"``: the fourth parameter of the
+first group), so frames are the same whatever the modules are called; every rank must build its
+optimizer over the same parameter list.
+
+Counters (cumulative, frame bytes only — the length words and padding of the all-gather are not
+counted): ``bytes_sent`` is the length of this rank's own frames, ``bytes_received`` the total length of
+the other ranks' frames this rank read.
+
+Without an initialized process group (and no ``process_group``) both run as a group of one: the frame
+is still written, read back and applied, so single-process code behaves as rank 0 of one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms import (
+    DeMoState,
+    OuterStep,
+    SparseLoCoState,
+    default_sparseloco_codec,
+    demo_update,
+    exact_mean,
+)
+from ..codecs.base import Codec
+from ..errors import FrameError
+from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
+from .collectives import all_gather_bytes, comm_device
+
+__all__ = ["DeMo", "SparseLoCo"]
+
+_STATE_KEY = "gradwire"
+
+
+class _Exchange:
+    """One bundle frame per rank, all-gathered and read back in rank order; the byte counters."""
+
+    def __init__(self, process_group: Optional[dist.ProcessGroup], limits: Optional[Limits]):
+        self.process_group = process_group
+        self.limits = limits or DEFAULT_LIMITS
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _distributed(self) -> bool:
+        return self.process_group is not None or (dist.is_available() and dist.is_initialized())
+
+    def rank(self) -> int:
+        return dist.get_rank(self.process_group) if self._distributed() else 0
+
+    def world(self) -> int:
+        return dist.get_world_size(self.process_group) if self._distributed() else 1
+
+    def __call__(self, entries: list[Entry], round: int) -> list[list[Entry]]:
+        """Every rank's records, in rank order (this rank's read back from its own frame too)."""
+        rank = self.rank()
+        frame = write_frame(entries, round=round, sender=rank, bundle=True)
+        if self._distributed():
+            g = self.process_group
+            frames = all_gather_bytes(frame, g, device=comm_device(g), limits=self.limits)
+        else:
+            frames = [frame]
+        out = []
+        received = 0
+        for r, data in enumerate(frames):
+            got = read_frame(data, limits=self.limits)
+            if not got.bundle or got.round != round or got.sender != r:
+                raise FrameError(
+                    f"rank {r} sent a {'bundle' if got.bundle else 'tensor'} frame for round {got.round} from"
+                    f" sender {got.sender}; expected a bundle frame for round {round} from {r}"
+                )
+            if r != rank:
+                received += len(data)
+            out.append(got.entries)
+        self.bytes_sent += len(frame)
+        self.bytes_received += received
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bytes_sent = int(state["bytes_sent"])
+        self.bytes_received = int(state["bytes_received"])
+
+
+def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
+    """``(name, parameter, group)`` for every parameter that requires a gradient, by position."""
+    out = []
+    for gi, group in enumerate(param_groups):
+        for pi, p in enumerate(group["params"]):
+            if p.requires_grad:
+                out.append((f"g{gi}.p{pi}", p, group))
+    return out
+
+
+class DeMo(torch.optim.Optimizer):
+    """DeMo (Peng et al. 2024): decoupled momentum, its DCT top-k exchanged, sign step.
+
+    After ``backward()``, :meth:`step` adds ``lr·grad`` to each parameter's decayed momentum
+    (``beta``), encodes the momenta with ``codec`` (default :func:`gradwire.algorithms.default_demo_codec`:
+    ≥ 300× fewer bytes than fp32 per step on large 2-D weights), subtracts what it sent, all-gathers
+    the frames, averages them exactly and applies ``−lr·sign(mean)`` plus decoupled weight decay
+    (``p *= 1 − lr·weight_decay``). ``lr`` and ``weight_decay`` are read from each param group at every
+    step, so LR schedulers work. A parameter whose ``grad`` is ``None`` counts as a zero gradient (every
+    rank must send the same tensors); parameters with ``requires_grad=False`` are left alone.
+
+    ``process_group``: the group to average over (default: the default group). ``limits`` bound what a
+    peer's frame may announce.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        *,
+        codec: Optional[Codec] = None,
+        beta: float = 0.999,
+        weight_decay: float = 0.0,
+        process_group: Optional[dist.ProcessGroup] = None,
+        limits: Optional[Limits] = None,
+    ):
+        if not lr > 0.0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self.node = DeMoState(codec, beta=beta)
+        self._exchange = _Exchange(process_group, limits)
+        self.steps = 0
+
+    @property
+    def codec(self) -> Codec:
+        return self.node.codec
+
+    @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        return self._exchange.process_group
+
+    @property
+    def bytes_sent(self) -> int:
+        """This rank's frame bytes, cumulative."""
+        return self._exchange.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        """The other ranks' frame bytes this rank read, cumulative."""
+        return self._exchange.bytes_received
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        named = _named(self.param_groups)
+        entries: list[Entry] = []
+        for gi, group in enumerate(self.param_groups):
+            grads = {
+                n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
+            }
+            if grads:
+                entries += self.node.compress(grads, group["lr"])
+        mean = exact_mean(self._exchange(entries, self.steps), device=named[0][1].device if named else None)
+        for group in self.param_groups:
+            params = {n: p for n, p, g in named if g is group}
+            if params:
+                demo_update(params, {n: mean[n] for n in params}, group["lr"], group["weight_decay"])
+        self.steps += 1
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state (param groups) plus ``"gradwire"``: the momenta and codec state, the
+        step counter and the byte counters."""
+        out = super().state_dict()
+        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, **self._exchange.state_dict()}
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        mine = state_dict.pop(_STATE_KEY)
+        super().load_state_dict(state_dict)
+        self.node.load_state_dict(mine["node"])
+        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
+        self.node.momenta = {n: m.to(devices.get(n, m.device)) for n, m in self.node.momenta.items()}
+        self.steps = int(mine["steps"])
+        self._exchange.load_state_dict(mine)
+
+
+class SparseLoCo(torch.optim.Optimizer):
+    """SparseLoCo: local steps with ``inner``, every ``sync_every`` steps a compressed outer step.
+
+    :meth:`step` steps ``inner`` (an optimizer over exactly these parameters, e.g. ``torch.optim.AdamW``)
+    and counts; at every ``sync_every``-th step it forms the pseudo-gradient (the weights at the last
+    sync minus now), adds it to the error buffer decayed by ``error_decay``, sends the compressed buffer
+    (``codec``, default :func:`gradwire.algorithms.default_sparseloco_codec`: top-k DCT with 2-bit values,
+    ≥ 300× fewer bytes than fp32 per local step), keeps the rest, averages all ranks' frames exactly and
+    applies the outer step to the last synced weights (the anchor, kept as float32 copies); the result
+    becomes every rank's weights.
+
+    The outer step is SGD with learning rate ``outer_lr``; ``outer_momentum`` (and ``nesterov``) add
+    momentum — DiLoCo's recipe is ``outer_lr=0.7, outer_momentum=0.9, nesterov=True``.
+    The inner optimizer's state stays local. :meth:`zero_grad` and the param groups are this
+    optimizer's own (the same parameters as ``inner``'s); a scheduler should drive ``inner``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        inner: torch.optim.Optimizer,
+        *,
+        sync_every: int = 32,
+        codec: Optional[Codec] = None,
+        outer_lr: float = 1.0,
+        error_decay: float = 0.95,
+        process_group: Optional[dist.ProcessGroup] = None,
+        outer_momentum: float = 0.0,
+        nesterov: bool = False,
+        limits: Optional[Limits] = None,
+    ):
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
+        sync_every = int(sync_every)
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+        super().__init__(params, {})
+        mine = [id(p) for g in self.param_groups for p in g["params"]]
+        theirs = [id(p) for g in inner.param_groups for p in g["params"]]
+        if sorted(mine) != sorted(theirs):
+            raise ValueError("inner must optimize exactly the parameters given to SparseLoCo")
+        self.inner = inner
+        self.sync_every = sync_every
+        self.node = SparseLoCoState(codec if codec is not None else default_sparseloco_codec(sync_every),
+                                    error_decay=error_decay)
+        self.outer = OuterStep(outer_lr, outer_momentum, nesterov)
+        self._exchange = _Exchange(process_group, limits)
+        self.local_steps = 0
+        self.syncs = 0
+        with torch.no_grad():
+            self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
+
+    @property
+    def codec(self) -> Codec:
+        return self.node.codec
+
+    @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        return self._exchange.process_group
+
+    @property
+    def bytes_sent(self) -> int:
+        """This rank's frame bytes, cumulative."""
+        return self._exchange.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        """The other ranks' frame bytes this rank read, cumulative."""
+        return self._exchange.bytes_received
+
+    def step(self, closure: Optional[Callable[[], Any]] = None):
+        loss = self.inner.step(closure)
+        self.local_steps += 1
+        if self.local_steps % self.sync_every == 0:
+            self.sync()
+        return loss
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """The outer step now (``step`` calls it every ``sync_every`` local steps)."""
+        named = _named(self.param_groups)
+        current = {n: p for n, p, _ in named}
+        entries = self.node.compress(self.anchor, current)
+        device = named[0][1].device if named else None
+        mean = exact_mean(self._exchange(entries, self.syncs), device=device)
+        self.outer.apply(self.anchor, mean)
+        for n, p in current.items():
+            p.copy_(self.anchor[n])
+        self.syncs += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state, the anchor, error buffers and codec state, the outer optimizer's
+        state, the step and sync counters and the byte counters (under ``"gradwire"``)."""
+        out = super().state_dict()
+        out[_STATE_KEY] = {
+            "inner": self.inner.state_dict(),
+            "anchor": {n: a.clone() for n, a in self.anchor.items()},
+            "node": self.node.state_dict(),
+            "outer": self.outer.state_dict(),
+            "local_steps": self.local_steps,
+            "syncs": self.syncs,
+            **self._exchange.state_dict(),
+        }
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        mine = state_dict.pop(_STATE_KEY)
+        super().load_state_dict(state_dict)
+        self.inner.load_state_dict(mine["inner"])
+        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
+        if set(mine["anchor"]) != set(devices):
+            raise ValueError("the saved anchor names other parameters than this optimizer's")
+        self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in mine["anchor"].items()}
+        self.node.load_state_dict(mine["node"])
+        self.node.errors = {n: e.to(devices.get(n, e.device)) for n, e in self.node.errors.items()}
+        self.outer.load_state_dict(mine["outer"])
+        self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
+        self.local_steps = int(mine["local_steps"])
+        self.syncs = int(mine["syncs"])
+        self._exchange.load_state_dict(mine)
