@@ -15,7 +15,7 @@ def results_table(results: Sequence[DistributedResult]):
     from rich.table import Table
 
     first = results[0]
-    title = f"{first.title} ({first.params:,} parameters), {first.workers} nodes, {first.rounds} rounds, AdamW on the server"
+    title = f"{first.title} ({first.params:,} parameters), {first.workers} nodes, {first.rounds} rounds through the server"
     table = Table(title=title, caption="bytes: per node per round; ×: raw fp32 model bytes ÷ those bytes")
     for col in ("run", "train loss", "test loss", "test acc", "bytes up", "bytes down", "× up", "× down", "in sync", "s"):
         table.add_column(col, justify="right")
