@@ -6,7 +6,6 @@ import io
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,14 +15,11 @@ from gradwire.algorithms import (
     DeMoState,
     OuterStep,
     SparseLoCoState,
-    default_demo_codec,
     default_sparseloco_codec,
     demo_update,
     exact_mean,
 )
 from gradwire.frame import write_frame
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _tensors(seed: int, shapes=None) -> dict[str, torch.Tensor]:
@@ -221,14 +217,9 @@ def test_exact_mean_bit_identical_in_a_subprocess_with_other_thread_count():
         h.update(n.encode())
         h.update(mean[n].numpy().tobytes())
     data = _save(frames)
-    env_path = str(REPO / "python")
-    import os
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([env_path, os.environ.get("PYTHONPATH", "")]))
+    # The subprocess imports gradwire as this process did (the installed package, or PYTHONPATH as given).
     threads = 1 if torch.get_num_threads() > 1 else 2
-    out = subprocess.run(
-        [sys.executable, "-c", _SUBPROCESS, str(threads)], input=data, capture_output=True, env=env, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", _SUBPROCESS, str(threads)], input=data, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == h.hexdigest()
 

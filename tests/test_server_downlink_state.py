@@ -43,8 +43,8 @@ def test_published_frames_equal_one_long_lived_downlink_codec(tmp_path):
         for version in range(1, 6):
             grads = random_grads(version)
             pub = engine.step_and_publish(rt, grads, n_updates=1)
-            rt.master, rt.moments, rt.downlink_state, rt.version = (
-                pub.master, pub.moments, pub.downlink_state, pub.version)
+            rt.master, rt.moments, rt.server_state, rt.version = (
+                pub.master, pub.moments, pub.server_state, pub.version)
 
             targets, ref_moments = adamw_step(cfg.optimizer, ref_master, grads, ref_moments)
             diff = {n: targets[n] - ref_master[n] for n in sorted(ref_master)}
