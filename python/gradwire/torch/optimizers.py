@@ -106,7 +106,32 @@ def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
     return out
 
 
-class DeMo(torch.optim.Optimizer):
+class _ExchangesFrames:
+    """What both optimizers report: their codec, process group and cumulative frame bytes."""
+
+    node: Any
+    _exchange: "_Exchange"
+
+    @property
+    def codec(self) -> Codec:
+        return self.node.codec
+
+    @property
+    def process_group(self) -> Optional[dist.ProcessGroup]:
+        return self._exchange.process_group
+
+    @property
+    def bytes_sent(self) -> int:
+        """This rank's frame bytes, cumulative."""
+        return self._exchange.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        """The other ranks' frame bytes this rank read, cumulative."""
+        return self._exchange.bytes_received
+
+
+class DeMo(_ExchangesFrames, torch.optim.Optimizer):
     """DeMo (Peng et al. 2024): decoupled momentum, its DCT top-k exchanged, sign step.
 
     After ``backward()``, :meth:`step` adds ``lr·grad`` to each parameter's decayed momentum
@@ -140,24 +165,6 @@ class DeMo(torch.optim.Optimizer):
         self.node = DeMoState(codec, beta=beta)
         self._exchange = _Exchange(process_group, limits)
         self.steps = 0
-
-    @property
-    def codec(self) -> Codec:
-        return self.node.codec
-
-    @property
-    def process_group(self) -> Optional[dist.ProcessGroup]:
-        return self._exchange.process_group
-
-    @property
-    def bytes_sent(self) -> int:
-        """This rank's frame bytes, cumulative."""
-        return self._exchange.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        """The other ranks' frame bytes this rank read, cumulative."""
-        return self._exchange.bytes_received
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
@@ -199,7 +206,7 @@ class DeMo(torch.optim.Optimizer):
         self._exchange.load_state_dict(mine)
 
 
-class SparseLoCo(torch.optim.Optimizer):
+class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     """SparseLoCo: local steps with ``inner``, every ``sync_every`` steps a compressed outer step.
 
     :meth:`step` steps ``inner`` (an optimizer over exactly these parameters, e.g. ``torch.optim.AdamW``)
@@ -250,24 +257,6 @@ class SparseLoCo(torch.optim.Optimizer):
         self.syncs = 0
         with torch.no_grad():
             self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
-
-    @property
-    def codec(self) -> Codec:
-        return self.node.codec
-
-    @property
-    def process_group(self) -> Optional[dist.ProcessGroup]:
-        return self._exchange.process_group
-
-    @property
-    def bytes_sent(self) -> int:
-        """This rank's frame bytes, cumulative."""
-        return self._exchange.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        """The other ranks' frame bytes this rank read, cumulative."""
-        return self._exchange.bytes_received
 
     def step(self, closure: Optional[Callable[[], Any]] = None):
         loss = self.inner.step(closure)
