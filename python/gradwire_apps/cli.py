@@ -40,7 +40,7 @@ def build_app():
         rounds: int = typer.Option(150, min=1, help="Rounds (published versions) per run."),
         topk: int = typer.Option(32, min=1, help="Panthalia run: DCT coefficients kept per chunk, both ways."),
         demo_topk: int = typer.Option(4, min=1, help="DeMo run: DCT coefficients of the momentum sent per chunk."),
-        demo_lr: float = typer.Option(3e-3, help="DeMo run: the sign step."),
+        demo_lr: float = typer.Option(1e-2, help="DeMo run: the sign step (best of bench/convergence.py's grid on every task)."),
         chunk: int = typer.Option(32, min=2, help="DCT chunk side: chunks are chunk×chunk."),
         lr: float = typer.Option(3e-3, help="AdamW learning rate on the server."),
         batch_size: int = typer.Option(32, min=1, help="Examples per node per round."),

@@ -41,7 +41,7 @@ class DemoSettings:
     hidden: Optional[int] = None  # the task's default width
     batch_size: int = 32
     lr: float = 3e-3
-    demo_lr: float = 3e-3
+    demo_lr: float = 1e-2
     demo_topk: int = 4
     topk: int = 32
     chunk: int = 32
