@@ -117,7 +117,7 @@ def test_k_is_capped_at_the_chunk_size():
 
 @pytest.mark.parametrize(
     "shape, chunk_shape",
-    [((64, 3, 3, 3), (64, 27)), ((4096, 1024), (64, 64)), ((100, 30), (50, 30)), ((97,), (1,)), ((), (1,))],
+    [((64, 3, 3, 3), (64, 27)), ((4096, 1024), (64, 64)), ((100, 30), (50, 30)), ((), (1,))],
 )
 def test_tiles_mode_records_the_tile_shape(shape, chunk_shape):
     x = torch.zeros(shape) if math.prod(shape) > 10**5 else _rand(shape, seed=7)
@@ -429,3 +429,44 @@ def test_decoder_rejects_a_hostile_record_from_raw_bytes_too():
     bad[-10] ^= 1
     with pytest.raises(FrameError):
         gradwire.decode(bytes(bad))
+
+
+# -- tile mode never degenerates (the fallback to flat chunks) ---------------------------------------
+
+
+def _mode_of(codec, shape):
+    from gradwire.codecs.dct import unpack_params
+
+    entry, recon = codec.compress(torch.randn(*shape, generator=torch.Generator().manual_seed(0)), "x")
+    assert torch.equal(recon, gradwire.decode_entry(entry))
+    return unpack_params(entry.params)
+
+
+def test_tiles_fall_back_to_flat_chunks_where_tiles_would_be_small():
+    from gradwire import dct as D
+
+    codec = gradwire.DCTCodec(mode="tiles", topk=32)
+    # 431,463 = 3 × 143,821: tiles would have 3 elements.
+    assert D.tile_chunk_shape((431_463,)) == (3,) and D.small_tiles((431_463,))
+    p = _mode_of(codec, (431_463,))
+    assert p["mode"] == D.MODE_FLAT and p["chunk_shape"] == (64, 64)
+    # A 103-row embedding: 1×64 tiles.
+    assert D.tile_chunk_shape((103, 64)) == (1, 64) and D.small_tiles((103, 64))
+    p = _mode_of(codec, (103, 64))
+    assert p["mode"] == D.MODE_FLAT and p["chunk_shape"] == (64, 64)
+    # Normal weights keep their tiles; so do tensors that fit one tile, and half-size tiles.
+    for shape, tile in [((256, 512), (64, 64)), ((1000, 1000), (50, 50)), ((8, 12), (8, 12)), ((96, 10), (48, 10)),
+                        ((70,), (35,)), ((4, 2, 3, 3), (4, 18)), ((97,), None)]:
+        p = _mode_of(codec, shape)
+        if tile is None:
+            # A prime-length vector longer than a tile (its tiles had 1 element before the fallback).
+            assert p["mode"] == D.MODE_FLAT and p["pad_count"] == 4096 - 97
+        else:
+            assert p["mode"] == D.MODE_TILES and p["chunk_shape"] == tile, (shape, p)
+
+
+def test_tile_fallback_uses_the_configured_chunk_shape():
+    from gradwire import dct as D
+
+    p = _mode_of(gradwire.DCTCodec(mode="tiles", chunk_shape=(1024,), topk=8), (103, 64))
+    assert p["mode"] == D.MODE_FLAT and p["chunk_shape"] == (1024,)

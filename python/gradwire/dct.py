@@ -14,6 +14,8 @@ Chunking:
   cut into consecutive chunks;
 - mode 1, :data:`MODE_TILES` (DeMo): view the tensor as a matrix ``(shape[0], numel / shape[0])`` (a
   vector if ``ndim <= 1``) and cut it into tiles whose sides are the largest divisors ``<= 64``.
+  Where that gives small tiles (:func:`small_tiles`: a 431,463-element vector is 3 × 143,821, a
+  103-row embedding has 1-row tiles) an encoder falls back to mode 0 (:func:`plan_tiles_or_flat`).
 
 A :class:`ChunkPlan` records one such cut; :func:`to_chunks` and :func:`from_chunks` move between a
 tensor and the flat-chunk layout ``(num_chunks, C)``.
@@ -55,6 +57,8 @@ __all__ = [
     "plan_chunks",
     "plan_flat",
     "plan_tiles",
+    "plan_tiles_or_flat",
+    "small_tiles",
     "quantize_int8",
     "select_topk",
     "tile_chunk_shape",
@@ -363,6 +367,35 @@ def plan_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> ChunkPlan:
     matrix = _matrix_view(shape)
     grid = tuple(m // c for m, c in zip(matrix, chunk_shape))
     return ChunkPlan(MODE_TILES, shape, chunk_shape, 0, _prod(grid), grid)
+
+
+def small_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> bool:
+    """Whether mode 1 would cut a tensor of ``shape`` into *small* tiles: tiles of fewer than a quarter of
+    ``min(numel, max_tile^d)`` elements, ``d`` the matrix view's rank (1 for vectors, else 2).
+
+    A full tile (64×64, or 64 for a vector) or a whole tensor that fits in one is never small; tiles
+    below a quarter of that are: the 3-element tiles of a 431,463-element vector (3 × 143,821, a prime),
+    the 1×64 tiles of a 103×64 embedding (103 is prime). 48×10 tiles of a 96×10 matrix are not (480 of
+    its 960 elements). Empty tensors have no tiles and count as small.
+    """
+    shape = tuple(int(d) for d in shape)
+    numel = _prod(shape)
+    if numel < 1:
+        return True
+    view = _matrix_view(shape)
+    full = int(max_tile) ** len(view)
+    return 4 * _prod(tile_chunk_shape(shape, max_tile)) < min(numel, full)
+
+
+def plan_tiles_or_flat(
+    shape: Sequence[int], chunk_shape: Sequence[int], max_tile: int = MAX_TILE
+) -> ChunkPlan:
+    """The tile-mode encoder's plan: :func:`plan_tiles`, or :func:`plan_flat` with ``chunk_shape`` where
+    the tiles would be small (:func:`small_tiles`). The record's params say which mode it used, so a
+    decoder needs nothing else."""
+    if small_tiles(shape, max_tile):
+        return plan_flat(shape, chunk_shape)
+    return plan_tiles(shape, max_tile)
 
 
 def plan_chunks(mode: int, shape: Sequence[int], chunk_shape: Optional[Sequence[int]] = None) -> ChunkPlan:

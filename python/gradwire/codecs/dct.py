@@ -176,8 +176,10 @@ class DCTCodec(Codec):
 
     ``mode="flat"`` (Panthalia, FORMAT mode 0): the flattened tensor, zero-padded, in chunks of
     ``chunk_shape``. ``mode="tiles"`` (DeMo, mode 1): the tensor as a matrix cut into tiles whose sides
-    are the largest divisors ``<= 64`` of its dimensions; ``chunk_shape`` is then not used. Each chunk
-    keeps ``min(topk, C)`` coefficients.
+    are the largest divisors ``<= 64`` of its dimensions; where those tiles would be small (fewer than a
+    quarter of ``min(numel, 64×64)`` elements, or of ``min(numel, 64)`` for a vector:
+    :func:`gradwire.dct.small_tiles`) the tensor goes in flat chunks of ``chunk_shape`` instead, as a
+    mode-0 record. Each chunk keeps ``min(topk, C)`` coefficients.
 
     ``index_coding``: ``"fixed"`` (the default: positions packed at ``ceil(log2 C)`` bits, as every
     public DCT codec), ``"rice"`` (sorted gaps, Golomb-Rice with the tensor's best parameter) or
@@ -239,7 +241,8 @@ class DCTCodec(Codec):
             if numel == 0:
                 # Mode 1 needs an element; an empty tensor goes as an (empty) mode-0 record.
                 return _dct.plan_flat(shape, (1,))
-            return _dct.plan_tiles(shape)
+            # Where tiles would be small (a prime dimension), flat chunks of chunk_shape (mode 0).
+            return _dct.plan_tiles_or_flat(shape, self.chunk_shape)
         return _dct.plan_flat(shape, self.chunk_shape)
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
