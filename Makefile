@@ -52,6 +52,7 @@ bench: install
 	$(PY) bench/dct_indices.py
 	$(PY) bench/gcomp_levels.py
 	$(PY) bench/ddp.py
+	$(PY) bench/convergence.py
 
 clean:
 	rm -rf $(VENV) dist target

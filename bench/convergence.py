@@ -63,6 +63,8 @@ PLOT = ROOT / "docs" / "convergence.png"
 
 #: Intended uplink ratios of the compressed rows.
 RATIOS = (100, 300, 1000)
+#: The rows of the default run (about 15 minutes); --full runs every kind at every ratio.
+DEFAULT_ROWS = ("dense", "panthalia@300", "demo@300", "demo@1000", "sparseloco@300", "sparseloco@1000")
 KINDS = ("dense", "panthalia", "demo", "sparseloco")
 #: The learning-rate grids, as multiples of the task's base lr (AdamW) or absolute (DeMo's sign step).
 ADAMW_MULT = (0.3, 1.0, 3.0)
@@ -224,8 +226,8 @@ TASKS = {"digits": DigitsTask, "chars": CharsTask, "stdlib": StdlibTask}
 SCALES = {
     False: {
         "digits": Scale(steps=200, batch=32, width=256, base_lr=3e-3, demo_lrs=(1e-3, 3e-3, 1e-2)),
-        "chars": Scale(steps=240, batch=8, width=64, base_lr=3e-3),
-        "stdlib": Scale(steps=240, batch=8, width=64, base_lr=3e-3),
+        "chars": Scale(steps=128, batch=8, width=64, base_lr=3e-3),
+        "stdlib": Scale(steps=128, batch=8, width=64, base_lr=3e-3),
     },
     True: {
         "digits": Scale(steps=600, batch=32, width=512, base_lr=3e-3, demo_lrs=(1e-3, 3e-3, 1e-2)),
@@ -240,29 +242,38 @@ SCALES = {
 
 
 class Packer:
-    """Named parameters → the tensors that travel: matrices as they are, 1-D parameters concatenated.
+    """Named parameters → the tensors that travel: matrices with the same row length stacked into one
+    matrix (``m64`` holds every ``(·, 64)`` matrix, rows in parameter order), every 1-D parameter in one
+    vector (``vec``).
 
-    Biases and norm weights are each a few hundred numbers; one record apiece would spend more on record
-    headers than on content at 1000×, so they travel as one vector (``"vectors"``).
+    A record costs its name, shape, codec parameters and section headers; with a dozen per node those
+    headers alone would exceed a 1000× budget on these small models, and each record is a separate encode
+    and decode. Stacking rows keeps each matrix's rows intact (a 64×64 DCT chunk of a 64-column stack is a
+    64×64 tile of the stacked rows), so the layout changes where chunk boundaries fall, not what is sent.
     """
 
-    VEC = "vectors"
+    VEC = "vec"
 
     def __init__(self, named: Mapping[str, torch.Tensor]):
-        self.mats = [n for n, t in named.items() if t.dim() >= 2]
-        self.vecs = [(n, tuple(t.shape), t.numel()) for n, t in named.items() if t.dim() < 2]
+        self.groups: dict[str, list[tuple[str, tuple, int]]] = {}
+        for n, t in named.items():
+            key = self.VEC if t.dim() < 2 else "m" + "x".join(map(str, t.shape[1:]))
+            self.groups.setdefault(key, []).append((n, tuple(t.shape), t.shape[0] if t.dim() >= 2 else t.numel()))
 
     def pack(self, d: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {n: d[n] for n in self.mats}
-        if self.vecs:
-            out[self.VEC] = torch.cat([d[n].reshape(-1) for n, _, _ in self.vecs])
+        out = {}
+        for g, members in self.groups.items():
+            if g == self.VEC:
+                out[g] = torch.cat([d[n].reshape(-1) for n, _, _ in members])
+            else:
+                out[g] = torch.cat([d[n] for n, _, _ in members], dim=0)
         return out
 
     def unpack(self, d: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {n: d[n] for n in self.mats}
-        if self.vecs:
-            parts = torch.split(d[self.VEC], [m for _, _, m in self.vecs])
-            out.update({n: p.reshape(s) for (n, s, _), p in zip(self.vecs, parts)})
+        out = {}
+        for g, members in self.groups.items():
+            parts = torch.split(d[g], [m for _, _, m in members], dim=0)
+            out.update({n: p.reshape(s) for (n, s, _), p in zip(members, parts)})
         return out
 
 
@@ -270,86 +281,48 @@ class Packer:
 # Codecs and their calibration to a ratio
 
 
-def dct_codec(kind: str, k: int, value_bits: int = 8):
-    """The wire codec of a row: flat 64×64 DCT chunks for the Panthalia path (its format), DeMo's tiles for
-    matrices whose tiles hold ≥ 1024 elements (else flat 64×64 chunks) for DeMo and SparseLoCo."""
+#: Value bits and index coding per row kind: Panthalia's int8 with fixed-width positions (its format);
+#: DeMo's 1-bit and SparseLoCo's 2-bit values with Rice-coded positions (the core's defaults).
+CODING = {"panthalia": (8, "fixed"), "demo": (1, "auto"), "sparseloco": (2, "auto")}
+
+
+def dct_codec(kind: str, k: int):
+    """The wire codec of a row: flat 64×64 DCT chunks for the Panthalia path; DeMo's 64×64 tiles (flat
+    64×64 chunks where tiles would be small) for DeMo and SparseLoCo, as their default codecs."""
     from gradwire import DCTCodec
 
-    if kind == "panthalia":
-        return DCTCodec(chunk_shape=(64, 64), topk=k, mode="flat", value_bits=value_bits)
-    return ShapeDCT(k, value_bits)
+    value_bits, coding = CODING[kind]
+    mode = "flat" if kind == "panthalia" else "tiles"
+    return DCTCodec(chunk_shape=(64, 64), topk=k, mode=mode, index_coding=coding, value_bits=value_bits)
 
 
-def _shape_dct_class():
-    from gradwire import DCTCodec
-    from gradwire.codecs.base import Codec
-    from gradwire.dct import plan_tiles
-
-    class _ShapeDCT(Codec):
-        """DCT records, tiles or flat chunks by the tensor's shape (the records are plain DCT records)."""
-
-        codec_id = DCTCodec.codec_id
-        name = "dct"
-
-        def __init__(self, k: int, value_bits: int = 8):
-            self.k, self.value_bits = k, value_bits
-            self.tiles = DCTCodec(topk=k, mode="tiles", value_bits=value_bits)
-            self.flat = DCTCodec(chunk_shape=(64, 64), topk=k, mode="flat", value_bits=value_bits)
-
-        def pick(self, shape):
-            if len(shape) >= 2 and plan_tiles(shape).chunk_numel >= 1024:
-                return self.tiles
-            return self.flat
-
-        def compress(self, tensor, name=""):
-            return self.pick(tuple(tensor.shape)).compress(tensor, name)
-
-        def __repr__(self):
-            return f"ShapeDCT(k={self.k}, value_bits={self.value_bits})"
-
-    return _ShapeDCT
-
-
-def ShapeDCT(k: int, value_bits: int = 8):
-    return _shape_dct_class()(k, value_bits)
-
-
-def frame_bytes_for(codec, shapes: Mapping[str, tuple]) -> int:
-    """Bytes of one real bundle frame of ``codec`` over tensors of ``shapes`` (random values: with the
-    fixed index coding the size depends on the shapes, ``k`` and the value bits only)."""
+def frame_bytes_for(codec, sample: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of one real bundle frame of ``codec`` over the tensors of ``sample``."""
     from gradwire.frame import write_frame
 
-    g = torch.Generator().manual_seed(0)
-    entries = [codec.compress(torch.randn(s, generator=g), n)[0] for n, s in shapes.items()]
+    entries = [e for e, _ in codec.compress_bundle(sample).values()]
     return len(write_frame(entries, round=1, sender=0, bundle=True))
 
 
-def calibrate(kind: str, shapes: Mapping[str, tuple], target_ratio: float, per: int = 1) -> tuple[int, int, float]:
-    """``(k, value_bits, ratio)``: the ``k`` whose measured ratio (fp32 bytes × ``per`` / frame bytes) lies
-    nearest ``target_ratio`` in log scale; value bits drop below 8 (not for Panthalia's int8 format) only
-    where ``k = 1`` still sends too much."""
-    fp32 = 4 * sum(math.prod(s) for s in shapes.values()) * per
+def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float, per: int = 1) -> tuple[int, float]:
+    """``(k, ratio)``: the per-chunk ``k`` whose ratio (fp32 bytes × ``per`` / frame bytes, measured on a real
+    gradient ``sample``) lies nearest ``target_ratio`` in log scale."""
+    fp32 = 4 * sum(t.numel() for t in sample.values()) * per
+    memo: dict[int, float] = {}
 
-    def ratio(k, vb):
-        return fp32 / frame_bytes_for(dct_codec(kind, k, vb), shapes)
+    def ratio(k):
+        if k not in memo:
+            memo[k] = fp32 / frame_bytes_for(dct_codec(kind, k), sample)
+        return memo[k]
 
-    best = None
-    for vb in (8,) if kind == "panthalia" else (8, 4, 2):
-        lo, hi = 1, 4096
-        if ratio(lo, vb) < target_ratio:  # even k = 1 is too big at these bits
-            cand = [(abs(math.log(ratio(lo, vb) / target_ratio)), lo, vb)]
-        else:
-            while hi - lo > 1:  # ratio falls as k grows: the largest k with ratio >= target
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if ratio(mid, vb) >= target_ratio else (lo, mid)
-            cand = [(abs(math.log(ratio(k, vb) / target_ratio)), k, vb) for k in (lo, hi)]
-        c = min(cand)
-        if best is None or c[0] < best[0] - 1e-9:
-            best = c
-        if best[0] < math.log(1.15):
-            break
-    _, k, vb = best
-    return k, vb, ratio(k, vb)
+    lo, hi = 1, 4096
+    if ratio(lo) < target_ratio:  # even k = 1 sends too much
+        return lo, ratio(lo)
+    while hi - lo > 1:  # the ratio falls as k grows: the largest k still at or above the target
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ratio(mid) >= target_ratio else (lo, mid)
+    k = min((lo, hi), key=lambda k: abs(math.log(ratio(k) / target_ratio)))
+    return k, ratio(k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,13 +378,15 @@ class Settings:
     evals: int = 8
 
 
-def grid(task: str, row: RowSpec, scale: Scale) -> list[tuple[str, float, dict]]:
+def grid(task: str, row: RowSpec, scale: Scale, full: bool = True) -> list[tuple[str, float, dict]]:
     """The tuning grid of a row: ``[(label, lr, extra)]``."""
     adamw = [scale.base_lr * m for m in ADAMW_MULT]
     if row.kind == "demo":
         return [(f"lr={lr:g}", lr, {}) for lr in scale.demo_lrs]
     if row.kind == "sparseloco":
-        return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in OUTERS for lr in adamw]
+        # The default tries Nesterov at the middle lr only (time); --full at every lr.
+        return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in OUTERS for lr in adamw
+                if o == "plain" or full or lr == adamw[1]]
     return [(f"lr={lr:g}", lr, {}) for lr in adamw]
 
 
@@ -444,7 +419,8 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
     gens = [torch.Generator().manual_seed(seed * 1000 + 17 + i) for i in range(n)]
     H = settings.H
     evals = eval_steps(steps, settings)
-    k, vb = (calib[0], calib[1]) if calib else (None, None)
+    k = calib[0] if calib else None
+    vb = CODING[row.kind][0] if calib else None
     up_total = 0.0
     down_total = 0.0
     curve = [(0, 0.0, task.held_out_loss(model))]
@@ -463,18 +439,18 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         from gradwire.accumulate import make_accumulator
 
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        node_ef = [ErrorFeedback(dct_codec("panthalia", k, vb)) for _ in range(n)]
-        server_ef = ErrorFeedback(dct_codec("panthalia", k, vb))
+        node_ef = [ErrorFeedback(dct_codec("panthalia", k)) for _ in range(n)]
+        server_ef = ErrorFeedback(dct_codec("panthalia", k))
     elif row.kind == "demo":
         from gradwire.algorithms import DeMoState, demo_update, exact_mean
 
-        states = [DeMoState(dct_codec("demo", k, vb)) for _ in range(n)]
+        states = [DeMoState(dct_codec("demo", k)) for _ in range(n)]
     else:
         from gradwire.algorithms import OuterStep, SparseLoCoState, exact_mean
 
         outer_lr, momentum, nesterov = OUTERS[extra["outer"]]
         outer = OuterStep(outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
-        states = [SparseLoCoState(dct_codec("sparseloco", k, vb)) for _ in range(n)]
+        states = [SparseLoCoState(dct_codec("sparseloco", k)) for _ in range(n)]
         anchor = {nm: p.detach().clone() for nm, p in packer.pack(_params(model)).items()}
         nodes = [task.build() for _ in range(n)]
         for m in nodes:
@@ -615,16 +591,18 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
             scale = Scale(**{**asdict(scale), "steps": settings.steps[tn]})
         task = TASKS[tn](scale)
         torch.manual_seed(0)
-        shapes = {n: tuple(t.shape) for n, t in Packer(_params(task.build())).pack(_params(task.build())).items()}
+        model = task.build()
+        task.loss(model, task.batch(task.shards(settings.nodes)[0], torch.Generator().manual_seed(0))).backward()
+        sample = Packer(_params(model)).pack(_grads(model))
         for row in rows:
             calib = None
             if row.target:
                 per = settings.H if row.kind == "sparseloco" else 1
-                calib = calibrate(row.kind, shapes, row.target, per)
+                calib = calibrate(row.kind, sample, row.target, per)
                 calibs[(tn, row.key)] = calib
                 if console:
-                    console.print(f"  {tn} {row.label}: k={calib[0]}, {calib[1]}-bit values → {calib[2]:.0f}× (frame)")
-            for hp, lr, extra in grid(tn, row, scale):
+                    console.print(f"  {tn} {row.label}: k={calib[0]} → {calib[1]:.0f}× on a real gradient")
+            for hp, lr, extra in grid(tn, row, scale, settings.full):
                 for seed in seeds:
                     key = run_key(tn, scale, row, hp, seed, settings, calib)
                     plans.append(Plan(task, scale, row, hp, lr, extra, seed, calib, key))
@@ -782,7 +760,7 @@ def wire_sizes(task: Task, row_calib: tuple, seed: int = 0) -> dict:
     packer = Packer(_params(model))
     loss = task.loss(model, task.batch(task.shards(1)[0], torch.Generator().manual_seed(seed)))
     loss.backward()
-    state = DeMoState(dct_codec("demo", row_calib[0], row_calib[1]))
+    state = DeMoState(dct_codec("demo", row_calib[0]))
     entries = state.compress(packer.pack(_grads(model)), 1e-3)
     sel = selection_of(entries)
     fp32 = 4 * sum(p.numel() for p in model.parameters())
@@ -791,7 +769,7 @@ def wire_sizes(task: Task, row_calib: tuple, seed: int = 0) -> dict:
         "Panthalia (int64 + int8 + fp32 scale/min per chunk)": panthalia_wire(sel),
         "Templar (12-bit + uint8 + per-tensor lookup)": templar_wire(sel),
         "Psyche (u16 + 1-bit sign)": psyche_wire(sel),
-        f"gradwire frame ({row_calib[1]}-bit values, fixed-width indices, headers and CRC)": len(
+        f"gradwire frame ({CODING['demo'][0]}-bit values, Rice/fixed positions, headers and CRC)": len(
             write_frame(entries, round=1, sender=0, bundle=True)),
     }
     return {"fp32": fp32, "kept": sel["kept"], "chunks": sel["chunks"], "tensors": len(sel["tensors"]),
@@ -925,7 +903,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--full", action="store_true", help="the issue's full setting (larger models, ≥ 2,000 steps)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--rows", nargs="+", default=None,
-                    help="dense, panthalia@R, demo@R, sparseloco@R (default: dense and each at 100, 300, 1000)")
+                    help="dense, panthalia@R, demo@R, sparseloco@R (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)")
     ap.add_argument("--steps", type=int, default=None, help="training steps for every task (default: per task)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--nodes", type=int, default=4)
@@ -938,8 +916,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from rich.console import Console
 
     console = Console(width=160)
-    rows = [RowSpec.parse(r) for r in args.rows] if args.rows else (
-        [RowSpec("dense")] + [RowSpec(k, t) for k in ("panthalia", "demo", "sparseloco") for t in RATIOS])
+    if args.rows:
+        rows = [RowSpec.parse(r) for r in args.rows]
+    elif args.full:
+        rows = [RowSpec("dense")] + [RowSpec(k, t) for k in ("panthalia", "demo", "sparseloco") for t in RATIOS]
+    else:
+        rows = [RowSpec.parse(r) for r in DEFAULT_ROWS]
     H = args.H or (32 if args.full else 8)
     steps = {tn: args.steps for tn in args.tasks} if args.steps else {}
     settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps)
