@@ -577,8 +577,9 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
     """A run's cache key: everything that changes its result (the lr is in ``hp``; the grids are not, so
     widening a grid reuses the runs it already holds)."""
     sc = {k: v for k, v in asdict(scale).items() if k not in ("base_lr", "demo_lrs")}
-    desc = json.dumps([task, sc, row.key, hp, seed, settings.nodes, settings.H, settings.evals,
-                       list(calib) if calib else None, 2], sort_keys=True)
+    H = settings.H if row.kind in ("sparseloco", "diloco") else None  # eval points are the same for all H
+    desc = json.dumps([task, sc, row.key, hp, seed, settings.nodes, H, settings.evals,
+                       list(calib) if calib else None, 3], sort_keys=True)
     return hashlib.sha1(desc.encode()).hexdigest()[:16]
 
 
