@@ -500,8 +500,9 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                     accum.add(recs[j], 1.0 / n)
                 mean[e.name] = accum.finish()
             before = {nm: p.detach().clone() for nm, p in model.named_parameters()}
+            mean = packer.unpack(mean)
             for nm, p in model.named_parameters():
-                p.grad = packer.unpack(mean)[nm]
+                p.grad = mean[nm]
             opt.step()
             diff = packer.pack({nm: p.detach() - before[nm] for nm, p in model.named_parameters()})
             entries, nb = _roundtrip(server_ef.compress_bundle(diff), step, 0xFFFF)
