@@ -631,23 +631,59 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
     return plans, calibs
 
 
-def sweep(plans: list[Plan], settings: Settings, console) -> dict:
+_WORKER_TASKS: dict = {}
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+def _worker_run(job: tuple) -> tuple[str, dict]:
+    """One run in a worker process: the task is rebuilt there from its name and scale (once per process)."""
+    key, tn, scale, row_key, hp, lr, extra, seed, calib, settings = job
+    tkey = (tn, json.dumps(asdict(scale), sort_keys=True))
+    if tkey not in _WORKER_TASKS:
+        _WORKER_TASKS[tkey] = TASKS[tn](scale)
+    r = run_one(_WORKER_TASKS[tkey], RowSpec.parse(row_key), lr, extra, seed, scale.steps, settings, calib)
+    r.hp = hp
+    return key, asdict(r)
+
+
+def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict:
+    """Train every plan not in the cache (``jobs`` worker processes; each run is single-threaded and
+    deterministic, so the results do not depend on ``jobs``), saving the cache after every run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     cache = _cache_load()
     todo = [p for p in plans if p.key not in cache]
     total = sum(p.scale.steps for p in todo)
-    console.print(f"{len(plans)} runs, {len(plans) - len(todo)} cached, {len(todo)} to train ({total:,} steps)")
+    console.print(f"{len(plans)} runs, {len(plans) - len(todo)} cached, {len(todo)} to train ({total:,} steps,"
+                  f" {jobs} process{'es' if jobs > 1 else ''})")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=False) as prog:
         bar = prog.add_task("sweep", total=total)
-        for p in todo:
-            prog.update(bar, description=f"{p.task.name:7s} {p.row.label:22s} {p.hp:22s} seed {p.seed}")
-            r = run_one(p.task, p.row, p.lr, p.extra, p.seed, p.scale.steps, settings, p.calib,
-                        tick=lambda d: prog.advance(bar, d))
-            r.hp = p.hp
-            cache[p.key] = asdict(r)
-            _cache_save(cache)
+        if jobs <= 1:
+            for p in todo:
+                prog.update(bar, description=f"{p.task.name:7s} {p.row.label:22s} {p.hp:22s} seed {p.seed}")
+                r = run_one(p.task, p.row, p.lr, p.extra, p.seed, p.scale.steps, settings, p.calib,
+                            tick=lambda d: prog.advance(bar, d))
+                r.hp = p.hp
+                cache[p.key] = asdict(r)
+                _cache_save(cache)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            steps = {p.key: p.scale.steps for p in todo}
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init) as ex:
+                futs = [ex.submit(_worker_run, (p.key, p.task.name, p.scale, p.row.key, p.hp, p.lr, p.extra, p.seed,
+                                                p.calib, settings)) for p in todo]
+                for f in as_completed(futs):
+                    key, r = f.result()
+                    cache[key] = r
+                    _cache_save(cache)
+                    prog.update(bar, advance=steps[key],
+                                description=f"{r['task']:7s} {r['row']:16s} {r['hp']:22s} seed {r['seed']}")
     return {p.key: cache[p.key] for p in plans}
 
 
@@ -986,7 +1022,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--H", type=int, default=None, help="SparseLoCo inner steps per round (default 8; 32 with --full)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the cached runs")
     ap.add_argument("--out", type=Path, default=DOC, help="the markdown report (the PNG goes beside it)")
     ap.add_argument("--cache", type=Path, default=CACHE, help="the JSON file of finished runs")
@@ -1020,7 +1058,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             raise SystemExit(f"{len(missing)} runs are not cached; run without --report-only first")
         results, elapsed = {p.key: cache[p.key] for p in plans}, None
     else:
-        results = sweep(plans, settings, console)
+        results = sweep(plans, settings, console, args.jobs)
         elapsed = time.perf_counter() - t0
     summ = summarize(plans, results)
     print_table(summ, console)
