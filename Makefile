@@ -53,6 +53,7 @@ bench: install
 	$(PY) bench/model_record.py
 	$(PY) bench/gcomp_levels.py
 	$(PY) bench/ddp.py
+	$(PY) bench/convergence.py
 
 clean:
 	rm -rf $(VENV) dist target
