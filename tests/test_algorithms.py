@@ -257,3 +257,22 @@ def test_state_dicts_round_trip_and_continue_identically():
         DeMoState().load_state_dict({"momenta": {}})
     with pytest.raises(ValueError):
         SparseLoCoState().load_state_dict({"errors": {"x": torch.zeros(2, dtype=torch.int32)}, "codec": {}})
+
+
+def test_take_back_restores_the_buffers_as_if_nothing_was_sent():
+    shapes = {"w": (64, 64), "b": (64,)}
+    demo = DeMoState(beta=0.9)
+    grads = _tensors(7, shapes)
+    entries = demo.compress(grads, 0.05)
+    demo.take_back({e.name: gradwire.decode_entry(e) for e in entries})
+    for n, g in grads.items():  # the momentum holds all of lr·grad again
+        torch.testing.assert_close(demo.momenta[n], torch.mul(g, 0.05), rtol=0, atol=1e-7)
+
+    sl = SparseLoCoState(error_decay=0.95)
+    anchor, current = _tensors(8, shapes), _tensors(9, shapes)
+    entries = sl.compress(anchor, current)
+    sl.take_back({e.name: gradwire.decode_entry(e) for e in entries})
+    for n in anchor:
+        torch.testing.assert_close(sl.errors[n], anchor[n] - current[n], rtol=0, atol=1e-6)
+    with pytest.raises(KeyError, match="never sent"):
+        sl.take_back({"other": torch.zeros(2)})

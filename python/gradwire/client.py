@@ -658,9 +658,9 @@ class Node:
         if self.algorithm == "demo":
             records = self.demo.compress(ordered, float(self.config["demo"]["lr"]))
             frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
-            return self._submit_and_advance(round_, frame, self.demo.momenta)
+            return self._submit_and_advance(round_, frame, self.demo)
         frame = self.feedback.encode_bundle(ordered, round=round_, sender=self.node_id)
-        return self._submit_and_advance(round_, frame, None)
+        return self._submit_and_advance(round_, frame, self.feedback)
 
     def _local_step(self, grads: Optional[Mapping[str, torch.Tensor]]) -> int:
         """SparseLoCo: one inner optimizer step; every ``sync_every``-th, send the pseudo-gradient and sync."""
@@ -675,14 +675,13 @@ class Node:
         round_ = int(self.version)
         records = self.sparseloco.compress(self.anchor, self.params)
         frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
-        return self._submit_and_advance(round_, frame, self.sparseloco.errors)
+        return self._submit_and_advance(round_, frame, self.sparseloco)
 
-    def _submit_and_advance(self, round_: int, frame: bytes, buffers: Optional[dict[str, torch.Tensor]]) -> int:
+    def _submit_and_advance(self, round_: int, frame: bytes, sender) -> int:
         """Submit ``frame`` for ``round_`` and wait until that round is published and applied.
 
-        A frame that does not count goes back where its contents came from: the error-feedback
-        residuals (``buffers=None``) or the algorithm's own buffers (DeMo's momenta, SparseLoCo's error
-        buffers), as if nothing had been sent.
+        A frame that does not count goes back where its contents came from — ``sender.take_back``: the
+        error-feedback residuals, DeMo's momenta or SparseLoCo's error buffers — as if nothing had been sent.
         """
         try:
             self.client.submit(self.run_id, round_, frame)
@@ -693,12 +692,7 @@ class Node:
             if isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
                 raise
             self.rounds_missed += 1
-            sent = decode_bundle(frame)
-            if buffers is None:
-                self.feedback.take_back(sent)
-            else:
-                for name, t in sent.items():
-                    buffers[name].add_(t.to(device=buffers[name].device, dtype=buffers[name].dtype))
+            sender.take_back(decode_bundle(frame))
         self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:

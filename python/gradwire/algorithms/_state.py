@@ -1,12 +1,15 @@
-"""Helpers shared by the node sides' ``state_dict`` / ``load_state_dict``."""
+"""What the node sides share: sending buffers with the rest kept, taking back what never counted, and
+their ``state_dict`` / ``load_state_dict`` helpers."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, MutableMapping, Sequence
 
 import torch
 
 from ..codecs import statedict as sd
+from ..codecs.base import Codec
+from ..frame import Entry
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -24,7 +27,22 @@ def load_tensors(value: Any, what: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_floats(tensors: Mapping[str, torch.Tensor], what: str) -> None:
-    for n, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{what} {n!r} must be a floating-point tensor")
+def send_and_keep_rest(codec: Codec, buffers: MutableMapping[str, torch.Tensor], names: Sequence[str]) -> list[Entry]:
+    """The codec compresses ``buffers[name]`` for every name (one ``compress_bundle``, in the order given);
+    each buffer keeps what was not sent (``b − reconstruction``). Returns the records in that order."""
+    done = codec.compress_bundle({n: buffers[n] for n in names})
+    out = []
+    for n in names:
+        entry, recon = done[n]
+        buffers[n] = torch.sub(buffers[n], recon.to(device=buffers[n].device, dtype=torch.float32))
+        out.append(entry)
+    return out
+
+
+def take_back(buffers: MutableMapping[str, torch.Tensor], sent: Mapping[str, torch.Tensor]) -> None:
+    """Add back what a frame carried when it never counted: each buffer is as if nothing had been sent."""
+    missing = sorted(set(sent) - set(buffers))
+    if missing:
+        raise KeyError(f"no buffer to take back into for {missing[:5]}: those tensors were never sent")
+    for n, t in sent.items():
+        buffers[n] = torch.add(buffers[n], t.to(device=buffers[n].device, dtype=torch.float32))

@@ -17,7 +17,7 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
-from ._state import load_tensors, save_tensors
+from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
 
 __all__ = ["DeMoState", "default_demo_codec", "demo_update"]
 
@@ -66,13 +66,11 @@ class DeMoState:
             # Separate multiply and add (no fused alpha): each op rounds once, on every device.
             m = torch.add(torch.mul(m, self.beta), torch.mul(g, lr))
             self.momenta[n] = m
-        done = self.codec.compress_bundle({n: self.momenta[n] for n in names})
-        out = []
-        for n in names:
-            entry, recon = done[n]
-            self.momenta[n] = torch.sub(self.momenta[n], recon.to(device=self.momenta[n].device, dtype=torch.float32))
-            out.append(entry)
-        return out
+        return send_and_keep_rest(self.codec, self.momenta, names)
+
+    def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""
+        take_back(self.momenta, sent)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"momenta": {name: float32 tensor}, "codec": codec.state_dict()}`` (copies)."""

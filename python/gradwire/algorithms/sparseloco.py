@@ -19,7 +19,7 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
-from ._state import load_tensors, save_tensors
+from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
 
 __all__ = ["OuterStep", "SparseLoCoState", "default_sparseloco_codec"]
 
@@ -86,13 +86,11 @@ class SparseLoCoState:
                     raise ValueError(f"{n!r} has shape {tuple(pg.shape)}, its error buffer {tuple(e.shape)}")
                 e = torch.add(torch.mul(e.to(pg.device), self.error_decay), pg)
             self.errors[n] = e
-        done = self.codec.compress_bundle({n: self.errors[n] for n in names})
-        out = []
-        for n in names:
-            entry, recon = done[n]
-            self.errors[n] = torch.sub(self.errors[n], recon.to(device=self.errors[n].device, dtype=torch.float32))
-            out.append(entry)
-        return out
+        return send_and_keep_rest(self.codec, self.errors, names)
+
+    def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
+        """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""
+        take_back(self.errors, sent)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"errors": {name: float32 tensor}, "codec": codec.state_dict()}`` (copies)."""
