@@ -77,6 +77,8 @@ def main() -> None:
               f"received: {opt.bytes_received}")
         print(f"compression ratio vs fp32 per local step: {dense / opt.bytes_sent:.1f}x")
         print(f"replicas bit-identical: {agree}")
+    # Every rank leaves the last collective before any tears gloo down (else one can abort at exit).
+    dist.barrier()
     dist.destroy_process_group()
     if not agree:
         raise SystemExit("replicas differ")
