@@ -37,11 +37,33 @@ def test_exact_decode_matches_the_matrix_inverse(chunk, k):
     torch.testing.assert_close(exact, D.decode_chunks(idx, values, plan), rtol=0, atol=2e-4 * values.abs().max().item())
 
 
-@pytest.mark.parametrize("chunk, k", [((64, 64), 32), ((8, 8), 60), ((4, 4, 4), 7), ((16,), 5)])
-def test_both_routes_give_the_same_bits(chunk, k):
-    plan = D.plan_flat((5000,), chunk)
+@pytest.mark.parametrize(
+    "chunk, k", [((64, 64), 32), ((64, 64), 700), ((8, 8), 60), ((4, 4, 4), 7), ((4, 5, 6), 50), ((16,), 5), ((6, 10), 1)]
+)
+def test_every_route_gives_the_same_bits(chunk, k):
+    plan = D.plan_flat((20000,), chunk)
     args = _levels(plan, k, 1)
-    assert torch.equal(D.decode_levels(*args, plan, route="sparse"), D.decode_levels(*args, plan, route="dense"))
+    dense = D.decode_levels(*args, plan, route="dense")
+    for route in ("sparse", "rows"):
+        assert torch.equal(D.decode_levels(*args, plan, route=route), dense), route
+
+
+def test_an_unknown_route_is_refused():
+    plan = D.plan_flat((64,), (8, 8))
+    with pytest.raises(ValueError, match="route"):
+        D.decode_levels(*_levels(plan, 3, 0), plan, route="fast")
+
+
+def test_the_rows_kernel_refuses_a_position_outside_the_chunk():
+    from gradwire import _native
+    import numpy as np
+
+    out = np.zeros(2 * 2 * 4)
+    with pytest.raises(_native.WireError) as err:
+        _native.dct_scatter_basis_rows(
+            np.array([0, 8]), np.array([1, 1], dtype=np.int16), 2, 2, 4, np.ones(16), out
+        )
+    assert err.value.kind == "index_out_of_range" and not out.any()
 
 
 def test_fixed_point_sums_stay_below_2_to_the_53():

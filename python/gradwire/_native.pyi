@@ -121,6 +121,23 @@ def zero_run_decode_into(data: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]
     ``WireError``, checked before writing). Returns ``out``.
     """
 
+def dct_scatter_basis_rows(
+    positions: npt.NDArray[np.int64],
+    levels: npt.NDArray[np.int16],
+    k: int,
+    rows: int,
+    last: int,
+    basis: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """Stage one of the exact DCT decode (FORMAT.md §5.2): for each of the ``k`` coefficients per
+    chunk at flat position ``p`` (``row = p // last``, ``col = p % last``) with level ``u``, add
+    ``u · basis[col]`` and ``basis[col]`` into ``out`` laid out ``(rows, chunks, 2, last)``.
+    ``basis`` is ``last × last`` (flattened); ``out`` (added to, not overwritten) holds exactly
+    ``rows · chunks · 2 · last`` values. Bad sizes or a position at or above ``rows · last`` raise
+    ``WireError``. Runs with the GIL released. Returns ``out``.
+    """
+
 def crc32c(data: npt.NDArray[np.uint8], value: int = 0) -> int:
     """CRC-32C (Castagnoli) of ``data``, continuing from the running checksum ``value``.
 

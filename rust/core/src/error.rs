@@ -135,6 +135,10 @@ pub enum WireError {
     #[error("{positions} positions but {levels} levels")]
     SparseLengthMismatch { positions: usize, levels: usize },
 
+    /// A DCT basis that is not `side × side` (section 5.2's exact decode).
+    #[error("basis has {got} entries, a {side}×{side} basis has side² entries")]
+    BasisSizeMismatch { side: usize, got: usize },
+
     // ----------------------------------------------------------------- Huffman
     /// A code-length cap outside `1..=15`.
     #[error("code length cap {cap} is outside 1..=15")]
@@ -381,6 +385,7 @@ error_kinds! {
         EliasOverflow => "elias_overflow",
         LevelOutOfRange => "level_out_of_range",
         SparseLengthMismatch => "sparse_length_mismatch",
+        BasisSizeMismatch => "basis_size_mismatch",
         InvalidCodeLengthCap => "invalid_code_length_cap",
         CodeLengthAboveCap => "code_length_above_cap",
         KraftOverflow => "kraft_overflow",

@@ -6,6 +6,7 @@
 //! * [`elias`]: Elias-γ and Elias-ω codes and QSGD's sparse level stream;
 //! * [`huffman`]: canonical Huffman codes with a length cap and an escape (GComp's exponents);
 //! * [`checksum`]: the CRC-32C frame checksum;
+//! * [`dct_rows`]: the sparse first stage of the exact DCT decode;
 //! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
 //!
 //! Every function validates its input and reports problems as a [`WireError`]; nothing here
@@ -16,6 +17,7 @@
 mod bitio;
 pub mod bitpack;
 pub mod checksum;
+pub mod dct_rows;
 pub mod elias;
 pub mod error;
 pub mod frame;
@@ -39,6 +41,7 @@ pub use bitpack::{
     unpack_bits_exact_into, unpack_bits_into,
 };
 pub use checksum::crc32c;
+pub use dct_rows::scatter_basis_rows;
 pub use error::{Result, WireError};
 pub use frame::{
     elem_size, frame_len, frame_len_at_start, is_float_dtype, parse_frame, parse_header,

@@ -275,6 +275,30 @@ fn zero_run_decode_into<'py>(
     })
 }
 
+/// Stage one of the exact DCT decode: each coefficient's row of the `last × last` float64
+/// `basis` added into the float64 array `out`, laid out (rows, chunks, 2, last): channel 0 the
+/// levels times the row, channel 1 the row. `positions` (int64, below rows·last) and `levels`
+/// (int16) hold `k` entries per chunk. Returns `out`.
+#[pyfunction]
+fn dct_scatter_basis_rows<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray1<'py, i64>,
+    levels: PyReadonlyArray1<'py, i16>,
+    k: usize,
+    rows: usize,
+    last: usize,
+    basis: PyReadonlyArray1<'py, f64>,
+    out: Bound<'py, PyArray1<f64>>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let p = slice(&positions, "positions")?;
+    let l = slice(&levels, "levels")?;
+    let b = slice(&basis, "basis")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::scatter_basis_rows(p, l, k, rows, last, b, o)
+    })
+}
+
 /// CRC-32C of `data`, continuing the running checksum `value`.
 #[pyfunction]
 #[pyo3(signature = (data, value = 0))]
@@ -610,6 +634,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(zero_run_decode, m)?)?;
     m.add_function(wrap_pyfunction!(zero_run_decode_into, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_scatter_basis_rows, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
