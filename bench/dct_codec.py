@@ -1,11 +1,25 @@
-"""The DCT codec on a large tensor, beside the same work done the DeMo way, measured in one run.
+"""The DCT codec beside DeMo's reference implementation, on the same tensor and threads, in one run.
 
-gradwire: 64×64 chunks, top-k per chunk, int8 values, 12-bit packed indices, per-chunk scale and min,
-in a CRC-checked frame; encode includes the reconstruction error feedback needs. The DeMo way: the same
-transform and top-k, indices as int64 and values in the input dtype, no framing. Both decode by scatter
-and inverse transform. Runs on the CPU and, where torch sees a CUDA GPU, on the GPU.
+The issue's case: a 4096×4096 fp32 tensor in 64×64 tiles, top-k per tile for k from 1 to 512 of 4096.
 
-Usage: python bench/dct_codec.py [--numel 100000000] [--topk 32] [--repeat 2]
+- **gradwire**: ``DCTCodec(mode="tiles", index_coding="rice")``. *encode* is ``codec.encode``: transform,
+  top-k, quantization, Rice-coded positions, the CRC-checked frame, and the exact reconstruction that
+  error feedback subtracts (what every receiver decodes, bit for bit). *decode* is ``gradwire.decode``
+  of the frame: parse, check, Rice decode, the exact decode (docs/FORMAT.md §5.2).
+- **DeMo**: bloc97/DeMo ``demo.py``'s ``TransformDCT`` and ``CompressDCT`` rewritten here op for op
+  (einops' rearranges as reshapes and permutes): int64 indices, fp32 values, no framing. *encode* is
+  what its ``step()`` does to send a tensor: ``encode`` (einsum DCT), ``compress`` (top-k of ``|x|``,
+  gather) and the transmit estimate it subtracts from the momentum, ``decode(decompress(...))``;
+  *decode* is what it does with a received payload: ``decompress`` (``scatter_reduce_`` mean) and
+  ``decode`` (einsum inverse DCT). Both sides therefore do one forward and two inverse transforms.
+
+Each (k, method) is timed ``--repeat`` times, interleaved with the other method so both see the same
+machine load; the fastest run counts (wall clock, torch's default threads unless ``--threads``). The ratio
+column is gradwire's encode + decode over DeMo's; the target is ≤ 1.0× at every k. Bytes are what
+would cross the wire (DeMo: int64 + fp32 tensors; gradwire: the whole frame). Runs on the CPU and, where
+torch sees a CUDA GPU, on it too.
+
+Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -18,76 +32,118 @@ from rich.console import Console
 from rich.table import Table
 
 import gradwire
-from gradwire.dct import decode_chunks, encode_chunks, plan_flat
+from gradwire.dct import dct_basis
 
 
-def timed(fn, device: torch.device, repeat: int):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def demo_way(x: torch.Tensor, k: int, chunk=(64, 64)):
-    """DeMo's payload: per-chunk top-k indices as int64 and values in x's dtype (unquantized)."""
-    plan = plan_flat(x.shape, chunk)
-    coeffs = encode_chunks(x, plan)
-    vals, idx = torch.topk(coeffs.abs(), k, dim=1, sorted=False)
-    vals = torch.gather(coeffs, 1, idx)
-    payload = (idx.cpu(), vals.cpu())  # what would cross to the host and onto the wire
-    return plan, payload
+def run_once(fn, device: torch.device) -> tuple[float, object]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
 
 
-def demo_way_decode(plan, payload, device):
-    idx, vals = payload
-    return decode_chunks(idx.to(device), vals.to(device), plan)
+class DeMoReference:
+    """``TransformDCT`` + ``CompressDCT`` of DeMo's ``demo.py`` for one 2-D tensor, op for op."""
+
+    def __init__(self, shape: tuple[int, int], chunk: int, device: torch.device):
+        self.n1, self.n2 = chunk, chunk
+        # demo.py builds f = _dct(I) and b = _idct(I): f = Dᵀ, b = D for the orthonormal DCT matrix D.
+        d = dct_basis(chunk, device)
+        self.f, self.b = d.T.contiguous(), d.contiguous()
+        self.shape = shape
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        y, x_ = x.shape[0] // self.n1, x.shape[1] // self.n2
+        t = x.reshape(y, self.n1, x_, self.n2)  # rearrange "(y h) (x w) -> y h x w"
+        return torch.einsum("...ijkl, jb, ld -> ...ikbd", t, self.f, self.f)
+
+    def decode(self, c: torch.Tensor) -> torch.Tensor:
+        t = torch.einsum("...ijkl, kb, ld -> ...ibjd", c, self.b, self.b)
+        return t.reshape(self.shape)  # rearrange "y h x w -> (y h) (x w)"
+
+    @staticmethod
+    def compress(c: torch.Tensor, k: int):
+        xshape = c.shape
+        flat = c.reshape(*xshape[:2], -1)  # rearrange "y x h w -> y x (h w)"
+        idx = torch.topk(flat.abs(), k=k, dim=-1, largest=True, sorted=False).indices
+        return idx, torch.gather(flat, -1, idx), xshape
+
+    @staticmethod
+    def decompress(idx: torch.Tensor, val: torch.Tensor, xshape) -> torch.Tensor:
+        x = torch.zeros((*xshape[:2], xshape[2] * xshape[3]), device=val.device, dtype=val.dtype)
+        x.scatter_reduce_(dim=-1, index=idx, src=val, reduce="mean", include_self=False)
+        return x.reshape(xshape)
+
+    def send(self, x: torch.Tensor, k: int):
+        """What ``step()`` does to send ``x``: the payload and the transmit estimate."""
+        idx, val, xshape = self.compress(self.encode(x), k)
+        estimate = self.decode(self.decompress(idx, val, xshape))
+        return (idx, val, xshape), estimate
+
+    def receive(self, payload) -> torch.Tensor:
+        idx, val, xshape = payload
+        return self.decode(self.decompress(idx, val, xshape))
 
 
-def bench_device(device: torch.device, numel: int, k: int, repeat: int) -> list[tuple]:
-    side = int(numel**0.5)
-    shape = (side, numel // side)
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device)
+def bench_k(x: torch.Tensor, k: int, repeat: int) -> dict:
+    device = x.device
+    codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles", index_coding="rice")
+    demo = DeMoReference(tuple(x.shape), 64, device)
+    best = {"gw_enc": float("inf"), "gw_dec": float("inf"), "demo_enc": float("inf"), "demo_dec": float("inf")}
+    for _ in range(repeat):  # interleaved: both methods see the same load
+        t, frame = run_once(lambda: codec.encode(x), device)
+        best["gw_enc"] = min(best["gw_enc"], t)
+        t, y = run_once(lambda: gradwire.decode(frame, device=device), device)
+        best["gw_dec"] = min(best["gw_dec"], t)
+        t, (payload, _) = run_once(lambda: demo.send(x, k), device)
+        best["demo_enc"] = min(best["demo_enc"], t)
+        t, y_demo = run_once(lambda: demo.receive(payload), device)
+        best["demo_dec"] = min(best["demo_dec"], t)
     norm = x.norm().item()
-    rows = []
-
-    codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k)
-    t_enc, frame = timed(lambda: codec.encode(x), device, repeat)
-    t_dec, y = timed(lambda: gradwire.decode(frame, device=device), device, repeat)
-    err = (y - x).norm().item() / norm
-    rows.append(("gradwire DCT (int8, 12-bit idx, frame)", t_enc, t_dec, len(frame), err))
-
-    t_enc2, (plan, payload) = timed(lambda: demo_way(x, k), device, repeat)
-    nbytes = sum(t.numel() * t.element_size() for t in payload)
-    t_dec2, y2 = timed(lambda: demo_way_decode(plan, payload, device), device, repeat)
-    err2 = (y2 - x).norm().item() / norm
-    rows.append(("DeMo way (int64 idx, fp32 values)", t_enc2, t_dec2, nbytes, err2))
-    rows.append(("dense fp32", 0.0, 0.0, x.numel() * 4, 0.0))
-    return [(device.type, shape) + r for r in rows]
+    best["gw_bytes"] = len(frame)
+    best["demo_bytes"] = payload[0].numel() * payload[0].element_size() + payload[1].numel() * payload[1].element_size()
+    best["gw_err"] = (y - x).norm().item() / norm
+    best["demo_err"] = (y_demo - x).norm().item() / norm
+    return best
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--numel", type=int, default=100_000_000)
-    ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--side", type=int, default=4096, help="the tensor is side × side fp32")
+    ap.add_argument("--topk", type=int, nargs="+", default=[1, 8, 32, 128, 512])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    table = Table(title=f"DCT codec: {args.numel / 1e6:.0f} M fp32 elements, 64×64 chunks, k = {args.topk} (best of {args.repeat})")
-    for col in ("device", "shape", "method", "encode s", "decode s", "bytes", "× smaller than fp32", "rel. error"):
-        table.add_column(col, justify="right")
-    for dev in devices:
-        rows = bench_device(dev, args.numel, args.topk, args.repeat)
-        dense = rows[-1][5]
-        for d, shape, name, te, td, nb, err in rows:
-            table.add_row(d, "×".join(map(str, shape)), name, f"{te:.2f}" if te else "–", f"{td:.2f}" if td else "–",
-                          f"{nb:,}", f"{dense / nb:.1f}", f"{err:.3f}")
-    Console(width=160).print(table)
+    console = Console(width=170)
+    for device in devices:
+        x = torch.randn(args.side, args.side, generator=torch.Generator().manual_seed(0)).to(device)
+        table = Table(
+            title=f"DCT codec vs DeMo's reference: {args.side}×{args.side} fp32 on {device.type}, 64×64 tiles, "
+            f"{torch.get_num_threads()} threads, best of {args.repeat} interleaved (seconds)"
+        )
+        for col in ("k of 4096", "gradwire enc", "dec", "enc+dec", "DeMo enc", "dec", "enc+dec",
+                    "× DeMo time", "gradwire bytes", "DeMo bytes", "× DeMo bytes", "rel. error gw / DeMo"):
+            table.add_column(col, justify="right")
+        for k in args.topk:
+            console.print(f"[dim]{device.type}: k = {k} …[/dim]")
+            r = bench_k(x, k, args.repeat)
+            gw, dm = r["gw_enc"] + r["gw_dec"], r["demo_enc"] + r["demo_dec"]
+            table.add_row(
+                str(k), f"{r['gw_enc']:.3f}", f"{r['gw_dec']:.3f}", f"{gw:.3f}",
+                f"{r['demo_enc']:.3f}", f"{r['demo_dec']:.3f}", f"{dm:.3f}", f"{gw / dm:.2f}",
+                f"{r['gw_bytes']:,}", f"{r['demo_bytes']:,}", f"{r['gw_bytes'] / r['demo_bytes']:.2f}",
+                f"{r['gw_err']:.3f} / {r['demo_err']:.3f}",
+            )
+        console.print(table)
 
 
 if __name__ == "__main__":

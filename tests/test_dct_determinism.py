@@ -85,3 +85,24 @@ def test_decoding_a_frame_is_bit_identical_across_thread_counts(restore_threads)
         results.append(gradwire.decode_bundle(frame))
     for name in tensors:
         assert torch.equal(results[0][name], results[1][name])
+
+
+@pytest.mark.parametrize("chunk, k", [((64, 64), 300), ((4, 5, 6), 50)])
+def test_the_rows_route_gives_the_same_bits_on_any_thread_count(restore_threads, chunk, k):
+    # the Rust stages split rows and chunks between threads; exact sums make the split invisible
+    plan = D.plan_flat((40000,), chunk)
+    args = _levels(plan, k, 3)
+    dense = D.decode_levels(*args, plan, route="dense")
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense), threads
+
+
+def test_the_combine_kernel_refuses_mismatched_sizes():
+    from gradwire import _native
+    import numpy as np
+
+    out = np.zeros(2 * 3 * 4, dtype=np.float32)
+    with pytest.raises(_native.WireError) as err:
+        _native.dct_combine_level_sums(np.zeros(47), np.ones(2), np.zeros(2), 3, 4, out)
+    assert err.value.kind == "length_mismatch" and "47" in str(err.value) and not out.any()

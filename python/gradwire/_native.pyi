@@ -129,13 +129,32 @@ def dct_scatter_basis_rows(
     last: int,
     basis: npt.NDArray[np.float64],
     out: npt.NDArray[np.float64],
+    threads: int = 1,
 ) -> npt.NDArray[np.float64]:
     """Stage one of the exact DCT decode (FORMAT.md §5.2): for each of the ``k`` coefficients per
-    chunk at flat position ``p`` (``row = p // last``, ``col = p % last``) with level ``u``, add
+    chunk at flat position ``p`` (``row = p // last``, ``col = p % last``) with level ``u``, sum
     ``u · basis[col]`` and ``basis[col]`` into ``out`` laid out ``(rows, chunks, 2, last)``.
-    ``basis`` is ``last × last`` (flattened); ``out`` (added to, not overwritten) holds exactly
-    ``rows · chunks · 2 · last`` values. Bad sizes or a position at or above ``rows · last`` raise
-    ``WireError``. Runs with the GIL released. Returns ``out``.
+    ``basis`` is ``last × last`` (flattened); ``out`` (overwritten) holds exactly
+    ``rows · chunks · 2 · last`` values. Up to ``threads`` threads share the rows (the sums are
+    exact: any count gives the same values). Bad sizes or a position at or above ``rows · last``
+    raise ``WireError`` and leave ``out`` untouched. Runs with the GIL released. Returns ``out``.
+    """
+
+def dct_combine_level_sums(
+    sums: npt.NDArray[np.float64],
+    scales: npt.NDArray[np.float64],
+    mins: npt.NDArray[np.float64],
+    rows: int,
+    last: int,
+    out: npt.NDArray[np.float32],
+    threads: int = 1,
+) -> npt.NDArray[np.float32]:
+    """Stage three of the exact DCT decode (FORMAT.md §5.2): ``out[chunk, row, n] =
+    float32(L · scales[chunk] + O · mins[chunk])``, each product and the sum rounded in float64 (no
+    fused multiply-add), ``L`` and ``O`` the two channels of ``sums`` laid out ``(rows, chunks, 2,
+    last)``. ``scales`` and ``mins`` carry the fixed point's power of two already. ``out`` holds
+    ``chunks · rows · last`` float32 values, chunk-major. Up to ``threads`` threads share the
+    chunks. Bad sizes raise ``WireError``. Runs with the GIL released. Returns ``out``.
     """
 
 def crc32c(data: npt.NDArray[np.uint8], value: int = 0) -> int:

@@ -229,18 +229,22 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
     if ndim > x.ndim:
         raise ValueError(f"cannot transform {ndim} dimensions of a {x.ndim}-D tensor")
     lead = x.ndim - ndim
-    shape = x.shape
-    # Each step transforms axis 1 and leaves the result as the last axis (tensordot appends the new
-    # axis; the FFT path moves it there), so after ``ndim`` steps the axes are back in order.
-    y = x.reshape(-1, *shape[lead:]) if lead != 1 else x
-    for _ in range(ndim):
-        n = y.shape[1]
+    shape = tuple(x.shape)
+    y = x.contiguous()
+    for axis in range(lead, x.ndim):
+        n = shape[axis]
         if n > MATMUL_MAX_N:
-            y = _apply_last(torch.movedim(y, 1, -1), inverse)
+            y = _apply_along(y, axis, inverse).contiguous()
+            continue
+        d = dct_basis(n, y.device, y.dtype)
+        # forward: X[f] = sum_n D[f, n] x[n]; inverse: x[n] = sum_f D[f, n] X[f]. Each product keeps
+        # the layout (no permuted copies): the last axis as (rows, n) @ (n, n), any other axis as a
+        # batch of (n, n) @ (n, trailing) products.
+        if axis == x.ndim - 1:
+            y = (y.reshape(-1, n) @ (d if inverse else d.T)).reshape(shape)
         else:
-            d = dct_basis(n, y.device, y.dtype)
-            # forward contracts n of D[f, n]; inverse contracts f
-            y = torch.tensordot(y, d, dims=([1], [0 if inverse else 1]))
+            trailing = _prod(shape[axis + 1:])
+            y = torch.matmul(d.T if inverse else d, y.reshape(-1, n, trailing)).reshape(shape)
     return y.reshape(shape)
 
 
@@ -608,6 +612,10 @@ def decode_levels(
     # and the sum round exactly as in the formula. No fused multiply-add: it would round once, not twice.
     sc_all = scales.to(device=device, dtype=torch.float64) * unscale
     mn_all = mins.to(device=device, dtype=torch.float64) * unscale
+    if route == "rows" and device.type == "cpu":
+        # Both stages in Rust on the threads torch uses, the matrix product between them in place.
+        _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, block, out)
+        return from_chunks(out, plan)
     for b0 in range(0, n, block):
         b1 = min(n, b0 + block)
         nb = b1 - b0
@@ -656,23 +664,60 @@ def _rows_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, .
     # (rows, chunks, channel, last): the leading axis is the one the next matrix product contracts.
     t = torch.zeros(rest * nb * 2 * last, dtype=torch.float64, device=device)
     if device.type == "cpu":
-        _native.dct_scatter_basis_rows(
-            idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
-            k, rest, last, bases[-1].reshape(-1).numpy(), t.numpy(),
-        )
+        _scatter_rows_cpu(idx, levels, k, rest, last, bases[-1], t)
     else:
         rowvecs = bases[-1].index_select(0, (idx % last).reshape(-1)).reshape(nb, k, 1, last)
         u = levels.to(torch.float64).reshape(nb, k, 1, 1)
         vals = torch.cat([u * rowvecs, rowvecs], dim=2).reshape(nb * k, 2 * last)
         at = ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)).reshape(-1)
         t.view(rest * nb, 2 * last).index_add_(0, at, vals)
-    y = t.reshape(*dims[:-1], nb * 2 * last)
+    y = _transform_rest_axes(t, dims, bases)
+    y = torch.movedim(y.reshape(*dims[:-1], nb, 2, last), len(dims) - 1, 0)  # (nb, *rest_dims, 2, last)
+    return y.select(-2, 0), y.select(-2, 1)
+
+
+def _scatter_rows_cpu(idx, levels, k: int, rest: int, last: int, basis: torch.Tensor, out: torch.Tensor) -> None:
+    _native.dct_scatter_basis_rows(
+        idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+        k, rest, last, basis.reshape(-1).numpy(), out.numpy(), torch.get_num_threads(),
+    )
+
+
+def _transform_rest_axes(t: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor], out: Optional[torch.Tensor] = None):
+    """The inverse integer transform of every axis but the last of ``t``, laid out ``(*dims[:-1], nb
+    · 2 · last)``: one matrix product per axis, contracting the leading one. Returns the result in
+    the same layout, contiguous (in ``out`` when given and there is one axis to transform)."""
+    y = t.reshape(*dims[:-1], -1)
+    if len(dims) == 2:
+        return torch.mm(bases[0].T, y, out=out)
     for axis, basis in enumerate(bases[:-1]):
         # contract the leading axis, then move the new one behind the axes still to transform
         y = (basis.T @ y.reshape(dims[axis], -1)).reshape(y.shape)
         y = torch.movedim(y, 0, len(dims) - 2)
-    y = torch.movedim(y.reshape(*dims[:-1], nb, 2, last), len(dims) - 1, 0)  # (nb, *rest_dims, 2, last)
-    return y.select(-2, 0), y.select(-2, 1)
+    return y.contiguous()
+
+
+def _rows_decode_cpu(idx, levels, scales, mins, dims, bases, block: int, out: torch.Tensor) -> None:
+    """The "rows" route on the CPU, block by block: the Rust scatter, the matrix products, and the
+    Rust combine writing float32 values straight into ``out`` (chunks, *dims). Buffers are reused
+    across blocks."""
+    n, k = idx.shape
+    last, rest = dims[-1], _prod(dims[:-1])
+    threads = torch.get_num_threads()
+    cap = min(block, n) * rest * 2 * last
+    scattered = torch.empty(cap, dtype=torch.float64)
+    transformed = torch.empty(cap, dtype=torch.float64) if len(dims) == 2 else None
+    flat_out = out.reshape(n, -1)
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        size = (b1 - b0) * rest * 2 * last
+        t = scattered[:size]
+        _scatter_rows_cpu(idx[b0:b1], levels[b0:b1], k, rest, last, bases[-1], t)
+        y = _transform_rest_axes(t, dims, bases, None if transformed is None else transformed[:size].view(rest, -1))
+        _native.dct_combine_level_sums(
+            y.reshape(-1).numpy(), scales[b0:b1].contiguous().numpy(), mins[b0:b1].contiguous().numpy(),
+            rest, last, flat_out[b0:b1].reshape(-1).numpy(), threads,
+        )
 
 
 def _sparse_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):

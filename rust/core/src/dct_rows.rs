@@ -14,14 +14,19 @@
 
 use crate::error::{Result, WireError};
 
-/// Adds each coefficient's basis row into `out`, laid out `(rows, chunks, 2, last)` row-major:
-/// `out[((row · chunks + chunk) · 2 + 0) · last + n] += u · basis[col · last + n]` (levels) and
-/// `out[((row · chunks + chunk) · 2 + 1) · last + n] += basis[col · last + n]` (offsets).
+/// Writes each chunk's two channels into `out`, laid out `(rows, chunks, 2, last)` row-major:
+/// `out[((row · chunks + chunk) · 2 + 0) · last + n] = Σ u · basis[col · last + n]` (levels) and
+/// `out[((row · chunks + chunk) · 2 + 1) · last + n] = Σ basis[col · last + n]` (offsets), the sums
+/// over the chunk's coefficients in that row.
 ///
 /// `positions` and `levels` hold `chunks · k` entries, chunk by chunk; positions must lie below
-/// `rows · last`. `basis` is the `last × last` integer basis, row `f` the frequency `f`. `out`
-/// is added to, not overwritten (pass zeros), and must hold exactly `rows · chunks · 2 · last`
-/// values. Levels are used as given (the record checker bounds them); positions are checked.
+/// `rows · last`. `basis` is the `last × last` integer basis, row `f` the frequency `f`. `out` is
+/// overwritten (its previous contents do not matter) and must hold exactly `rows · chunks · 2 ·
+/// last` values. Levels are used as given (the record checker bounds them); positions are checked.
+///
+/// Up to `threads` threads each own a contiguous range of rows (so no two write the same value);
+/// the sums are exact, so the result does not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
 pub fn scatter_basis_rows(
     positions: &[i64],
     levels: &[i16],
@@ -29,6 +34,7 @@ pub fn scatter_basis_rows(
     rows: usize,
     last: usize,
     basis: &[f64],
+    threads: usize,
     out: &mut [f64],
 ) -> Result<()> {
     if positions.len() != levels.len() {
@@ -79,18 +85,121 @@ pub fn scatter_basis_rows(
             universe: universe as u64,
         });
     }
-    for (i, (&p, &u)) in positions.iter().zip(levels).enumerate() {
-        let chunk = i / k;
-        let p = p as usize; // checked above: 0 <= p < universe
-        let (row, col) = (p / last, p % last);
-        let b = &basis[col * last..(col + 1) * last];
-        let start = (row * chunks + chunk) * 2 * last;
-        let (lv, off) = out[start..start + 2 * last].split_at_mut(last);
-        let u = f64::from(u);
-        for ((l, o), &v) in lv.iter_mut().zip(off.iter_mut()).zip(b) {
-            *l += u * v;
-            *o += v;
+    let row_len = chunks * 2 * last;
+    // One thread's share: rows `first..` of the output, as the slice `part`.
+    let scatter = |first: usize, part: &mut [f64]| {
+        part.fill(0.0);
+        let end = first + part.len() / row_len;
+        for (i, (&p, &u)) in positions.iter().zip(levels).enumerate() {
+            let p = p as usize; // checked above: 0 <= p < universe
+            let row = p / last;
+            if row < first || row >= end {
+                continue;
+            }
+            let col = p - row * last;
+            let b = &basis[col * last..(col + 1) * last];
+            let start = (row - first) * row_len + (i / k) * 2 * last;
+            let (lv, off) = part[start..start + 2 * last].split_at_mut(last);
+            let u = f64::from(u);
+            for ((l, o), &v) in lv.iter_mut().zip(off.iter_mut()).zip(b) {
+                *l += u * v;
+                *o += v;
+            }
         }
+    };
+    let per_thread = rows.div_ceil(threads.clamp(1, rows.max(1)));
+    if per_thread >= rows {
+        scatter(0, out);
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        for (t, part) in out.chunks_mut(per_thread * row_len).enumerate() {
+            let scatter = &scatter;
+            scope.spawn(move || scatter(t * per_thread, part));
+        }
+    });
+    Ok(())
+}
+
+/// Stage three of the exact decode: each chunk's float32 values from its two channels,
+/// `out[chunk, row, n] = (L · scale[chunk] + O · min[chunk]) as f32` with `L` and `O` the level and
+/// offset sums at `sums[((row · chunks + chunk) · 2 + channel) · last + n]` (the layout
+/// [`scatter_basis_rows`] writes and a matrix product over the rows keeps).
+///
+/// `scales` and `mins` already carry the power of two that undoes the fixed point (an exact
+/// scaling). Each product rounds to float64, then their sum, then the cast to float32, as
+/// docs/FORMAT.md section 5.2 writes it: Rust never fuses a multiply and an add on its own, so the
+/// result is the same on every machine. `out` holds `chunks · rows · last` values, chunk-major.
+#[allow(clippy::too_many_arguments)]
+pub fn combine_level_sums(
+    sums: &[f64],
+    scales: &[f64],
+    mins: &[f64],
+    rows: usize,
+    last: usize,
+    threads: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let chunks = scales.len();
+    if mins.len() != chunks {
+        return Err(WireError::LengthMismatch {
+            expected: chunks,
+            got: mins.len(),
+        });
+    }
+    let overflow = || WireError::SizeOverflow {
+        count: rows.saturating_mul(last).saturating_mul(chunks),
+        bits: 64,
+    };
+    let per_chunk = rows.checked_mul(last).ok_or_else(overflow)?;
+    let values = per_chunk.checked_mul(chunks).ok_or_else(overflow)?;
+    let expected = values.checked_mul(2).ok_or_else(overflow)?;
+    if sums.len() != expected {
+        return Err(WireError::LengthMismatch {
+            expected,
+            got: sums.len(),
+        });
+    }
+    check_out_f32(out, values)?;
+    if values == 0 {
+        return Ok(());
+    }
+    let row_len = chunks * 2 * last;
+    // One thread's share: chunks `first..`, as the slice `part` of `out`.
+    let combine = |first: usize, part: &mut [f32]| {
+        for (c, chunk_out) in part.chunks_exact_mut(per_chunk).enumerate() {
+            let chunk = first + c;
+            let (scale, min) = (scales[chunk], mins[chunk]);
+            for (row, row_out) in chunk_out.chunks_exact_mut(last).enumerate() {
+                let at = row * row_len + chunk * 2 * last;
+                let (level, offset) = sums[at..at + 2 * last].split_at(last);
+                for ((o, &l), &z) in row_out.iter_mut().zip(level).zip(offset) {
+                    let value: f64 = l * scale + z * min;
+                    *o = value as f32;
+                }
+            }
+        }
+    };
+    let per_thread = chunks.div_ceil(threads.clamp(1, chunks));
+    if per_thread >= chunks {
+        combine(0, out);
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        for (t, part) in out.chunks_mut(per_thread * per_chunk).enumerate() {
+            let combine = &combine;
+            scope.spawn(move || combine(t * per_thread, part));
+        }
+    });
+    Ok(())
+}
+
+fn check_out_f32(out: &[f32], needed: usize) -> Result<()> {
+    if out.len() != needed {
+        return Err(WireError::OutputSizeMismatch {
+            needed,
+            got: out.len(),
+        });
     }
     Ok(())
 }
@@ -157,7 +266,7 @@ mod tests {
         let levels = [255i16, 3, 0, 17];
         let b = basis(last);
         let mut out = vec![0.0; rows * 2 * 2 * last];
-        scatter_basis_rows(&positions, &levels, k, rows, last, &b, &mut out).unwrap();
+        scatter_basis_rows(&positions, &levels, k, rows, last, &b, 1, &mut out).unwrap();
         assert_eq!(out, dense(&positions, &levels, k, rows, last, &b));
     }
 
@@ -165,7 +274,7 @@ mod tests {
     fn rejects_bad_input_with_named_errors() {
         let b = basis(4);
         let mut out = vec![0.0; 2 * 2 * 4];
-        let e = scatter_basis_rows(&[0, 8], &[1, 1], 2, 2, 4, &b, &mut out).unwrap_err();
+        let e = scatter_basis_rows(&[0, 8], &[1, 1], 2, 2, 4, &b, 1, &mut out).unwrap_err();
         assert_eq!(
             e,
             WireError::IndexOutOfRange {
@@ -178,9 +287,16 @@ mod tests {
             out.iter().all(|&v| v == 0.0),
             "a refused input must leave out untouched"
         );
-        let e = scatter_basis_rows(&[0, -1], &[1, 1], 2, 2, 4, &b, &mut out).unwrap_err();
+        let mut out = vec![7.0; 2 * 2 * 4];
+        let e = scatter_basis_rows(&[0, 9], &[1, 1], 2, 2, 4, &b, 2, &mut out).unwrap_err();
         assert!(matches!(e, WireError::IndexOutOfRange { index: 1, .. }));
-        let e = scatter_basis_rows(&[0], &[1, 1], 1, 2, 4, &b, &mut out).unwrap_err();
+        assert!(
+            out.iter().all(|&v| v == 7.0),
+            "a refused input must leave out untouched, whatever it held"
+        );
+        let e = scatter_basis_rows(&[0, -1], &[1, 1], 2, 2, 4, &b, 1, &mut out).unwrap_err();
+        assert!(matches!(e, WireError::IndexOutOfRange { index: 1, .. }));
+        let e = scatter_basis_rows(&[0], &[1, 1], 1, 2, 4, &b, 1, &mut out).unwrap_err();
         assert_eq!(
             e,
             WireError::SparseLengthMismatch {
@@ -188,7 +304,7 @@ mod tests {
                 levels: 2
             }
         );
-        let e = scatter_basis_rows(&[0, 1, 2], &[1, 1, 1], 2, 2, 4, &b, &mut out).unwrap_err();
+        let e = scatter_basis_rows(&[0, 1, 2], &[1, 1, 1], 2, 2, 4, &b, 1, &mut out).unwrap_err();
         assert_eq!(
             e,
             WireError::NotWholeSets {
@@ -196,9 +312,9 @@ mod tests {
                 set_len: 2
             }
         );
-        let e = scatter_basis_rows(&[0, 1], &[1, 1], 2, 2, 4, &b[..15], &mut out).unwrap_err();
+        let e = scatter_basis_rows(&[0, 1], &[1, 1], 2, 2, 4, &b[..15], 1, &mut out).unwrap_err();
         assert_eq!(e, WireError::BasisSizeMismatch { side: 4, got: 15 });
-        let e = scatter_basis_rows(&[0, 1], &[1, 1], 2, 2, 4, &b, &mut out[..15]).unwrap_err();
+        let e = scatter_basis_rows(&[0, 1], &[1, 1], 2, 2, 4, &b, 1, &mut out[..15]).unwrap_err();
         assert_eq!(
             e,
             WireError::OutputSizeMismatch {
@@ -206,7 +322,43 @@ mod tests {
                 got: 15
             }
         );
-        let e = scatter_basis_rows(&[0, 1], &[1, 1], 2, usize::MAX, 4, &b, &mut out).unwrap_err();
+        let e =
+            scatter_basis_rows(&[0, 1], &[1, 1], 2, usize::MAX, 4, &b, 1, &mut out).unwrap_err();
+        assert!(matches!(e, WireError::SizeOverflow { .. }));
+    }
+
+    #[test]
+    fn combine_rejects_mismatched_lengths() {
+        let mut out = vec![0f32; 2 * 3 * 4];
+        let sums = vec![0.0; 2 * 2 * 3 * 4];
+        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0], 3, 4, 1, &mut out).unwrap_err();
+        assert_eq!(
+            e,
+            WireError::LengthMismatch {
+                expected: 2,
+                got: 1
+            }
+        );
+        let e = combine_level_sums(&sums[1..], &[1.0, 1.0], &[0.0, 0.0], 3, 4, 1, &mut out)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            WireError::LengthMismatch {
+                expected: 48,
+                got: 47
+            }
+        );
+        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0, 0.0], 3, 4, 1, &mut out[1..])
+            .unwrap_err();
+        assert_eq!(
+            e,
+            WireError::OutputSizeMismatch {
+                needed: 24,
+                got: 23
+            }
+        );
+        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0, 0.0], usize::MAX, 4, 1, &mut out)
+            .unwrap_err();
         assert!(matches!(e, WireError::SizeOverflow { .. }));
     }
 
@@ -233,9 +385,33 @@ mod tests {
                 levels.extend((0..k).map(|j| ((seed >> (j % 48)) & 255) as i16));
             }
             let b = basis(last);
-            let mut out = vec![0.0; rows * chunks * 2 * last];
-            scatter_basis_rows(&positions, &levels, k, rows, last, &b, &mut out).unwrap();
-            prop_assert_eq!(out, dense(&positions, &levels, k, rows, last, &b));
+            let expected = dense(&positions, &levels, k, rows, last, &b);
+            for threads in [1, 2, 3, 8] {
+                // stale values in `out` must not leak through: it is overwritten
+                let mut out = vec![f64::NAN; rows * chunks * 2 * last];
+                scatter_basis_rows(&positions, &levels, k, rows, last, &b, threads, &mut out).unwrap();
+                prop_assert_eq!(&out, &expected);
+            }
+            // the combine: the formula value by value, whatever the thread count
+            let scales: Vec<f64> = (0..chunks).map(|c| 0.001 * (c as f64 + 1.0) / 3.0).collect();
+            let mins: Vec<f64> = (0..chunks).map(|c| -0.5 / (c as f64 + 7.0)).collect();
+            let mut want = vec![0f32; chunks * rows * last];
+            for chunk in 0..chunks {
+                for row in 0..rows {
+                    for n in 0..last {
+                        let at = (row * chunks + chunk) * 2 * last + n;
+                        let l = expected[at] * scales[chunk];
+                        let o = expected[at + last] * mins[chunk];
+                        want[(chunk * rows + row) * last + n] = (l + o) as f32;
+                    }
+                }
+            }
+            for threads in [1, 2, 5] {
+                let mut got = vec![f32::NAN; chunks * rows * last];
+                combine_level_sums(&expected, &scales, &mins, rows, last, threads, &mut got).unwrap();
+                prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            }
         }
     }
 }

@@ -41,7 +41,7 @@ pub use bitpack::{
     unpack_bits_exact_into, unpack_bits_into,
 };
 pub use checksum::crc32c;
-pub use dct_rows::scatter_basis_rows;
+pub use dct_rows::{combine_level_sums, scatter_basis_rows};
 pub use error::{Result, WireError};
 pub use frame::{
     elem_size, frame_len, frame_len_at_start, is_float_dtype, parse_frame, parse_header,

@@ -275,11 +275,13 @@ fn zero_run_decode_into<'py>(
     })
 }
 
-/// Stage one of the exact DCT decode: each coefficient's row of the `last × last` float64
-/// `basis` added into the float64 array `out`, laid out (rows, chunks, 2, last): channel 0 the
-/// levels times the row, channel 1 the row. `positions` (int64, below rows·last) and `levels`
-/// (int16) hold `k` entries per chunk. Returns `out`.
+/// Stage one of the exact DCT decode: for `k` coefficients per chunk, write each one's integer basis
+/// row into `out` (float64, laid out (rows, chunks, 2, last), overwritten), channel 0 the sum of
+/// levels times the row, channel 1 the sum of rows. `positions` (int64, below rows·last) and
+/// `levels` (int16) hold `k` entries per chunk; up to `threads` threads share the rows. Returns `out`.
 #[pyfunction]
+#[pyo3(signature = (positions, levels, k, rows, last, basis, out, threads = 1))]
+#[allow(clippy::too_many_arguments)]
 fn dct_scatter_basis_rows<'py>(
     py: Python<'py>,
     positions: PyReadonlyArray1<'py, i64>,
@@ -289,13 +291,40 @@ fn dct_scatter_basis_rows<'py>(
     last: usize,
     basis: PyReadonlyArray1<'py, f64>,
     out: Bound<'py, PyArray1<f64>>,
+    threads: usize,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     let p = slice(&positions, "positions")?;
     let l = slice(&levels, "levels")?;
     let b = slice(&basis, "basis")?;
     let len = out.len();
     decode_into(py, out, len, |o| {
-        gw::scatter_basis_rows(p, l, k, rows, last, b, o)
+        gw::scatter_basis_rows(p, l, k, rows, last, b, threads, o)
+    })
+}
+
+/// Stage three of the exact DCT decode: `out[chunk, row, n] = float32(L·scale + O·min)` from the two
+/// float64 channels of `sums` (laid out (rows, chunks, 2, last)) with `scales` and `mins` per chunk
+/// (float64, the fixed point's power of two already applied). `out` is float32 (chunks, rows, last),
+/// flat; up to `threads` threads share the chunks. Returns `out`.
+#[pyfunction]
+#[pyo3(signature = (sums, scales, mins, rows, last, out, threads = 1))]
+#[allow(clippy::too_many_arguments)]
+fn dct_combine_level_sums<'py>(
+    py: Python<'py>,
+    sums: PyReadonlyArray1<'py, f64>,
+    scales: PyReadonlyArray1<'py, f64>,
+    mins: PyReadonlyArray1<'py, f64>,
+    rows: usize,
+    last: usize,
+    out: Bound<'py, PyArray1<f32>>,
+    threads: usize,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let s = slice(&sums, "sums")?;
+    let sc = slice(&scales, "scales")?;
+    let mn = slice(&mins, "mins")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::combine_level_sums(s, sc, mn, rows, last, threads, o)
     })
 }
 
@@ -635,6 +664,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(zero_run_decode_into, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(dct_scatter_basis_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_combine_level_sums, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
