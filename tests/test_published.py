@@ -77,3 +77,80 @@ def test_writing_checks_its_arguments():
         write_published(1, [_node_frame(1)], [0.5, 0.5])
     with pytest.raises(ValueError):
         write_published(1, [_node_frame(1)], [float("inf")])
+
+
+def _frames(n: int) -> list[bytes]:
+    return [_node_frame(node) for node in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("n, trim", [(3, 1), (4, 1), (5, 2), (7, 2)])
+def test_a_trimmed_version_applies_the_coordinate_wise_trimmed_mean(n, trim):
+    (p,) = read_published(write_published(9, _frames(n), [1 / n] * n, trim=trim))
+    assert p.trim == trim
+    got = p.mean()
+    decoded = [gradwire.decode_bundle(f) for f in _frames(n)]
+    for name in ("a", "b"):
+        ordered = torch.sort(torch.stack([d[name] for d in decoded]), dim=0).values[trim : n - trim]
+        torch.testing.assert_close(got[name], ordered.mean(dim=0), rtol=1e-6, atol=1e-7)
+
+
+def test_the_median_is_the_trim_that_keeps_the_middle():
+    from gradwire.algorithms import trim_count
+
+    for n in (1, 2, 3, 4, 5, 8):
+        (p,) = read_published(write_published(1, _frames(n), [1 / n] * n, trim=trim_count("median", n)))
+        decoded = torch.stack([gradwire.decode_bundle(f)["a"] for f in _frames(n)])
+        ordered = torch.sort(decoded, dim=0).values
+        want = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        assert torch.equal(p.mean()["a"], want) or n == 2  # n = 2: the mean of both, as (a + b) / 2
+        torch.testing.assert_close(p.mean()["a"], want)
+
+
+def test_the_trimmed_mean_is_bit_identical_across_thread_counts_and_zero_signs():
+    from gradwire.algorithms import exact_trimmed_mean
+
+    a = gradwire.IdentityCodec().encode_bundle({"z": torch.tensor([-0.0, 1.0, -0.0])}, round=1, sender=1)
+    b = gradwire.IdentityCodec().encode_bundle({"z": torch.tensor([0.0, 2.0, -0.0])}, round=1, sender=2)
+    c = gradwire.IdentityCodec().encode_bundle({"z": torch.tensor([0.0, 3.0, -0.0])}, round=1, sender=3)
+    records = [gradwire.read_frame(f).entries for f in (a, b, c)]
+    out = exact_trimmed_mean(records, 1)["z"]
+    # the middle of {-0, +0, +0} is +0 whichever zero sorts first; of {-0, -0, -0} too (-0 + 0 = +0)
+    assert out.tolist() == [0.0, 2.0, 0.0] and not torch.signbit(out).any()
+    threads = torch.get_num_threads()
+    try:
+        frames = _frames(6)
+        results = []
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            (p,) = read_published(write_published(1, frames, [1 / 6] * 6, trim=2))
+            results.append(p.mean())
+        assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("trim", [-1, 2, 3])
+def test_a_trim_that_keeps_nothing_is_refused_on_both_ends(trim):
+    with pytest.raises(ValueError, match="2·trim"):
+        write_published(1, _frames(4), [0.25] * 4, trim=trim)
+    # a hostile header carrying that trim is refused by the reader
+    from gradwire.published import TRIM_RECORD
+
+    header = gradwire.IdentityCodec().encode_bundle(
+        {HEADER_RECORD: torch.full((4,), 0.25, dtype=torch.float64), TRIM_RECORD: torch.tensor([float(trim)], dtype=torch.float64)},
+        round=1, sender=SERVER_SENDER)
+    with pytest.raises(gradwire.FrameError, match="trim"):
+        read_published(header + b"".join(_frames(4)))
+
+
+@pytest.mark.parametrize("value, match", [(torch.tensor([1.0]), "float64"), (torch.tensor([0.5], dtype=torch.float64), "whole"),
+                                          (torch.tensor([float("nan")], dtype=torch.float64), "whole"),
+                                          (torch.tensor([1.0, 1.0], dtype=torch.float64), "shape")])
+def test_a_malformed_trim_record_is_refused(value, match):
+    from gradwire.published import TRIM_RECORD
+
+    header = gradwire.IdentityCodec().encode_bundle(
+        {HEADER_RECORD: torch.full((3,), 1 / 3, dtype=torch.float64), TRIM_RECORD: value},
+        round=1, sender=SERVER_SENDER)
+    with pytest.raises(gradwire.FrameError, match=match):
+        read_published(header + b"".join(_frames(3)))

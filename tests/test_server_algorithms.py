@@ -110,3 +110,21 @@ def test_sparseloco_syncs_survive_kill_9_and_a_late_joiner_gets_the_outer_moment
         status = admin.status(run_id)
         assert late.version == status["version"] == 4
         assert state_hash(late.params) == status["weights_hash"]
+
+
+def test_a_median_demo_run_publishes_the_trim_and_nodes_hold_the_servers_weights(live_server):
+    # three nodes, median: each coordinate's middle value, which a node alone cannot move
+    admin, run_id = _run(live_server.url, live_server.admin_token,
+                         {"algorithm": "demo", "quorum": 3, "demo": {"lr": 3e-3, "beta": 0.9},
+                          "aggregation": {"rule": "median"}})
+    nodes = [_node(live_server.url, admin, run_id) for _ in range(3)]
+    before = _loss(nodes[0].module, 99, 0).item()
+    _together(nodes, steps=4)
+    status = admin.status(run_id)
+    assert status["version"] == 4
+    assert {state_hash(n.params) for n in nodes} == {status["weights_hash"]}
+    assert _loss(nodes[0].module, 99, 0).item() < before
+    # the published versions carry trim 1 (the middle of three) and apply the coordinate-wise median
+    batch = nodes[0].client.published(run_id, 0)
+    assert [v.trim for v in batch.versions] == [1, 1, 1, 1]
+    assert all(len(v.frames) == 3 for v in batch.versions)

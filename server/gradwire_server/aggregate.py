@@ -25,9 +25,10 @@ from typing import Optional, Sequence
 import torch
 
 from gradwire.accumulate import make_accumulator
+from gradwire.algorithms import trim_count
 from gradwire.frame import Entry, Frame, decode_entry
 
-__all__ = ["RULES", "Update", "aggregate", "clip_factors", "mean_weights"]
+__all__ = ["RULES", "Update", "aggregate", "clip_factors", "mean_weights", "published_weights"]
 
 RULES = ("mean", "clipped_mean", "trimmed_mean", "median")
 
@@ -62,6 +63,17 @@ def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
     clip = clip_factors([u.norm for u in updates]) if rule == "clipped_mean" else [1.0] * len(updates)
     total = sum(u.weight for u in updates)
     return [u.weight * c / total for u, c in zip(updates, clip)]
+
+
+def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float) -> tuple[list[float], int]:
+    """``(weights, trim)`` for a published version of ``updates`` (DeMo, SparseLoCo): the weighted means
+    put everything in the weights (trim 0); the coordinate-wise rules trim ``trim`` values from each end
+    and ignore the weights, written as the plain shares for the record."""
+    trim = trim_count(rule, len(updates), trim_fraction)
+    if rule in ("mean", "clipped_mean"):
+        return mean_weights(updates, rule), trim
+    total = sum(u.weight for u in updates)
+    return [u.weight / total for u in updates], trim
 
 
 def _weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]) -> torch.Tensor:

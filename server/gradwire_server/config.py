@@ -117,12 +117,3 @@ class RunConfig(BaseModel):
     max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
-
-    @model_validator(mode="after")
-    def _frame_averaging_rules(self) -> "RunConfig":
-        if self.algorithm != "adamw" and self.aggregation.rule not in ("mean", "clipped_mean"):
-            raise ValueError(
-                f"algorithm {self.algorithm!r} publishes the nodes' frames with a weight each, which expresses "
-                f"'mean' and 'clipped_mean'; coordinate-wise rules ({self.aggregation.rule!r}) are not supported "
-                "for it yet")
-        return self

@@ -31,12 +31,12 @@ from typing import Any, Optional
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
-from gradwire.algorithms import exact_mean
+from gradwire.algorithms import exact_aggregate
 from gradwire.frame import MAX_NAME_BYTES, SERVER_SENDER
 from gradwire.published import apply_mean, write_published
 from gradwire.state import apply_update, pack_state_dict, state_from_bytes, state_hash, state_to_bytes
 
-from .aggregate import Update, aggregate, mean_weights
+from .aggregate import Update, aggregate, published_weights
 from .config import RunConfig
 from .errors import Reason, Rejected
 from .metrics import Metrics
@@ -413,8 +413,9 @@ class RoundEngine:
         return _Published(version, frame, new_master, moments, server_state, h, opened, aggregate_s)
 
     def average_and_publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
-        """DeMo and SparseLoCo: the weighted exact mean of the nodes' frames, applied to the master weights
-        the way every node applies it, and published as those frames after their weights.
+        """DeMo and SparseLoCo: the exact aggregate of the nodes' frames (weighted mean, or trimmed mean /
+        median), applied to the master weights the way every node applies it, and published as those
+        frames after their weights (and trim).
 
         Works on copies: ``rt`` is left untouched (the caller adopts the result after the commit).
         """
@@ -422,13 +423,13 @@ class RoundEngine:
         master = rt.master
         assert master is not None
         t0 = time.perf_counter()
-        weights = mean_weights(updates, cfg.aggregation.rule)
-        mean = exact_mean([u.frame.entries for u in updates], weights)
+        weights, trim = published_weights(updates, cfg.aggregation.rule, cfg.aggregation.trim_fraction)
+        mean = exact_aggregate([u.frame.entries for u in updates], weights, trim)
         aggregate_s = time.perf_counter() - t0
         new_master = {n: t.clone() for n, t in master.items()}
         server_state = apply_mean(cfg.algorithm, cfg.model_dump(mode="json"), new_master, mean, rt.server_state)
         version = rt.version + 1
-        frame = write_published(version, [u.raw for u in updates], weights)
+        frame = write_published(version, [u.raw for u in updates], weights, trim)
         h = state_hash(new_master)
         opened = time.time()
         self.store.publish(rt.run_id, version, frame, new_master, {}, server_state, h, len(updates), opened)

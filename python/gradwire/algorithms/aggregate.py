@@ -1,4 +1,5 @@
-"""The aggregation side shared by every algorithm: the bit-exact mean of the senders' records.
+"""The aggregation side shared by every algorithm: the bit-exact mean (or trimmed mean, or median) of the
+senders' records.
 
 Why it is exact everywhere: each record is decoded with :func:`gradwire.decode_entry`, whose DCT decode
 computes its inverse transform in integers held exactly in float64 (``gradwire.dct.decode_levels``) and
@@ -12,17 +13,25 @@ operation, so every process that runs :func:`exact_mean` on the same records get
 (The transform-domain sum of :class:`gradwire.codecs.dct.DCTAccumulator` is faster but ends in one
 float32 inverse transform, a matrix product whose rounding follows the BLAS and thread count: it is not
 used here.)
+
+:func:`exact_trimmed_mean` is the robust counterpart, coordinate by coordinate: drop the ``t`` smallest and
+``t`` largest of the ``n`` decoded values, average the rest (``t = ⌈n/2⌉ − 1`` is the median). It is exact
+for the same reasons: sorting returns the same values in the same order everywhere once ``-0.0`` is made
+``+0.0`` (the only distinct floats that compare equal; decoded values are finite), the kept values are
+summed in sorted order and the sum divided once by their count, each step one correctly rounded float32
+operation.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
 
 from ..frame import Entry, decode_entry
 
-__all__ = ["exact_mean"]
+__all__ = ["exact_aggregate", "exact_mean", "exact_trimmed_mean", "trim_count"]
 
 
 def exact_mean(
@@ -46,7 +55,24 @@ def exact_mean(
     elif len(weights) != n:
         raise ValueError(f"got {len(weights)} weights for {n} senders")
     dev = torch.device("cpu") if device is None else torch.device(device)
+    layout, per_sender = _by_name(records)
 
+    # Python floats rounded to float32 once, so every device multiplies by the same number.
+    w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
+    out: dict[str, torch.Tensor] = {}
+    for name in layout:
+        acc: Optional[torch.Tensor] = None
+        for mine, w in zip(per_sender, w32):
+            t = decode_entry(mine[name], dev).to(torch.float32)
+            t = torch.mul(t, w)
+            acc = t if acc is None else torch.add(acc, t)
+        out[name] = acc
+    return out
+
+
+def _by_name(records: Sequence[Sequence[Entry]]) -> tuple[dict[str, tuple[int, ...]], list[dict[str, Entry]]]:
+    """The first sender's ``{name: shape}`` (in its record order) and each sender's ``{name: entry}``;
+    ``ValueError`` if senders disagree on names or shapes or one repeats a name."""
     layout: dict[str, tuple[int, ...]] = {}
     for e in records[0]:
         if e.name in layout:
@@ -69,15 +95,64 @@ def exact_mean(
                     f"sender {i} sent {name!r} with shape {tuple(e.shape)}, sender 0 with {layout[name]}"
                 )
         per_sender.append(mine)
+    return layout, per_sender
 
-    # Python floats rounded to float32 once, so every device multiplies by the same number.
-    w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
+
+def trim_count(rule: str, n: int, trim_fraction: float = 0.0) -> int:
+    """How many values :func:`exact_trimmed_mean` drops from each end for ``rule`` over ``n`` senders:
+    ``"mean"`` / ``"clipped_mean"`` none, ``"trimmed_mean"`` ``⌊trim_fraction · n⌋`` (at most
+    ``⌈n/2⌉ − 1``, so one value is always kept), ``"median"`` ``⌈n/2⌉ − 1`` (the middle value, or the
+    mean of the two middle ones)."""
+    if n < 1:
+        raise ValueError(f"need at least one sender, got {n}")
+    if rule in ("mean", "clipped_mean"):
+        return 0
+    if rule == "trimmed_mean":
+        if not 0.0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must lie in [0, 0.5), got {trim_fraction}")
+        return min(math.floor(trim_fraction * n), (n - 1) // 2)
+    if rule == "median":
+        return (n - 1) // 2
+    raise ValueError(f"unknown aggregation rule {rule!r}")
+
+
+def exact_trimmed_mean(
+    records: Sequence[Sequence[Entry]], trim: int, device=None
+) -> dict[str, torch.Tensor]:
+    """``{name: per-coordinate mean of the decoded values left after dropping the trim smallest and the
+    trim largest}`` in float32, bit-identical wherever it runs (see the module docstring).
+
+    ``records`` as for :func:`exact_mean`; ``0 <= 2·trim < n``. ``trim = 0`` is the unweighted mean of the
+    sorted values (not :func:`exact_mean`'s sender order, so not always its bits).
+    """
+    n = len(records)
+    if n == 0:
+        raise ValueError("exact_trimmed_mean needs at least one sender's records")
+    if not 0 <= 2 * trim < n:
+        raise ValueError(f"cannot drop {trim} values from each end of {n}: need 0 <= 2·trim < n")
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    layout, per_sender = _by_name(records)
+    kept = n - 2 * trim
     out: dict[str, torch.Tensor] = {}
     for name in layout:
-        acc: Optional[torch.Tensor] = None
-        for mine, w in zip(per_sender, w32):
-            t = decode_entry(mine[name], dev).to(torch.float32)
-            t = torch.mul(t, w)
-            acc = t if acc is None else torch.add(acc, t)
-        out[name] = acc
+        stacked = torch.stack([decode_entry(mine[name], dev).to(torch.float32) for mine in per_sender])
+        stacked = torch.add(stacked, 0.0)  # -0.0 + 0.0 = +0.0: no two kept values compare equal yet differ
+        ordered = torch.sort(stacked, dim=0).values[trim : n - trim]
+        acc = ordered[0].clone()
+        for i in range(1, kept):
+            acc = torch.add(acc, ordered[i])
+        out[name] = acc if kept == 1 else torch.div(acc, float(kept))
     return out
+
+
+def exact_aggregate(
+    records: Sequence[Sequence[Entry]],
+    weights: Optional[Sequence[float]] = None,
+    trim: int = 0,
+    device=None,
+) -> dict[str, torch.Tensor]:
+    """What a published version applies: :func:`exact_mean` with ``weights`` when ``trim`` is 0, else
+    :func:`exact_trimmed_mean` (which ignores the weights)."""
+    if trim:
+        return exact_trimmed_mean(records, trim, device)
+    return exact_mean(records, weights, device)
