@@ -1,8 +1,14 @@
 """Part 3 of bench/server_rounds.py: closing a round as a ratio to one torch.optim.AdamW step on the same
-parameters (same process, same torch threads), part by part, in process and over HTTP."""
+parameters (same process, same torch threads), part by part, in process and over HTTP.
+
+Standalone: python bench/close_vs_adamw.py [--grid 10e6:4,16,64 40e6:4 100e6:4] [--big] [--repeat 3]
+Default grid: round time against parameters (10, 40, 100 M at 4 nodes) and against nodes (4, 16, 64 at 10 M);
+--big adds 40 M × 16, 64 and 100 M × 16 (100 M × 64 nodes needs more memory than a 24 GiB machine has).
+"""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import math
 import tempfile
@@ -27,6 +33,10 @@ from gradwire_server.store import Store
 from gradwire_server.transition import RunState
 
 import server_rounds as sr
+
+#: Round time against parameter count (4 nodes) and against node count (10 M parameters).
+DEFAULT_GRID = ["10e6:4,16,64", "40e6:4", "100e6:4"]
+BIG_GRID = ["10e6:4,16,64", "40e6:4,16,64", "100e6:4,16"]
 
 MODES = {
     "adamw": {},
@@ -184,3 +194,25 @@ def http_close_table(console, params: int, rounds: int) -> None:
                 took = time.perf_counter() - t0
                 table.add_row(str(rnd), f"{took:.3f}", f"{adamw:.3f}", f"[bold]{took / adamw:.1f}×[/bold]")
     console.print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", nargs="+", default=None, metavar="PARAMS:N,N", help=f"default {' '.join(DEFAULT_GRID)}")
+    ap.add_argument("--big", action="store_true", help=f"the grid {' '.join(BIG_GRID)}")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--average-max-params", type=float, default=10e6)
+    ap.add_argument("--average-max-nodes", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved AdamW step / close pairs; the fastest is kept")
+    ap.add_argument("--http-params", type=int, default=10_000_000)
+    ap.add_argument("--http-close-rounds", type=int, default=3)
+    ap.add_argument("--skip-http", action="store_true")
+    args = ap.parse_args()
+    grid = parse_grid(args.grid or (BIG_GRID if args.big else DEFAULT_GRID))
+    close_table(sr.console, grid, args.modes, args.average_max_params, args.average_max_nodes, args.repeat)
+    if not args.skip_http:
+        http_close_table(sr.console, args.http_params, args.http_close_rounds)
+
+
+if __name__ == "__main__":
+    main()

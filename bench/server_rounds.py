@@ -27,10 +27,11 @@ Part 4, submissions against a bare FastAPI app: distinct nodes posting the same 
 32 to the server (adamw and demo runs) and to an echo app that only reads the body and answers 202, in
 one run: accepted/s as a ratio (target ≥ 0.5×).
 
-Default grid (a few minutes on 2 cores): close at 10 M × 4, 16, 64 nodes and 40 M × 4 nodes;
-``--big`` adds 40 M × 16 and 100 M × 4, 16 (100 M × 64 nodes' frames and states are left out: 64 parsed
-frames of 100 M parameters plus the state outgrow a 24 GiB machine's comfort and take minutes per
-repeat). ``--close-grid 10e6:4,16 100e6:4`` sets it explicitly.
+Part 3's default grid is bench/close_vs_adamw.py's: round time against parameters (10, 40, 100 M at 4
+nodes) and against nodes (4, 16, 64 at 10 M); ``--big`` uses 40 M × 4, 16, 64 and 100 M × 4, 16 (100 M ×
+64 nodes is left out: 64 parsed frames of 100 M parameters plus the state outgrow a 24 GiB machine's
+comfort and take minutes per repeat). ``--close-grid 10e6:4,16 100e6:4`` sets it explicitly. Parts 3
+and 4 also run on their own: ``python bench/close_vs_adamw.py``, ``python bench/submit_vs_echo.py``.
 
 Usage: python bench/server_rounds.py [--params 10000000] [--nodes 4 16 64] [--requests 256] [--big]
        [--skip-in-process] [--skip-http] [--skip-close] [--skip-submit]
@@ -266,7 +267,7 @@ def main() -> None:
     ap.add_argument("--skip-http", action="store_true", help="skip part 2")
     ap.add_argument("--skip-close", action="store_true", help="skip part 3")
     ap.add_argument("--skip-submit", action="store_true", help="skip part 4")
-    ap.add_argument("--big", action="store_true", help="part 3 also at 40 M × 16 and 100 M × 4, 16 nodes")
+    ap.add_argument("--big", action="store_true", help="part 3 at 40 M × 4, 16, 64 and 100 M × 4, 16 nodes too")
     ap.add_argument("--close-grid", nargs="+", default=None, metavar="PARAMS:N,N",
                     help="part 3's grid, e.g. 10e6:4,16,64 40e6:4")
     ap.add_argument("--modes", nargs="+", default=["adamw", "demo", "sparseloco"], choices=["adamw", "demo", "sparseloco"])
@@ -285,11 +286,9 @@ def main() -> None:
     if not args.skip_http:
         over_http(args.http_params, args.requests, args.concurrency)
     if not args.skip_close:
-        from close_vs_adamw import close_table, http_close_table, parse_grid
+        from close_vs_adamw import BIG_GRID, DEFAULT_GRID, close_table, http_close_table, parse_grid
 
-        grid = parse_grid(args.close_grid) if args.close_grid else (
-            [(10_000_000, [4, 16, 64]), (40_000_000, [4, 16] if args.big else [4])]
-            + ([(100_000_000, [4, 16])] if args.big else []))
+        grid = parse_grid(args.close_grid or (BIG_GRID if args.big else DEFAULT_GRID))
         close_table(console, grid, args.modes, args.average_max_params, args.average_max_nodes, REPEAT)
         http_close_table(console, args.http_params, args.http_close_rounds)
     if not args.skip_submit:

@@ -1,8 +1,12 @@
 """Part 4 of bench/server_rounds.py: accepted submissions per second against a bare FastAPI app answering
-the same bodies, measured side by side in one run."""
+the same bodies, measured side by side in one run.
+
+Standalone: python bench/submit_vs_echo.py [--requests 192] [--concurrency 32] [--repeat 2]
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import subprocess
@@ -97,3 +101,17 @@ def submit_table(console, params: int, requests: int, concurrency: int, repeat: 
         echo.kill()
         echo.wait()
     console.print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=int, default=10_000_000, help="model size the frames are encoded from")
+    ap.add_argument("--requests", type=int, default=192, help="distinct nodes, one submission each")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2, help="server and echo interleaved; the best of each is kept")
+    args = ap.parse_args()
+    submit_table(sr.console, args.params, args.requests, args.concurrency, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
