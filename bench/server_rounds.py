@@ -15,7 +15,26 @@ Part 2, over HTTP: a real uvicorn on 127.0.0.1 (``python -m gradwire_server``); 
 concurrently (a bounded number of requests, a quorum never reached, so every request is a validated,
 fsynced, committed submission). Reports requests/s, p50/p99 latency and the server process's CPU.
 
-Usage: python bench/server_rounds.py [--params 10000000] [--nodes 4 16 64] [--requests 256]
+Part 3, round close against torch.optim.AdamW (issue 10's target: ≤ 10× one AdamW step): for each
+parameter count and node count, the server's close path (``RoundEngine.close_and_publish``: aggregate,
+AdamW, downlink encode, apply, weights hash, durable publish of the frame) timed part by part, as a ratio
+to one ``torch.optim.AdamW(params).step()`` on the same parameters with the same torch threads, measured
+in the same run (fastest of --repeat, interleaved), for the adamw, demo and sparseloco modes; beside it the
+checkpoint written every ``checkpoint_every`` versions (off the close path). Over HTTP: from the quorum's
+last 202 to the published version, against the same AdamW step.
+
+Part 4, submissions against a bare FastAPI app: distinct nodes posting the same DCT frames at concurrency
+32 to the server (adamw and demo runs) and to an echo app that only reads the body and answers 202, in
+one run: accepted/s as a ratio (target ≥ 0.5×).
+
+Part 3's default grid is bench/close_vs_adamw.py's: round time against parameters (10, 40, 100 M at 4
+nodes) and against nodes (4, 16, 64 at 10 M); ``--big`` uses 40 M × 4, 16, 64 and 100 M × 4, 16 (100 M ×
+64 nodes is left out: 64 parsed frames of 100 M parameters plus the state outgrow a 24 GiB machine's
+comfort and take minutes per repeat). ``--close-grid 10e6:4,16 100e6:4`` sets it explicitly. Parts 3
+and 4 also run on their own: ``python bench/close_vs_adamw.py``, ``python bench/submit_vs_echo.py``.
+
+Usage: python bench/server_rounds.py [--params 10000000] [--nodes 4 16 64] [--requests 256] [--big]
+       [--skip-in-process] [--skip-http] [--skip-close] [--skip-submit]
 """
 
 from __future__ import annotations
@@ -38,17 +57,17 @@ from rich.table import Table
 
 import gradwire
 from gradwire.frame import read_frame, write_frame
-from gradwire_server.aggregate import Update
+from gradwire_server.aggregate import Update, aggregate
 from gradwire_server.config import RunConfig
 from gradwire_server.launcher import LoopbackServer
 from gradwire_server.metrics import Metrics
-from gradwire_server.optim import AdamWState
 from gradwire_server.rounds import RoundEngine, RunRuntime
 from gradwire_server.settings import ServerSettings
 from gradwire_server.store import Store
+from gradwire_server.transition import RunState
 from gradwire_server.validate import validate_update
 
-console = Console()
+console = Console(width=200)  # wide tables stay readable in a log
 
 
 def model_shapes(params: int) -> dict[str, tuple[int, ...]]:
@@ -119,14 +138,19 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
         def runtime():
             # A fresh run per N: each publishes its own version 1.
             run_id = store.create_run(RunConfig().model_dump(mode="json"))
-            return RunRuntime(run_id=run_id, config=RunConfig(), master=master,
-                              moments=AdamWState.zeros_like(master))
+            return RunRuntime(run_id=run_id, config=RunConfig(),
+                              state=RunState.load(RunConfig(), 0, {n: t.clone() for n, t in master.items()}, None, {},
+                                                 torch.device("cpu")))
+
+        def aggregate_round(rt, ups):
+            agg = rt.config.aggregation
+            return aggregate(ups, sorted(rt.spec), agg.rule, agg.trim_fraction)
 
         max_dct = max(node_counts)
         dct_frames = frames_for(shapes, dct, max_dct)
         # Warm-up (DCT bases, allocator) so the first row is not charged for it.
         warm = [Update(fr, 1.0, 1.0, 1) for fr in (read_frame(f) for f in dct_frames[:2])]
-        RoundEngine.aggregate_round(runtime(), warm)
+        aggregate_round(runtime(), warm)
         del warm
         for n in track(node_counts, description="in-process rounds", console=console):
             frames = dct_frames[:n]
@@ -135,8 +159,9 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
                 for i, f in enumerate(frames)])
             ups = [Update(fr, 1.0, norm, i + 1) for i, (fr, norm) in enumerate(parsed)]
             rt = runtime()
-            grads, t_dom, c_dom = timed(lambda: engine.aggregate_round(rt, ups))
-            _, t_pub, c_pub = timed(lambda: engine.step_and_publish(runtime(), grads, n))
+            grads, t_dom, c_dom = timed(lambda: aggregate_round(rt, ups))
+            _, t_close, c_close = timed(lambda: engine.close_and_publish(runtime(), ups))
+            t_pub, c_pub = max(0.0, t_close - t_dom), max(0.0, c_close - c_dom)
             _, t_node, c_node = timed(lambda: dense_decode_mean(ups, sorted(rt.spec)))
             dense = None
             if n <= dense_max_nodes:
@@ -145,7 +170,7 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
                     validate_update(f, spec, node_id=i + 1, round=0, max_frame_bytes=1 << 31, max_update_norm=None)
                     for i, f in enumerate(ident)])
                 dups = [Update(fr, 1.0, norm, i + 1) for i, (fr, norm) in enumerate(dparsed)]
-                _, t_dense, c_dense = timed(lambda: engine.aggregate_round(rt, dups))
+                _, t_dense, c_dense = timed(lambda: aggregate_round(rt, dups))
                 dense = (t_dense, c_dense, len(ident[0]))
                 del ident, dparsed, dups
             rows.append(dict(n=n, frame=len(frames[0]), t_val=t_val, c_val=c_val, t_dom=t_dom, c_dom=c_dom,
@@ -158,7 +183,7 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
                   caption="in-process: the server's round logic on pre-encoded frames; fastest of --repeat runs; "
                           "CPU = process_time (all "
                           f"threads, {torch.get_num_threads()} torch threads). close round = aggregate (DCT domain) + "
-                          "AdamW + downlink encode + apply + fsynced publish. Dense fp32 measured up to "
+                          "AdamW + downlink encode + apply + hash + fsynced frame and commit. Dense fp32 measured up to "
                           f"{dense_max_nodes} nodes (each node's frame is {4 * total / 1e6:.0f} MB).")
     for col in ("nodes", "validate all (s)", "aggregate: DCT domain (s)", "aggregate: per-node decode (s)",
                 "domain gain", "aggregate: fp32 frames (s)", "close round (s)", "close CPU (s)", "vs 4 nodes"):
@@ -238,14 +263,38 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--http-params", type=int, default=10_000_000)
-    ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--skip-in-process", action="store_true", help="skip part 1")
+    ap.add_argument("--skip-http", action="store_true", help="skip part 2")
+    ap.add_argument("--skip-close", action="store_true", help="skip part 3")
+    ap.add_argument("--skip-submit", action="store_true", help="skip part 4")
+    ap.add_argument("--big", action="store_true", help="part 3 at 40 M × 4, 16, 64 and 100 M × 4, 16 nodes too")
+    ap.add_argument("--close-grid", nargs="+", default=None, metavar="PARAMS:N,N",
+                    help="part 3's grid, e.g. 10e6:4,16,64 40e6:4")
+    ap.add_argument("--modes", nargs="+", default=["adamw", "demo", "sparseloco"], choices=["adamw", "demo", "sparseloco"])
+    ap.add_argument("--average-max-params", type=float, default=10e6,
+                    help="demo/sparseloco rows only up to this many parameters (their close decodes every node's "
+                         "frame exactly: slow until gradwire.dct.decode_levels is)")
+    ap.add_argument("--average-max-nodes", type=int, default=4, help="demo/sparseloco rows only up to this many nodes")
+    ap.add_argument("--http-close-rounds", type=int, default=3)
+    ap.add_argument("--submit-requests", type=int, default=192)
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the fastest is reported")
     args = ap.parse_args()
     global REPEAT
     REPEAT = args.repeat
-    in_process(args.params, sorted(args.nodes), args.dense_max_nodes)
+    if not args.skip_in_process:
+        in_process(args.params, sorted(args.nodes), args.dense_max_nodes)
     if not args.skip_http:
         over_http(args.http_params, args.requests, args.concurrency)
+    if not args.skip_close:
+        from close_vs_adamw import BIG_GRID, DEFAULT_GRID, close_table, http_close_table, parse_grid
+
+        grid = parse_grid(args.close_grid or (BIG_GRID if args.big else DEFAULT_GRID))
+        close_table(console, grid, args.modes, args.average_max_params, args.average_max_nodes, REPEAT)
+        http_close_table(console, args.http_params, args.http_close_rounds)
+    if not args.skip_submit:
+        from submit_vs_echo import submit_table
+
+        submit_table(console, args.http_params, args.submit_requests, 32)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import httpx
@@ -40,3 +41,16 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     assert not server.running
     server.close()
     assert tmp_path.exists()  # a data directory it was given is left alone
+
+
+def test_relative_pythonpath_entries_resolve_against_the_callers_directory(tmp_path, monkeypatch):
+    # The server runs with its data directory as cwd; PYTHONPATH=python:server from a checkout must still
+    # mean the checkout's code. A sitecustomize on a relative entry proves which directory it resolved to.
+    marker = tmp_path / "imported"
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "shim" / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    pythonpath = os.pathsep.join(["shim", *filter(None, [os.environ.get("PYTHONPATH")])])
+    with LoopbackServer(tmp_path / "data", env={"PYTHONPATH": pythonpath}) as server:
+        assert server.running
+    assert marker.exists()

@@ -8,19 +8,23 @@ fresh codec every round (or after a restart) would publish different frames than
 from __future__ import annotations
 
 import httpx
+import torch
 
 import gradwire
+from gradwire import read_frame
 from gradwire.client import split_frames
 from gradwire.frame import SERVER_SENDER
 from gradwire.state import apply_update, state_hash
+from gradwire_server.aggregate import Update
 from gradwire_server.config import RunConfig
 from gradwire_server.metrics import Metrics
 from gradwire_server.optim import AdamWState, adamw_step
 from gradwire_server.rounds import RoundEngine, RunRuntime
 from gradwire_server.settings import ServerSettings
 from gradwire_server.store import Store
+from gradwire_server.transition import RunState
 from live_server import LiveServer
-from server_helpers import dct_frame, make_run, random_grads, tiny_state
+from server_helpers import dct_frame, dense_frame, make_run, random_grads, tiny_state
 
 POWERSGD_DOWNLINK = dict(optimizer={"lr": 0.01}, downlink={"codec": "powersgd", "params": {"rank": 1}})
 
@@ -33,8 +37,7 @@ def test_published_frames_equal_one_long_lived_downlink_codec(tmp_path):
         run_id = store.create_run(cfg.model_dump(mode="json"))
         master = tiny_state()
         store.set_initial_state(run_id, master, state_hash(master))
-        rt = RunRuntime(run_id=run_id, config=cfg, master={n: t.clone() for n, t in master.items()},
-                        moments=AdamWState.zeros_like(master))
+        rt = RunRuntime(run_id=run_id, config=cfg, state=RunState.load(cfg, 0, master, None, {}, torch.device("cpu")))
 
         # The reference: the same AdamW steps, one ErrorFeedback(PowerSGD) kept for the whole run.
         ref_feedback = gradwire.ErrorFeedback(gradwire.PowerSGD(rank=1))
@@ -42,9 +45,10 @@ def test_published_frames_equal_one_long_lived_downlink_codec(tmp_path):
         ref_moments = AdamWState.zeros_like(master)
         for version in range(1, 6):
             grads = random_grads(version)
-            pub = engine.step_and_publish(rt, grads, n_updates=1)
-            rt.master, rt.moments, rt.server_state, rt.version = (
-                pub.master, pub.moments, pub.server_state, pub.version)
+            # One node's uncompressed frame: the round's aggregate is exactly ``grads``.
+            update = Update(read_frame(dense_frame(grads, version - 1, 1)), 1.0, 0.0, 1)
+            pub = engine.close_and_publish(rt, [update])
+            rt.version = pub.version
 
             targets, ref_moments = adamw_step(cfg.optimizer, ref_master, grads, ref_moments)
             diff = {n: targets[n] - ref_master[n] for n in sorted(ref_master)}

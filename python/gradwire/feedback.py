@@ -40,7 +40,7 @@ class ErrorFeedback:
         """The record for ``tensor`` plus its stored residual; stores the new residual."""
         x = self._with_residual(tensor, name)
         entry, recon = self.codec.compress(x, name)
-        return self._settle(tensor, name, x, entry, recon)
+        return self._settle(tensor, name, x, entry, recon)[0]
 
     def compress_bundle(self, tensors: Mapping[str, torch.Tensor]) -> list[Entry]:
         """Records for every named tensor plus its residual; stores the new residuals.
@@ -48,9 +48,19 @@ class ErrorFeedback:
         The codec gets all the corrected tensors at once (:meth:`Codec.compress_bundle`), so one whose
         budget spans the bundle (global top-k) spends it across them.
         """
+        return [entry for entry, _ in self.compress_bundle_reconstructed(tensors).values()]
+
+    def compress_bundle_reconstructed(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """:meth:`compress_bundle`, also giving each record's reconstruction: ``{name: (record, what
+        receivers decode from it)}`` in the mapping's order.
+
+        The reconstruction is the codec's (``decode_entry(record)`` by :meth:`Codec.compress`'s contract),
+        in the tensor's dtype, so a sender that applies its own update (the server's downlink) need not
+        decode the frame it just wrote.
+        """
         xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
         done = self.codec.compress_bundle(xs)
-        return [self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors]
+        return {n: self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
 
     def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         if not tensor.is_floating_point():
@@ -66,14 +76,15 @@ class ErrorFeedback:
             x = x + r.to(device=x.device, dtype=torch.float32)
         return x
 
-    def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry, recon: torch.Tensor) -> Entry:
+    def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry,
+                recon: torch.Tensor) -> tuple[Entry, torch.Tensor]:
         if tensor.dtype != torch.float32:
             # Receivers decode to the record's dtype: tag it with the original one and account for the
             # final rounding here (decoders compute in their own precision and cast at the end).
             entry = dataclasses.replace(entry, dtype=tensor.dtype)
             recon = recon.to(tensor.dtype)
         self._residuals[name] = x - recon.to(device=x.device, dtype=torch.float32)
-        return entry
+        return entry, recon
 
     def encode(self, tensor: torch.Tensor, name: str = "", *, round: int = 0, sender: int = 0) -> bytes:
         """A tensor frame holding ``tensor`` (with its residual) compressed."""

@@ -39,7 +39,8 @@ def state_hash(state: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(state):
         t = state[name].detach()
         h.update(name.encode("utf-8") + b"\0" + str(t.dtype).encode() + repr(tuple(t.shape)).encode() + b"\0")
-        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        # The tensor's own bytes through the buffer protocol: no copy on the CPU.
+        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

@@ -132,6 +132,10 @@ class LoopbackServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GRADWIRE_ADMIN_TOKEN": self.admin_token, **self.env}
+        if env.get("PYTHONPATH"):
+            # The server runs in its data directory: relative entries (PYTHONPATH=python:server from a
+            # checkout) would otherwise silently import another, installed, copy of the code.
+            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self._command(), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,22 +1,37 @@
-"""AdamW on the fp32 master weights: bias-corrected moments, decoupled weight decay, lr schedule.
+"""AdamW on the fp32 master weights: torch's own AdamW kernel, bias-corrected moments, decoupled weight
+decay, lr schedule.
 
-Written out (a few lines) rather than wrapping ``torch.optim.AdamW`` because the server needs a *pure*
-step: it computes the target weights and the new moments without touching the current ones, publishes,
-and only adopts the new state once it is durable. The arithmetic matches ``torch.optim.AdamW``
-(``p ← p·(1 − lr·wd) − lr · m̂ / (√v̂ + eps)``).
+The server steps with ``torch.optim.adamw.adamw`` (the functional form of ``torch.optim.AdamW``), fused
+where torch has a fused kernel for the device (CPU from torch 2.4, CUDA), else ``foreach``: one pass over
+parameters, gradients and moments instead of the eight elementwise passes of the default for-loop, on
+buffers that persist from round to round, so a round allocates nothing the size of the model.
+:func:`adamw_step_` updates the moments in place and writes the stepped weights into a buffer the caller
+owns (the master weights stay as they are: the server publishes ``target − master`` compressed);
+:func:`adamw_step` is the same arithmetic on copies. Replaying a round after a restart runs this same
+code, so it reproduces the moments bit for bit on the same device and thread count.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 import torch
+from torch.optim.adamw import adamw as _torch_adamw
 
 from .config import OptimizerConfig
 
-__all__ = ["AdamWState", "adamw_step", "lr_at"]
+__all__ = ["AdamWState", "adamw_step", "adamw_step_", "lr_at"]
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    parts = torch.__version__.split("+")[0].split(".")
+    return (int(parts[0]), int(parts[1])) >= (major, minor)
+
+
+#: Device types on which torch has a fused AdamW kernel.
+_FUSED = {"cuda", "cpu"} if _torch_at_least(2, 4) else {"cuda"}
 
 
 def lr_at(cfg: OptimizerConfig, step: int) -> float:
@@ -44,6 +59,10 @@ class AdamWState:
         return cls({n: torch.zeros_like(p) for n, p in params.items()},
                    {n: torch.zeros_like(p) for n, p in params.items()}, 0)
 
+    def clone(self) -> "AdamWState":
+        return AdamWState({n: t.clone() for n, t in self.exp_avg.items()},
+                          {n: t.clone() for n, t in self.exp_avg_sq.items()}, self.step)
+
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """Flat ``{"exp_avg.<name>": …, "exp_avg_sq.<name>": …}`` for a safetensors file."""
         out = {f"exp_avg.{n}": t for n, t in self.exp_avg.items()}
@@ -59,25 +78,42 @@ class AdamWState:
         return cls(m, v, step)
 
 
+def adamw_step_(
+    cfg: OptimizerConfig,
+    params: Mapping[str, torch.Tensor],
+    grads: Mapping[str, torch.Tensor],
+    state: AdamWState,
+    out: MutableMapping[str, torch.Tensor],
+) -> None:
+    """One AdamW step in place: ``out[name]`` ← the stepped ``params[name]`` (``params`` untouched; ``out``
+    holds preallocated buffers of the same shapes), ``state``'s moments and step advanced."""
+    names = sorted(params)
+    step = state.step + 1
+    beta1, beta2 = cfg.betas
+    targets = [out[n] for n in names]
+    for n, t in zip(names, targets):
+        t.copy_(params[n])
+    device = targets[0].device
+    gs = [grads[n].to(device=device, dtype=torch.float32) for n in names]
+    # torch counts steps in one tensor per parameter and increments them itself.
+    steps = [torch.tensor(float(state.step), device=device if device.type in _FUSED else "cpu") for _ in names]
+    _torch_adamw(
+        targets, gs, [state.exp_avg[n] for n in names], [state.exp_avg_sq[n] for n in names], [], steps,
+        fused=device.type in _FUSED, foreach=None if device.type in _FUSED else True,
+        amsgrad=False, beta1=beta1, beta2=beta2, lr=lr_at(cfg, step), weight_decay=cfg.weight_decay,
+        eps=cfg.eps, maximize=False)
+    state.step = step
+
+
 def adamw_step(
     cfg: OptimizerConfig,
     params: Mapping[str, torch.Tensor],
     grads: Mapping[str, torch.Tensor],
     state: AdamWState,
 ) -> tuple[dict[str, torch.Tensor], AdamWState]:
-    """One AdamW step: ``(target weights, new state)``; ``params`` and ``state`` are left untouched."""
-    step = state.step + 1
-    lr = lr_at(cfg, step)
-    beta1, beta2 = cfg.betas
-    bc1 = 1.0 - beta1**step
-    bc2 = 1.0 - beta2**step
-    targets, m_new, v_new = {}, {}, {}
-    for name in sorted(params):
-        p = params[name]
-        g = grads[name].to(device=p.device, dtype=torch.float32)
-        m = state.exp_avg[name].mul(beta1).add_(g, alpha=1.0 - beta1)
-        v = state.exp_avg_sq[name].mul(beta2).addcmul_(g, g, value=1.0 - beta2)
-        denom = (v / bc2).sqrt_().add_(cfg.eps)
-        targets[name] = p.mul(1.0 - lr * cfg.weight_decay).addcdiv_(m, denom, value=-lr / bc1)
-        m_new[name], v_new[name] = m, v
-    return targets, AdamWState(m_new, v_new, step)
+    """One AdamW step on copies: ``(target weights, new state)``; ``params`` and ``state`` are left
+    untouched. The same arithmetic as :func:`adamw_step_`."""
+    new_state = state.clone()
+    targets = {n: torch.empty_like(p) for n, p in params.items()}
+    adamw_step_(cfg, params, grads, new_state, targets)
+    return targets, new_state

@@ -5,14 +5,18 @@ disk, see :mod:`.store`); a run's driver task closes the round as soon as ``quor
 submitted, or at ``round_deadline_s`` after the round opened with at least ``min_updates`` (a straggler
 never holds a round past its deadline; with fewer the round stays open until ``min_updates`` arrive).
 
-Closing a round: aggregate (:mod:`.aggregate`) → AdamW on the fp32 master weights (:mod:`.optim`) →
-``diff = target − master`` compressed by the downlink codec inside the run's one downlink
-:class:`~gradwire.ErrorFeedback`, whose whole ``state_dict()`` (residuals and the codec's own state, e.g.
-PowerSGD's warm-start factors) is carried from round to round and persisted with each version →
-``master += decode_bundle(frame)`` with :func:`gradwire.state.apply_update`, the very operation nodes
-run, so everyone applying the same frames holds bit-identical weights → durable publish, whose SQLite
-commit makes version ``v + 1`` exist. Everything is computed on copies and adopted only after that
-commit, so a failed publish leaves the run exactly as it was.
+Closing a round (:mod:`.transition`, in place on the run's :class:`~.transition.RunState`): aggregate →
+AdamW → ``diff = target − master`` compressed inside the run's one downlink
+:class:`~gradwire.ErrorFeedback` → ``master += reconstruction`` (what every node decodes from the frame,
+so everyone applying the same frames holds bit-identical weights) → durable publish: the frame, then the
+SQLite commit that makes version ``v + 1`` exist. DeMo and SparseLoCo runs apply the exact mean of the
+nodes' frames and publish those frames. If anything fails before the commit, the state (stepped in place)
+is reloaded from the store, which gives back exactly the committed version.
+
+Checkpoints: the full state goes to disk every ``checkpoint_every`` versions (in the driver, after the
+version is published, so no round waits for it) and, for states up to
+``checkpoint_every_version_below_bytes``, with every version. Recovery loads the last checkpoint and replays
+the versions since (:meth:`RoundEngine._load_state`) with the same code that closed them.
 
 Concurrency: each run has one ``asyncio.Lock``; recording an update and closing a round both hold it,
 so an update is either counted in the round being closed or refused as late — never acknowledged and
@@ -26,23 +30,21 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from gradwire import ErrorFeedback, decode_bundle, read_frame
-from gradwire.algorithms import exact_aggregate
-from gradwire.frame import MAX_NAME_BYTES, SERVER_SENDER
-from gradwire.published import apply_mean, write_published
-from gradwire.state import apply_update, pack_state_dict, state_from_bytes, state_hash, state_to_bytes
+from gradwire import read_frame
+from gradwire.frame import MAX_NAME_BYTES
+from gradwire.state import pack_state_dict, state_from_bytes, state_hash, state_to_bytes
 
-from .aggregate import Update, aggregate, published_weights
+from .aggregate import Update
 from .config import RunConfig
 from .errors import Reason, Rejected
 from .metrics import Metrics
-from .optim import AdamWState, adamw_step
 from .settings import ServerSettings
-from .store import Store, SubmissionRecord
+from .store import RunRecord, Store, SubmissionRecord
+from .transition import RunState, Timings
 from .validate import validate_update
 
 __all__ = ["RoundEngine", "RunRuntime"]
@@ -52,20 +54,26 @@ log = logging.getLogger("gradwire_server.rounds")
 
 @dataclass
 class RunRuntime:
-    """A run's live state. ``master``/``moments``/``server_state`` are replaced, never mutated, on publish."""
+    """A run's live state. ``state`` is stepped in place by the driver alone (under ``lock``)."""
 
     run_id: str
     config: RunConfig
     version: int = 0
     weights_hash: Optional[str] = None
     opened_at: Optional[float] = None
-    master: Optional[dict[str, torch.Tensor]] = None
-    moments: Optional[AdamWState] = None
-    server_state: dict[str, Any] = field(default_factory=dict)
+    state: Optional[RunState] = None
+    #: The last checkpoint recorded in the store, and the target round below which submission frames
+    #: were deleted.
+    checkpoint: int = 0
+    dropped_to: int = 0
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     published: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def master(self) -> Optional[dict[str, torch.Tensor]]:
+        return None if self.state is None else self.state.master
 
     @property
     def spec(self) -> dict[str, tuple[int, ...]]:
@@ -81,17 +89,23 @@ class RunRuntime:
     def deadline(self) -> Optional[float]:
         return None if self.opened_at is None else self.opened_at + self.config.round_deadline_s
 
+    def keep_submissions_from(self) -> int:
+        """AdamW replays rounds from the checkpoint on from their submissions; the others need only the
+        open round's."""
+        return self.checkpoint if self.config.algorithm == "adamw" else self.version
+
 
 @dataclass
-class _Published:
+class Closed:
+    """What closing a round published, and what it cost."""
+
     version: int
     frame: bytes
-    master: dict[str, torch.Tensor]
-    moments: AdamWState
-    server_state: dict[str, Any]
     weights_hash: str
     opened_at: float
-    aggregate_s: float
+    checkpoint: bool
+    timings: Timings
+    publish_s: float
 
 
 class RoundEngine:
@@ -101,6 +115,7 @@ class RoundEngine:
         self.store = store
         self.metrics = metrics
         self.settings = settings
+        self.device = settings.torch_device()
         self.runs: dict[str, RunRuntime] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._stopping = False
@@ -140,23 +155,68 @@ class RoundEngine:
                         weights_hash=rec.weights_hash, opened_at=rec.round_opened_at)
         if not rec.has_state:
             return rt
-        master = self.store.load_tensors(run_id, "weights", rec.version)
-        if master is None:
-            raise RuntimeError(f"run {run_id}: weights of committed version {rec.version} are missing")
-        if state_hash(master) != rec.weights_hash:
-            raise RuntimeError(f"run {run_id}: weights file of version {rec.version} does not match its hash")
-        rt.master = dict(sorted(master.items()))
-        moments = self.store.load_tensors(run_id, "moments", rec.version)
-        rt.moments = (AdamWState.zeros_like(rt.master) if moments is None
-                      else AdamWState.from_tensors(moments, step=rec.version))
-        rt.server_state = self.store.load_server_state(run_id, rec.version)
-        self.store.prune(run_id, rec.version, rt.config.keep_versions)
-        for sub in self.store.submissions_for(run_id, rec.version):
-            raw = self.store.read_submission(sub)
-            frame = read_frame(raw)
-            rt.pending[(sub.node_id, sub.round)] = Update(frame, sub.weight, sub.norm, sub.node_id, raw)
+        rt.state = self._load_state(rec, rt.config)
+        rt.checkpoint = rt.dropped_to = rec.checkpoint_version
+        self.store.prune(run_id, rec.version, rt.config.keep_versions, rt.checkpoint, rt.keep_submissions_from())
+        rt.dropped_to = rt.keep_submissions_from()
+        rt.pending = {(u.node_id, sub.round): u for sub, u in self._logged_updates(run_id, rec.version)}
         self.metrics.version.labels(run=run_id).set(rt.version)
         return rt
+
+    def _logged_updates(self, run_id: str, target_round: int) -> list[tuple[SubmissionRecord, Update]]:
+        """The acknowledged updates counted in ``target_round``, from their rows and frames, in the order
+        a round aggregates them."""
+        out = []
+        for sub in self.store.submissions_for(run_id, target_round):
+            raw = self.store.read_submission(sub)
+            out.append((sub, Update(read_frame(raw), sub.weight, sub.norm, sub.node_id, raw)))
+        return out
+
+    def _load_state(self, rec: RunRecord, config: RunConfig) -> RunState:
+        """The committed state of a run: its last checkpoint, with the versions since replayed."""
+        run_id, c = rec.run_id, rec.checkpoint_version
+        weights = self.store.load_tensors(run_id, "weights", c)
+        if weights is None:
+            raise RuntimeError(f"run {run_id}: the weights of checkpoint {c} are missing")
+        if state_hash(weights) != rec.checkpoint_hash:
+            raise RuntimeError(f"run {run_id}: the weights file of checkpoint {c} does not match its hash")
+        moments = self.store.load_tensors(run_id, "moments", c)
+        if config.algorithm == "adamw" and moments is None and c > 0:
+            raise RuntimeError(f"run {run_id}: the moments of checkpoint {c} are missing")
+        state = RunState.load(config, c, weights, moments, self.store.load_server_state(run_id, c), self.device)
+        if rec.version == c:
+            return state
+        t0 = time.perf_counter()
+        diverged = []
+        for v in range(c, rec.version):
+            published = self.store.diff_path(run_id, v + 1).read_bytes()
+            if config.algorithm == "adamw":
+                if not state.replay_adamw([u for _, u in self._logged_updates(run_id, v)], published):
+                    diverged.append(v + 1)
+            else:
+                state.replay_average(published)
+        if state.weights_hash() != rec.weights_hash:
+            raise RuntimeError(f"run {run_id}: replaying versions {c + 1}..{rec.version} from checkpoint {c} "
+                               "does not give the committed weights hash")
+        if diverged:
+            log.warning("run %s: replaying versions %s made frames other than the published ones (another thread "
+                        "count or BLAS?): the weights are exact (the published frames applied), AdamW's moments "
+                        "and the downlink residuals may differ in their last bits from the original run",
+                        run_id, diverged)
+        log.info("run %s: replayed versions %d..%d from checkpoint %d in %.2f s", run_id, c + 1, rec.version, c,
+                 time.perf_counter() - t0)
+        return state
+
+    def _reload(self, rt: RunRuntime) -> None:
+        """Put ``rt`` back in step with the store after a failed round close (its state may be half-stepped)."""
+        rt.state = None
+        rec = self.store.get_run(rt.run_id)
+        assert rec is not None
+        rt.state = self._load_state(rec, rt.config)
+        if rec.version != rt.version:  # the commit went through after all
+            rt.pending = {}
+        rt.version, rt.weights_hash, rt.opened_at = rec.version, rec.weights_hash, rec.round_opened_at
+        rt.checkpoint = rec.checkpoint_version
 
     def _start_driver(self, rt: RunRuntime) -> None:
         self._drivers[rt.run_id] = asyncio.create_task(self._drive(rt), name=f"round-driver-{rt.run_id}")
@@ -186,8 +246,8 @@ class RoundEngine:
             master = await asyncio.to_thread(_parse_state, body)
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
-            rt.master, rt.moments, rt.server_state = master, AdamWState.zeros_like(master), {}
-            rt.weights_hash, rt.opened_at = h, opened
+            rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
+            rt.weights_hash, rt.opened_at, rt.checkpoint, rt.dropped_to = h, opened, 0, 0
             self.metrics.version.labels(run=run_id).set(0)
         rt.wake.set()
         log.info("run %s: initial state of %d tensors, %d parameters", run_id, len(master),
@@ -215,10 +275,14 @@ class RoundEngine:
         return rt.master
 
     async def state_bytes(self, run_id: str) -> tuple[bytes, int, str]:
+        """The master weights at the current version, from memory (only checkpoints are on disk). Under the
+        run's lock: a round close steps them in place."""
         rt = self.runtime(run_id)
-        master = self._require_state(rt)
-        version, h = rt.version, rt.weights_hash
-        data = await asyncio.to_thread(state_to_bytes, master)
+        self._require_state(rt)
+        async with rt.lock:
+            master = self._require_state(rt)
+            version, h = rt.version, rt.weights_hash
+            data = await asyncio.to_thread(state_to_bytes, master)
         return data, version, h
 
     async def algorithm_state_bytes(self, run_id: str) -> tuple[bytes, int, str]:
@@ -226,9 +290,12 @@ class RoundEngine:
         outer momentum; nothing for the other algorithms), packed, at the current version."""
         rt = self.runtime(run_id)
         self._require_state(rt)
-        version, h = rt.version, rt.weights_hash
-        public = {"outer": rt.server_state["outer"]} if "outer" in rt.server_state else {}
-        data = await asyncio.to_thread(pack_state_dict, public)
+        async with rt.lock:
+            self._require_state(rt)
+            version, h = rt.version, rt.weights_hash
+            kept = rt.state.algorithm_state
+            public = {"outer": kept["outer"]} if "outer" in kept else {}
+            data = await asyncio.to_thread(pack_state_dict, public)
         return data, version, h
 
     async def updates_since(self, run_id: str, since: int, wait: float) -> tuple[bytes, int, str]:
@@ -319,7 +386,7 @@ class RoundEngine:
     # -- closing rounds ---------------------------------------------------------------------------
 
     def _ready(self, rt: RunRuntime, now: float) -> bool:
-        if rt.master is None or not rt.pending:
+        if rt.state is None or not rt.pending:
             return False
         if rt.distinct_nodes() >= rt.config.quorum:
             return True
@@ -346,94 +413,80 @@ class RoundEngine:
                 pass
             backoff = 0.0
 
-    async def close_round(self, rt: RunRuntime) -> None:
-        """Aggregate the open round, step, publish the next version (no-op if nothing is pending)."""
+    async def close_round(self, rt: RunRuntime) -> Optional[Closed]:
+        """Aggregate the open round, step, publish the next version (``None`` if nothing is pending); then
+        write a checkpoint if one is due."""
         async with rt.lock:
-            if not rt.pending or rt.master is None:
-                return
+            if not rt.pending or rt.state is None:
+                return None
             # A fixed order (node id, then round) makes the aggregate independent of arrival order.
             updates = [rt.pending[k] for k in sorted(rt.pending)]
             t0 = time.perf_counter()
-            pub = await asyncio.to_thread(self._publish, rt, updates)
+            try:
+                closed = await asyncio.to_thread(self.close_and_publish, rt, updates)
+            except BaseException:
+                # The state was stepped in place up to wherever it failed: back to the committed version.
+                await asyncio.to_thread(self._reload, rt)
+                raise
             opened_before = rt.opened_at
-            rt.master, rt.moments, rt.server_state = pub.master, pub.moments, pub.server_state
-            rt.version, rt.weights_hash, rt.opened_at = pub.version, pub.weights_hash, pub.opened_at
+            rt.version, rt.weights_hash, rt.opened_at = closed.version, closed.weights_hash, closed.opened_at
+            if closed.checkpoint:
+                rt.checkpoint = closed.version
             rt.pending = {}
-            await asyncio.to_thread(self.store.prune, rt.run_id, rt.version, rt.config.keep_versions)
+            await asyncio.to_thread(self._prune, rt)
             event, rt.published = rt.published, asyncio.Event()
         event.set()
         m = self.metrics
         m.publish_seconds.observe(time.perf_counter() - t0)
-        m.aggregate_seconds.observe(pub.aggregate_s)
+        m.aggregate_seconds.observe(closed.timings.aggregate)
         if opened_before is not None:
-            m.round_duration.observe(max(0.0, pub.opened_at - opened_before))
+            m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
         m.version.labels(run=rt.run_id).set(rt.version)
-        log.info("run %s: published version %d from %d update(s), %d-byte diff frame, hash %s",
-                 rt.run_id, rt.version, len(updates), len(pub.frame), rt.weights_hash)
+        log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s",
+                 rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash)
+        if rt.version - rt.checkpoint >= self.settings.checkpoint_every:
+            await self.checkpoint(rt)
+        return closed
 
-    def _publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
-        if rt.config.algorithm != "adamw":
-            return self.average_and_publish(rt, updates)
-        t0 = time.perf_counter()
-        grads = self.aggregate_round(rt, updates)
-        aggregate_s = time.perf_counter() - t0
-        return self.step_and_publish(rt, grads, len(updates), aggregate_s)
-
-    @staticmethod
-    def aggregate_round(rt: RunRuntime, updates: list[Update]) -> dict[str, torch.Tensor]:
-        """The round's aggregated gradient under the run's rule."""
-        agg = rt.config.aggregation
-        return aggregate(updates, sorted(rt.spec), agg.rule, agg.trim_fraction)
-
-    def step_and_publish(self, rt: RunRuntime, grads: dict[str, torch.Tensor], n_updates: int,
-                         aggregate_s: float = 0.0) -> _Published:
-        """AdamW, downlink compression with error feedback, ``master += decode(frame)``, durable publish.
-
-        Works on copies: ``rt`` is left untouched (the caller adopts the result after the commit).
-        """
-        cfg = rt.config
-        master = rt.master
-        assert master is not None and rt.moments is not None
-        names = sorted(master)
-        targets, moments = adamw_step(cfg.optimizer, master, grads, rt.moments)
-        diff = {n: targets[n] - master[n] for n in names}
-        # The downlink feedback continues from the last version's state (a copy: ``rt`` stays as it was
-        # until the caller adopts the result after the commit).
-        feedback = ErrorFeedback(cfg.downlink.build())
-        feedback.load_state_dict(rt.server_state.get("downlink", {}))
-        version = rt.version + 1
-        frame = feedback.encode_bundle(diff, round=version, sender=SERVER_SENDER)
-        new_master = {n: master[n].clone() for n in names}
-        apply_update(new_master, decode_bundle(frame))
-        h = state_hash(new_master)
+    def close_and_publish(self, rt: RunRuntime, updates: list[Update]) -> Closed:
+        """Step ``rt.state`` in place through round ``rt.version`` and durably publish the next version
+        (with a checkpoint if the state is small). ``rt`` itself is left for the caller to update."""
+        state = rt.state
+        assert state is not None
+        state.timings = Timings()
+        frame = state.close_adamw(updates) if rt.config.algorithm == "adamw" else state.close_average(updates)
+        h = state.weights_hash()
         opened = time.time()
-        server_state = {"downlink": feedback.state_dict()}
-        self.store.publish(rt.run_id, version, frame, new_master, moments.to_tensors(), server_state, h,
-                           n_updates, opened)
-        return _Published(version, frame, new_master, moments, server_state, h, opened, aggregate_s)
-
-    def average_and_publish(self, rt: RunRuntime, updates: list[Update]) -> _Published:
-        """DeMo and SparseLoCo: the exact aggregate of the nodes' frames (weighted mean, or trimmed mean /
-        median), applied to the master weights the way every node applies it, and published as those
-        frames after their weights (and trim).
-
-        Works on copies: ``rt`` is left untouched (the caller adopts the result after the commit).
-        """
-        cfg = rt.config
-        master = rt.master
-        assert master is not None
         t0 = time.perf_counter()
-        weights, trim = published_weights(updates, cfg.aggregation.rule, cfg.aggregation.trim_fraction)
-        mean = exact_aggregate([u.frame.entries for u in updates], weights, trim)
-        aggregate_s = time.perf_counter() - t0
-        new_master = {n: t.clone() for n, t in master.items()}
-        server_state = apply_mean(cfg.algorithm, cfg.model_dump(mode="json"), new_master, mean, rt.server_state)
-        version = rt.version + 1
-        frame = write_published(version, [u.raw for u in updates], weights, trim)
-        h = state_hash(new_master)
-        opened = time.time()
-        self.store.publish(rt.run_id, version, frame, new_master, {}, server_state, h, len(updates), opened)
-        return _Published(version, frame, new_master, rt.moments, server_state, h, opened, aggregate_s)
+        inline = state.state_bytes() <= self.settings.checkpoint_every_version_below_bytes
+        if inline:
+            self.store.write_checkpoint(rt.run_id, state.version, *state.checkpoint())
+        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline)
+        return Closed(state.version, frame, h, opened, inline, state.timings, time.perf_counter() - t0)
+
+    async def checkpoint(self, rt: RunRuntime) -> None:
+        """Write the full state of the current version and record it. Runs in the driver, after the version
+        was published and outside the lock (submissions go on meanwhile); nothing else steps the state
+        until it returns."""
+        state = rt.state
+        if state is None or rt.checkpoint == rt.version:
+            return
+        version, h = rt.version, rt.weights_hash
+        assert state.version == version and h is not None
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.store.write_checkpoint, rt.run_id, version, *state.checkpoint())
+        async with rt.lock:
+            await asyncio.to_thread(self.store.record_checkpoint, rt.run_id, version, h)
+            rt.checkpoint = version
+            await asyncio.to_thread(self._prune, rt)
+        log.info("run %s: checkpoint of version %d written in %.2f s", rt.run_id, version, time.perf_counter() - t0)
+
+    def _prune(self, rt: RunRuntime) -> None:
+        self.store.prune_versions(rt.run_id, rt.version, rt.config.keep_versions, rt.checkpoint)
+        keep_from = rt.keep_submissions_from()
+        if keep_from > rt.dropped_to:
+            self.store.drop_submissions(rt.run_id, rt.dropped_to, keep_from)
+            rt.dropped_to = keep_from
 
 
 def _parse_state(body: bytes) -> dict[str, torch.Tensor]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, SecretStr
+import torch
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gradwire.frame import MIN_FRAME_BYTES
@@ -29,3 +30,35 @@ class ServerSettings(BaseSettings):
     live_window_rounds: int = Field(5, ge=1, description="A node is live if it submitted in this many last rounds.")
     log_json: bool = Field(False, description="Structured JSON log lines instead of plain text.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    checkpoint_every: int = Field(
+        50, ge=1, description="Write a run's full state (weights, moments, server state) every this many versions; "
+                              "a restart replays the versions since from their logged frames.")
+    checkpoint_every_version_below_bytes: int = Field(
+        4 << 20, ge=0, description="Write the full state with every version (in the round close) when it is at most "
+                                   "this many bytes: writing it then costs about what the frame does. 0: never.")
+    device: str = Field(
+        "cpu", description="Where each run's master weights, moments and round math live: cpu, cuda or cuda:<index>. "
+                           "Only frames and checkpoints cross to the host.")
+
+    @field_validator("device")
+    @classmethod
+    def _device_available(cls, value: str) -> str:
+        try:
+            dev = torch.device(value)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {value!r} is not a torch device: {exc}") from None
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {value!r}: the server runs on cpu or cuda")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {value!r} was asked for, but CUDA is not available here "
+                                 f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); use --device cpu")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ValueError(f"device {value!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return value
+
+    def torch_device(self) -> torch.device:
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev

@@ -3,20 +3,30 @@
 Layout under ``data_dir``::
 
     gradwire.sqlite3                       runs, nodes, versions, submissions (WAL, synchronous=FULL)
-    runs/<run_id>/weights/v<version>.safetensors    fp32 master weights at <version>
+    runs/<run_id>/weights/v<version>.safetensors    fp32 master weights at checkpoint <version>
     runs/<run_id>/moments/v<version>.safetensors    AdamW exp_avg.* / exp_avg_sq.* after <version> steps
     runs/<run_id>/server_state/v<version>.safetensors  the algorithm's server-side state at <version>
                                                    (gradwire.state.pack_state_dict): AdamW runs keep their
                                                    downlink ErrorFeedback's state_dict() (residuals and codec
                                                    state), SparseLoCo runs the outer optimizer's momentum
     runs/<run_id>/diffs/v<version>.gwf              the frame that published <version>
-    runs/<run_id>/submissions/r<round>-n<node>-<sha>.gwf  an acknowledged update, kept until its round closes
+    runs/<run_id>/submissions/r<round>-n<node>-<sha>.gwf  an acknowledged update
+
+A **version** is its published frame plus one SQLite commit. A **checkpoint** is the full state (weights,
+moments, server state) of one version, written every ``checkpoint_every`` versions (and at every version
+for small states); ``runs.checkpoint_version`` names the last complete one. The state at the run's version
+is the last checkpoint with the versions since replayed: from their published frames (DeMo, SparseLoCo),
+and from the logged submissions of those rounds (AdamW, whose moments and downlink state follow from the
+aggregated gradients). So the frames of every version after the checkpoint, and (AdamW) the submissions of
+every round from the checkpoint on, are kept until the next checkpoint is recorded.
 
 Every file is written atomically: a temporary file in the same directory, fsync, rename over the final
 name, fsync of the directory. A submission is acknowledged only after its file is durable *and* its row
-is committed. Publishing a version writes its four files first and then commits one SQLite transaction
-that moves the run's version: that commit is the only point at which a version exists, so a crash at
-any moment leaves either the old version (whose files were never touched) or the new one.
+is committed. Publishing a version writes its frame (and, at a checkpoint written with it, the state
+files) first and then commits one SQLite transaction that moves the run's version: that commit is the
+only point at which a version exists, so a crash at any moment leaves either the old version (whose files
+were never touched) or the new one. A checkpoint written after its version's commit counts once a second
+commit records it; until then the previous one serves.
 """
 
 from __future__ import annotations
@@ -48,7 +58,9 @@ CREATE TABLE IF NOT EXISTS runs (
     version         INTEGER NOT NULL DEFAULT 0,
     weights_hash    TEXT,
     has_state       INTEGER NOT NULL DEFAULT 0,
-    round_opened_at REAL
+    round_opened_at REAL,
+    checkpoint_version INTEGER NOT NULL DEFAULT 0,
+    checkpoint_hash TEXT
 );
 CREATE TABLE IF NOT EXISTS nodes (
     run_id      TEXT NOT NULL REFERENCES runs(run_id),
@@ -124,6 +136,9 @@ class RunRecord:
     weights_hash: Optional[str]
     has_state: bool
     round_opened_at: Optional[float]
+    #: The last version whose full state is on disk, and its weights hash.
+    checkpoint_version: int = 0
+    checkpoint_hash: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +175,16 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             self._db.executescript(_SCHEMA)
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Stores written before checkpoints held the full state of every version: their checkpoint is
+        their version."""
+        cols = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        if "checkpoint_version" not in cols:
+            self._tx([("ALTER TABLE runs ADD COLUMN checkpoint_version INTEGER NOT NULL DEFAULT 0", ()),
+                      ("ALTER TABLE runs ADD COLUMN checkpoint_hash TEXT", ()),
+                      ("UPDATE runs SET checkpoint_version = version, checkpoint_hash = weights_hash", ())])
 
     def close(self) -> None:
         with self._lock:
@@ -218,26 +243,28 @@ class Store:
                    (run_id, json.dumps(config), time.time()))])
         return run_id
 
+    _RUN_COLS = ("run_id, config, created_at, version, weights_hash, has_state, round_opened_at, "
+                 "checkpoint_version, checkpoint_hash")
+
     @staticmethod
     def _run(row) -> RunRecord:
-        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6])
+        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6], row[7], row[8])
 
     def get_run(self, run_id: str) -> Optional[RunRecord]:
-        row = self._one("SELECT run_id, config, created_at, version, weights_hash, has_state, round_opened_at "
-                        "FROM runs WHERE run_id = ?", (run_id,))
+        row = self._one(f"SELECT {self._RUN_COLS} FROM runs WHERE run_id = ?", (run_id,))
         return None if row is None else self._run(row)
 
     def list_runs(self) -> list[RunRecord]:
-        rows = self._all("SELECT run_id, config, created_at, version, weights_hash, has_state, round_opened_at "
-                         "FROM runs ORDER BY created_at")
+        rows = self._all(f"SELECT {self._RUN_COLS} FROM runs ORDER BY created_at")
         return [self._run(r) for r in rows]
 
     def set_initial_state(self, run_id: str, weights: Mapping[str, torch.Tensor], weights_hash: str) -> float:
-        """Store version 0's weights; fails (returns nothing new) if any update was already recorded."""
+        """Store version 0's weights (the first checkpoint); fails (returns nothing new) if any update was
+        already recorded."""
         atomic_write(self._versioned(run_id, "weights", 0), st_save(dict(weights)))
         opened = time.time()
-        self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ? "
-                   "WHERE run_id = ? AND version = 0", (weights_hash, opened, run_id))])
+        self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ?, checkpoint_version = 0, "
+                   "checkpoint_hash = ? WHERE run_id = ? AND version = 0", (weights_hash, opened, weights_hash, run_id))])
         return opened
 
     def any_submission(self, run_id: str) -> bool:
@@ -288,8 +315,16 @@ class Store:
                     rec.norm, rec.received_at))])
 
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
+        """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
+        aggregated in."""
         rows = self._all(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? "
                          "ORDER BY node_id, round", (run_id, target_round))
+        return [SubmissionRecord(*r) for r in rows]
+
+    def submissions_between(self, run_id: str, first: int, end: int) -> list[SubmissionRecord]:
+        """The updates counted in rounds ``first ≤ target_round < end``."""
+        rows = self._all(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round >= ? "
+                         "AND target_round < ?", (run_id, first, end))
         return [SubmissionRecord(*r) for r in rows]
 
     def read_submission(self, rec: SubmissionRecord) -> bytes:
@@ -308,28 +343,47 @@ class Store:
         run_id: str,
         version: int,
         frame: bytes,
-        weights: Mapping[str, torch.Tensor],
-        moments: Mapping[str, torch.Tensor],
-        server_state: Mapping[str, Any],
         weights_hash: str,
         updates: int,
         opened_at: float,
+        checkpoint: bool = False,
     ) -> None:
-        """Durably publish ``version`` (the frame that produces it and the state after it), then commit.
+        """Durably publish ``version`` (the frame that produces it), then commit.
 
-        The SQLite transaction at the end is the commit point: before it, recovery ignores (and removes)
-        the new files; after it, the new version is the run's.
+        With ``checkpoint`` the state files of ``version`` were written first (:meth:`write_checkpoint`) and
+        the same commit makes them the run's checkpoint. The SQLite transaction at the end is the commit
+        point: before it, recovery ignores (and removes) the new files; after it, the new version is the run's.
         """
         atomic_write(self.diff_path(run_id, version), frame)
-        atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
-        atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
-        atomic_write(self._versioned(run_id, "server_state", version), pack_state_dict(server_state))
+        set_checkpoint = ", checkpoint_version = ?, checkpoint_hash = ?" if checkpoint else ""
+        args = (version, weights_hash) if checkpoint else ()
         self._tx([
-            ("UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ? WHERE run_id = ? AND version = ?",
-             (version, weights_hash, opened_at, run_id, version - 1)),
+            (f"UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ?{set_checkpoint} "
+             "WHERE run_id = ? AND version = ?", (version, weights_hash, opened_at, *args, run_id, version - 1)),
             ("INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
              "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
         ], expect_one=True)
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        version: int,
+        weights: Mapping[str, torch.Tensor],
+        moments: Mapping[str, torch.Tensor],
+        server_state: Mapping[str, Any],
+    ) -> None:
+        """Write the full state of ``version`` (files only: it counts once a commit names it, through
+        :meth:`publish` or :meth:`record_checkpoint`)."""
+        atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
+        if moments:
+            atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
+        atomic_write(self._versioned(run_id, "server_state", version), pack_state_dict(server_state))
+
+    def record_checkpoint(self, run_id: str, version: int, weights_hash: str) -> None:
+        """Make the state files of the committed ``version`` (:meth:`write_checkpoint`) the run's checkpoint."""
+        self._tx([("UPDATE runs SET checkpoint_version = ?, checkpoint_hash = ? "
+                   "WHERE run_id = ? AND version >= ? AND checkpoint_version < ?",
+                   (version, weights_hash, run_id, version, version))], expect_one=True)
 
     def load_tensors(self, run_id: str, kind: str, version: int) -> Optional[dict[str, torch.Tensor]]:
         """``kind`` in weights/moments; ``None`` if that file does not exist."""
@@ -361,15 +415,29 @@ class Store:
 
     # -- housekeeping -----------------------------------------------------------------------------
 
-    def prune(self, run_id: str, version: int, keep_versions: int) -> None:
-        """Remove what the committed ``version`` no longer needs: older states, closed rounds' frames,
-        diffs beyond ``keep_versions``, uncommitted newer files and leftover temporaries.
+    def prune(self, run_id: str, version: int, keep_versions: int, checkpoint: int, submissions_from: int) -> None:
+        """Remove what the committed ``version`` and its ``checkpoint`` no longer need: other states,
+        diffs before both the checkpoint's successor and ``keep_versions``, uncommitted newer files and
+        leftover temporaries; and submission frames not counted in a round from ``submissions_from`` on
+        (closed rounds no replay needs, files written before a crash that never got their row).
 
-        Safe at any moment after a commit and at recovery: it only deletes files no committed state
-        refers to.
+        For recovery, when nothing else writes: a submission being recorded has its file before its row.
         """
+        self.prune_versions(run_id, version, keep_versions, checkpoint)
+        folder = self.run_dir(run_id) / "submissions"
+        if folder.is_dir():
+            kept = {(r.round, r.node_id, r.sha256[:32])
+                    for r in self.submissions_between(run_id, submissions_from, version + 1)}
+            for path in folder.iterdir():
+                m = _SUBMISSION.match(path.name)
+                if m is None or (int(m.group(1)), int(m.group(2)), m.group(3)) not in kept:
+                    path.unlink(missing_ok=True)
+
+    def prune_versions(self, run_id: str, version: int, keep_versions: int, checkpoint: int) -> None:
+        """The state files and diffs of :meth:`prune` (safe while submissions are being recorded; not
+        while a checkpoint is being written)."""
         root = self.run_dir(run_id)
-        oldest_diff = self.oldest_diff(run_id, version, keep_versions)
+        oldest_diff = min(self.oldest_diff(run_id, version, keep_versions), checkpoint + 1)
         for kind in ("weights", "moments", "server_state", "residual", "diffs"):
             folder = root / kind
             if not folder.is_dir():
@@ -382,14 +450,12 @@ class Store:
                 if m is None:
                     continue
                 v = int(m.group(1))
-                stale = v > version or (v < oldest_diff if kind == "diffs" else v < version)
+                stale = v > version or (v < oldest_diff if kind == "diffs" else v != checkpoint)
                 if stale:
                     path.unlink(missing_ok=True)
-        folder = root / "submissions"
-        if folder.is_dir():
-            open_round = {(r.round, r.node_id, r.sha256[:32]) for r in self.submissions_for(run_id, version)}
-            for path in folder.iterdir():
-                m = _SUBMISSION.match(path.name)
-                if m is None or (int(m.group(1)), int(m.group(2)), m.group(3)) not in open_round:
-                    # closed rounds, temporaries, and files written before a crash that never got their row
-                    path.unlink(missing_ok=True)
+
+    def drop_submissions(self, run_id: str, first: int, end: int) -> None:
+        """Delete the frames of the updates counted in rounds ``first ≤ target_round < end`` (by their rows,
+        so a submission being recorded, whose row is not committed yet, is never touched)."""
+        for rec in self.submissions_between(run_id, first, end):
+            self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256).unlink(missing_ok=True)

@@ -1,0 +1,220 @@
+"""A run's state and the one deterministic step from version ``v`` to ``v + 1``, shared by closing a round
+and by replaying rounds after a restart.
+
+:class:`RunState` holds what the server keeps for a run on its device: the fp32 master weights, AdamW's
+moments and the downlink :class:`~gradwire.ErrorFeedback` (``adamw`` runs), or the algorithm's state
+(SparseLoCo's outer momentum; nothing for DeMo). Every step works **in place** on those buffers — a
+round allocates nothing the size of the model — so a step that fails half-way leaves the state unusable;
+the round engine then reloads it from the store.
+
+- ``adamw``: aggregate (transform domain) → AdamW (:mod:`.optim`) → ``diff = target − master`` compressed
+  inside the downlink error feedback → ``master += reconstruction``, the codec's reconstruction being
+  exactly what every node decodes from the frame (``Codec.compress``'s contract), so nothing is decoded
+  twice. :meth:`RunState.close_adamw` makes the frame; :meth:`RunState.replay_adamw` runs the same code on
+  the logged submissions and checks that it makes the frame that was published.
+- ``demo`` / ``sparseloco``: the weighted exact mean of the node frames, applied with
+  :func:`gradwire.published.apply_mean` — what every node runs — and published as those frames.
+  Replaying needs only the published frame.
+
+On the CPU (and on one GPU) the same inputs give the same bits, so the replay after a crash reproduces
+the weights, the moments and the downlink state of the uninterrupted run (the weights are exact in any
+case: they are the published frames applied).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from gradwire import ErrorFeedback, decode_bundle, read_frame
+from gradwire.algorithms import exact_aggregate
+from gradwire.frame import SERVER_SENDER, write_frame
+from gradwire.published import apply_mean, read_published, write_published
+from gradwire.state import apply_update, state_hash
+
+from .aggregate import Update, aggregate, published_weights
+from .config import RunConfig
+from .optim import AdamWState, adamw_step_
+
+__all__ = ["RunState", "Timings"]
+
+log = logging.getLogger("gradwire_server.transition")
+
+
+@dataclass
+class Timings:
+    """Seconds spent in each part of the last step (for metrics and bench/server_rounds.py)."""
+
+    aggregate: float = 0.0
+    adamw: float = 0.0
+    encode: float = 0.0
+    apply: float = 0.0
+    hash: float = 0.0
+
+    def total(self) -> float:
+        return self.aggregate + self.adamw + self.encode + self.apply + self.hash
+
+
+class _Clock:
+    def __init__(self, timings: Timings):
+        self.timings = timings
+        self.t = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        setattr(self.timings, part, getattr(self.timings, part) + now - self.t)
+        self.t = now
+
+
+@dataclass
+class RunState:
+    """A run's state at ``version`` on ``device``; the steps below advance it in place."""
+
+    config: RunConfig
+    version: int
+    master: dict[str, torch.Tensor]
+    moments: Optional[AdamWState] = None
+    downlink: Optional[ErrorFeedback] = None
+    algorithm_state: dict[str, Any] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, config: RunConfig, version: int, weights: Mapping[str, torch.Tensor],
+             moments: Optional[Mapping[str, torch.Tensor]], server_state: Mapping[str, Any],
+             device: torch.device) -> "RunState":
+        """The state from a checkpoint's tensors (moments ``None``: zeros, as at version 0)."""
+        master = {n: weights[n].to(device=device, dtype=torch.float32).contiguous() for n in sorted(weights)}
+        state = cls(config, version, master)
+        if config.algorithm == "adamw":
+            state.moments = (AdamWState.zeros_like(master) if moments is None
+                             else AdamWState.from_tensors(moments, step=version, device=device))
+            state.downlink = ErrorFeedback(config.downlink.build())
+            state.downlink.load_state_dict(_to_device(server_state.get("downlink", {}), device))
+        else:
+            state.algorithm_state = _to_device(dict(server_state), device)
+        return state
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.master.values())).device
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.master)
+
+    def weights_hash(self) -> str:
+        clock = _Clock(self.timings)
+        h = state_hash(self.master)
+        clock.lap("hash")
+        return h
+
+    # -- adamw ------------------------------------------------------------------------------------
+
+    def _adamw_frame(self, updates: Sequence[Update]) -> tuple[bytes, dict[str, torch.Tensor]]:
+        """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
+        assert self.moments is not None and self.downlink is not None
+        cfg, names, clock = self.config, self.names, _Clock(self.timings)
+        grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction, device=self.device)
+        clock.lap("aggregate")
+        if not self._work:
+            self._work = {n: torch.empty_like(t) for n, t in self.master.items()}
+        adamw_step_(cfg.optimizer, self.master, grads, self.moments, self._work)
+        del grads
+        diff = {n: self._work[n].sub_(self.master[n]) for n in names}  # target − master, in place
+        clock.lap("adamw")
+        done = self.downlink.compress_bundle_reconstructed(diff)
+        frame = write_frame([e for e, _ in done.values()], round=self.version + 1, sender=SERVER_SENDER, bundle=True)
+        clock.lap("encode")
+        return frame, {n: r for n, (_, r) in done.items()}
+
+    def close_adamw(self, updates: Sequence[Update]) -> bytes:
+        """Round ``version`` closed from ``updates`` (sorted by node id, round): the frame of ``version + 1``."""
+        frame, recon = self._adamw_frame(updates)
+        self._apply(recon)
+        return frame
+
+    def replay_adamw(self, updates: Sequence[Update], published: bytes) -> bool:
+        """Re-run the step that published ``published`` from the same logged updates. ``True`` if it made
+        the same frame (then the moments and the feedback are the uninterrupted run's, bit for bit);
+        otherwise (another thread count or BLAS rounded differently) the published frame is applied all
+        the same, and its difference from ours is handed back to the feedback."""
+        frame, recon = self._adamw_frame(updates)
+        if frame == published:
+            self._apply(recon)
+            return True
+        sent = decode_bundle(read_frame(published), device=self.device)
+        assert self.downlink is not None
+        self.downlink.take_back({n: recon[n] - sent[n] for n in recon})
+        self._apply(sent)
+        return False
+
+    # -- demo / sparseloco ------------------------------------------------------------------------
+
+    def close_average(self, updates: Sequence[Update]) -> bytes:
+        """Round ``version`` closed from ``updates`` (sorted): the published frames of ``version + 1``."""
+        agg = self.config.aggregation
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
+        self._average([u.frame.entries for u in updates], weights, trim)
+        return write_published(self.version, [u.raw for u in updates], weights, trim)
+
+    def replay_average(self, published: bytes) -> None:
+        (version,) = read_published(published)
+        if version.version != self.version + 1:
+            raise ValueError(f"the logged frames publish version {version.version}, not {self.version + 1}")
+        self._average(version.records(), version.weights, version.trim)
+
+    def _average(self, records: Sequence[Sequence], weights: Sequence[float], trim: int = 0) -> None:
+        clock = _Clock(self.timings)
+        mean = exact_aggregate(records, weights, trim, device=self.device)
+        clock.lap("aggregate")
+        self.algorithm_state = apply_mean(self.config.algorithm, self.config.model_dump(mode="json"),
+                                          self.master, mean, self.algorithm_state)
+        self.version += 1
+        clock.lap("apply")
+
+    # -- shared -----------------------------------------------------------------------------------
+
+    def _apply(self, update: Mapping[str, torch.Tensor]) -> None:
+        clock = _Clock(self.timings)
+        apply_update(self.master, update)  # the operation nodes run, in name order
+        self.version += 1
+        clock.lap("apply")
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+        """``(weights, moments, server state)`` as CPU tensors for the store (views on the CPU: write them
+        before the next step)."""
+        weights = {n: t.detach().cpu() for n, t in self.master.items()}
+        moments = {} if self.moments is None else {k: t.cpu() for k, t in self.moments.to_tensors().items()}
+        server_state = ({"downlink": self.downlink.state_dict()} if self.downlink is not None
+                        else self.algorithm_state)
+        return weights, moments, server_state
+
+    def state_bytes(self) -> int:
+        """Bytes of a checkpoint: the weights, plus the moments and the downlink residuals of AdamW runs."""
+        weights = _tensor_bytes(self.master)
+        return 4 * weights if self.config.algorithm == "adamw" else weights + _tensor_bytes(self.algorithm_state)
+
+
+def _tensor_bytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, Mapping):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, list):
+        return sum(_tensor_bytes(v) for v in state)
+    return 0
+
+
+def _to_device(state: Any, device: torch.device) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, Mapping):
+        return {k: _to_device(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to_device(v, device) for v in state]
+    return state
