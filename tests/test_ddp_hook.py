@@ -243,49 +243,6 @@ def test_dct_hook_on_one_gpu_nccl():
     assert r["losses"][-1] < r["losses"][0]
 
 
-
-def _overlapped(rank: int, world: int, steps: int) -> dict:
-    """Whether the futures the hook hands DDP are still pending on return, and whether the replicas agree."""
-    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state, hook = gt.ddp_hook("dct", chunk_shape=(64,), topk=8)
-    returned: list[tuple[bool, bool, torch.futures.Future]] = []
-
-    def noting_hook(s, bucket):
-        fut = hook(s, bucket)
-        returned.append((bucket.is_last(), fut.done(), fut))
-        return fut
-
-    model.register_comm_hook(state, noting_hook)
-    x, y = shard(rank)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    steps_seen, identical = [], True
-    for _ in range(steps):
-        returned.clear()
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        steps_seen.append(
-            dict(
-                buckets=len(returned),
-                pending_at_return=[not done for last, done, _ in returned if not last],
-                done_after_backward=all(f.done() for _, _, f in returned),
-            )
-        )
-        opt.step()
-        identical &= all_ranks_equal(flat_parameters(model.module))
-    return dict(identical=identical, steps=steps_seen)
-
-
-def test_hook_futures_pending_on_return_and_replicas_bit_identical():
-    # A blocking hook (gather, decode, then return a completed future) hands every bucket back done.
-    # This one compresses the next bucket while the frames of the previous one are still to travel.
-    for r in gt.spawn(_overlapped, 2, (6,)):
-        assert r["identical"]
-        assert r["steps"][-1]["buckets"] >= 2, r  # after DDP's rebuild there is a bucket before the last
-        for step in r["steps"]:
-            assert all(step["pending_at_return"]), step
-            assert step["done_after_backward"], step
-
-
 def _limit_broken(rank: int, world: int) -> str:
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state, hook = gt.ddp_hook("dct", chunk_shape=(64,), topk=8)

@@ -57,13 +57,16 @@ class GradwireHookState:
     (the length word and the padding to the longest frame included); ``dense_bytes`` what the same
     buckets weigh uncompressed (their dtype's size). ``steps`` counts finished iterations;
     ``residual_rebuilds`` how often residuals were re-cut for a new bucket layout. ``per_parameter``:
-    one record per parameter instead of one per bucket (see :func:`ddp_hook`).
+    one record per parameter instead of one per bucket (see :func:`ddp_hook`). ``overlap=False``
+    exchanges and decodes each bucket before its hook returns (nothing overlaps backward: for
+    comparisons and debugging).
     """
 
     codec: Codec
     process_group: Optional[dist.ProcessGroup] = None
     limits: Limits = DEFAULT_LIMITS
     per_parameter: bool = False
+    overlap: bool = True
     feedback: ErrorFeedback = field(init=False)
     steps: int = 0
     bytes_sent: int = 0
@@ -180,7 +183,7 @@ def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
     """Launch ``bucket``'s padded frame all-gather (from the hook's thread) and decode it when it lands."""
     try:
         landed = bucket.gather.launch()
-    except BaseException as e:
+    except Exception as e:
         # The lengths broke a limit (every rank sees the same lengths, so every rank refuses alike).
         bucket.future.set_exception(e)
         return
@@ -190,7 +193,7 @@ def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
         try:
             done.wait()  # re-raises a failed collective
             _decode_into(bucket)
-        except BaseException as e:
+        except Exception as e:
             bucket.future.set_exception(e)
         else:
             bucket.future.set_result(bucket.buffer)
@@ -228,7 +231,8 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
     """Average one bucket across ranks through ``state.codec`` (see the module docstring).
 
     Returns a future that completes with the bucket's buffer, overwritten with the average, once every
-    rank's frame has arrived and been decoded; for every bucket but the last it is not done on return.
+    rank's frame has arrived and been decoded; with ``state.overlap`` it is not done on return for
+    any bucket but the last.
     """
     group = state.process_group
     world = dist.get_world_size(group)
@@ -273,9 +277,12 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
     state.dense_bytes += buf.numel() * buf.element_size()
     if bucket.is_last():
         state.steps += 1
+    if bucket.is_last() or not state.overlap:
         _launch_frames(state, in_flight)
     else:
         state._waiting = in_flight
+    if not state.overlap:
+        in_flight.future.wait()
     # Chained so that a decode error reaches DDP as an error (a future completed by set_exception
     # holds the exception as its value as far as DDP's C++ side can see; a raising callback does not).
     return in_flight.future.then(_value)
@@ -291,6 +298,7 @@ def ddp_hook(
     *,
     per_parameter: bool = False,
     limits: Optional[Limits] = None,
+    overlap: bool = True,
     **codec_params,
 ) -> tuple[GradwireHookState, Callable[[GradwireHookState, dist.GradBucket], torch.futures.Future]]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
@@ -303,6 +311,10 @@ def ddp_hook(
     signSGD's scales, PowerSGD's and DCT tiles' matrix view, per-layer top-k) then see layers, as in
     their papers, at the cost of a record header (a few dozen bytes) per parameter.
 
+    ``overlap`` (default): the returned futures complete in the background, each bucket's frames
+    travelling and decoding while backward computes the next buckets (see the module docstring);
+    ``overlap=False`` finishes every bucket inside its hook.
+
     Example::
 
         state, hook = gradwire.torch.ddp_hook(gradwire.DCTCodec(topk=32))
@@ -313,6 +325,10 @@ def ddp_hook(
     elif codec_params:
         raise TypeError("codec parameters are only accepted with a codec name")
     state = GradwireHookState(
-        codec=codec, process_group=process_group, limits=limits or DEFAULT_LIMITS, per_parameter=per_parameter
+        codec=codec,
+        process_group=process_group,
+        limits=limits or DEFAULT_LIMITS,
+        per_parameter=per_parameter,
+        overlap=overlap,
     )
     return state, gradwire_hook
