@@ -29,7 +29,6 @@ than one bucket).
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
 import dataclasses
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
@@ -178,25 +177,6 @@ class _BucketInFlight:
     targets: list
     gather: BytesGather
     future: torch.futures.Future
-    threads: int  # the hook thread's intra-op thread count, for the decode's thread
-
-
-# Intra-op thread count already set on the current (collective-completing) thread.
-_decode_thread = threading.local()
-
-
-def _match_threads(threads: int) -> None:
-    """Give the thread running a decode callback the hook thread's intra-op thread count.
-
-    Ranks sharing a machine run with ``cores / ranks`` intra-op threads (``torch.set_num_threads``, as
-    torchrun's ``OMP_NUM_THREADS=1``), but the collective's worker thread that runs the decode was never
-    told: its math libraries (MKL) would start a team as wide as the machine beside backward, and on
-    shared cores the oversubscribed, spin-waiting teams made the overlapped hook slower than the
-    blocking one (bench/ddp.py: 0.39 against 0.54 steps/s at 12.7 M parameters on 2 ranks, 2 cores).
-    """
-    if getattr(_decode_thread, "threads", None) != threads:
-        torch.set_num_threads(threads)
-        _decode_thread.threads = threads
 
 
 def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
@@ -212,7 +192,6 @@ def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
     def decode(done: torch.futures.Future) -> None:
         try:
             done.wait()  # re-raises a failed collective
-            _match_threads(bucket.threads)
             _decode_into(bucket)
         except Exception as e:
             bucket.future.set_exception(e)
@@ -293,7 +272,6 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
         # A future on the bucket's device, so that with CUDA tensors DDP's wait also waits for the
         # streams the decode ran on.
         future=torch.futures.Future(devices=[buf.device] if buf.device.type == "cuda" else None),
-        threads=torch.get_num_threads(),
     )
     state.bytes_sent += len(frame)
     state.dense_bytes += buf.numel() * buf.element_size()
