@@ -36,6 +36,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from pathlib import Path
@@ -141,6 +142,30 @@ def run_rank(rank: int, world: int, what: str, steps: int, opts: dict) -> dict:
     )
 
 
+def run_round(rank: int, world: int, keys: list, steps: int, opts: dict, round_label: str) -> list:
+    """Every configuration in ``keys``, one after the other, in the same processes and process group.
+
+    One spawn per round instead of one per configuration: forking the ranks and building the group cost
+    seconds each, more than the timed steps of a fast exchange at this size.
+    """
+    out = []
+    started = time.perf_counter()
+    for key in keys:
+        r = run_rank(rank, world, key, steps, opts)
+        slowest = torch.tensor([r["steps_per_s"]], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MIN)
+        if rank == 0:
+            # Progress as plain lines, so it shows when the output is a file or a pipe too.
+            print(
+                f"{round_label} {world} ranks, {dict(CONFIGS)[key]}: {slowest.item():.2f} steps/s"
+                f" (round at {time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+        out.append(r)
+        gc.collect()
+    return out
+
+
 def plot(results: dict, labels: dict, steps: int, path: Path) -> None:
     import matplotlib
 
@@ -203,27 +228,24 @@ def main() -> None:
         # torch's PowerSGD runs at least 2 dense steps (DDP's bucket rebuild): keep them untimed.
         ap.error(f"need --warmup >= 2 and --steps > --warmup (got {warmup} and {steps})")
 
-    # Every configuration runs --repeat times, the rounds interleaved, and keeps its best speed: other
-    # load on a shared machine then hits all configurations alike. Bytes and losses are deterministic.
-    jobs = [(key, world) for _ in range(args.repeat) for world in ranks for key in keys]
+    # Every configuration runs --repeat times, the rounds interleaved (each round runs every
+    # configuration once, in one spawn of the ranks), and keeps its best speed: other load on a shared
+    # machine then hits all configurations alike. Bytes and losses are deterministic.
     results: dict = {}
     console = Console(width=170)
     started = time.perf_counter()
-    for i, (key, world) in enumerate(jobs):
-        per_rank = gt.spawn(run_rank, world, (key, steps, opts), backend="gloo", timeout_s=600.0)
-        r0 = per_rank[0]
-        r0["steps_per_s"] = min(r["steps_per_s"] for r in per_rank)
-        r0["bytes_per_step"] = max(r["bytes_per_step"] for r in per_rank)
-        # Progress as plain lines, so it shows when the output is a file or a pipe too.
-        console.print(
-            f"[{i + 1}/{len(jobs)}] {world} ranks, {labels[key]}: {r0['steps_per_s']:.2f} steps/s"
-            f" ({time.perf_counter() - started:.0f} s)",
-            highlight=False,
-        )
-        best = results.get((key, world))
-        if best is not None:
-            r0["steps_per_s"] = max(r0["steps_per_s"], best["steps_per_s"])
-        results[(key, world)] = r0
+    for i in range(args.repeat):
+        for world in ranks:
+            label = f"[round {i + 1}/{args.repeat}, started at {time.perf_counter() - started:.0f} s]"
+            per_rank = gt.spawn(run_round, world, (keys, steps, opts, label), backend="gloo", timeout_s=600.0)
+            for j, key in enumerate(keys):
+                r0 = per_rank[0][j]
+                r0["steps_per_s"] = min(r[j]["steps_per_s"] for r in per_rank)
+                r0["bytes_per_step"] = max(r[j]["bytes_per_step"] for r in per_rank)
+                best = results.get((key, world))
+                if best is not None:
+                    r0["steps_per_s"] = max(r0["steps_per_s"], best["steps_per_s"])
+                results[(key, world)] = r0
 
     params = next(iter(results.values()))["dense_bytes"] // 4
     title = (
