@@ -241,3 +241,24 @@ def test_dct_hook_on_one_gpu_nccl():
     (r,) = gt.spawn(_nccl_run, 1, (20,), backend="nccl")
     assert r["identical"]
     assert r["losses"][-1] < r["losses"][0]
+
+
+def _limit_broken(rank: int, world: int) -> str:
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state, hook = gt.ddp_hook("dct", chunk_shape=(64,), topk=8)
+    model.register_comm_hook(state, hook)
+    x, y = shard(rank)
+    nn.functional.cross_entropy(model(x), y).backward()
+    # From the second step on (after DDP's rebuild: two buckets) every frame is over the limit, the
+    # frames of a bucket before the last included.
+    state.limits = Limits(max_frame_bytes=64)
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def test_frames_over_the_limit_fail_backward_on_every_rank():
+    for message in gt.spawn(_limit_broken, 2):
+        assert "FrameError" in message and "limit" in message, message

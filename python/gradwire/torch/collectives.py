@@ -5,6 +5,14 @@ differ in length from rank to rank and step to step. :func:`all_gather_bytes` th
 every rank's length, then pads each frame to the longest and gathers the padded ``uint8`` tensors;
 :func:`exchange_bytes` does the same pairwise with point-to-point sends for a fixed set of peers.
 
+:class:`BytesGather` is the same all-gather in two halves, for callers that overlap it with other work
+(the DDP hook): constructing it launches the length all-gather without waiting; :meth:`BytesGather.launch`
+waits for the lengths and launches the padded all-gather, returning its future; once that future is
+done, :meth:`BytesGather.received` slices the frames out. Both collectives are launched from the
+caller's thread, never from a future's callback: gloo pairs collectives across ranks by the order in
+which each rank launches them, and a callback runs on whichever gloo worker thread completed the
+future, so collectives launched from callbacks can interleave differently on different ranks.
+
 Tensors travel on the device the backend needs: the GPU for NCCL, the host for gloo. Every announced
 length is checked against :class:`gradwire.Limits` before the receive buffer is allocated, so a broken
 or hostile peer cannot make a rank allocate more than a frame may hold.
@@ -21,7 +29,7 @@ import torch.distributed as dist
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Limits
 
-__all__ = ["Exchanged", "all_gather_bytes", "comm_device", "exchange_bytes", "gather_rows"]
+__all__ = ["BytesGather", "Exchanged", "all_gather_bytes", "comm_device", "exchange_bytes", "gather_rows"]
 
 class Exchanged(list):
     """Frames received, one ``uint8`` numpy array per rank or peer, with what moving them cost.
@@ -52,6 +60,74 @@ def _check_length(n: int, who: str, limits: Limits) -> int:
     return n
 
 
+class BytesGather:
+    """One :func:`all_gather_bytes` in flight: the lengths launched at construction, the frames by :meth:`launch`.
+
+    Call :meth:`launch` exactly once, from the thread that constructed it (see the module docstring),
+    then :meth:`received` once the returned future is done.
+    """
+
+    def __init__(
+        self,
+        payload,
+        group: Optional[dist.ProcessGroup] = None,
+        *,
+        device: Optional[torch.device] = None,
+        limits: Optional[Limits] = None,
+    ):
+        self.group = group
+        self.limits = limits or DEFAULT_LIMITS
+        self.device = device if device is not None else comm_device(group)
+        world = dist.get_world_size(group)
+        self._mine = _as_tensor(payload, self.device)
+        self._lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(world)]
+        self._lengths_work = dist.all_gather(
+            self._lengths,
+            torch.tensor([self._mine.numel()], dtype=torch.int64, device=self.device),
+            group=group,
+            async_op=True,
+        )
+        self._gathered: Optional[list[torch.Tensor]] = None
+        self.sizes: list[int] = []
+
+    @property
+    def payload_bytes(self) -> int:
+        """This rank's payload length."""
+        return self._mine.numel()
+
+    @property
+    def bytes_out(self) -> int:
+        """What this rank puts into the two collectives: its length word and its padded frame (after :meth:`launch`)."""
+        return 8 + (max(self.sizes) if self.sizes else 0)
+
+    def launch(self) -> torch.futures.Future:
+        """Wait for the lengths, check them against the limits, launch the padded all-gather; its future.
+
+        Raises :class:`~gradwire.FrameError` (on every rank alike: all see the same lengths) when a
+        rank announced more than ``limits.max_frame_bytes``.
+        """
+        if self._gathered is not None:
+            raise RuntimeError("BytesGather.launch called twice")
+        self._lengths_work.wait()
+        self.sizes = [_check_length(int(t.item()), f"rank {r}", self.limits) for r, t in enumerate(self._lengths)]
+        longest = max(self.sizes)
+        n = self._mine.numel()
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        padded[:n] = self._mine
+        self._gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in self.sizes]
+        work = dist.all_gather(self._gathered, padded, group=self.group, async_op=True)
+        return work.get_future()
+
+    def received(self) -> Exchanged:
+        """Every rank's payload in group-rank order, once :meth:`launch`'s future is done."""
+        if self._gathered is None:
+            raise RuntimeError("BytesGather.received called before launch")
+        out = Exchanged(t[:size].cpu().numpy() for t, size in zip(self._gathered, self.sizes))
+        out.bytes_out = self.bytes_out
+        out.payload_bytes = self.payload_bytes
+        return out
+
+
 def all_gather_bytes(
     payload,
     group: Optional[dist.ProcessGroup] = None,
@@ -62,28 +138,12 @@ def all_gather_bytes(
     """Every rank's ``payload`` (bytes of any length), in group-rank order, on every rank.
 
     Two collectives: an ``all_gather`` of the lengths (one int64 each), then one of the payloads
-    padded with zeros to the longest. ``device`` defaults to :func:`comm_device`.
+    padded with zeros to the longest. ``device`` defaults to :func:`comm_device`. Blocks until both
+    are done; :class:`BytesGather` is the non-blocking form.
     """
-    lim = limits or DEFAULT_LIMITS
-    dev = device if device is not None else comm_device(group)
-    world = dist.get_world_size(group)
-    mine = _as_tensor(payload, dev)
-    n = mine.numel()
-
-    lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([n], dtype=torch.int64, device=dev), group=group)
-    sizes = [_check_length(int(t.item()), f"rank {r}", lim) for r, t in enumerate(lengths)]
-    longest = max(sizes)
-
-    padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
-    padded[:n] = mine
-    gathered = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=group)
-
-    out = Exchanged(t[:size].cpu().numpy() for t, size in zip(gathered, sizes))
-    out.bytes_out = 8 + longest
-    out.payload_bytes = n
-    return out
+    gather = BytesGather(payload, group, device=device, limits=limits)
+    gather.launch().wait()
+    return gather.received()
 
 
 def exchange_bytes(

@@ -13,6 +13,18 @@ a layout other than the one its residual was cut for, the residuals holding any 
 are split back into per-parameter pieces and the new buckets reassemble theirs from those pieces, so
 nothing a codec dropped is lost in the rebuild. With ``per_parameter=True`` each parameter travels as its own record
 (in its own shape, for codecs that work per tensor) and its residual is keyed by the parameter.
+
+Overlap with the backward pass. DDP calls the hook for buckets 0, 1, … in order as their gradients
+become ready, and waits for the futures the hook returned only at the end of backward. The hook
+compresses its bucket and launches the length all-gather without waiting; the padded frames of bucket
+``i`` are launched at the start of the hook for bucket ``i + 1`` (the last bucket's at once), by when
+its lengths have long arrived, and the frames are decoded in a callback when they land, on the thread
+that completed the collective, while backward goes on computing and compressing the next buckets. The
+future returned for a bucket is completed by that callback. Every collective is launched from the
+hook itself, never from a callback: gloo pairs collectives by the order each rank launches them, and
+callbacks run on whichever worker thread finished a collective, so launching from them could
+interleave differently on different ranks (what breaks torch's own PowerSGD hook on gloo with more
+than one bucket).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
@@ -29,7 +41,7 @@ from ..registry import build_codec
 from ..errors import FrameError
 from ..feedback import ErrorFeedback
 from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
-from .collectives import all_gather_bytes, comm_device
+from .collectives import BytesGather, comm_device
 
 __all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
 
@@ -45,13 +57,16 @@ class GradwireHookState:
     (the length word and the padding to the longest frame included); ``dense_bytes`` what the same
     buckets weigh uncompressed (their dtype's size). ``steps`` counts finished iterations;
     ``residual_rebuilds`` how often residuals were re-cut for a new bucket layout. ``per_parameter``:
-    one record per parameter instead of one per bucket (see :func:`ddp_hook`).
+    one record per parameter instead of one per bucket (see :func:`ddp_hook`). ``overlap=False``
+    exchanges and decodes each bucket before its hook returns (nothing overlaps backward: for
+    comparisons and debugging).
     """
 
     codec: Codec
     process_group: Optional[dist.ProcessGroup] = None
     limits: Limits = DEFAULT_LIMITS
     per_parameter: bool = False
+    overlap: bool = True
     feedback: ErrorFeedback = field(init=False)
     steps: int = 0
     bytes_sent: int = 0
@@ -60,6 +75,7 @@ class GradwireHookState:
     residual_rebuilds: int = 0
     _layouts: dict[int, Layout] = field(default_factory=dict, repr=False)
     _loose: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _waiting: Optional["_BucketInFlight"] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.feedback = ErrorFeedback(self.codec)
@@ -148,16 +164,87 @@ def _layout(bucket: dist.GradBucket) -> Layout:
     return tuple((id(p), p.numel()) for p in bucket.parameters())
 
 
+@dataclass(eq=False)
+class _BucketInFlight:
+    """A bucket whose frame went out: what its decode needs, and the future DDP waits on."""
+
+    index: int
+    round: int
+    world: int
+    per_parameter: bool
+    limits: Limits
+    buffer: torch.Tensor
+    targets: list
+    gather: BytesGather
+    future: torch.futures.Future
+
+
+def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
+    """Launch ``bucket``'s padded frame all-gather (from the hook's thread) and decode it when it lands."""
+    try:
+        landed = bucket.gather.launch()
+    except Exception as e:
+        # The lengths broke a limit (every rank sees the same lengths, so every rank refuses alike).
+        bucket.future.set_exception(e)
+        return
+    state.bytes_exchanged += bucket.gather.bytes_out
+
+    def decode(done: torch.futures.Future) -> None:
+        try:
+            done.wait()  # re-raises a failed collective
+            _decode_into(bucket)
+        except Exception as e:
+            bucket.future.set_exception(e)
+        else:
+            bucket.future.set_result(bucket.buffer)
+
+    landed.add_done_callback(decode)
+
+
+def _decode_into(bucket: _BucketInFlight) -> None:
+    """Average every rank's frame into the bucket's tensors, decoding in rank order."""
+    index, targets = bucket.index, bucket.targets
+    sums: list = [None] * len(targets)
+    for r, data in enumerate(bucket.gather.received()):
+        got = read_frame(data, limits=bucket.limits)
+        if got.bundle != bucket.per_parameter or got.round != bucket.round or got.sender != r:
+            raise FrameError(
+                f"bucket {index}: rank {r} sent a {'bundle' if got.bundle else 'tensor'} frame for round"
+                f" {got.round} from sender {got.sender}; expected a {'bundle' if bucket.per_parameter else 'tensor'}"
+                f" frame for round {bucket.round} from {r}"
+            )
+        if len(got.entries) != len(targets):
+            raise FrameError(f"bucket {index}: rank {r} sent {len(got.entries)} records, the bucket has {len(targets)}")
+        for i, (e, target) in enumerate(zip(got.entries, targets)):
+            if tuple(e.shape) != tuple(target.shape):
+                raise FrameError(
+                    f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
+                )
+            if sums[i] is None:
+                sums[i] = make_accumulator(e, bucket.buffer.device)
+            sums[i].add(e)
+    for acc, target in zip(sums, targets):
+        target.copy_(acc.finish().div_(bucket.world))
+
+
 def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average one bucket across ranks through ``state.codec`` (see the module docstring).
 
-    Returns a completed future holding the bucket's buffer, overwritten with the average.
+    Returns a future that completes with the bucket's buffer, overwritten with the average, once every
+    rank's frame has arrived and been decoded; with ``state.overlap`` it is not done on return for
+    any bucket but the last.
     """
     group = state.process_group
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     buf = bucket.buffer()
     index = bucket.index()
+
+    # The previous bucket's lengths were launched by its own hook: launch its frames first, so they
+    # travel and decode while this bucket compresses.
+    if state._waiting is not None:
+        waiting, state._waiting = state._waiting, None
+        _launch_frames(state, waiting)
 
     if state.per_parameter:
         # One record per parameter, its gradient in its own shape; residuals keyed by the parameter
@@ -173,39 +260,36 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
         targets = [buf]
         entries = [state.feedback.compress(buf, _bucket_name(index))]
     frame = write_frame(entries, round=state.steps, sender=rank, bundle=state.per_parameter)
-    frames = all_gather_bytes(frame, group, device=comm_device(group), limits=state.limits)
-
-    sums: list = [None] * len(targets)
-    for r, data in enumerate(frames):
-        got = read_frame(data, limits=state.limits)
-        if got.bundle != state.per_parameter or got.round != state.steps or got.sender != r:
-            raise FrameError(
-                f"bucket {index}: rank {r} sent a {'bundle' if got.bundle else 'tensor'} frame for round"
-                f" {got.round} from sender {got.sender}; expected a {'bundle' if state.per_parameter else 'tensor'}"
-                f" frame for round {state.steps} from {r}"
-            )
-        if len(got.entries) != len(targets):
-            raise FrameError(f"bucket {index}: rank {r} sent {len(got.entries)} records, the bucket has {len(targets)}")
-        for i, (e, target) in enumerate(zip(got.entries, targets)):
-            if tuple(e.shape) != tuple(target.shape):
-                raise FrameError(
-                    f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
-                )
-            if sums[i] is None:
-                sums[i] = make_accumulator(e, buf.device)
-            sums[i].add(e)
-    for acc, target in zip(sums, targets):
-        target.copy_(acc.finish().div_(world))
-
+    in_flight = _BucketInFlight(
+        index=index,
+        round=state.steps,
+        world=world,
+        per_parameter=state.per_parameter,
+        limits=state.limits,
+        buffer=buf,
+        targets=targets,
+        gather=BytesGather(frame, group, device=comm_device(group), limits=state.limits),
+        # A future on the bucket's device, so that with CUDA tensors DDP's wait also waits for the
+        # streams the decode ran on.
+        future=torch.futures.Future(devices=[buf.device] if buf.device.type == "cuda" else None),
+    )
     state.bytes_sent += len(frame)
-    state.bytes_exchanged += frames.bytes_out
     state.dense_bytes += buf.numel() * buf.element_size()
     if bucket.is_last():
         state.steps += 1
+    if bucket.is_last() or not state.overlap:
+        _launch_frames(state, in_flight)
+    else:
+        state._waiting = in_flight
+    if not state.overlap:
+        in_flight.future.wait()
+    # Chained so that a decode error reaches DDP as an error (a future completed by set_exception
+    # holds the exception as its value as far as DDP's C++ side can see; a raising callback does not).
+    return in_flight.future.then(_value)
 
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(buf)
-    return fut
+
+def _value(done: torch.futures.Future) -> torch.Tensor:
+    return done.wait()
 
 
 def ddp_hook(
@@ -214,6 +298,7 @@ def ddp_hook(
     *,
     per_parameter: bool = False,
     limits: Optional[Limits] = None,
+    overlap: bool = True,
     **codec_params,
 ) -> tuple[GradwireHookState, Callable[[GradwireHookState, dist.GradBucket], torch.futures.Future]]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
@@ -226,6 +311,10 @@ def ddp_hook(
     signSGD's scales, PowerSGD's and DCT tiles' matrix view, per-layer top-k) then see layers, as in
     their papers, at the cost of a record header (a few dozen bytes) per parameter.
 
+    ``overlap`` (default): the returned futures complete in the background, each bucket's frames
+    travelling and decoding while backward computes the next buckets (see the module docstring);
+    ``overlap=False`` finishes every bucket inside its hook.
+
     Example::
 
         state, hook = gradwire.torch.ddp_hook(gradwire.DCTCodec(topk=32))
@@ -236,6 +325,10 @@ def ddp_hook(
     elif codec_params:
         raise TypeError("codec parameters are only accepted with a codec name")
     state = GradwireHookState(
-        codec=codec, process_group=process_group, limits=limits or DEFAULT_LIMITS, per_parameter=per_parameter
+        codec=codec,
+        process_group=process_group,
+        limits=limits or DEFAULT_LIMITS,
+        per_parameter=per_parameter,
+        overlap=overlap,
     )
     return state, gradwire_hook
