@@ -19,6 +19,10 @@ __all__ = [
     "crc32c",
     "elias_decode",
     "elias_encode",
+    "gcomp_block_levels",
+    "gcomp_encode",
+    "gcomp_exponent_counts",
+    "gcomp_metric",
     "huffman_book",
     "huffman_book_lengths",
     "huffman_decode",
@@ -202,3 +206,47 @@ def huffman_encode(symbols, book: BytesLike) -> bytes:
 def huffman_decode(data: BytesLike, count: int, book: BytesLike) -> np.ndarray:
     """Exactly ``count`` uint8 symbols of a Huffman stream (table lookup, no tree walk)."""
     return _native.huffman_decode(as_u8(data), int(count), as_u8(book))
+
+
+# ------------------------------------------------------------------------------------------------
+# GComp's per-element work (docs/FORMAT.md §5.4): f32 bit patterns in (``uint32``), one pass each.
+
+
+def gcomp_exponent_counts(bits: np.ndarray) -> np.ndarray:
+    """How many of the f32 bit patterns ``bits`` have each biased exponent (256 uint64 counts)."""
+    return _native.gcomp_exponent_counts(_as_array(bits, np.uint32))
+
+
+def gcomp_metric(kind: str, grad_bits, param, first=None, second=None, **scalars: float) -> np.ndarray:
+    """δ of the paper's Table 2 per element (float64), computed as ``gcomp.quantization_metric``
+    computes it; ``first``/``second`` are the optimizer state (None = zeros), ``scalars`` its
+    hyperparameters (``lr``, ``weight_decay``, ``momentum``, ``dampening``, ``beta1``, ``beta2``,
+    ``eps``, ``alpha``, ``bias_correction1`` = 1 − β1^t)."""
+    return _native.gcomp_metric(kind, *_metric_operands(grad_bits, param, first, second), **scalars)
+
+
+def gcomp_block_levels(
+    kind: str, grad_bits, param, first=None, second=None, *, block: int, thresholds, **scalars: float
+) -> np.ndarray:
+    """Per block, the largest level 1..3 whose threshold its smallest |δ| over nonzero elements
+    reaches, else 0 (uint8); arguments as for :func:`gcomp_metric`."""
+    return _native.gcomp_block_levels(
+        kind, *_metric_operands(grad_bits, param, first, second), block=int(block),
+        thresholds=tuple(float(t) for t in thresholds), **scalars,
+    )
+
+
+def _metric_operands(grad_bits, param, first, second):
+    f32 = (lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.float32).reshape(-1))
+    return _as_array(grad_bits, np.uint32), f32(param), f32(first), f32(second)
+
+
+def gcomp_encode(
+    bits, format: int, block: int, levels, book: BytesLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """GComp's ``exp``, ``level``, ``sign`` and ``mant`` sections (uint8 arrays) of the f32 bit
+    patterns ``bits`` (one level 0..3 per block of ``block``, the exponents coded with ``book``)
+    and the f32 bit patterns (uint32) a receiver decodes."""
+    return _native.gcomp_encode(
+        _as_array(bits, np.uint32), int(format), int(block), _as_array(levels, np.uint8), as_u8(book)
+    )
