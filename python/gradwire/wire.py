@@ -237,8 +237,13 @@ def gcomp_block_levels(
 
 
 def _metric_operands(grad_bits, param, first, second):
-    f32 = (lambda a: None if a is None else np.ascontiguousarray(a, dtype=np.float32).reshape(-1))
-    return _as_array(grad_bits, np.uint32), f32(param), f32(first), f32(second)
+    return _as_array(grad_bits, np.uint32), _f32_or_none(param), _f32_or_none(first), _f32_or_none(second)
+
+
+def _f32_or_none(a) -> Optional[np.ndarray]:
+    if a is None or (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous):
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
 
 
 def gcomp_encode(

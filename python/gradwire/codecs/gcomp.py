@@ -34,6 +34,7 @@ the last book of each (sender, tensor name) stream and decodes frames that only 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -155,6 +156,9 @@ def level_thresholds(fmt: int, param_precision: int, tolerance_bits: float = 0.0
     return tuple(2.0 ** (d - w + param_precision - tolerance_bits) for d in DROPS[fmt][1:])
 
 
+_thresholds = functools.lru_cache(maxsize=64)(level_thresholds)
+
+
 def block_levels(
     delta: torch.Tensor,
     nonzero: torch.Tensor,
@@ -187,26 +191,38 @@ def _native_metric(
     """``(kind, [param, first, second], scalars)`` for ``wire.gcomp_block_levels`` when the Rust
     kernel computes exactly what :func:`quantization_metric` would: every operand on the CPU and
     exactly representable in float32 (f32, f16, bf16). None otherwise."""
-    exact = (torch.float32, torch.float16, torch.bfloat16)
-    keys = _STATE_KEYS[opt.kind]
-    tensors = [param] + [state.get(k) if state else None for k in keys]
-    for t in tensors:
+    if x.device.type != "cpu" or x.dtype not in _EXACT_IN_F32:
+        return None
+    operands = [None, None, None]
+    for i, t in enumerate((param, *(state.get(k) if state else None for k in _STATE_KEYS[opt.kind]))):
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in exact or t.numel() != x.numel():
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in _EXACT_IN_F32:
             return None
-    if x.device.type != "cpu" or x.dtype not in exact:
-        return None
-    operands = [None if t is None else t.detach().reshape(-1).to(torch.float32).contiguous().numpy() for t in tensors]
-    operands += [None] * (3 - len(operands))
+        if t.numel() != x.numel():
+            return None
+        operands[i] = _host_f32(t)
     b1, b2 = opt.betas
-    lr = opt.lr
+    lr, bias_correction1 = opt.lr, 1.0
     if opt.kind == "adagrad":
         lr = opt.lr / (1 + (_step(state) - 1) * opt.lr_decay)
-    bias_correction1 = 1 - b1 ** _step(state) if opt.kind in ("adam", "adamw") else 1.0
+    elif opt.kind in ("adam", "adamw"):
+        bias_correction1 = 1 - b1 ** _step(state)
     scalars = dict(lr=lr, weight_decay=opt.weight_decay, momentum=opt.momentum, dampening=opt.dampening,
                    beta1=b1, beta2=b2, eps=opt.eps, alpha=opt.alpha, bias_correction1=bias_correction1)
     return opt.kind, operands, scalars
+
+
+#: Dtypes whose every value a float32 holds exactly.
+_EXACT_IN_F32 = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _host_f32(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a flat float32 array: a view when it already is one."""
+    t = t.detach()
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        t = t.to(torch.float32).contiguous()
+    return t.numpy().reshape(-1)
 
 
 #: The optimizer state δ reads, in the Rust kernel's order (``first``, ``second``).
@@ -228,8 +244,9 @@ _STATE_KEYS = {
 def _f32_bits(x: torch.Tensor) -> np.ndarray:
     """The values of ``x`` as float32 bit patterns (uint32) on the host; a contiguous float32 CPU
     tensor is viewed, not copied."""
-    flat = x.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-    return flat.numpy().view(np.uint32)
+    if x.device.type != "cpu":
+        x = x.to(device="cpu", dtype=torch.float32)
+    return _host_f32(x).view(np.uint32)
 
 
 def _compose(sign: torch.Tensor, exp: torch.Tensor, kept: torch.Tensor, drop: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -385,7 +402,8 @@ class GComp(Codec):
         book = self._book_for(name, counts)
         exp, level, sign, mant, recon_bits = wire.gcomp_encode(bits, fmt, self.block, levels, book.data)
         recon = torch.from_numpy(recon_bits.view(np.float32)).reshape(tensor.shape)
-        recon = recon.to(device=x.device, dtype=tensor.dtype)
+        if x.device.type != "cpu" or tensor.dtype != torch.float32:
+            recon = recon.to(device=x.device, dtype=tensor.dtype)
         sections: dict[str, np.ndarray] = {}
         if self.carry_book == "always" or not book.carried:
             sections["book"] = np.frombuffer(book.data, np.uint8)
@@ -406,10 +424,10 @@ class GComp(Codec):
         param, state, cfg = self._context(name, param, state)
         if param is None or cfg is None:
             return np.zeros(nb, np.uint8)
-        if tuple(param.shape) != tuple(x.shape):
+        if param.shape != x.shape:
             raise ValueError(f"parameter of {name!r} has shape {tuple(param.shape)}, the gradient {tuple(x.shape)}")
         precision = _PARAM_PRECISION.get(param.dtype, 24)
-        thresholds = level_thresholds(fmt, precision, self.tolerance_bits)
+        thresholds = _thresholds(fmt, precision, self.tolerance_bits)
         native = _native_metric(x, param, state, cfg)
         if native is not None:
             kind, operands, scalars = native
