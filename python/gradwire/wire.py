@@ -57,6 +57,8 @@ def as_u8(data: BytesLike) -> np.ndarray:
 
 
 def _as_array(values, dtype) -> np.ndarray:
+    if type(values) is np.ndarray and values.dtype == dtype and values.ndim == 1 and values.flags.c_contiguous:
+        return values  # already what the kernel takes: per-call overhead matters for small tensors
     arr = np.asarray(values)
     if arr.dtype != dtype:
         if arr.size and arr.dtype.kind in "iu":

@@ -219,7 +219,8 @@ _EXACT_IN_F32 = (torch.float32, torch.float16, torch.bfloat16)
 
 def _host_f32(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as a flat float32 array: a view when it already is one."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype != torch.float32 or not t.is_contiguous():
         t = t.to(torch.float32).contiguous()
     return t.numpy().reshape(-1)
