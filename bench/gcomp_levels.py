@@ -22,9 +22,10 @@ the bound ``2^(d − 24)`` (half the dropped range, relative). A plot of reducti
 A third table puts GComp beside zstd level 3 (the ``zstandard`` package) compressing the same gradient's
 raw fp32 bytes, timed interleaved in the same run, both on one thread (torch set to 1 thread; zstd's
 default single-threaded compressor; gradwire's kernels are single-threaded): the character
-transformer's whole-model gradient with its AdamW state after ``--speed-steps`` steps, and a synthetic
-tensor of ``--synthetic`` million parameters whose (gradient, parameter, exp_avg, exp_avg_sq) quadruples
-are drawn from that model's, so δ sees a real distribution. GComp runs with δ (``from_optimizer``,
+transformer's whole-model gradient with its AdamW state after ``--speed-steps`` steps, at
+``--speed-widths`` (d_model 128: 0.43 M parameters in 30 tensors; 384: 3.6 M, a real backward of a
+few-M model), and a synthetic tensor of ``--synthetic`` Mi parameters whose (gradient, parameter,
+exp_avg, exp_avg_sq) quadruples are drawn from the first model's, so δ sees a real distribution. GComp runs with δ (``from_optimizer``,
 tolerance 0) and lossless (no parameters); every GComp frame carries its codebook, as a zstd frame is
 decodable alone. zstd is handed the bytes ready-made and decodes to bytes, GComp encodes tensors into a
 frame and decodes the frame into tensors: the comparison favours zstd.
@@ -71,11 +72,11 @@ def digits_task(seed: int):
     return model, loss
 
 
-def char_task(seed: int):
+def char_task(seed: int, d_model: int = 128):
     text = load_pydoc_text()
     vocab = CharVocab.of(text)
     tokens = vocab.encode(text)
-    model = CharTransformer(len(vocab))
+    model = CharTransformer(len(vocab), d_model=d_model)
 
     def loss(g):
         x, y = char_batch(tokens, 8, model.context, g)
@@ -209,20 +210,23 @@ def speed_table(args, console) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(args.seed)
-        model, loss_fn = char_task(args.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
-        g = torch.Generator().manual_seed(args.seed + 1)
-        for _ in tqdm(range(args.speed_steps), desc="char transformer / AdamW", leave=False):
+        cases = []
+        for width in args.speed_widths:
+            torch.manual_seed(args.seed)
+            model, loss_fn = char_task(args.seed, d_model=width)
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
+            g = torch.Generator().manual_seed(args.seed + 1)
+            for _ in tqdm(range(args.speed_steps), desc=f"char transformer d{width} / AdamW", leave=False):
+                opt.zero_grad(set_to_none=True)
+                loss_fn(g).backward()
+                opt.step()
             opt.zero_grad(set_to_none=True)
-            loss_fn(g).backward()
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_fn(g).backward()  # the gradient of the next step, with the state it will meet
-        cases = [(f"char transformer, step {args.speed_steps + 1}", model, opt)]
+            loss_fn(g).backward()  # the gradient of the next step, with the state it will meet
+            cases.append((f"char transformer d{width}, step {args.speed_steps + 1}", model, opt))
         if args.synthetic > 0:
+            model, opt = cases[0][1], cases[0][2]
             big, big_opt = synthetic_like(model, opt, int(args.synthetic * 2**20), args.seed)
-            cases.append((f"synthetic {args.synthetic:g} Mi from it", big, big_opt))
+            cases.append((f"synthetic {args.synthetic:g} Mi from d{args.speed_widths[0]}", big, big_opt))
         table = Table(title="GComp beside zstd level 3 on the same gradient (raw fp32 bytes), 1 thread each, "
                             f"best of {args.speed_repeat} interleaved")
         for col in ("gradient", "GComp mode", "params", "GComp bytes", "zstd-3 bytes", "fp32 bytes",
@@ -248,6 +252,9 @@ def main() -> None:
     ap.add_argument("--speed-only", action="store_true", help="only the table against zstd level 3")
     ap.add_argument("--speed-steps", type=int, default=10, help="AdamW steps before the zstd comparison")
     ap.add_argument("--speed-repeat", type=int, default=7, help="interleaved timing rounds (best of)")
+    ap.add_argument("--speed-widths", type=int, nargs="+", default=[128, 384],
+                    help="d_model of the char transformers in the zstd comparison (128: 0.43 M params in 30 "
+                         "tensors, 384: 3.6 M)")
     ap.add_argument("--synthetic", type=float, default=16, help="Mi parameters of the synthetic gradient (0: none)")
     args = ap.parse_args()
     console = Console(width=200)
