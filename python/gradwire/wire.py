@@ -234,7 +234,7 @@ def gcomp_block_levels(
     reaches, else 0 (uint8); arguments as for :func:`gcomp_metric`."""
     return _native.gcomp_block_levels(
         kind, *_metric_operands(grad_bits, param, first, second), block=int(block),
-        thresholds=tuple(float(t) for t in thresholds), **scalars,
+        thresholds=thresholds if type(thresholds) is tuple else tuple(thresholds), **scalars,
     )
 
 
