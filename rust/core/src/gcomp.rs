@@ -307,6 +307,9 @@ pub fn block_levels(
     let nb = num_blocks(grad.len(), block)?;
     let ops = Operands::new(grad.len(), param, first, second)?;
     let mut levels = Vec::with_capacity(nb);
+    // Below the lowest threshold a block is at level 0 whatever its other elements are (the
+    // minimum only falls): its remaining spans need no δ.
+    let floor = thresholds.iter().copied().fold(f64::INFINITY, f64::min);
     with_delta!(metric, delta => {
         let blocks = grad
             .chunks(block)
@@ -314,7 +317,7 @@ pub fn block_levels(
             .zip(ops.first.chunks(block))
             .zip(ops.second.chunks(block));
         for (((g, th), a), b) in blocks {
-            let worst = smallest_magnitude(delta, g, th, a, b);
+            let worst = smallest_magnitude(delta, g, th, a, b, floor);
             let mut level = 0u8;
             for (l, &t) in (1u8..).zip(thresholds) {
                 if worst >= t {
@@ -328,7 +331,8 @@ pub fn block_levels(
 }
 
 /// The smallest `|δ|` over the elements with a nonzero exponent (+inf without one), NaN as 0
-/// and +inf as `f64::MAX`. Four running minima, so the loop is free to vectorise.
+/// and +inf as `f64::MAX`; or, once a span of elements brings it below `floor`, that span's
+/// minimum (any value below `floor` gives the block the same level: the rest is skipped).
 #[inline(always)]
 fn smallest_magnitude(
     delta: impl Fn(f64, f64, f64, f64) -> f64,
@@ -336,10 +340,13 @@ fn smallest_magnitude(
     th: &[f32],
     a: &[f32],
     b: &[f32],
+    floor: f64,
 ) -> f64 {
     // Spans of magnitudes into a buffer, then their minimum: the first loop is plain arithmetic
-    // on lanes of f64, which the compiler vectorises.
-    const SPAN: usize = 16;
+    // on lanes of f64, which the compiler vectorises. Short spans, because most blocks of a real
+    // gradient fall below the floor within their first elements (AdamW on a 3.6 M char
+    // transformer: 90 % of blocks at level 0; spans of 4 took a third of the time of spans of 16).
+    const SPAN: usize = 4;
     let magnitude = |x: u32, th: f32, a: f32, b: f32| {
         let d = delta(
             f64::from(f32::from_bits(x)),
@@ -374,6 +381,9 @@ fn smallest_magnitude(
         }
         for d in span {
             worst = if d < worst { d } else { worst };
+        }
+        if worst < floor {
+            break;
         }
     }
     worst
