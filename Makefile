@@ -48,6 +48,7 @@ bench: install
 	$(PY) bench/kernels.py
 	$(PY) bench/dct_codec.py
 	$(PY) bench/server_rounds.py
+	$(PY) bench/gcomp_levels.py --speed-only
 	$(PY) bench/codecs.py
 	$(PY) bench/dct_indices.py
 	$(PY) bench/model_record.py

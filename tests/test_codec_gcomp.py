@@ -12,6 +12,7 @@ import torch
 
 import gradwire
 from gradwire import ErrorFeedback, FrameError, GComp, GCompDecoderState, wire
+from gradwire.codecs import gcomp
 from gradwire.codecs.gcomp import DROPS, block_levels, quantization_metric, unpack_params
 from gradwire.frame import write_frame
 
@@ -198,6 +199,62 @@ def test_levels_follow_delta_and_the_tolerance():
     assert block_levels(delta, nonzero, 1, 0, 24, tolerance_bits=6).tolist() == [2, 3, 3, 3, 3, 0, 0, 3]
     # A block takes the level its worst nonzero element allows; zeros do not count.
     assert block_levels(delta, nonzero, 4, 0, 24).tolist() == [1, 0]
+
+
+def _hostile_grad(like: torch.Tensor, seed: int) -> torch.Tensor:
+    """A gradient with zeros, denormals and extreme magnitudes (δ of ±inf, NaN, overflow)."""
+    g = torch.randn(like.shape, generator=torch.Generator().manual_seed(seed)).to(like.dtype) * 1e-3
+    flat = g.view(-1)
+    flat[::5] = 0.0
+    flat[1::7] = 1e-41 if like.dtype != torch.float16 else 0.0
+    flat[2::11] = 1e-37 if like.dtype != torch.float16 else 1e-7
+    flat[3::13] = 3e4
+    return g
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+@pytest.mark.parametrize("trained", [False, True], ids=["first step", "trained"])
+def test_rust_delta_is_torchs_operation_for_operation(kind, trained, monkeypatch):
+    # The CPU encoder's levels come from the Rust kernel; quantization_metric is the reference (and
+    # what other devices use): the same f64 operations in the same order, so the same bits, ±inf and
+    # NaN included. One difference: Rust's square root is IEEE's, correctly rounded, and torch's
+    # vectorised float64 sqrt is not always (an ulp off now and then, which later operations can
+    # grow). The reference here takes numpy's square root, which is IEEE's.
+    model, opt = _trained(kind, steps=6 if trained else 1)
+    codec = GComp.from_optimizer(opt, model.named_parameters())
+    monkeypatch.setattr(torch.Tensor, "sqrt", lambda t: torch.from_numpy(np.sqrt(t.numpy())))
+    for i, p in enumerate(model.parameters()):
+        g = _hostile_grad(p, i)
+        state = opt.state.get(p, {})
+        cfg = codec._group_configs[id(p)]
+        want = quantization_metric(g, p, state, cfg).reshape(-1)
+        native = gcomp._native_metric(g, p, state, cfg)
+        assert native is not None
+        bits = g.reshape(-1).view(torch.int32).numpy().view(np.uint32)
+        got = torch.from_numpy(wire.gcomp_metric(native[0], bits, *native[1], **native[2]))
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        both = ~torch.isnan(want)
+        assert torch.equal(got.view(torch.int64)[both], want.view(torch.int64)[both])
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_encoder_levels_are_those_of_the_torch_metric(kind, dtype):
+    # f32 and bf16 models take the Rust kernel, float64 ones the torch code; both give the levels of
+    # block_levels(quantization_metric(...)).
+    model, opt = _trained(kind, dtype=dtype)
+    for tol, block in [(0, 16), (8, 7), (16, 64), (-2.5, 1)]:
+        codec = GComp.from_optimizer(opt, model.named_parameters(), block=block, tolerance_bits=tol)
+        for i, (n, p) in enumerate(model.named_parameters()):
+            g = _hostile_grad(p, 10 + i)
+            entry, recon = codec.compress(g, n)
+            delta = quantization_metric(g, p, opt.state[p], codec._group_configs[id(p)])
+            nonzero = _fields(g)[1] != 0
+            precision = 53 if dtype == torch.float64 else (8 if dtype == torch.bfloat16 else 24)
+            fmt = 1 if dtype == torch.bfloat16 else 0
+            want = block_levels(delta, nonzero, block, fmt, precision, tol)
+            assert _levels(entry, g.numel()).tolist() == want.tolist()
+            assert torch.equal(gradwire.decode(write_frame([entry])), recon)
 
 
 def test_bound_codec_reaches_higher_levels_and_compresses_more():

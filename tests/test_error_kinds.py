@@ -102,6 +102,10 @@ def u8(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.uint8)
 
 
+#: Two f32 ones as bit patterns, and a GComp exponent codebook that codes them.
+F32_ONES = np.float32([1, 1]).view(np.uint32)
+GCOMP_BOOK = wire.huffman_book(np.bincount([127], minlength=256).astype(np.uint64), 12)
+
 KERNEL_CASES = {
     "invalid_bit_width": lambda: wire.pack_bits([1, 2], 0),
     "value_too_wide": lambda: wire.pack_bits([1, 8, 2], 3),
@@ -121,6 +125,12 @@ KERNEL_CASES = {
     "elias_zero": lambda: wire.elias_encode([1, 0], "gamma"),
     "stream_truncated": lambda: wire.elias_decode(wire.elias_encode([5, 6], "gamma"), 3, "gamma"),
     "invalid_code_length_cap": lambda: wire.huffman_book(np.ones(256, dtype=np.uint64), 0),
+    "invalid_field_format": lambda: wire.gcomp_encode(F32_ONES, 2, 1, u8(0, 0), GCOMP_BOOK),
+    "invalid_block_size": lambda: wire.gcomp_encode(F32_ONES, 0, 0, u8(), GCOMP_BOOK),
+    "block_count": lambda: wire.gcomp_encode(F32_ONES, 0, 1, u8(0), GCOMP_BOOK),
+    "invalid_block_level": lambda: wire.gcomp_encode(F32_ONES, 0, 1, u8(0, 4), GCOMP_BOOK),
+    "non_finite_value": lambda: wire.gcomp_encode(np.float32([1, np.inf]).view(np.uint32), 0, 1, u8(0, 0), GCOMP_BOOK),
+    "operand_length": lambda: wire.gcomp_metric("sgd", F32_ONES, np.ones(3, np.float32), lr=0.1),
 }
 
 

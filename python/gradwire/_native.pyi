@@ -265,3 +265,67 @@ def huffman_encode(symbols: npt.NDArray[np.uint8], book: npt.NDArray[np.uint8]) 
 
 def huffman_decode(data: npt.NDArray[np.uint8], count: int, book: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     """Decode exactly ``count`` symbols by table lookup on the next ``cap`` bits."""
+
+# GComp's per-element work (docs/FORMAT.md section 5.4), on float32 bit patterns (uint32).
+
+def gcomp_exponent_counts(bits: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint64]:
+    """How many of the f32 bit patterns have each biased exponent (256 counts; 0: zeros and
+    denormals, 255: infinities and NaNs)."""
+
+def gcomp_metric(
+    kind: str,
+    grad: npt.NDArray[np.uint32],
+    param: npt.NDArray[np.float32],
+    first: Optional[npt.NDArray[np.float32]] = None,
+    second: Optional[npt.NDArray[np.float32]] = None,
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    alpha: float = 0.99,
+    bias_correction1: float = 1.0,
+) -> npt.NDArray[np.float64]:
+    """δ of the paper's Table 2 per element in f64, for optimizer ``kind`` (``"sgd"``,
+    ``"momentum"``, ``"nesterov"``, ``"adagrad"``, ``"rmsprop"``, ``"adam"``, ``"adamw"``):
+    ``first`` is momentum_buffer, sum, square_avg or exp_avg, ``second`` exp_avg_sq (None: zeros);
+    ``bias_correction1`` is ``1 - beta1**t``, Adagrad's ``lr`` the decayed one. Bit for bit the
+    value of ``gradwire.codecs.gcomp.quantization_metric``."""
+
+def gcomp_block_levels(
+    kind: str,
+    grad: npt.NDArray[np.uint32],
+    param: npt.NDArray[np.float32],
+    first: Optional[npt.NDArray[np.float32]] = None,
+    second: Optional[npt.NDArray[np.float32]] = None,
+    *,
+    block: int,
+    thresholds: tuple[float, float, float],
+    lr: float,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    alpha: float = 0.99,
+    bias_correction1: float = 1.0,
+) -> npt.NDArray[np.uint8]:
+    """Per block of ``block``, the largest level 1..3 whose threshold the block's smallest |δ| over
+    its nonzero elements reaches, else 0 (NaN δ counts as 0, a block of zeros gets 3)."""
+
+def gcomp_encode(
+    bits: npt.NDArray[np.uint32],
+    format: int,
+    block: int,
+    levels: npt.NDArray[np.uint8],
+    book: npt.NDArray[np.uint8],
+) -> tuple[
+    npt.NDArray[np.uint8], npt.NDArray[np.uint8], npt.NDArray[np.uint8], npt.NDArray[np.uint8], npt.NDArray[np.uint32]
+]:
+    """The ``exp``, ``level``, ``sign`` and ``mant`` sections of a GComp record and the f32 bit
+    patterns a receiver decodes, in one call: format 0 (f32) or 1 (bf16), one level 0..3 per block
+    of ``block``, the exponents coded with the serialized codebook ``book``."""

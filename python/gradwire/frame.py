@@ -156,6 +156,12 @@ class Frame:
 
 
 def _section_spec(entry: Entry, name: str, arr) -> tuple[str, int, np.ndarray]:
+    if type(arr) is np.ndarray and arr.ndim == 1 and arr.flags.c_contiguous and name not in entry.section_elems:
+        # The common case (a codec's own 1-D section), without the conversions below: a frame of
+        # a small model's many tensors pays this per section.
+        elem = _ELEM_BY_NUMPY.get(arr.dtype)
+        if elem is not None:
+            return name, elem, arr.view(np.uint8)
     if isinstance(arr, (bytes, bytearray, memoryview)):
         arr = np.frombuffer(arr, dtype=np.uint8)
     arr = np.asarray(arr)

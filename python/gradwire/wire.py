@@ -19,6 +19,10 @@ __all__ = [
     "crc32c",
     "elias_decode",
     "elias_encode",
+    "gcomp_block_levels",
+    "gcomp_encode",
+    "gcomp_exponent_counts",
+    "gcomp_metric",
     "huffman_book",
     "huffman_book_lengths",
     "huffman_decode",
@@ -53,6 +57,8 @@ def as_u8(data: BytesLike) -> np.ndarray:
 
 
 def _as_array(values, dtype) -> np.ndarray:
+    if type(values) is np.ndarray and values.dtype == dtype and values.ndim == 1 and values.flags.c_contiguous:
+        return values  # already what the kernel takes: per-call overhead matters for small tensors
     arr = np.asarray(values)
     if arr.dtype != dtype:
         if arr.size and arr.dtype.kind in "iu":
@@ -202,3 +208,52 @@ def huffman_encode(symbols, book: BytesLike) -> bytes:
 def huffman_decode(data: BytesLike, count: int, book: BytesLike) -> np.ndarray:
     """Exactly ``count`` uint8 symbols of a Huffman stream (table lookup, no tree walk)."""
     return _native.huffman_decode(as_u8(data), int(count), as_u8(book))
+
+
+# ------------------------------------------------------------------------------------------------
+# GComp's per-element work (docs/FORMAT.md §5.4): f32 bit patterns in (``uint32``), one pass each.
+
+
+def gcomp_exponent_counts(bits: np.ndarray) -> np.ndarray:
+    """How many of the f32 bit patterns ``bits`` have each biased exponent (256 uint64 counts)."""
+    return _native.gcomp_exponent_counts(_as_array(bits, np.uint32))
+
+
+def gcomp_metric(kind: str, grad_bits, param, first=None, second=None, **scalars: float) -> np.ndarray:
+    """δ of the paper's Table 2 per element (float64), computed as ``gcomp.quantization_metric``
+    computes it; ``first``/``second`` are the optimizer state (None = zeros), ``scalars`` its
+    hyperparameters (``lr``, ``weight_decay``, ``momentum``, ``dampening``, ``beta1``, ``beta2``,
+    ``eps``, ``alpha``, ``bias_correction1`` = 1 − β1^t)."""
+    return _native.gcomp_metric(kind, *_metric_operands(grad_bits, param, first, second), **scalars)
+
+
+def gcomp_block_levels(
+    kind: str, grad_bits, param, first=None, second=None, *, block: int, thresholds, **scalars: float
+) -> np.ndarray:
+    """Per block, the largest level 1..3 whose threshold its smallest |δ| over nonzero elements
+    reaches, else 0 (uint8); arguments as for :func:`gcomp_metric`."""
+    return _native.gcomp_block_levels(
+        kind, *_metric_operands(grad_bits, param, first, second), block=int(block),
+        thresholds=thresholds if type(thresholds) is tuple else tuple(thresholds), **scalars,
+    )
+
+
+def _metric_operands(grad_bits, param, first, second):
+    return _as_array(grad_bits, np.uint32), _f32_or_none(param), _f32_or_none(first), _f32_or_none(second)
+
+
+def _f32_or_none(a) -> Optional[np.ndarray]:
+    if a is None or (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous):
+        return a
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+
+
+def gcomp_encode(
+    bits, format: int, block: int, levels, book: BytesLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """GComp's ``exp``, ``level``, ``sign`` and ``mant`` sections (uint8 arrays) of the f32 bit
+    patterns ``bits`` (one level 0..3 per block of ``block``, the exponents coded with ``book``)
+    and the f32 bit patterns (uint32) a receiver decodes."""
+    return _native.gcomp_encode(
+        _as_array(bits, np.uint32), int(format), int(block), _as_array(levels, np.uint8), as_u8(book)
+    )

@@ -34,6 +34,7 @@ the last book of each (sender, tensor name) stream and decodes frames that only 
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = [
     "GCompDecoderState",
     "OPTIMIZERS",
     "block_levels",
+    "level_thresholds",
     "quantization_metric",
     "unpack_params",
 ]
@@ -148,6 +150,15 @@ def quantization_metric(
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {k!r}")
 
 
+def level_thresholds(fmt: int, param_precision: int, tolerance_bits: float = 0.0) -> tuple[float, float, float]:
+    """The smallest ``|δ|`` each of levels 1–3 needs: ``2^(drop_l − W + p − tolerance)``."""
+    w = MANTISSA_BITS[fmt]
+    return tuple(2.0 ** (d - w + param_precision - tolerance_bits) for d in DROPS[fmt][1:])
+
+
+_thresholds = functools.lru_cache(maxsize=64)(level_thresholds)
+
+
 def block_levels(
     delta: torch.Tensor,
     nonzero: torch.Tensor,
@@ -157,7 +168,10 @@ def block_levels(
     tolerance_bits: float = 0.0,
 ) -> torch.Tensor:
     """Per block, the largest level ``l`` with ``|δ| ≥ 2^(drop_l − W + p − tolerance)`` for all its
-    nonzero elements (int64, on ``delta``'s device). NaN δ allows level 0 only; a block of zeros gets 3."""
+    nonzero elements (int64, on ``delta``'s device). NaN δ allows level 0 only; a block of zeros gets 3.
+
+    The Rust kernel ``wire.gcomp_block_levels`` computes the same levels from the gradient, the
+    parameter and the optimizer state on the CPU; this is the one for other devices and dtypes."""
     n = delta.numel()
     nb = -(-n // block)
     mag = torch.nan_to_num(delta.abs().reshape(-1), nan=0.0)
@@ -165,39 +179,78 @@ def block_levels(
     padded = torch.full((nb * block,), math.inf, dtype=mag.dtype, device=mag.device)
     padded[:n] = mag
     worst = padded.view(nb, block).amin(dim=1)
-    w = MANTISSA_BITS[fmt]
     level = torch.zeros(nb, dtype=torch.int64, device=mag.device)
-    for lv, d in enumerate(DROPS[fmt]):
-        if lv:
-            level = torch.where(worst >= 2.0 ** (d - w + param_precision - tolerance_bits), lv, level)
+    for lv, threshold in enumerate(level_thresholds(fmt, param_precision, tolerance_bits), start=1):
+        level = torch.where(worst >= threshold, lv, level)
     return level
+
+
+def _native_metric(
+    x: torch.Tensor, param: torch.Tensor, state: Optional[Mapping], opt: OptimizerConfig
+) -> Optional[tuple[str, list, dict]]:
+    """``(kind, [param, first, second], scalars)`` for ``wire.gcomp_block_levels`` when the Rust
+    kernel computes exactly what :func:`quantization_metric` would: every operand on the CPU and
+    exactly representable in float32 (f32, f16, bf16). None otherwise."""
+    if not x.is_cpu or x.dtype not in _EXACT_IN_F32:
+        return None
+    operands = [None, None, None]
+    for i, t in enumerate((param, *(state.get(k) if state else None for k in _STATE_KEYS[opt.kind]))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_cpu or t.dtype not in _EXACT_IN_F32:
+            return None
+        if t.numel() != x.numel():
+            return None
+        operands[i] = _host_f32(t)
+    b1, b2 = opt.betas
+    lr, bias_correction1 = opt.lr, 1.0
+    if opt.kind == "adagrad":
+        lr = opt.lr / (1 + (_step(state) - 1) * opt.lr_decay)
+    elif opt.kind in ("adam", "adamw"):
+        bias_correction1 = 1 - b1 ** _step(state)
+    scalars = dict(lr=lr, weight_decay=opt.weight_decay, momentum=opt.momentum, dampening=opt.dampening,
+                   beta1=b1, beta2=b2, eps=opt.eps, alpha=opt.alpha, bias_correction1=bias_correction1)
+    return opt.kind, operands, scalars
+
+
+# ``t.is_cpu`` rather than ``t.device.type == "cpu"`` on the per-tensor path: a tenth of the cost
+# (building the device object takes a microsecond, paid several times per tensor).
+
+#: Dtypes whose every value a float32 holds exactly.
+_EXACT_IN_F32 = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _host_f32(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a flat float32 array: a view when it already is one."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        t = t.to(torch.float32).contiguous()
+    return t.numpy().reshape(-1)
+
+
+#: The optimizer state δ reads, in the Rust kernel's order (``first``, ``second``).
+_STATE_KEYS = {
+    "sgd": (),
+    "momentum": ("momentum_buffer",),
+    "nesterov": ("momentum_buffer",),
+    "adagrad": ("sum",),
+    "rmsprop": ("square_avg",),
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "adamw": ("exp_avg", "exp_avg_sq"),
+}
 
 
 # ---------------------------------------------------------------------------------------------
 # Float fields
 
 
-def _per_element(levels: torch.Tensor, block: int, n: int) -> torch.Tensor:
-    """Each of ``n`` elements' block level (a block larger than the tensor is one block)."""
-    if n == 0:
-        return torch.zeros(0, dtype=torch.int64, device=levels.device)
-    if block >= n:
-        return levels[:1].expand(n)
-    return levels.repeat_interleave(block)[:n]
-
-
-def _split(x: torch.Tensor, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(sign, exponent, mantissa)`` int32 fields of a float tensor's values as float32 (bf16
-    mantissa: its 7 bits); zero and denormals get exponent 0 and mantissa 0."""
-    bits = x.reshape(-1).to(torch.float32).view(torch.int32)
-    exp = (bits >> 23) & 0xFF
-    sign = (bits >> 31) & 1
-    mant = bits & 0x7FFFFF
-    if fmt == FORMAT_BF16:
-        mant = mant >> 16
-    zero = exp == 0
-    mant = torch.where(zero, torch.zeros_like(mant), mant)
-    return sign, exp, mant
+def _f32_bits(x: torch.Tensor) -> np.ndarray:
+    """The values of ``x`` as float32 bit patterns (uint32) on the host; a contiguous float32 CPU
+    tensor is viewed, not copied."""
+    if not x.is_cpu:
+        x = x.to(device="cpu", dtype=torch.float32)
+    return _host_f32(x).view(np.uint32)
 
 
 def _compose(sign: torch.Tensor, exp: torch.Tensor, kept: torch.Tensor, drop: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -342,36 +395,25 @@ class GComp(Codec):
         rec.check_float_input(tensor)
         fmt = FORMAT_BF16 if tensor.dtype == torch.bfloat16 else FORMAT_F32
         x = tensor.detach()
-        sign, exp, mant = _split(x, fmt)
-        if exp.numel() and bool((exp == 255).any()):
+        # Everything per element runs in Rust on the host, in one pass each (FORMAT.md §5.4):
+        # exponent counts, δ's block levels (on the CPU), then all four sections and the
+        # reconstruction together.
+        bits = _f32_bits(x)
+        counts = wire.gcomp_exponent_counts(bits)
+        if counts[255]:
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
-        nonzero = exp != 0
-        levels = self._levels(x, name, param, state, nonzero, fmt)
-        drops = torch.tensor(DROPS[fmt], dtype=torch.int32, device=x.device)
-        elem_level = _per_element(levels, self.block, exp.numel())
-        drop = drops[elem_level]
-        kept = mant >> drop
-        recon = _compose(sign, exp, kept, drop, fmt).reshape(tensor.shape).to(tensor.dtype)
-
-        # Host side: the exponent histogram (256 counts), then the bytes.
-        counts = torch.bincount(exp, minlength=256).cpu().numpy().astype(np.uint64)
+        levels = self._levels(x, bits, name, param, state, fmt)
         book = self._book_for(name, counts)
-        exp_host = exp.to(torch.uint8).cpu().numpy()
+        exp, level, sign, mant, recon_bits = wire.gcomp_encode(bits, fmt, self.block, levels, book.data)
+        # numpy's reshape, not torch's: a few microseconds per tensor of a small model.
+        recon = torch.from_numpy(recon_bits.view(np.float32).reshape(tensor.shape))
+        if tensor.dtype != torch.float32 or not x.is_cpu:
+            recon = recon.to(device=x.device, dtype=tensor.dtype)
         sections: dict[str, np.ndarray] = {}
         if self.carry_book == "always" or not book.carried:
             sections["book"] = np.frombuffer(book.data, np.uint8)
             book.carried = True
-        sections["exp"] = np.frombuffer(wire.huffman_encode(exp_host, book.data), np.uint8)
-        sections["level"] = np.frombuffer(wire.pack_bits(levels.cpu().numpy().astype(np.uint32), 2), np.uint8)
-        sections["sign"] = np.frombuffer(wire.pack_bits(sign[nonzero].cpu().numpy().astype(np.uint32), 1), np.uint8)
-        # Only the nonzeros' kept bits and levels cross to the host; the parts are split there.
-        nz_kept = kept[nonzero].cpu().numpy().astype(np.uint32)
-        nz_level = elem_level[nonzero].to(torch.uint8).cpu().numpy()
-        parts = []
-        width = MANTISSA_BITS[fmt]
-        for lv, d in enumerate(DROPS[fmt]):
-            parts.append(wire.pack_bits(nz_kept[nz_level == lv], width - d))
-        sections["mant"] = np.frombuffer(b"".join(parts), np.uint8)
+        sections.update(exp=exp, level=level, sign=sign, mant=mant)
         entry = rec.entry(
             self.codec_id, name, tensor,
             params=_PARAMS.pack(fmt, self.block, book.book_id),
@@ -379,18 +421,27 @@ class GComp(Codec):
         )
         return entry, recon
 
-    def _levels(self, x, name, param, state, nonzero, fmt) -> torch.Tensor:
+    def _levels(self, x, bits, name, param, state, fmt) -> np.ndarray:
+        """One level per block (uint8, host)."""
         nb = -(-x.numel() // self.block)
         if self.fixed_level is not None:
-            return torch.full((nb,), self.fixed_level, dtype=torch.int64, device=x.device)
+            return np.full(nb, self.fixed_level, np.uint8)
         param, state, cfg = self._context(name, param, state)
         if param is None or cfg is None:
-            return torch.zeros(nb, dtype=torch.int64, device=x.device)
-        if tuple(param.shape) != tuple(x.shape):
+            return np.zeros(nb, np.uint8)
+        if param.shape != x.shape:
             raise ValueError(f"parameter of {name!r} has shape {tuple(param.shape)}, the gradient {tuple(x.shape)}")
-        delta = quantization_metric(x, param, state, cfg)
         precision = _PARAM_PRECISION.get(param.dtype, 24)
-        return block_levels(delta, nonzero, self.block, fmt, precision, self.tolerance_bits)
+        thresholds = _thresholds(fmt, precision, self.tolerance_bits)
+        native = _native_metric(x, param, state, cfg)
+        if native is not None:
+            kind, operands, scalars = native
+            return wire.gcomp_block_levels(kind, bits, *operands, block=self.block, thresholds=thresholds, **scalars)
+        # Other devices (δ where the gradient lives) and float64 operands: torch.
+        delta = quantization_metric(x, param, state, cfg)
+        nonzero = ((x.reshape(-1).to(torch.float32).view(torch.int32) >> 23) & 0xFF) != 0
+        levels = block_levels(delta, nonzero, self.block, fmt, precision, self.tolerance_bits)
+        return levels.to(torch.uint8).cpu().numpy()
 
     def _book_for(self, name: str, counts: np.ndarray) -> _Book:
         """The book this step is coded with: built at a name's first step, rebuilt from the counts of

@@ -94,6 +94,68 @@ impl BitWriter {
     }
 }
 
+/// Appends bit fields to a byte slice of the stream's exact length, for hot loops whose
+/// output length is known beforehand: no capacity test, no growing, and a state small enough to
+/// live in registers. Each put stores the whole 64-bit accumulator at the current byte (the
+/// pending bits, zeros above), so the slice holds the stream, padding bits zero, after the last
+/// put; near the end only the bytes that fit are stored. Bits put past the end are dropped (the
+/// caller's length was wrong: wrong output, never a panic).
+pub(crate) struct Sink<'a> {
+    buf: &'a mut [u8],
+    /// Bytes finished.
+    pos: usize,
+    acc: u64,
+    /// Bits pending in `acc` (< 8 between calls).
+    n: u32,
+}
+
+impl<'a> Sink<'a> {
+    /// A sink writing `buf` from its start.
+    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
+        Sink {
+            buf,
+            pos: 0,
+            acc: 0,
+            n: 0,
+        }
+    }
+
+    /// This sink, moved out (the one left behind writes nothing): a loop works on a local copy
+    /// and puts it back.
+    pub(crate) fn take(&mut self) -> Sink<'a> {
+        Sink {
+            buf: std::mem::take(&mut self.buf),
+            ..*self
+        }
+    }
+
+    /// Appends the low `bits` bits of `value` (`bits <= 56`, higher bits of `value` zero; 0 bits
+    /// append nothing).
+    #[inline(always)]
+    pub(crate) fn put(&mut self, value: u64, bits: u32) {
+        debug_assert!(bits <= 56 && value >> bits == 0);
+        self.acc |= value << self.n;
+        self.n += bits;
+        match self.buf.get_mut(self.pos..self.pos + 8) {
+            Some(slot) => slot.copy_from_slice(&self.acc.to_le_bytes()),
+            None => self.store_tail(),
+        }
+        let bytes = self.n >> 3;
+        self.pos += bytes as usize;
+        self.acc >>= bytes << 3;
+        self.n &= 7;
+    }
+
+    /// The accumulator's bytes that fit before the end of the slice.
+    #[cold]
+    fn store_tail(&mut self) {
+        if let Some(rest) = self.buf.get_mut(self.pos..) {
+            let fit = rest.len().min(8);
+            rest[..fit].copy_from_slice(&self.acc.to_le_bytes()[..fit]);
+        }
+    }
+}
+
 /// The bits of `value`'s low `len` bits in reverse order (`1 <= len <= 64`): how a code defined
 /// most significant bit first is put into an LSB-first stream.
 #[inline(always)]

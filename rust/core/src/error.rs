@@ -172,6 +172,35 @@ pub enum WireError {
     #[error("escaped symbol {symbol} at bit {bit_offset} has its own code")]
     EscapedSymbolHasCode { symbol: u8, bit_offset: u64 },
 
+    // ----------------------------------------------------------------- GComp fields
+    /// A GComp `format` code other than 0 (f32) or 1 (bf16).
+    #[error("GComp format {format} is not 0 (f32) or 1 (bf16)")]
+    InvalidFieldFormat { format: u8 },
+
+    /// A block of 0 elements.
+    #[error("block size {block} must be at least 1")]
+    InvalidBlockSize { block: usize },
+
+    /// Not one level per block.
+    #[error("{got} block levels given for {expected} blocks")]
+    BlockCount { expected: usize, got: usize },
+
+    /// A block level above 3.
+    #[error("level {level} of block {index} is not 0, 1, 2 or 3")]
+    InvalidBlockLevel { index: usize, level: u8 },
+
+    /// An infinity or NaN (biased exponent 255), which GComp cannot send.
+    #[error("value at index {index} (bits {bits:#010x}) is not finite")]
+    NonFiniteValue { index: usize, bits: u32 },
+
+    /// An operand of a per-element kernel whose length differs from the gradient's.
+    #[error("{operand} holds {got} values, the gradient {expected}")]
+    OperandLength {
+        operand: &'static str,
+        expected: usize,
+        got: usize,
+    },
+
     // ----------------------------------------------------------------- frame: envelope
     /// Fewer bytes than the smallest possible frame.
     #[error("frame too short: {got} bytes, a frame has at least 36")]
@@ -394,6 +423,12 @@ error_kinds! {
         SymbolNotInBook => "symbol_not_in_book",
         InvalidCode => "invalid_code",
         EscapedSymbolHasCode => "escaped_symbol_has_code",
+        InvalidFieldFormat => "invalid_field_format",
+        InvalidBlockSize => "invalid_block_size",
+        BlockCount => "block_count",
+        InvalidBlockLevel => "invalid_block_level",
+        NonFiniteValue => "non_finite_value",
+        OperandLength => "operand_length",
     }
     frame {
         FrameTooShort => "frame_too_short",

@@ -267,7 +267,7 @@ impl HuffmanBook {
 
     /// Per symbol, the stream field (codeword reversed, then the raw byte for escaped symbols)
     /// and its width; width 0 when the symbol cannot be coded.
-    fn encode_table(&self) -> [(u32, u32); ALPHABET] {
+    pub(crate) fn encode_table(&self) -> [(u32, u32); ALPHABET] {
         let mut table = [(0u32, 0u32); ALPHABET];
         let esc_len = u32::from(self.lengths[ESCAPE]);
         let esc = if esc_len > 0 {

@@ -5,6 +5,7 @@
 //! * [`rice`]: index sets (DCT positions) as Golomb-Rice coded gaps;
 //! * [`elias`]: Elias-γ and Elias-ω codes and QSGD's sparse level stream;
 //! * [`huffman`]: canonical Huffman codes with a length cap and an escape (GComp's exponents);
+//! * [`gcomp`]: GComp's per-element work: exponent counts, block levels by δ, the sections;
 //! * [`checksum`]: the CRC-32C frame checksum;
 //! * [`dct_rows`]: the sparse first stage of the exact DCT decode;
 //! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
@@ -21,6 +22,7 @@ pub mod dct_rows;
 pub mod elias;
 pub mod error;
 pub mod frame;
+pub mod gcomp;
 pub mod huffman;
 pub mod quartic;
 pub mod rice;

@@ -623,6 +623,222 @@ fn huffman_decode<'py>(
     array_of(py, || b.decode(d, count))
 }
 
+// ------------------------------------------------------------------------------------ GComp
+
+/// Histogram of the biased f32 exponents of the bit patterns `bits` (256 uint64 counts; index 0
+/// counts zeros and denormals, 255 infinities and NaNs).
+#[pyfunction]
+fn gcomp_exponent_counts<'py>(
+    py: Python<'py>,
+    bits: PyReadonlyArray1<'py, u32>,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let b = slice(&bits, "bits")?;
+    array_of(py, || Ok(gw::gcomp::exponent_counts(b).to_vec()))
+}
+
+/// The metric of optimizer `kind` (one of Table 2's seven) with its hyperparameters.
+#[allow(clippy::too_many_arguments)]
+fn gcomp_metric_of(
+    kind: &str,
+    lr: f64,
+    weight_decay: f64,
+    momentum: f64,
+    dampening: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    alpha: f64,
+    bias_correction1: f64,
+) -> PyResult<gw::gcomp::Metric> {
+    use gw::gcomp::Metric;
+    Ok(match kind {
+        "sgd" => Metric::Sgd { lr, weight_decay },
+        "momentum" => Metric::Momentum {
+            lr,
+            weight_decay,
+            momentum,
+            dampening,
+        },
+        "nesterov" => Metric::Nesterov {
+            lr,
+            weight_decay,
+            momentum,
+        },
+        "adagrad" => Metric::Adagrad {
+            lr,
+            weight_decay,
+            eps,
+        },
+        "rmsprop" => Metric::Rmsprop {
+            lr,
+            weight_decay,
+            alpha,
+            eps,
+        },
+        "adam" => Metric::Adam {
+            lr,
+            weight_decay,
+            beta1,
+            beta2,
+            eps,
+            bias_correction1,
+        },
+        "adamw" => Metric::Adamw {
+            lr,
+            weight_decay,
+            beta1,
+            beta2,
+            eps,
+            bias_correction1,
+        },
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "kind must be one of sgd, momentum, nesterov, adagrad, rmsprop, adam, adamw; got {kind:?}"
+            )))
+        }
+    })
+}
+
+/// The optional state operand `what` as a slice.
+fn optional_slice<'a>(
+    arr: &'a Option<PyReadonlyArray1<'_, f32>>,
+    what: &str,
+) -> PyResult<Option<&'a [f32]>> {
+    arr.as_ref().map(|a| slice(a, what)).transpose()
+}
+
+/// The quantization metric δ (the paper's Table 2) of every element in f64: `grad` as f32 bit
+/// patterns, `param` and the optimizer state (`first`: momentum_buffer, sum, square_avg or
+/// exp_avg; `second`: exp_avg_sq; None = zeros) as float32. `bias_correction1` is `1 - beta1**t`
+/// and Adagrad's `lr` the decayed one.
+#[pyfunction]
+#[pyo3(signature = (kind, grad, param, first = None, second = None, *, lr, weight_decay = 0.0, momentum = 0.0, dampening = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, alpha = 0.99, bias_correction1 = 1.0))]
+#[allow(clippy::too_many_arguments)]
+fn gcomp_metric<'py>(
+    py: Python<'py>,
+    kind: &str,
+    grad: PyReadonlyArray1<'py, u32>,
+    param: PyReadonlyArray1<'py, f32>,
+    first: Option<PyReadonlyArray1<'py, f32>>,
+    second: Option<PyReadonlyArray1<'py, f32>>,
+    lr: f64,
+    weight_decay: f64,
+    momentum: f64,
+    dampening: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    alpha: f64,
+    bias_correction1: f64,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let m = gcomp_metric_of(
+        kind,
+        lr,
+        weight_decay,
+        momentum,
+        dampening,
+        beta1,
+        beta2,
+        eps,
+        alpha,
+        bias_correction1,
+    )?;
+    let (g, p) = (slice(&grad, "grad")?, slice(&param, "param")?);
+    let (a, b) = (
+        optional_slice(&first, "first")?,
+        optional_slice(&second, "second")?,
+    );
+    array_of(py, || {
+        let mut out = vec![0.0; g.len()];
+        gw::gcomp::metric_into(&m, g, p, a, b, &mut out)?;
+        Ok(out)
+    })
+}
+
+/// Per block of `block` elements, the largest level whose threshold (`thresholds`, levels 1..3)
+/// the block's smallest |δ| over its nonzero elements reaches (uint8, 0..3); arguments as for
+/// gcomp_metric.
+#[pyfunction]
+#[pyo3(signature = (kind, grad, param, first = None, second = None, *, block, thresholds, lr, weight_decay = 0.0, momentum = 0.0, dampening = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, alpha = 0.99, bias_correction1 = 1.0))]
+#[allow(clippy::too_many_arguments)]
+fn gcomp_block_levels<'py>(
+    py: Python<'py>,
+    kind: &str,
+    grad: PyReadonlyArray1<'py, u32>,
+    param: PyReadonlyArray1<'py, f32>,
+    first: Option<PyReadonlyArray1<'py, f32>>,
+    second: Option<PyReadonlyArray1<'py, f32>>,
+    block: usize,
+    thresholds: [f64; 3],
+    lr: f64,
+    weight_decay: f64,
+    momentum: f64,
+    dampening: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    alpha: f64,
+    bias_correction1: f64,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let m = gcomp_metric_of(
+        kind,
+        lr,
+        weight_decay,
+        momentum,
+        dampening,
+        beta1,
+        beta2,
+        eps,
+        alpha,
+        bias_correction1,
+    )?;
+    let (g, p) = (slice(&grad, "grad")?, slice(&param, "param")?);
+    let (a, b) = (
+        optional_slice(&first, "first")?,
+        optional_slice(&second, "second")?,
+    );
+    array_of(py, || {
+        gw::gcomp::block_levels(&m, g, p, a, b, block, &thresholds)
+    })
+}
+
+type GcompSectionsOut<'py> = (
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<u32>>,
+);
+
+/// GComp's `exp`, `level`, `sign` and `mant` sections (uint8 arrays, written in place: no copy)
+/// of the f32 bit patterns `bits` (format 0 or 1, one uint8 level per block of `block`, the
+/// serialized exponent codebook `book`) and the bit patterns a receiver decodes (uint32).
+#[pyfunction]
+fn gcomp_encode<'py>(
+    py: Python<'py>,
+    bits: PyReadonlyArray1<'py, u32>,
+    format: u8,
+    block: usize,
+    levels: PyReadonlyArray1<'py, u8>,
+    book: PyReadonlyArray1<'py, u8>,
+) -> PyResult<GcompSectionsOut<'py>> {
+    let (x, l) = (slice(&bits, "bits")?, slice(&levels, "levels")?);
+    let b = huffman_book_of(py, &book)?;
+    let (s, recon) = nogil(py, || {
+        let format = gw::gcomp::FieldFormat::from_code(format)?;
+        let mut recon = vec![0u32; x.len()];
+        let s = gw::gcomp::encode(x, format, block, l, &b, &mut recon)?;
+        Ok((s, recon))
+    })?;
+    Ok((
+        PyArray1::from_vec(py, s.exp),
+        PyArray1::from_vec(py, s.level),
+        PyArray1::from_vec(py, s.sign),
+        PyArray1::from_vec(py, s.mant),
+        PyArray1::from_vec(py, recon),
+    ))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -680,5 +896,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(huffman_book_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(huffman_encode, m)?)?;
     m.add_function(wrap_pyfunction!(huffman_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(gcomp_exponent_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(gcomp_metric, m)?)?;
+    m.add_function(wrap_pyfunction!(gcomp_block_levels, m)?)?;
+    m.add_function(wrap_pyfunction!(gcomp_encode, m)?)?;
     Ok(())
 }
