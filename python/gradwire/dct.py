@@ -548,7 +548,7 @@ def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
 
 _INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = OrderedDict()
 #: Output elements (float64) of one block of chunks: bounds the scratch memory of a decode.
-_EXACT_BLOCK_ELEMS = 1 << 20
+_EXACT_BLOCK_ELEMS = 1 << 18
 
 
 def fixed_point_bits(chunk_shape: Sequence[int]) -> int:

@@ -86,39 +86,108 @@ pub fn scatter_basis_rows(
         });
     }
     let row_len = chunks * 2 * last;
-    // One thread's share: rows `first..` of the output, as the slice `part`.
-    let scatter = |first: usize, part: &mut [f64]| {
-        part.fill(0.0);
-        let end = first + part.len() / row_len;
-        for (i, (&p, &u)) in positions.iter().zip(levels).enumerate() {
-            let p = p as usize; // checked above: 0 <= p < universe
-            let row = p / last;
-            if row < first || row >= end {
-                continue;
+    let shift = last.is_power_of_two().then(|| last.trailing_zeros());
+    // checked above: 0 <= p < universe; a shift where `last` allows (a division is ~30 cycles)
+    let row_of = |p: i64| match shift {
+        Some(sh) => (p as usize) >> sh,
+        None => p as usize / last,
+    };
+    // One thread's share: chunks `first..first + count`, whose part of each output row is
+    // `rows_out[row]`. Coefficients of one chunk row that follow each other (all of them when
+    // positions ascend, as decoders give them) are summed in registers, LANES outputs at a time,
+    // and the sums added to the output once per run.
+    let scatter = |first: usize, count: usize, rows_out: &mut [&mut [f64]]| {
+        for r in rows_out.iter_mut() {
+            r.fill(0.0);
+        }
+        let (lo, hi) = (first * k, (first + count) * k);
+        let mut j = lo;
+        while j < hi {
+            let row = row_of(positions[j]);
+            let chunk_end = (j / k + 1) * k;
+            let mut run_end = j + 1;
+            while run_end < chunk_end && row_of(positions[run_end]) == row {
+                run_end += 1;
             }
-            let col = p - row * last;
-            let b = &basis[col * last..(col + 1) * last];
-            let start = (row - first) * row_len + (i / k) * 2 * last;
-            let (lv, off) = part[start..start + 2 * last].split_at_mut(last);
+            let start = (j / k - first) * 2 * last;
+            let (lv, off) = rows_out[row][start..start + 2 * last].split_at_mut(last);
+            add_row_run(
+                &positions[j..run_end],
+                &levels[j..run_end],
+                row * last,
+                last,
+                basis,
+                lv,
+                off,
+            );
+            j = run_end;
+        }
+    };
+    let threads = threads.clamp(1, chunks);
+    let per_thread = chunks.div_ceil(threads);
+    // Each row of `out` cut at the threads' chunk boundaries: disjoint slices, one set per thread.
+    let mut shares: Vec<Vec<&mut [f64]>> = (0..threads).map(|_| Vec::with_capacity(rows)).collect();
+    for row in out.chunks_mut(row_len) {
+        for (t, piece) in row.chunks_mut(per_thread * 2 * last).enumerate() {
+            shares[t].push(piece);
+        }
+    }
+    let mut shares = shares.into_iter().filter(|s| !s.is_empty()).enumerate();
+    if threads == 1 {
+        if let Some((_, mut rows_out)) = shares.next() {
+            scatter(0, chunks, &mut rows_out);
+        }
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        for (t, mut rows_out) in shares {
+            let scatter = &scatter;
+            let count = per_thread.min(chunks - t * per_thread);
+            scope.spawn(move || scatter(t * per_thread, count, &mut rows_out));
+        }
+    });
+    Ok(())
+}
+
+/// Outputs summed at once in [`add_row_run`]: enough independent accumulators to keep the
+/// floating-point adders busy, few enough to stay in registers.
+const LANES: usize = 8;
+
+/// Adds `Σ u · basis[col]` into `lv` and `Σ basis[col]` into `off` for the coefficients of one chunk
+/// row (`positions` minus `row_start` are their columns), `LANES` outputs at a time.
+fn add_row_run(
+    positions: &[i64],
+    levels: &[i16],
+    row_start: usize,
+    last: usize,
+    basis: &[f64],
+    lv: &mut [f64],
+    off: &mut [f64],
+) {
+    let mut n0 = 0;
+    while n0 < last {
+        let width = LANES.min(last - n0);
+        let mut acc_l = [0.0f64; LANES];
+        let mut acc_o = [0.0f64; LANES];
+        for (&p, &u) in positions.iter().zip(levels) {
+            let col = p as usize - row_start;
+            let b = &basis[col * last + n0..col * last + n0 + width];
             let u = f64::from(u);
-            for ((l, o), &v) in lv.iter_mut().zip(off.iter_mut()).zip(b) {
+            for ((l, o), &v) in acc_l.iter_mut().zip(acc_o.iter_mut()).zip(b) {
                 *l += u * v;
                 *o += v;
             }
         }
-    };
-    let per_thread = rows.div_ceil(threads.clamp(1, rows.max(1)));
-    if per_thread >= rows {
-        scatter(0, out);
-        return Ok(());
-    }
-    std::thread::scope(|scope| {
-        for (t, part) in out.chunks_mut(per_thread * row_len).enumerate() {
-            let scatter = &scatter;
-            scope.spawn(move || scatter(t * per_thread, part));
+        for ((dst, src), (dst_o, src_o)) in lv[n0..n0 + width]
+            .iter_mut()
+            .zip(&acc_l)
+            .zip(off[n0..n0 + width].iter_mut().zip(&acc_o))
+        {
+            *dst += src;
+            *dst_o += src_o;
         }
-    });
-    Ok(())
+        n0 += width;
+    }
 }
 
 /// Stage three of the exact decode: each chunk's float32 values from its two channels,

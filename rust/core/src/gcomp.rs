@@ -537,7 +537,12 @@ fn counts_and_nonzero(bits: &[u32], levels: &[u8], block: usize) -> ([u64; 256],
         let quads = run.chunks_exact(4);
         let tail = quads.remainder();
         for q in quads {
-            let e = [exponent(q[0]), exponent(q[1]), exponent(q[2]), exponent(q[3])];
+            let e = [
+                exponent(q[0]),
+                exponent(q[1]),
+                exponent(q[2]),
+                exponent(q[3]),
+            ];
             c[0][e[0]] += 1;
             c[1][e[1]] += 1;
             c[2][e[2]] += 1;
