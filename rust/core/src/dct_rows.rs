@@ -340,6 +340,20 @@ mod tests {
     }
 
     #[test]
+    fn positions_in_any_order_sum_the_same() {
+        // rows revisited out of order within a chunk: each run is added, none overwrites another
+        let (rows, last, k) = (3, 4, 4);
+        let positions = [9i64, 1, 10, 2, 4, 0, 8, 5];
+        let levels = [7i16, 255, 3, 0, 17, 1, 2, 200];
+        let b = basis(last);
+        for threads in [1, 2] {
+            let mut out = vec![f64::NAN; rows * 2 * 2 * last];
+            scatter_basis_rows(&positions, &levels, k, rows, last, &b, threads, &mut out).unwrap();
+            assert_eq!(out, dense(&positions, &levels, k, rows, last, &b));
+        }
+    }
+
+    #[test]
     fn rejects_bad_input_with_named_errors() {
         let b = basis(4);
         let mut out = vec![0.0; 2 * 2 * 4];
