@@ -229,7 +229,7 @@ pub fn combine_level_sums(
             got: sums.len(),
         });
     }
-    check_out_f32(out, values)?;
+    check_out(out, values)?;
     if values == 0 {
         return Ok(());
     }
@@ -263,17 +263,7 @@ pub fn combine_level_sums(
     Ok(())
 }
 
-fn check_out_f32(out: &[f32], needed: usize) -> Result<()> {
-    if out.len() != needed {
-        return Err(WireError::OutputSizeMismatch {
-            needed,
-            got: out.len(),
-        });
-    }
-    Ok(())
-}
-
-fn check_out(out: &[f64], needed: usize) -> Result<()> {
+fn check_out<T>(out: &[T], needed: usize) -> Result<()> {
     if out.len() != needed {
         return Err(WireError::OutputSizeMismatch {
             needed,
