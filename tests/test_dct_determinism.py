@@ -48,6 +48,26 @@ def test_every_route_gives_the_same_bits(chunk, k):
         assert torch.equal(D.decode_levels(*args, plan, route=route), dense), route
 
 
+@pytest.mark.parametrize("shape, k", [((192, 320), 40), ((64, 64), 100), ((130, 64 * 7), 30), ((96, 4, 5), 9)])
+def test_tiles_decode_in_place_by_every_route(restore_threads, shape, k):
+    # The rows route combines tiles straight into the matrix (no tile-to-matrix copy); a block of
+    # chunks may start and end inside a tile row, so small blocks and odd grids are tried too.
+    plan = D.plan_tiles(shape)
+    assert plan.mode == D.MODE_TILES and len(plan.chunk_shape) == 2
+    args = _levels(plan, min(k, plan.chunk_numel), 4)
+    dense = D.decode_levels(*args, plan, route="dense")
+    assert dense.shape == shape
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense), threads
+    old = D._EXACT_BLOCK_ELEMS
+    try:
+        D._EXACT_BLOCK_ELEMS = 3 * 2 * plan.chunk_numel  # blocks of 3 chunks
+        assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense)
+    finally:
+        D._EXACT_BLOCK_ELEMS = old
+
+
 def test_an_unknown_route_is_refused():
     plan = D.plan_flat((64,), (8, 8))
     with pytest.raises(ValueError, match="route"):
@@ -106,3 +126,7 @@ def test_the_combine_kernel_refuses_mismatched_sizes():
     with pytest.raises(_native.WireError) as err:
         _native.dct_combine_level_sums(np.zeros(47), np.ones(2), np.zeros(2), 3, 4, out)
     assert err.value.kind == "length_mismatch" and "47" in str(err.value) and not out.any()
+    # chunks 3 and 4 of an output holding 4: outside the grid, nothing written
+    with pytest.raises(_native.WireError) as err:
+        _native.dct_combine_level_sums(np.zeros(48), np.ones(2), np.zeros(2), 3, 4, out, first=3)
+    assert err.value.kind == "tile_layout" and "3..5" in str(err.value) and not out.any()

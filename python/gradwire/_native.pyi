@@ -148,14 +148,50 @@ def dct_combine_level_sums(
     last: int,
     out: npt.NDArray[np.float32],
     threads: int = 1,
+    first: int = 0,
+    grid_cols: int = 1,
 ) -> npt.NDArray[np.float32]:
-    """Stage three of the exact DCT decode (FORMAT.md §5.2): ``out[chunk, row, n] =
-    float32(L · scales[chunk] + O · mins[chunk])``, each product and the sum rounded in float64 (no
-    fused multiply-add), ``L`` and ``O`` the two channels of ``sums`` laid out ``(rows, chunks, 2,
-    last)``. ``scales`` and ``mins`` carry the fixed point's power of two already. ``out`` holds
-    ``chunks · rows · last`` float32 values, chunk-major. Up to ``threads`` threads share the
-    chunks. Bad sizes raise ``WireError``. Runs with the GIL released. Returns ``out``.
+    """Stage three of the exact DCT decode (FORMAT.md §5.2): ``float32(L · scales[c] + O · mins[c])``
+    for every value of chunks ``first .. first + len(scales)``, each product and the sum rounded in
+    float64 (no fused multiply-add), ``L`` and ``O`` the two channels of ``sums`` laid out ``(rows,
+    chunks, 2, last)``. ``scales`` and ``mins`` carry the fixed point's power of two already.
+    ``out`` is the whole decoded tensor, ``len(out) / (rows · last)`` chunks as a grid of
+    ``grid_cols`` tiles of ``rows × last`` per tile row: value ``(c, row, n)`` lands at
+    ``((c // grid_cols · rows + row) · grid_cols + c % grid_cols) · last + n`` (``grid_cols = 1``:
+    chunk-major). Nothing else of ``out`` is written. Up to ``threads`` threads share the chunks. Bad
+    sizes raise ``WireError`` (``tile_layout`` for chunks outside the grid). Runs with the GIL
+    released. Returns ``out``.
     """
+
+def dct_decode_folded(
+    positions: npt.NDArray[np.int64],
+    levels: npt.NDArray[np.int16],
+    k: int,
+    rows: int,
+    last: int,
+    row_basis: npt.NDArray[np.float64],
+    col_basis: npt.NDArray[np.float64],
+    scales: npt.NDArray[np.float64],
+    mins: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float32],
+    threads: int = 1,
+    grid_cols: int = 1,
+) -> npt.NDArray[np.float32]:
+    """The exact DCT decode (FORMAT.md §5.2) of chunks of ``rows × last``, in one pass: ``out`` gets
+    ``float32(L · scales[c] + O · mins[c])`` for every value of every chunk ``c``, ``L = Σ u ·
+    B[p]`` and ``O = Σ B[p]`` over the chunk's ``k`` coefficients (positions ``p``, levels ``u``),
+    ``B[p]`` the product of the integer bases ``row_basis`` and ``col_basis`` (flat). Both bases
+    are folded in half by their symmetry (half the work of the rows route; the same integers, so the
+    same bits): both must fold (:func:`dct_basis_folds`, else ``basis_not_foldable``). ``scales``
+    and ``mins`` carry the fixed point's power of two. ``out`` is the whole tensor as a grid of
+    ``grid_cols`` tiles per tile row (1: chunk-major), exactly the chunks given. Bad input raises
+    ``WireError`` and writes nothing. Up to ``threads`` threads share the chunks, each running all
+    steps on blocks of its own in cache. Runs with the GIL released. Returns ``out``.
+    """
+
+def dct_basis_folds(basis: npt.NDArray[np.float64], side: int) -> bool:
+    """Whether the ``side × side`` basis (flat) folds exactly: ``side`` even and ``B[f, side-1-i]
+    == (-1)^f · B[f, i]`` for every ``f`` and ``i``."""
 
 def crc32c(data: npt.NDArray[np.uint8], value: int = 0) -> int:
     """CRC-32C (Castagnoli) of ``data``, continuing from the running checksum ``value``.

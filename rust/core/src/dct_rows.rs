@@ -73,6 +73,9 @@ pub fn scatter_basis_rows(
         .and_then(|n| n.checked_mul(2))
         .ok_or_else(overflow)?;
     check_out(out, needed)?;
+    if chunks == 0 {
+        return Ok(());
+    }
     // Every position is checked before anything is written: a refused input leaves `out` as it was.
     if let Some((index, &p)) = positions
         .iter()
@@ -165,40 +168,58 @@ fn add_row_run(
     off: &mut [f64],
 ) {
     let mut n0 = 0;
-    while n0 < last {
-        let width = LANES.min(last - n0);
+    // Whole groups of LANES outputs: fixed-size arrays, so the accumulators live in registers and
+    // the inner loop unrolls into vector instructions.
+    while n0 + LANES <= last {
         let mut acc_l = [0.0f64; LANES];
         let mut acc_o = [0.0f64; LANES];
         for (&p, &u) in positions.iter().zip(levels) {
-            let col = p as usize - row_start;
-            let b = &basis[col * last + n0..col * last + n0 + width];
+            let at = (p as usize - row_start) * last + n0;
+            let b: &[f64; LANES] = basis[at..at + LANES]
+                .try_into()
+                .expect("a slice of LANES values");
             let u = f64::from(u);
-            for ((l, o), &v) in acc_l.iter_mut().zip(acc_o.iter_mut()).zip(b) {
-                *l += u * v;
-                *o += v;
+            for i in 0..LANES {
+                acc_l[i] += u * b[i];
+                acc_o[i] += b[i];
             }
         }
-        for ((dst, src), (dst_o, src_o)) in lv[n0..n0 + width]
-            .iter_mut()
-            .zip(&acc_l)
-            .zip(off[n0..n0 + width].iter_mut().zip(&acc_o))
-        {
-            *dst += src;
-            *dst_o += src_o;
+        let (dst_l, dst_o) = (&mut lv[n0..n0 + LANES], &mut off[n0..n0 + LANES]);
+        for i in 0..LANES {
+            dst_l[i] += acc_l[i];
+            dst_o[i] += acc_o[i];
         }
-        n0 += width;
+        n0 += LANES;
+    }
+    // The last `last % LANES` outputs, one at a time.
+    for n in n0..last {
+        let (mut acc_l, mut acc_o) = (0.0f64, 0.0f64);
+        for (&p, &u) in positions.iter().zip(levels) {
+            let v = basis[(p as usize - row_start) * last + n];
+            acc_l += f64::from(u) * v;
+            acc_o += v;
+        }
+        lv[n] += acc_l;
+        off[n] += acc_o;
     }
 }
 
 /// Stage three of the exact decode: each chunk's float32 values from its two channels,
-/// `out[chunk, row, n] = (L · scale[chunk] + O · min[chunk]) as f32` with `L` and `O` the level and
-/// offset sums at `sums[((row · chunks + chunk) · 2 + channel) · last + n]` (the layout
-/// [`scatter_basis_rows`] writes and a matrix product over the rows keeps).
+/// `value = (L · scale[chunk] + O · min[chunk]) as f32` with `L` and `O` the level and offset sums
+/// at `sums[((row · chunks + chunk) · 2 + channel) · last + n]` (the layout [`scatter_basis_rows`]
+/// writes and a matrix product over the rows keeps).
 ///
 /// `scales` and `mins` already carry the power of two that undoes the fixed point (an exact
 /// scaling). Each product rounds to float64, then their sum, then the cast to float32, as
 /// docs/FORMAT.md section 5.2 writes it: Rust never fuses a multiply and an add on its own, so the
-/// result is the same on every machine. `out` holds `chunks · rows · last` values, chunk-major.
+/// result is the same on every machine.
+///
+/// `out` is the whole decoded tensor, `total = out.len() / (rows · last)` chunks laid out as a grid
+/// with `grid_cols` tiles per tile row: value `(chunk c, row, n)` goes to
+/// `out[((c / grid_cols · rows + row) · grid_cols + c % grid_cols) · last + n]`. `grid_cols = 1` is
+/// chunk-major (flat chunks); a matrix cut into `rows × last` tiles has `grid_cols` = its width /
+/// `last`, so the values land in place and no tile-to-matrix copy follows. The call writes the
+/// chunks `first .. first + scales.len()`, a block of a larger decode; nothing else of `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn combine_level_sums(
     sums: &[f64],
@@ -206,9 +227,56 @@ pub fn combine_level_sums(
     mins: &[f64],
     rows: usize,
     last: usize,
+    first: usize,
+    grid_cols: usize,
     threads: usize,
     out: &mut [f32],
 ) -> Result<()> {
+    let row_len = scales.len() * 2 * last;
+    combine_with(
+        sums,
+        scales,
+        mins,
+        rows,
+        last,
+        first,
+        grid_cols,
+        threads,
+        out,
+        |c, chunk_rows| {
+            let (scale, min) = (scales[c], mins[c]);
+            for (row, row_out) in chunk_rows.iter_mut().enumerate() {
+                let at = row * row_len + c * 2 * last;
+                let (level, offset) = sums[at..at + 2 * last].split_at(last);
+                for ((o, &l), &z) in row_out.iter_mut().zip(level).zip(offset) {
+                    let value: f64 = l * scale + z * min;
+                    *o = value as f32;
+                }
+            }
+        },
+    )
+}
+
+/// What the combines share: checks the sizes (`sums` laid out `(rows, chunks, 2, last)`, one scale
+/// and one minimum per chunk, `out` a whole tile grid holding chunks `first .. first + chunks`),
+/// cuts `out` into each chunk's row segments, and runs `kernel(c, rows_of_chunk)` for every chunk
+/// `c` of the block (0-based), chunks shared between up to `threads` threads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn combine_with<K>(
+    sums: &[f64],
+    scales: &[f64],
+    mins: &[f64],
+    rows: usize,
+    last: usize,
+    first: usize,
+    grid_cols: usize,
+    threads: usize,
+    out: &mut [f32],
+    kernel: K,
+) -> Result<()>
+where
+    K: Fn(usize, &mut [&mut [f32]]) + Sync,
+{
     let chunks = scales.len();
     if mins.len() != chunks {
         return Err(WireError::LengthMismatch {
@@ -229,41 +297,90 @@ pub fn combine_level_sums(
             got: sums.len(),
         });
     }
-    check_out(out, values)?;
-    if values == 0 {
+    if per_chunk == 0 {
+        return check_out(out, 0);
+    }
+    let mut segments = chunk_segments(out, rows, last, first, chunks, grid_cols)?;
+    if chunks == 0 {
         return Ok(());
     }
-    let row_len = chunks * 2 * last;
-    // One thread's share: chunks `first..`, as the slice `part` of `out`.
-    let combine = |first: usize, part: &mut [f32]| {
-        for (c, chunk_out) in part.chunks_exact_mut(per_chunk).enumerate() {
-            let chunk = first + c;
-            let (scale, min) = (scales[chunk], mins[chunk]);
-            for (row, row_out) in chunk_out.chunks_exact_mut(last).enumerate() {
-                let at = row * row_len + chunk * 2 * last;
-                let (level, offset) = sums[at..at + 2 * last].split_at(last);
-                for ((o, &l), &z) in row_out.iter_mut().zip(level).zip(offset) {
-                    let value: f64 = l * scale + z * min;
-                    *o = value as f32;
-                }
-            }
+    let run = |from: usize, share: &mut [Vec<&mut [f32]>]| {
+        for (c, chunk_rows) in share.iter_mut().enumerate() {
+            kernel(from + c, chunk_rows);
         }
     };
     let per_thread = chunks.div_ceil(threads.clamp(1, chunks));
     if per_thread >= chunks {
-        combine(0, out);
+        run(0, &mut segments);
         return Ok(());
     }
     std::thread::scope(|scope| {
-        for (t, part) in out.chunks_mut(per_thread * per_chunk).enumerate() {
-            let combine = &combine;
-            scope.spawn(move || combine(t * per_thread, part));
+        for (t, share) in segments.chunks_mut(per_thread).enumerate() {
+            let run = &run;
+            scope.spawn(move || run(t * per_thread, share));
         }
     });
     Ok(())
 }
 
-fn check_out<T>(out: &[T], needed: usize) -> Result<()> {
+/// `out` (a whole tensor: a grid of `grid_cols` tiles of `rows × last` per tile row) cut into the
+/// row segments of chunks `first .. first + chunks`, chunk by chunk, row by row: disjoint slices
+/// that threads may fill independently. `tile_layout` or `output_size_mismatch` where the chunks
+/// do not lie in the grid.
+pub(crate) fn chunk_segments(
+    out: &mut [f32],
+    rows: usize,
+    last: usize,
+    first: usize,
+    chunks: usize,
+    grid_cols: usize,
+) -> Result<Vec<Vec<&mut [f32]>>> {
+    let per_chunk = rows * last;
+    if per_chunk == 0 {
+        check_out(out, 0)?;
+        return Ok(Vec::new());
+    }
+    let total = out.len() / per_chunk;
+    let end = first.checked_add(chunks).ok_or(WireError::SizeOverflow {
+        count: chunks,
+        bits: 64,
+    })?;
+    if out.len() % per_chunk != 0 {
+        return Err(WireError::OutputSizeMismatch {
+            needed: total.saturating_add(1).saturating_mul(per_chunk),
+            got: out.len(),
+        });
+    }
+    if grid_cols == 0 || total % grid_cols != 0 || end > total {
+        return Err(WireError::TileLayout {
+            first,
+            end,
+            grid_cols,
+            total,
+        });
+    }
+    let mut segments: Vec<Vec<&mut [f32]>> =
+        (0..chunks).map(|_| Vec::with_capacity(rows)).collect();
+    if chunks == 0 {
+        return Ok(segments);
+    }
+    // Each output row (one row of a tile row) cut into the segments of its tiles.
+    let tile_row_len = grid_cols * last;
+    let (band_lo, band_hi) = (first / grid_cols, (end - 1) / grid_cols + 1);
+    let band = &mut out[band_lo * rows * tile_row_len..band_hi * rows * tile_row_len];
+    for (i, out_row) in band.chunks_exact_mut(tile_row_len).enumerate() {
+        let first_of_band = (band_lo + i / rows) * grid_cols;
+        for (col, segment) in out_row.chunks_exact_mut(last).enumerate() {
+            let chunk = first_of_band + col;
+            if (first..end).contains(&chunk) {
+                segments[chunk - first].push(segment);
+            }
+        }
+    }
+    Ok(segments)
+}
+
+pub(crate) fn check_out<T>(out: &[T], needed: usize) -> Result<()> {
     if out.len() != needed {
         return Err(WireError::OutputSizeMismatch {
             needed,
@@ -401,10 +518,22 @@ mod tests {
     }
 
     #[test]
+    fn no_chunks_is_an_empty_result_on_any_thread_count() {
+        let b = basis(4);
+        for threads in [0, 1, 2] {
+            scatter_basis_rows(&[], &[], 3, 2, 4, &b, threads, &mut []).unwrap();
+            combine_level_sums(&[], &[], &[], 2, 4, 0, 1, threads, &mut []).unwrap();
+        }
+        let e = scatter_basis_rows(&[], &[], 3, 2, 4, &b, 2, &mut [0.0]).unwrap_err();
+        assert_eq!(e, WireError::OutputSizeMismatch { needed: 0, got: 1 });
+    }
+
+    #[test]
     fn combine_rejects_mismatched_lengths() {
         let mut out = vec![0f32; 2 * 3 * 4];
         let sums = vec![0.0; 2 * 2 * 3 * 4];
-        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0], 3, 4, 1, &mut out).unwrap_err();
+        let e =
+            combine_level_sums(&sums, &[1.0, 1.0], &[0.0], 3, 4, 0, 1, 1, &mut out).unwrap_err();
         assert_eq!(
             e,
             WireError::LengthMismatch {
@@ -412,8 +541,18 @@ mod tests {
                 got: 1
             }
         );
-        let e = combine_level_sums(&sums[1..], &[1.0, 1.0], &[0.0, 0.0], 3, 4, 1, &mut out)
-            .unwrap_err();
+        let e = combine_level_sums(
+            &sums[1..],
+            &[1.0, 1.0],
+            &[0.0, 0.0],
+            3,
+            4,
+            0,
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
         assert_eq!(
             e,
             WireError::LengthMismatch {
@@ -421,8 +560,18 @@ mod tests {
                 got: 47
             }
         );
-        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0, 0.0], 3, 4, 1, &mut out[1..])
-            .unwrap_err();
+        let e = combine_level_sums(
+            &sums,
+            &[1.0, 1.0],
+            &[0.0, 0.0],
+            3,
+            4,
+            0,
+            1,
+            1,
+            &mut out[1..],
+        )
+        .unwrap_err();
         assert_eq!(
             e,
             WireError::OutputSizeMismatch {
@@ -430,9 +579,156 @@ mod tests {
                 got: 23
             }
         );
-        let e = combine_level_sums(&sums, &[1.0, 1.0], &[0.0, 0.0], usize::MAX, 4, 1, &mut out)
-            .unwrap_err();
+        let e = combine_level_sums(
+            &sums,
+            &[1.0, 1.0],
+            &[0.0, 0.0],
+            usize::MAX,
+            4,
+            0,
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
         assert!(matches!(e, WireError::SizeOverflow { .. }));
+    }
+
+    /// The block of chunks `b0..b1` of `sums` (laid out `(rows, chunks, 2, last)`) in the same layout.
+    fn block_sums(
+        sums: &[f64],
+        rows: usize,
+        chunks: usize,
+        last: usize,
+        b0: usize,
+        b1: usize,
+    ) -> Vec<f64> {
+        let mut out = Vec::new();
+        for row in 0..rows {
+            let at = (row * chunks + b0) * 2 * last;
+            out.extend_from_slice(&sums[at..at + (b1 - b0) * 2 * last]);
+        }
+        out
+    }
+
+    #[test]
+    fn combine_puts_tiles_in_place_block_by_block() {
+        // 2 tile rows of 3 tiles, each 2 × 2: a 4 × 6 matrix.
+        let (rows, last, chunks, grid_cols) = (2, 2, 6, 3);
+        let sums: Vec<f64> = (0..rows * chunks * 2 * last)
+            .map(|i| (i * 37 % 101) as f64 - 50.0)
+            .collect();
+        let scales: Vec<f64> = (0..chunks).map(|c| 0.25 + c as f64).collect();
+        let mins: Vec<f64> = (0..chunks).map(|c| -1.5 * c as f64).collect();
+        let mut chunk_major = vec![f32::NAN; chunks * rows * last];
+        combine_level_sums(&sums, &scales, &mins, rows, last, 0, 1, 1, &mut chunk_major).unwrap();
+        let mut tiled = vec![f32::NAN; chunks * rows * last];
+        // blocks that start and end inside tile rows, on one and on two threads
+        for (b0, b1, threads) in [(0, 2, 1), (2, 5, 2), (5, 6, 1)] {
+            let block = block_sums(&sums, rows, chunks, last, b0, b1);
+            combine_level_sums(
+                &block,
+                &scales[b0..b1],
+                &mins[b0..b1],
+                rows,
+                last,
+                b0,
+                grid_cols,
+                threads,
+                &mut tiled,
+            )
+            .unwrap();
+        }
+        for c in 0..chunks {
+            for row in 0..rows {
+                for n in 0..last {
+                    let matrix_row = (c / grid_cols) * rows + row;
+                    let at = (matrix_row * grid_cols + c % grid_cols) * last + n;
+                    assert_eq!(
+                        tiled[at].to_bits(),
+                        chunk_major[(c * rows + row) * last + n].to_bits()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn combine_writes_only_its_block() {
+        let (rows, last) = (2, 2);
+        let sums = vec![1.0; rows * 2 * 2 * last];
+        let mut out = vec![f32::NAN; 4 * rows * last];
+        combine_level_sums(
+            &sums,
+            &[1.0, 1.0],
+            &[0.0, 0.0],
+            rows,
+            last,
+            1,
+            2,
+            1,
+            &mut out,
+        )
+        .unwrap();
+        // chunks 1 and 2 of a 2-wide grid: tile (0, 1) and tile (1, 0)
+        let written: Vec<bool> = out.iter().map(|v| !v.is_nan()).collect();
+        let want: Vec<bool> = (0..16)
+            .map(|i| {
+                let (r, col) = (i / 4, i % 4);
+                (r < 2 && col >= 2) || (r >= 2 && col < 2)
+            })
+            .collect();
+        assert_eq!(written, want);
+    }
+
+    #[test]
+    fn combine_rejects_blocks_outside_the_grid() {
+        let (rows, last) = (2, 2);
+        let sums = vec![0.0; rows * 2 * 2 * last];
+        let mut out = vec![0f32; 4 * rows * last];
+        for (first, grid_cols) in [(3, 1), (0, 0), (0, 3), (usize::MAX, 1)] {
+            let e = combine_level_sums(
+                &sums,
+                &[1.0, 1.0],
+                &[0.0, 0.0],
+                rows,
+                last,
+                first,
+                grid_cols,
+                1,
+                &mut out,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    WireError::TileLayout { .. } | WireError::SizeOverflow { .. }
+                ),
+                "{e}"
+            );
+        }
+        assert!(out.iter().all(|&v| v == 0.0));
+        let e = combine_level_sums(
+            &sums,
+            &[1.0, 1.0],
+            &[0.0, 0.0],
+            rows,
+            last,
+            3,
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            WireError::TileLayout {
+                first: 3,
+                end: 5,
+                grid_cols: 1,
+                total: 4
+            }
+        );
     }
 
     proptest! {
@@ -481,7 +777,7 @@ mod tests {
             }
             for threads in [1, 2, 5] {
                 let mut got = vec![f32::NAN; chunks * rows * last];
-                combine_level_sums(&expected, &scales, &mins, rows, last, threads, &mut got).unwrap();
+                combine_level_sums(&expected, &scales, &mins, rows, last, 0, 1, threads, &mut got).unwrap();
                 prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
             }

@@ -139,6 +139,26 @@ pub enum WireError {
     #[error("basis has {got} entries, a {side}×{side} basis has side² entries")]
     BasisSizeMismatch { side: usize, got: usize },
 
+    /// A DCT basis that is not exactly symmetric (or of odd size), so it cannot be folded in half
+    /// (section 5.2's exact decode, folded).
+    #[error(
+        "the {side}-point basis does not fold: its size is odd or B[f, n-1-i] != (-1)^f B[f, i]"
+    )]
+    BasisNotFoldable { side: usize },
+
+    /// Chunks written by the exact decode's combine that do not lie in its output: a grid of
+    /// `grid_cols` tiles per tile row, `total` chunks in all (section 5.2).
+    #[error(
+        "chunks {first}..{end} in tile rows of {grid_cols} do not fit an output of {total} chunks \
+         (grid_cols must be at least 1 and divide the chunk count)"
+    )]
+    TileLayout {
+        first: usize,
+        end: usize,
+        grid_cols: usize,
+        total: usize,
+    },
+
     // ----------------------------------------------------------------- Huffman
     /// A code-length cap outside `1..=15`.
     #[error("code length cap {cap} is outside 1..=15")]
@@ -415,6 +435,8 @@ error_kinds! {
         LevelOutOfRange => "level_out_of_range",
         SparseLengthMismatch => "sparse_length_mismatch",
         BasisSizeMismatch => "basis_size_mismatch",
+        TileLayout => "tile_layout",
+        BasisNotFoldable => "basis_not_foldable",
         InvalidCodeLengthCap => "invalid_code_length_cap",
         CodeLengthAboveCap => "code_length_above_cap",
         KraftOverflow => "kraft_overflow",

@@ -302,12 +302,55 @@ fn dct_scatter_basis_rows<'py>(
     })
 }
 
-/// Stage three of the exact DCT decode: `out[chunk, row, n] = float32(L·scale + O·min)` from the two
-/// float64 channels of `sums` (laid out (rows, chunks, 2, last)) with `scales` and `mins` per chunk
-/// (float64, the fixed point's power of two already applied). `out` is float32 (chunks, rows, last),
-/// flat; up to `threads` threads share the chunks. Returns `out`.
+/// The exact DCT decode of 2-D chunks in one pass, the basis folded in half (half the work of the
+/// rows route, the same bits): `out` (float32, flat: the whole tensor as a grid of `grid_cols` tiles
+/// of rows × last per tile row) gets `float32(L·scale + O·min)` for every chunk. `scales` and `mins`
+/// (float64) carry the fixed point's power of two. Up to `threads` threads share the chunks.
+/// Returns `out`.
 #[pyfunction]
-#[pyo3(signature = (sums, scales, mins, rows, last, out, threads = 1))]
+#[pyo3(signature = (positions, levels, k, rows, last, row_basis, col_basis, scales, mins, out, threads = 1, grid_cols = 1))]
+#[allow(clippy::too_many_arguments)]
+fn dct_decode_folded<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray1<'py, i64>,
+    levels: PyReadonlyArray1<'py, i16>,
+    k: usize,
+    rows: usize,
+    last: usize,
+    row_basis: PyReadonlyArray1<'py, f64>,
+    col_basis: PyReadonlyArray1<'py, f64>,
+    scales: PyReadonlyArray1<'py, f64>,
+    mins: PyReadonlyArray1<'py, f64>,
+    out: Bound<'py, PyArray1<f32>>,
+    threads: usize,
+    grid_cols: usize,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let p = slice(&positions, "positions")?;
+    let l = slice(&levels, "levels")?;
+    let rb = slice(&row_basis, "row_basis")?;
+    let cb = slice(&col_basis, "col_basis")?;
+    let sc = slice(&scales, "scales")?;
+    let mn = slice(&mins, "mins")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::decode_folded(p, l, k, rows, last, rb, cb, sc, mn, grid_cols, threads, o)
+    })
+}
+
+/// Whether a `side × side` integer DCT basis (float64, flat) folds exactly:
+/// `B[f, side-1-i] == (-1)^f · B[f, i]` with `side` even.
+#[pyfunction]
+fn dct_basis_folds(basis: PyReadonlyArray1<'_, f64>, side: usize) -> PyResult<bool> {
+    Ok(gw::fold_basis_is_exact(slice(&basis, "basis")?, side))
+}
+
+/// Stage three of the exact DCT decode: `float32(L·scale + O·min)` per value from the two float64
+/// channels of `sums` (laid out (rows, chunks, 2, last)) with `scales` and `mins` per chunk (float64,
+/// the fixed point's power of two already applied). `out` (float32, flat) is the whole decoded
+/// tensor: a grid of `grid_cols` tiles of rows × last per tile row (1: chunk-major); the call writes
+/// its chunks `first ..`. Up to `threads` threads share the chunks. Returns `out`.
+#[pyfunction]
+#[pyo3(signature = (sums, scales, mins, rows, last, out, threads = 1, first = 0, grid_cols = 1))]
 #[allow(clippy::too_many_arguments)]
 fn dct_combine_level_sums<'py>(
     py: Python<'py>,
@@ -318,13 +361,15 @@ fn dct_combine_level_sums<'py>(
     last: usize,
     out: Bound<'py, PyArray1<f32>>,
     threads: usize,
+    first: usize,
+    grid_cols: usize,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let s = slice(&sums, "sums")?;
     let sc = slice(&scales, "scales")?;
     let mn = slice(&mins, "mins")?;
     let len = out.len();
     decode_into(py, out, len, |o| {
-        gw::combine_level_sums(s, sc, mn, rows, last, threads, o)
+        gw::combine_level_sums(s, sc, mn, rows, last, first, grid_cols, threads, o)
     })
 }
 
@@ -881,6 +926,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(dct_scatter_basis_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dct_combine_level_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_decode_folded, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_basis_folds, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;

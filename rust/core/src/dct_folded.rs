@@ -1,0 +1,704 @@
+//! The exact DCT decode of 2-D chunks in one pass, with the basis folded in half
+//! (docs/FORMAT.md section 5.2): half the work of the rows route ([`crate::dct_rows`]), the same
+//! integers, so the same bits.
+//!
+//! The DCT-II basis is symmetric: `B[f, N-1-n] = (-1)^f · B[f, n]`, and rounding to the integer
+//! grid keeps that exactly (checked: [`fold_basis_is_exact`]). So a sum over frequencies `Σ_f c_f ·
+//! B[f, n]` splits into its even-`f` part `E[n]` and odd-`f` part `O[n]`, and for `n < N/2` the
+//! outputs are `E[n] + O[n]` at `n` and `E[n] - O[n]` at `N-1-n`. Each coefficient is then added into
+//! `N/2` values instead of `N`, and the product over the other axis becomes two products of half
+//! size. Every term and partial sum is an integer bounded as before (below 2^53), so float64 sums
+//! them exactly in any order — this kernel, a fused multiply-add, a GPU — and the decoded bits do not
+//! change.
+//!
+//! A chunk of `rows × last` (both even) goes through three steps, all in cache:
+//! 1. each chunk row's coefficients are summed into the folded halves of its slot (row `r` goes to
+//!    slot `r / 2` if even, `rows / 2 + r / 2` if odd), two channels: levels and offsets;
+//! 2. the even slots are multiplied by the even half of the row basis, the odd slots by the odd half
+//!    (two `rows/2 × rows/2` matrix products, by `matrixmultiply` through ndarray);
+//! 3. both axes are unfolded and `float32(L · scale + O · min)` written in place in the output.
+//!
+//! Threads each take a contiguous range of chunks and run all three steps on small blocks of them,
+//! so nothing waits on another thread or leaves the core's cache between steps.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView2, ArrayViewMut2};
+
+use crate::dct_rows::{check_out, chunk_segments};
+use crate::error::{Result, WireError};
+
+/// Whether `basis` (`n × n`, row `f` the frequency `f`) is exactly symmetric, `B[f, n-1-i] =
+/// (-1)^f · B[f, i]` for every `f` and `i`, with `n` even: the condition for folding.
+pub fn fold_basis_is_exact(basis: &[f64], n: usize) -> bool {
+    if n == 0 || n % 2 != 0 || n.checked_mul(n) != Some(basis.len()) {
+        return false;
+    }
+    basis.chunks_exact(n).enumerate().all(|(f, row)| {
+        let sign = if f % 2 == 0 { 1.0 } else { -1.0 };
+        (0..n / 2).all(|i| row[n - 1 - i] == sign * row[i])
+    })
+}
+
+fn check_fold(basis: &[f64], n: usize) -> Result<()> {
+    if n.checked_mul(n) != Some(basis.len()) || n == 0 {
+        return Err(WireError::BasisSizeMismatch {
+            side: n,
+            got: basis.len(),
+        });
+    }
+    if !fold_basis_is_exact(basis, n) {
+        return Err(WireError::BasisNotFoldable { side: n });
+    }
+    Ok(())
+}
+
+/// Output values of one block of chunks that a thread runs through the three steps at once: its two
+/// scratch buffers (float64, twice this) stay in the core's cache.
+const BLOCK_VALUES: usize = 1 << 14;
+
+/// Decodes every chunk of a 2-D-chunked tensor exactly: `out` gets `float32(L · scale + O · min)`
+/// (each product and the sum rounded in float64, no fused multiply-add, as in
+/// [`crate::combine_level_sums`]), `L = Σ u · B[p]` and `O = Σ B[p]` over the chunk's `k` coefficients
+/// at positions `p` with levels `u`, `B[p]` the integer basis product of `row_basis` (`rows × rows`)
+/// and `col_basis` (`last × last`).
+///
+/// `positions` and `levels` hold `k` entries per chunk; positions are checked (below `rows ·
+/// last`), levels are used as given (the record checker bounds them). `scales` and `mins` (one per
+/// chunk) already carry the fixed point's power of two. Both bases must fold exactly
+/// (`basis_not_foldable`). `out` is the whole tensor as a grid of `grid_cols` tiles of `rows ×
+/// last` per tile row (1: chunk-major) holding exactly the chunks given (`tile_layout`). Nothing is
+/// written unless every check passes. Up to `threads` threads share the chunks; the sums are exact,
+/// so the result does not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_folded(
+    positions: &[i64],
+    levels: &[i16],
+    k: usize,
+    rows: usize,
+    last: usize,
+    row_basis: &[f64],
+    col_basis: &[f64],
+    scales: &[f64],
+    mins: &[f64],
+    grid_cols: usize,
+    threads: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    if positions.len() != levels.len() {
+        return Err(WireError::SparseLengthMismatch {
+            positions: positions.len(),
+            levels: levels.len(),
+        });
+    }
+    check_fold(row_basis, rows)?;
+    check_fold(col_basis, last)?;
+    if k == 0 || positions.len() % k != 0 {
+        if positions.is_empty() && scales.is_empty() && mins.is_empty() {
+            return check_out(out, 0);
+        }
+        return Err(WireError::NotWholeSets {
+            count: positions.len(),
+            set_len: k,
+        });
+    }
+    let chunks = positions.len() / k;
+    if chunks == 0 {
+        return if scales.is_empty() && mins.is_empty() {
+            check_out(out, 0)
+        } else {
+            Err(WireError::LengthMismatch {
+                expected: 0,
+                got: scales.len().max(mins.len()),
+            })
+        };
+    }
+    for got in [scales.len(), mins.len()] {
+        if got != chunks {
+            return Err(WireError::LengthMismatch {
+                expected: chunks,
+                got,
+            });
+        }
+    }
+    let universe = rows * last; // both sides' squares fit in memory: no overflow
+    if let Some((index, &p)) = positions
+        .iter()
+        .enumerate()
+        .find(|&(_, &p)| usize::try_from(p).map_or(true, |p| p >= universe))
+    {
+        return Err(WireError::IndexOutOfRange {
+            index,
+            value: p as u64,
+            universe: universe as u64,
+        });
+    }
+    if out.len() != chunks.saturating_mul(universe) {
+        return Err(WireError::OutputSizeMismatch {
+            needed: chunks.saturating_mul(universe),
+            got: out.len(),
+        });
+    }
+    let mut segments = chunk_segments(out, rows, last, 0, chunks, grid_cols)?;
+
+    let h = rows / 2;
+    // Eᵀ and Oᵀ: the even- and odd-frequency rows of the row basis over its first half of columns,
+    // transposed (`[n, f']`), so that a block's folded slots are multiplied from the left.
+    let half_t = |parity: usize| {
+        Array2::from_shape_fn((h, h), |(n, f)| row_basis[(2 * f + parity) * rows + n])
+    };
+    let (even_t, odd_t) = (half_t(0), half_t(1));
+    let block = (BLOCK_VALUES / universe).max(1);
+    let decode_range = |from: usize, share: &mut [Vec<&mut [f32]>]| {
+        let width_max = block * 2 * last;
+        let mut t = vec![0.0f64; rows * width_max];
+        let mut y = vec![0.0f64; rows * width_max];
+        let mut folder = Folder::new(rows, last);
+        for (b, block_rows) in share.chunks_mut(block).enumerate() {
+            let first = from + b * block;
+            let count = block_rows.len();
+            let width = count * 2 * last;
+            let (t, y) = (&mut t[..rows * width], &mut y[..rows * width]);
+            for c in 0..count {
+                let chunk = first + c;
+                folder.scatter(
+                    &positions[chunk * k..(chunk + 1) * k],
+                    &levels[chunk * k..(chunk + 1) * k],
+                    col_basis,
+                    t,
+                    width,
+                    c * 2 * last,
+                );
+            }
+            let (t_even, t_odd) = t.split_at(h * width);
+            let (y_even, y_odd) = y.split_at_mut(h * width);
+            for (basis_t, src, dst) in [(&even_t, t_even, y_even), (&odd_t, t_odd, y_odd)] {
+                let src = ArrayView2::from_shape((h, width), src).expect("h × width values");
+                let mut dst = ArrayViewMut2::from_shape((h, width), dst).expect("h × width values");
+                general_mat_mul(1.0, basis_t, &src, 0.0, &mut dst);
+            }
+            for (c, chunk_rows) in block_rows.iter_mut().enumerate() {
+                let chunk = first + c;
+                unfold_chunk(
+                    y,
+                    width,
+                    c * 2 * last,
+                    rows,
+                    last,
+                    scales[chunk],
+                    mins[chunk],
+                    chunk_rows,
+                );
+            }
+        }
+    };
+    let per_thread = chunks.div_ceil(threads.clamp(1, chunks));
+    if per_thread >= chunks {
+        decode_range(0, &mut segments);
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        for (i, share) in segments.chunks_mut(per_thread).enumerate() {
+            let decode_range = &decode_range;
+            scope.spawn(move || decode_range(i * per_thread, share));
+        }
+    });
+    Ok(())
+}
+
+/// Step one's scratch: a chunk row's terms split by the parity of their column, and which slots
+/// a chunk has written.
+struct Folder {
+    rows: usize,
+    last: usize,
+    even: Vec<(usize, f64)>,
+    odd: Vec<(usize, f64)>,
+    written: Vec<bool>,
+}
+
+impl Folder {
+    fn new(rows: usize, last: usize) -> Self {
+        Folder {
+            rows,
+            last,
+            even: Vec::with_capacity(last),
+            odd: Vec::with_capacity(last),
+            written: vec![false; rows],
+        }
+    }
+
+    /// Step one for one chunk (positions checked by the caller): slot `s` of the chunk is
+    /// `t[s · stride + offset ..][.. 2 · last]`, per channel `[E_0 .. E_{h-1}, O_0 .. O_{h-1}]` over
+    /// the columns. The first run of a row is stored over whatever the buffer held, later runs
+    /// (positions out of order) added, and slots of rows with no coefficient zeroed.
+    fn scatter(
+        &mut self,
+        positions: &[i64],
+        levels: &[i16],
+        basis: &[f64],
+        t: &mut [f64],
+        stride: usize,
+        offset: usize,
+    ) {
+        let (rows, last) = (self.rows, self.last);
+        let half = last / 2;
+        let slot_of = |row: usize| {
+            if row % 2 == 0 {
+                row / 2
+            } else {
+                rows / 2 + row / 2
+            }
+        };
+        let shift = last.is_power_of_two().then(|| last.trailing_zeros());
+        let split = |p: i64| match shift {
+            Some(sh) => ((p as usize) >> sh, p as usize & (last - 1)),
+            None => (p as usize / last, p as usize % last),
+        };
+        self.written.fill(false);
+        let mut j = 0;
+        while j < positions.len() {
+            let row = split(positions[j]).0;
+            self.even.clear();
+            self.odd.clear();
+            while j < positions.len() {
+                let (r, col) = split(positions[j]);
+                if r != row {
+                    break;
+                }
+                let term = (col, f64::from(levels[j]));
+                if col % 2 == 0 {
+                    self.even.push(term);
+                } else {
+                    self.odd.push(term);
+                }
+                j += 1;
+            }
+            let at = slot_of(row) * stride + offset;
+            let seg = &mut t[at..at + 2 * last];
+            if !self.written[row] {
+                seg.fill(0.0);
+                self.written[row] = true;
+            }
+            let (lv, off) = seg.split_at_mut(last);
+            let (lv_e, lv_o) = lv.split_at_mut(half);
+            let (off_e, off_o) = off.split_at_mut(half);
+            add_half_rows(&self.even, last, basis, lv_e, off_e);
+            add_half_rows(&self.odd, last, basis, lv_o, off_o);
+        }
+        for row in 0..rows {
+            if !self.written[row] {
+                let at = slot_of(row) * stride + offset;
+                t[at..at + 2 * last].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Outputs summed at once in [`add_half_rows`]: enough independent accumulators to keep the
+/// floating-point adders busy, few enough to stay in registers.
+const LANES: usize = 8;
+
+/// Adds `Σ u · basis[col, n]` into `lv[n]` and `Σ basis[col, n]` into `off[n]` for `n` below
+/// `lv.len()` (half a row), over the `(col, u)` terms.
+fn add_half_rows(
+    terms: &[(usize, f64)],
+    last: usize,
+    basis: &[f64],
+    lv: &mut [f64],
+    off: &mut [f64],
+) {
+    if terms.is_empty() {
+        return;
+    }
+    let half = lv.len();
+    let mut n0 = 0;
+    while n0 + LANES <= half {
+        let mut acc_l = [0.0f64; LANES];
+        let mut acc_o = [0.0f64; LANES];
+        for &(col, u) in terms {
+            let at = col * last + n0;
+            let b: &[f64; LANES] = basis[at..at + LANES]
+                .try_into()
+                .expect("a slice of LANES values");
+            for i in 0..LANES {
+                acc_l[i] += u * b[i];
+                acc_o[i] += b[i];
+            }
+        }
+        for i in 0..LANES {
+            lv[n0 + i] += acc_l[i];
+            off[n0 + i] += acc_o[i];
+        }
+        n0 += LANES;
+    }
+    for n in n0..half {
+        let (mut acc_l, mut acc_o) = (0.0f64, 0.0f64);
+        for &(col, u) in terms {
+            let v = basis[col * last + n];
+            acc_l += u * v;
+            acc_o += v;
+        }
+        lv[n] += acc_l;
+        off[n] += acc_o;
+    }
+}
+
+/// Step three for one chunk: slot `i < rows/2` of `y` (at `i · stride + offset`) holds the
+/// even-frequency part `E_i` of output rows `i` and `rows-1-i`, slot `rows/2 + i` the odd part
+/// `O_i`; output row `i` is `E_i + O_i`, row `rows-1-i` is `E_i - O_i`.
+#[allow(clippy::too_many_arguments)]
+fn unfold_chunk(
+    y: &[f64],
+    stride: usize,
+    offset: usize,
+    rows: usize,
+    last: usize,
+    scale: f64,
+    min: f64,
+    chunk_rows: &mut [&mut [f32]],
+) {
+    let h = rows / 2;
+    let slot = |i: usize| &y[i * stride + offset..i * stride + offset + 2 * last];
+    for i in 0..h {
+        let (e, o) = (slot(i), slot(h + i));
+        unfold_row::<true>(e, o, last / 2, scale, min, chunk_rows[i]);
+        unfold_row::<false>(e, o, last / 2, scale, min, chunk_rows[rows - 1 - i]);
+    }
+}
+
+/// One output row from the folded slots `e` and `o` (each `[L: E' | O'][O: E' | O']`, `half`
+/// values per part): the row's channels are `e + o` (`PLUS`) or `e - o`, and its columns `m` and
+/// `2·half-1-m` are `E'_m + O'_m` and `E'_m - O'_m`. Every sum is of integers, exact.
+#[inline]
+fn unfold_row<const PLUS: bool>(
+    e: &[f64],
+    o: &[f64],
+    half: usize,
+    scale: f64,
+    min: f64,
+    row: &mut [f32],
+) {
+    let last = 2 * half;
+    // Slices of exactly `half` values, indexed by `m < half`: no bounds checks in the loop.
+    let (lo, hi) = row[..last].split_at_mut(half);
+    let pick = |a: f64, b: f64| if PLUS { a + b } else { a - b };
+    let (le, lodd) = (&e[..half], &e[half..last]);
+    let (oe, oodd) = (&e[last..last + half], &e[last + half..2 * last]);
+    let (le2, lodd2) = (&o[..half], &o[half..last]);
+    let (oe2, oodd2) = (&o[last..last + half], &o[last + half..2 * last]);
+    for m in 0..half {
+        let (l_even, l_odd) = (pick(le[m], le2[m]), pick(lodd[m], lodd2[m]));
+        let (o_even, o_odd) = (pick(oe[m], oe2[m]), pick(oodd[m], oodd2[m]));
+        let first: f64 = (l_even + l_odd) * scale + (o_even + o_odd) * min;
+        let second: f64 = (l_even - l_odd) * scale + (o_even - o_odd) * min;
+        lo[m] = first as f32;
+        hi[half - 1 - m] = second as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{combine_level_sums, scatter_basis_rows};
+    use proptest::prelude::*;
+
+    /// The orthonormal DCT-II basis of size `n` on the integer grid `2^s`, row `f` the frequency.
+    fn int_basis(n: usize, s: i32) -> Vec<f64> {
+        let mut b = Vec::with_capacity(n * n);
+        for f in 0..n {
+            let scale = if f == 0 {
+                (1.0 / n as f64).sqrt()
+            } else {
+                (2.0 / n as f64).sqrt()
+            };
+            for i in 0..n {
+                let angle = std::f64::consts::PI * (2 * i + 1) as f64 * f as f64 / (2 * n) as f64;
+                b.push((scale * angle.cos() * 2f64.powi(s)).round());
+            }
+        }
+        b
+    }
+
+    /// `Y[n, :] = Σ_f B[f, n] · T[f, :]` over the leading axis of `t` laid out `(rows, width)`.
+    fn rows_product(basis: &[f64], rows: usize, t: &[f64]) -> Vec<f64> {
+        let width = t.len() / rows;
+        let mut y = vec![0.0; t.len()];
+        for n in 0..rows {
+            for f in 0..rows {
+                let b = basis[f * rows + n];
+                for w in 0..width {
+                    y[n * width + w] += b * t[f * width + w];
+                }
+            }
+        }
+        y
+    }
+
+    /// The unfolded rows route, stage by stage: the reference the folded decode must equal.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_route(
+        positions: &[i64],
+        levels: &[i16],
+        k: usize,
+        rows: usize,
+        last: usize,
+        row_basis: &[f64],
+        col_basis: &[f64],
+        scales: &[f64],
+        mins: &[f64],
+        grid_cols: usize,
+    ) -> Vec<f32> {
+        let chunks = scales.len();
+        let mut t = vec![0.0; rows * chunks * 2 * last];
+        scatter_basis_rows(positions, levels, k, rows, last, col_basis, 1, &mut t).unwrap();
+        let y = rows_product(row_basis, rows, &t);
+        let mut want = vec![f32::NAN; chunks * rows * last];
+        combine_level_sums(&y, scales, mins, rows, last, 0, grid_cols, 1, &mut want).unwrap();
+        want
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn real_dct_bases_fold_and_others_do_not() {
+        for n in [2, 4, 6, 8, 10, 16, 32, 64] {
+            assert!(fold_basis_is_exact(&int_basis(n, 15), n), "{n}");
+        }
+        assert!(!fold_basis_is_exact(&int_basis(3, 15), 3));
+        let mut b = int_basis(4, 15);
+        b[5] += 1.0;
+        assert!(!fold_basis_is_exact(&b, 4));
+        let good = int_basis(4, 15);
+        let mut out = [0f32; 16];
+        let e = decode_folded(
+            &[0],
+            &[1],
+            1,
+            4,
+            4,
+            &good,
+            &b,
+            &[1.0],
+            &[0.0],
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert_eq!(e, WireError::BasisNotFoldable { side: 4 });
+        let e = decode_folded(
+            &[0],
+            &[1],
+            1,
+            3,
+            4,
+            &int_basis(3, 15),
+            &good,
+            &[1.0],
+            &[0.0],
+            1,
+            1,
+            &mut out[..12],
+        )
+        .unwrap_err();
+        assert_eq!(e, WireError::BasisNotFoldable { side: 3 });
+    }
+
+    #[test]
+    fn refuses_bad_input_and_writes_nothing() {
+        let b = int_basis(4, 15);
+        let mut out = vec![7f32; 2 * 16];
+        let e = decode_folded(
+            &[0, 16],
+            &[1, 1],
+            1,
+            4,
+            4,
+            &b,
+            &b,
+            &[1.0; 2],
+            &[0.0; 2],
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            WireError::IndexOutOfRange {
+                index: 1,
+                value: 16,
+                ..
+            }
+        ));
+        let e = decode_folded(
+            &[0, 1],
+            &[1, 1],
+            1,
+            4,
+            4,
+            &b,
+            &b,
+            &[1.0; 2],
+            &[0.0],
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            WireError::LengthMismatch {
+                expected: 2,
+                got: 1
+            }
+        );
+        let e = decode_folded(
+            &[0, 1],
+            &[1, 1],
+            1,
+            4,
+            4,
+            &b,
+            &b,
+            &[1.0; 2],
+            &[0.0; 2],
+            1,
+            1,
+            &mut out[1..],
+        )
+        .unwrap_err();
+        assert!(matches!(e, WireError::OutputSizeMismatch { .. }));
+        let e = decode_folded(
+            &[0, 1],
+            &[1, 1],
+            1,
+            4,
+            4,
+            &b,
+            &b,
+            &[1.0; 2],
+            &[0.0; 2],
+            3,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(matches!(e, WireError::TileLayout { grid_cols: 3, .. }));
+        let e = decode_folded(
+            &[0, 1, 2],
+            &[1, 1, 1],
+            2,
+            4,
+            4,
+            &b,
+            &b,
+            &[1.0],
+            &[0.0],
+            1,
+            1,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            WireError::NotWholeSets {
+                count: 3,
+                set_len: 2
+            }
+        ));
+        assert!(out.iter().all(|&v| v == 7.0));
+    }
+
+    #[test]
+    fn no_chunks_is_an_empty_result_on_any_thread_count() {
+        let b = int_basis(4, 15);
+        for threads in [0, 1, 2] {
+            decode_folded(&[], &[], 5, 4, 4, &b, &b, &[], &[], 1, threads, &mut []).unwrap();
+            decode_folded(&[], &[], 0, 4, 4, &b, &b, &[], &[], 1, threads, &mut []).unwrap();
+        }
+        let e =
+            decode_folded(&[], &[], 5, 4, 4, &b, &b, &[1.0], &[0.0], 1, 1, &mut []).unwrap_err();
+        assert_eq!(
+            e,
+            WireError::LengthMismatch {
+                expected: 0,
+                got: 1
+            }
+        );
+        let e = decode_folded(&[], &[], 5, 4, 4, &b, &b, &[], &[], 1, 1, &mut [0.0]).unwrap_err();
+        assert_eq!(e, WireError::OutputSizeMismatch { needed: 0, got: 1 });
+    }
+
+    proptest! {
+        #[test]
+        fn folding_gives_the_same_bits_as_the_rows_route(
+            half_rows in 1usize..6, half_last in 1usize..6, tile_rows in 1usize..4, grid_cols in 1usize..4,
+            shuffle in any::<bool>(), seed in any::<u64>(),
+        ) {
+            let (rows, last) = (2 * half_rows, 2 * half_last);
+            let chunks = tile_rows * grid_cols;
+            let c = rows * last;
+            let k = 1 + (seed as usize) % c;
+            let mut positions = Vec::new();
+            let mut levels = Vec::new();
+            for chunk in 0..chunks {
+                let mut all: Vec<i64> = (0..c as i64).collect();
+                let mut s = seed.wrapping_add(chunk as u64);
+                for i in (1..c).rev() {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    all.swap(i, (s >> 33) as usize % (i + 1));
+                }
+                let mut chosen = all[..k].to_vec();
+                if !shuffle {
+                    chosen.sort_unstable(); // as decoders give them; shuffled: runs repeat a row
+                }
+                positions.extend(chosen);
+                levels.extend((0..k).map(|j| ((seed >> (j % 48)) & 255) as i16));
+            }
+            let (row_basis, col_basis) = (int_basis(rows, 12), int_basis(last, 12));
+            let scales: Vec<f64> = (0..chunks).map(|c| 0.001 * (c as f64 + 1.0) / 3.0).collect();
+            let mins: Vec<f64> = (0..chunks).map(|c| -0.5 / (c as f64 + 7.0)).collect();
+            let want = rows_route(&positions, &levels, k, rows, last, &row_basis, &col_basis, &scales, &mins, grid_cols);
+            for threads in [1, 2, 3] {
+                let mut got = vec![f32::NAN; chunks * c];
+                decode_folded(&positions, &levels, k, rows, last, &row_basis, &col_basis, &scales, &mins,
+                              grid_cols, threads, &mut got).unwrap();
+                prop_assert_eq!(bits(&got), bits(&want));
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_of_many_chunks_and_threads_agree() {
+        // More chunks than one block holds, 64 × 64 tiles at the real grid: every block boundary.
+        let (rows, last, k, chunks) = (64, 64, 300, 13);
+        let mut positions = Vec::new();
+        let mut levels = Vec::new();
+        for chunk in 0..chunks {
+            let mut p: Vec<i64> = (0..k as i64)
+                .map(|j| (j * 13 + chunk as i64 * 7) % 4096)
+                .collect();
+            p.sort_unstable();
+            p.dedup();
+            assert_eq!(p.len(), k);
+            positions.extend(p);
+            levels.extend((0..k).map(|j| ((j * 31 + chunk) % 256) as i16));
+        }
+        let b = int_basis(64, 15);
+        let scales: Vec<f64> = (0..chunks).map(|c| 1e-9 * (c + 1) as f64).collect();
+        let mins: Vec<f64> = (0..chunks).map(|c| -1e-7 * (c + 2) as f64).collect();
+        let want = rows_route(
+            &positions, &levels, k, rows, last, &b, &b, &scales, &mins, 1,
+        );
+        for threads in [1, 2, 4] {
+            let mut got = vec![f32::NAN; chunks * rows * last];
+            decode_folded(
+                &positions, &levels, k, rows, last, &b, &b, &scales, &mins, 1, threads, &mut got,
+            )
+            .unwrap();
+            assert_eq!(bits(&got), bits(&want), "{threads}");
+        }
+    }
+}
