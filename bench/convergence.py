@@ -33,8 +33,8 @@ best lr is the one with the lowest held-out loss averaged over the seeds. Runs a
 ``docs/convergence.png`` (held-out loss against cumulative uplink bytes per node), and a wire-size table
 (one real DeMo selection serialized the ways DeMo, Panthalia, Templar and Psyche do, and as a gradwire frame).
 
-Default vs ``--full``: the default (144 runs, 23 min on one core, 18 min wall with ``--jobs 2`` on 2 cores that
-other work was sharing) runs the
+Default vs ``--full``: the default (144 runs, 21.6 min of training, 11.0 min wall with ``--jobs 2`` on 2 cores,
+measured after the folded exact decode landed; 18 min before it) runs the
 rows of ``DEFAULT_ROWS`` on small models for 200/128/128 steps with H = 8; ``--full`` runs every kind at
 100×, 300× and 1000× on larger models for ≥ 2,000 steps with H = 32, Nesterov at every lr. With H = 32 a
 SparseLoCo sync carries 32 steps, so even every coefficient at 2 bits (k = 4096) is 338× per local step:
