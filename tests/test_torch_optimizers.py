@@ -259,3 +259,118 @@ def test_optimizers_on_one_gpu_nccl(which):
     (r,) = gt.spawn(_nccl_run, 1, (which, 16), backend="nccl")
     assert r["identical"] and r["sent"] > 0
     assert r["losses"][-1] < r["losses"][0]
+
+
+# -- whole-model records (model_record=True) -------------------------------------------------------
+
+
+def _model_record_run(rank: int, world: int, which: str, steps: int) -> dict:
+    import torch.distributed as dist
+
+    from gradwire.frame import read_frame
+
+    names = []
+    real = optimizers.all_gather_bytes
+
+    def spy(payload, group=None, **kw):
+        out = real(payload, group, **kw)
+        names.append([[e.name for e in read_frame(f).entries] for f in out])
+        return out
+
+    optimizers.all_gather_bytes = spy
+    model = make_model()
+    if which == "demo":
+        opt = gt.DeMo(model.parameters(), lr=0.02, beta=0.9, model_record=True)
+    else:
+        inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+        opt = gt.SparseLoCo(model.parameters(), inner, sync_every=2, model_record=True)
+    x, y = shard(rank)
+    losses, identical = [], True
+    for t in range(1, steps + 1):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if which == "demo" or t % 2 == 0:
+            identical &= all_ranks_equal(flat_parameters(model)) and _hash_identical(model)
+    dist.barrier()
+    return dict(losses=losses, identical=identical, names=names, record=opt.model_record.name,
+                sent=opt.bytes_sent, received=opt.bytes_received)
+
+
+@pytest.mark.parametrize("which", ["demo", "sparseloco"])
+def test_model_record_frames_carry_one_record_and_replicas_stay_bit_identical(which):
+    results = gt.spawn(_model_record_run, 2, (which, 12))
+    for r in results:
+        assert r["identical"], "parameters differ between ranks after an exchange"
+        assert r["names"] and all(per_rank == [[r["record"]]] * 2 for per_rank in r["names"]), r["names"][:2]
+        assert r["record"].startswith("@model:") and r["sent"] > 0 and r["received"] > 0
+        assert sum(r["losses"][-3:]) / 3 < 0.9 * r["losses"][0], r["losses"]
+    assert results[0]["record"] == results[1]["record"]
+
+
+class ManySmall(nn.Module):
+    """Twelve 32×32 layers with biases: 24 tensors, each a record of its own without model records."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(32, 32) for _ in range(12)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+@pytest.mark.parametrize("which", ["demo", "sparseloco"])
+def test_model_record_sends_fewer_bytes_than_a_record_per_tensor(which):
+    def run(model_record: bool) -> int:
+        torch.manual_seed(0)
+        model = ManySmall()
+        if which == "demo":
+            opt = gt.DeMo(model.parameters(), lr=0.01, model_record=model_record)
+        else:
+            opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=1,
+                                model_record=model_record)
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        return opt.bytes_sent
+
+    per_tensor, whole = run(False), run(True)
+    # 24 records' names, codec params and section headers against one record's
+    assert whole < 0.25 * per_tensor, (whole, per_tensor)  # measured: about 9× fewer
+
+
+def _mismatch_run(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from gradwire.errors import FrameError
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4 + rank)  # the ranks' models differ in shape
+    opt = gt.DeMo(model.parameters(), lr=0.01, model_record=True)
+    model(torch.randn(2, 8)).sum().backward()
+    try:
+        opt.step()
+        kind = None
+    except FrameError as e:
+        kind = e.kind
+    dist.barrier()
+    return dict(kind=kind)
+
+
+def test_model_record_of_another_model_is_refused_by_name():
+    for r in gt.spawn(_mismatch_run, 2, ()):
+        assert r["kind"] == "model_spec_mismatch"
+
+
+def test_model_record_restart_continues_bit_identically():
+    factory = lambda m: gt.SparseLoCo(  # noqa: E731
+        m.parameters(), torch.optim.AdamW(m.parameters(), lr=0.01), sync_every=3, model_record=True
+    )
+    whole, opt_whole = _train_single(factory, 10)
+    first, opt_first = _train_single(factory, 4)
+    resumed, _ = _train_single(factory, 6, state=_roundtrip(opt_first.state_dict()), model_state=first.state_dict())
+    assert torch.equal(flat_parameters(whole), flat_parameters(resumed))

@@ -47,6 +47,7 @@ from .wire import BytesLike
 __all__ = [
     "MODEL_RECORD_PREFIX",
     "ModelSpec",
+    "check_model_entries",
     "check_model_frame",
     "decode_model",
     "encode_model",
@@ -321,13 +322,23 @@ def decode_model(
 
 def check_model_frame(frame: Frame, spec: ModelSpec) -> Entry:
     """The model record of ``frame`` after the checks of FORMAT.md section 9.3 (``FrameError``)."""
-    if not frame.bundle or len(frame.entries) != 1:
-        kind = "bundle" if frame.bundle else "tensor"
+    if not frame.bundle:
         raise error(
             "invalid_model_record",
-            f"a model frame is a bundle frame of exactly one record, got a {kind} frame of {len(frame.entries)}",
+            f"a model frame is a bundle frame of exactly one record, got a tensor frame of {len(frame.entries)}",
         )
-    entry = frame.entries[0]
+    return check_model_entries(frame.entries, spec)
+
+
+def check_model_entries(entries, spec: ModelSpec) -> Entry:
+    """The one model record of a bundle's ``entries`` after the checks of FORMAT.md section 9.3
+    (``FrameError``): exactly one record, ``spec``'s, 1-D float32 of ``spec.numel`` elements."""
+    if len(entries) != 1:
+        raise error(
+            "invalid_model_record",
+            f"a model frame is a bundle frame of exactly one record, got a bundle frame of {len(entries)}",
+        )
+    entry = entries[0]
     if not is_model_record(entry):
         raise error(
             "invalid_model_record",

@@ -31,13 +31,17 @@ from ..algorithms import (
     DeMoState,
     OuterStep,
     SparseLoCoState,
+    default_demo_codec,
     default_sparseloco_codec,
     demo_update,
     exact_mean,
 )
 from ..codecs.base import Codec
+from ..codecs.dct import DCTCodec
+from ..dct import MODE_TILES
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
+from ..model_record import ModelSpec, check_model_entries
 from .collectives import all_gather_bytes, comm_device
 
 __all__ = ["DeMo", "SparseLoCo"]
@@ -106,6 +110,34 @@ def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
     return out
 
 
+class _ModelRecord:
+    """The whole-model record of an optimizer's parameters (docs/FORMAT.md section 9): every tensor
+    flattened in parameter order into one float32 vector that travels as one record named after the
+    spec's hash, so a step's frame has one record's overhead whatever the number of tensors."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor, dict]]):
+        self.spec = ModelSpec([(n, torch.float32, tuple(p.shape)) for n, p, _ in named])
+        self.name = self.spec.record_name
+
+    @staticmethod
+    def codec(codec: Codec) -> Codec:
+        """The codec for the flat vector: a tile-mode DCT codec becomes its flat-mode twin (chunks of its
+        ``chunk_shape``), since tiles of a vector are 64 elements long; any other codec is used as is."""
+        if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
+            return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits)
+        return codec
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {self.name: self.spec.flatten({n: t.to(torch.float32) for n, t in tensors.items()})}
+
+    def mean(self, per_rank: list[list[Entry]], device) -> dict[str, torch.Tensor]:
+        """The exact mean of every rank's model record, as views per parameter name; ``FrameError``
+        (``model_spec_mismatch`` / ``invalid_model_record``) if a rank sent anything else."""
+        for entries in per_rank:
+            check_model_entries(entries, self.spec)
+        return self.spec.unflatten(exact_mean(per_rank, device=device)[self.name])
+
+
 class _ExchangesFrames:
     """What both optimizers report: their codec, process group and cumulative frame bytes."""
 
@@ -143,7 +175,12 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
     rank must send the same tensors); parameters with ``requires_grad=False`` are left alone.
 
     ``process_group``: the group to average over (default: the default group). ``limits`` bound what a
-    peer's frame may announce.
+    peer's frame may announce. ``model_record=True`` sends the whole model as one record (its momenta
+    flattened in parameter order, named after the model spec's hash: docs/FORMAT.md section 9), so the
+    per-record overhead of a frame no longer grows with the number of tensors; the codec's chunks then
+    run across tensor boundaries (a tile-mode DCT codec cuts the vector into flat chunks of its
+    ``chunk_shape``), and every rank must hold the same parameter shapes (a rank whose spec
+    differs is refused with ``FrameError`` of kind ``model_spec_mismatch``).
     """
 
     def __init__(
@@ -156,15 +193,18 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         weight_decay: float = 0.0,
         process_group: Optional[dist.ProcessGroup] = None,
         limits: Optional[Limits] = None,
+        model_record: bool = False,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if weight_decay < 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
-        self.node = DeMoState(codec, beta=beta)
+        codec = codec if codec is not None else default_demo_codec()
+        self.node = DeMoState(_ModelRecord.codec(codec) if model_record else codec, beta=beta)
         self._exchange = _Exchange(process_group, limits)
         self.steps = 0
+        self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
@@ -173,14 +213,24 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         named = _named(self.param_groups)
+        device = named[0][1].device if named else None
         entries: list[Entry] = []
-        for gi, group in enumerate(self.param_groups):
-            grads = {
-                n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
+        if self.model_record is not None:
+            # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
+            scaled = {
+                n: torch.mul((p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32), g["lr"])
+                for n, p, g in named
             }
-            if grads:
-                entries += self.node.compress(grads, group["lr"])
-        mean = exact_mean(self._exchange(entries, self.steps), device=named[0][1].device if named else None)
+            entries = self.node.compress(self.model_record.flatten(scaled), 1.0)
+            mean = self.model_record.mean(self._exchange(entries, self.steps), device)
+        else:
+            for gi, group in enumerate(self.param_groups):
+                grads = {
+                    n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
+                }
+                if grads:
+                    entries += self.node.compress(grads, group["lr"])
+            mean = exact_mean(self._exchange(entries, self.steps), device=device)
         for group in self.param_groups:
             params = {n: p for n, p, g in named if g is group}
             if params:
@@ -200,8 +250,10 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         mine = state_dict.pop(_STATE_KEY)
         super().load_state_dict(state_dict)
         self.node.load_state_dict(mine["node"])
-        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
-        self.node.momenta = {n: m.to(devices.get(n, m.device)) for n, m in self.node.momenta.items()}
+        named = _named(self.param_groups)
+        devices = {n: p.device for n, p, _ in named}
+        first = named[0][1].device if named else None
+        self.node.momenta = {n: m.to(devices.get(n, first or m.device)) for n, m in self.node.momenta.items()}
         self.steps = int(mine["steps"])
         self._exchange.load_state_dict(mine)
 
@@ -221,6 +273,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     momentum — DiLoCo's recipe is ``outer_lr=0.7, outer_momentum=0.9, nesterov=True``.
     The inner optimizer's state stays local. :meth:`zero_grad` and the param groups are this
     optimizer's own (the same parameters as ``inner``'s); a scheduler should drive ``inner``.
+    ``model_record=True`` sends the whole model's error buffer as one record, as in :class:`DeMo`.
     """
 
     def __init__(
@@ -236,6 +289,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         outer_momentum: float = 0.0,
         nesterov: bool = False,
         limits: Optional[Limits] = None,
+        model_record: bool = False,
     ):
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
@@ -249,14 +303,15 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             raise ValueError("inner must optimize exactly the parameters given to SparseLoCo")
         self.inner = inner
         self.sync_every = sync_every
-        self.node = SparseLoCoState(codec if codec is not None else default_sparseloco_codec(sync_every),
-                                    error_decay=error_decay)
+        codec = codec if codec is not None else default_sparseloco_codec(sync_every)
+        self.node = SparseLoCoState(_ModelRecord.codec(codec) if model_record else codec, error_decay=error_decay)
         self.outer = OuterStep(outer_lr, outer_momentum, nesterov)
         self._exchange = _Exchange(process_group, limits)
         self.local_steps = 0
         self.syncs = 0
         with torch.no_grad():
             self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
+        self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
 
     def step(self, closure: Optional[Callable[[], Any]] = None):
         loss = self.inner.step(closure)
@@ -270,9 +325,15 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         """The outer step now (``step`` calls it every ``sync_every`` local steps)."""
         named = _named(self.param_groups)
         current = {n: p for n, p, _ in named}
-        entries = self.node.compress(self.anchor, current)
         device = named[0][1].device if named else None
-        mean = exact_mean(self._exchange(entries, self.syncs), device=device)
+        if self.model_record is not None:
+            # Elementwise, the flat pseudo-gradient and error buffer are the per-tensor ones, concatenated.
+            mr = self.model_record
+            entries = self.node.compress(mr.flatten(self.anchor), mr.flatten(current))
+            mean = mr.mean(self._exchange(entries, self.syncs), device)
+        else:
+            entries = self.node.compress(self.anchor, current)
+            mean = exact_mean(self._exchange(entries, self.syncs), device=device)
         self.outer.apply(self.anchor, mean)
         for n, p in current.items():
             p.copy_(self.anchor[n])
@@ -303,7 +364,8 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             raise ValueError("the saved anchor names other parameters than this optimizer's")
         self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in mine["anchor"].items()}
         self.node.load_state_dict(mine["node"])
-        self.node.errors = {n: e.to(devices.get(n, e.device)) for n, e in self.node.errors.items()}
+        first = next(iter(devices.values()), None)
+        self.node.errors = {n: e.to(devices.get(n, first or e.device)) for n, e in self.node.errors.items()}
         self.outer.load_state_dict(mine["outer"])
         self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
         self.local_steps = int(mine["local_steps"])
