@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--model-record", action="store_true",
+                    help="send the whole model as one record (docs/FORMAT.md section 9)")
     args = ap.parse_args()
 
     rank, world = gt.init_from_env("gloo")
@@ -49,7 +51,7 @@ def main() -> None:
     with torch.no_grad():
         y = teacher(x)
 
-    opt = gt.DeMo(model.parameters(), lr=args.lr, beta=0.999)
+    opt = gt.DeMo(model.parameters(), lr=args.lr, beta=0.999, model_record=args.model_record)
     for step in range(args.steps):
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()

@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--nesterov", action="store_true", help="DiLoCo's outer Nesterov momentum 0.9, outer lr 0.7")
+    ap.add_argument("--model-record", action="store_true",
+                    help="send the whole model as one record (docs/FORMAT.md section 9)")
     args = ap.parse_args()
     if args.steps % args.sync_every:
         raise SystemExit("--steps must be a multiple of --sync-every (replicas agree after a sync)")
@@ -56,7 +58,7 @@ def main() -> None:
 
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     outer = dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True) if args.nesterov else {}
-    opt = gt.SparseLoCo(model.parameters(), inner, sync_every=args.sync_every, **outer)
+    opt = gt.SparseLoCo(model.parameters(), inner, sync_every=args.sync_every, model_record=args.model_record, **outer)
     for step in range(args.steps):
         loss = nn.functional.mse_loss(model(x), y)
         if rank == 0 and step == 0:

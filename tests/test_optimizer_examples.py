@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -24,15 +26,17 @@ def _ratio(out: str) -> float:
     return float(re.search(r"compression ratio vs fp32[^:]*: ([0-9.]+)x", out).group(1))
 
 
-def test_demo_example():
-    out = _torchrun("demo_torchrun.py", "--steps", "4")
+@pytest.mark.parametrize("extra", [(), ("--model-record",)], ids=["per-tensor", "model-record"])
+def test_demo_example(extra):
+    out = _torchrun("demo_torchrun.py", "--steps", "4", *extra)
     assert "replicas bit-identical: True" in out, out
     assert _ratio(out) >= 300, out
     losses = [float(v) for v in re.findall(r"loss ([0-9.]+)", out)]
     assert losses[-1] < losses[0], out
 
 
-def test_sparseloco_example():
-    out = _torchrun("sparseloco_torchrun.py", "--steps", "8", "--sync-every", "4", "--nesterov")
+@pytest.mark.parametrize("extra", [(), ("--model-record",)], ids=["per-tensor", "model-record"])
+def test_sparseloco_example(extra):
+    out = _torchrun("sparseloco_torchrun.py", "--steps", "8", "--sync-every", "4", "--nesterov", *extra)
     assert "replicas bit-identical: True" in out, out
     assert _ratio(out) >= 300, out
