@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -128,3 +130,75 @@ def test_a_median_demo_run_publishes_the_trim_and_nodes_hold_the_servers_weights
     batch = nodes[0].client.published(run_id, 0)
     assert [v.trim for v in batch.versions] == [1, 1, 1, 1]
     assert all(len(v.frames) == 3 for v in batch.versions)
+
+
+def _record_names(node: Node, run_id: str) -> set:
+    """The record names of every node frame the run has published."""
+    batch = node.client.published(node.run_id, 0)
+    return {e.name for v in batch.versions for f in v.frames for e in f.entries}
+
+
+def test_a_model_record_demo_run_sends_one_record_and_nodes_hold_the_servers_weights(live_server):
+    def train(model_record: bool) -> tuple[list[Node], str]:
+        admin, run_id = _run(live_server.url, live_server.admin_token,
+                             {"algorithm": "demo", "quorum": 2, "demo": {"lr": 3e-3, "beta": 0.9},
+                              "model_record": model_record})
+        nodes = [_node(live_server.url, admin, run_id) for _ in range(2)]
+        _together(nodes, steps=4)
+        status = admin.status(run_id)
+        assert status["version"] == 4
+        assert {state_hash(n.params) for n in nodes} == {status["weights_hash"]}
+        return nodes, run_id
+
+    per_tensor, _ = train(False)
+    whole, run_id = train(True)
+    spec = whole[0].model_spec
+    assert spec is not None and _record_names(whole[0], run_id) == {spec.record_name}
+    # one record's headers instead of four, and the flat chunks of the (64,) codec
+    assert whole[0].bytes_sent < per_tensor[0].bytes_sent
+
+
+def test_a_model_record_sparseloco_run_survives_kill_9_and_a_late_joiner_follows(tmp_path):
+    config = {"algorithm": "sparseloco", "quorum": 2, "model_record": True,
+              "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
+                             "inner": {"lr": 1e-2}}}
+    with LiveServer(tmp_path / "data") as srv:
+        admin, run_id = _run(srv.url, srv.admin_token, config)
+        nodes = [_node(srv.url, admin, run_id) for _ in range(2)]
+        _together(nodes, steps=4)
+        srv.kill()  # the restart replays the published model-record frames
+        srv.start()
+        _together(nodes, steps=2)
+        status = admin.status(run_id)
+        assert status["version"] == 3
+        assert {state_hash(n.params) for n in nodes} == {status["weights_hash"]}
+        assert _record_names(nodes[0], run_id) == {nodes[0].model_spec.record_name}
+        late = _node(srv.url, admin, run_id)
+        late.sync()
+        _together(nodes, steps=2)
+        late.catch_up(wait=10)
+        assert state_hash(late.params) == admin.status(run_id)["weights_hash"]
+
+
+def test_a_model_record_run_refuses_a_frame_per_tensor(live_server):
+    from gradwire.client import FrameRejectedError
+
+    admin, run_id = _run(live_server.url, live_server.admin_token,
+                         {"algorithm": "demo", "quorum": 1, "model_record": True})
+    node_id, token = admin.register_node(run_id)
+    client = GradwireClient(live_server.url, token)
+    grads = {n: torch.zeros_like(p) for n, p in _model().named_parameters()}
+    per_tensor = gradwire.DCTCodec(**CODEC).encode_bundle(grads, round=0, sender=node_id)
+    try:
+        client.submit(run_id, 0, per_tensor)
+        raise AssertionError("a per-tensor frame was accepted by a model_record run")
+    except FrameRejectedError as exc:
+        assert exc.error == "tensor_mismatch" and "@model:" in str(exc)
+    assert admin.status(run_id)["version"] == 0
+
+
+def test_model_record_is_refused_for_adamw_runs():
+    from gradwire_server.config import RunConfig
+
+    with pytest.raises(ValueError, match="model_record"):
+        RunConfig.model_validate({"algorithm": "adamw", "model_record": True})

@@ -31,6 +31,7 @@ from .errors import FrameError
 from .algorithms import DeMoState, SparseLoCoState
 from .feedback import ErrorFeedback
 from .frame import SERVER_SENDER, Frame, Limits, decode_bundle, frame_length, read_frame, write_frame
+from .model_record import ModelSpec, expand_model_mean, model_record_codec, run_spec
 from .published import Published, apply_mean, read_published
 from .protocol import API_PREFIX, HASH_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER, Reason
 from .state import apply_update, state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
@@ -501,6 +502,8 @@ class Node:
         #: The run's configuration (JSON, read at the first :meth:`sync`) and its algorithm.
         self.config: Optional[dict[str, Any]] = None
         self.algorithm: Optional[str] = None
+        #: The run's model spec when it takes whole-model records (``model_record``), else None.
+        self.model_spec: Optional[ModelSpec] = None
         self.demo: Optional[DeMoState] = None
         self.sparseloco: Optional[SparseLoCoState] = None
         #: SparseLoCo: the weights of the last synced version (the replica between syncs is local).
@@ -527,13 +530,16 @@ class Node:
         """Read the run's algorithm and set up its node side (once)."""
         self.config = self.client.status(self.run_id)["config"]
         self.algorithm = self.config.get("algorithm", "adamw")
+        # Runs with model_record take the whole model as one record (docs/FORMAT.md section 9).
+        self.model_spec = run_spec(self.params) if self.config.get("model_record") else None
+        codec = self.codec if self.model_spec is None else model_record_codec(self.codec)
         if self.algorithm == "demo":
-            self.demo = DeMoState(self.codec, beta=float(self.config["demo"]["beta"]))
+            self.demo = DeMoState(codec, beta=float(self.config["demo"]["beta"]))
         elif self.algorithm == "sparseloco":
             sl = self.config["sparseloco"]
             if self.module is None:
                 raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
-            self.sparseloco = SparseLoCoState(self.codec, error_decay=float(sl["error_decay"]))
+            self.sparseloco = SparseLoCoState(codec, error_decay=float(sl["error_decay"]))
             inner = sl["inner"]
             self.inner = torch.optim.AdamW(self.module.parameters(), lr=float(inner["lr"]),
                                            betas=tuple(inner["betas"]), eps=float(inner["eps"]),
@@ -612,6 +618,8 @@ class Node:
         target = self.params if self.algorithm == "demo" else self.anchor
         for published in batch.versions:
             mean = published.mean(device=self.decode_device)
+            if self.model_spec is not None:
+                mean = dict(expand_model_mean(mean, self.model_spec))
             mean = {n: t.to(target[n].device) for n, t in mean.items()}
             with torch.no_grad():
                 self._algorithm_state = apply_mean(self.algorithm, self.config, target, mean, self._algorithm_state)
@@ -656,6 +664,8 @@ class Node:
         round_ = int(self.version)
         ordered = {name: grads[name] for name in sorted(grads)}
         if self.algorithm == "demo":
+            if self.model_spec is not None:
+                ordered = {self.model_spec.record_name: self.model_spec.flatten(ordered)}
             records = self.demo.compress(ordered, float(self.config["demo"]["lr"]))
             frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
             return self._submit_and_advance(round_, frame, self.demo)
@@ -673,7 +683,12 @@ class Node:
         if self.local_steps % int(self.config["sparseloco"]["sync_every"]):
             return self.version
         round_ = int(self.version)
-        records = self.sparseloco.compress(self.anchor, self.params)
+        if self.model_spec is None:
+            records = self.sparseloco.compress(self.anchor, self.params)
+        else:
+            spec = self.model_spec
+            records = self.sparseloco.compress({spec.record_name: spec.flatten(self.anchor)},
+                                               {spec.record_name: spec.flatten(self.params)})
         frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
         return self._submit_and_advance(round_, frame, self.sparseloco)
 

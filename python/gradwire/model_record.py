@@ -49,6 +49,9 @@ __all__ = [
     "ModelSpec",
     "check_model_entries",
     "check_model_frame",
+    "expand_model_mean",
+    "model_record_codec",
+    "run_spec",
     "decode_model",
     "encode_model",
     "is_model_record",
@@ -358,3 +361,34 @@ def check_model_entries(entries, spec: ModelSpec) -> Entry:
             f"torch.float32 ({spec.numel},)",
         )
     return entry
+
+
+def run_spec(weights: Mapping[str, torch.Tensor]) -> ModelSpec:
+    """The model spec of a server run's weights: every tensor as float32 (the master weights' dtype), in
+    sorted name order. The server and every node of a run build it from the same names and shapes, so
+    they agree on the record's name and on where each tensor lies in the flat vector."""
+    return ModelSpec([(n, torch.float32, tuple(weights[n].shape)) for n in sorted(weights)])
+
+
+def expand_model_mean(mean: Mapping[str, torch.Tensor], spec: ModelSpec) -> Mapping[str, torch.Tensor]:
+    """``mean`` per tensor: a mean keyed by ``spec``'s model record becomes views of that flat vector per
+    tensor name (:meth:`ModelSpec.unflatten`); a mean keyed by tensor names is returned as it is.
+    ``ValueError`` for a model record of another spec."""
+    names = list(mean)
+    if len(names) == 1 and _NAME_RE.fullmatch(names[0]) is not None:
+        if names[0] != spec.record_name:
+            raise ValueError(f"the mean is of model record {names[0]!r}; these weights' spec is {spec.record_name!r}")
+        return spec.unflatten(mean[names[0]])
+    return mean
+
+
+def model_record_codec(codec: Codec) -> Codec:
+    """The codec for a model record's flat vector: a tile-mode DCT codec becomes its flat-mode twin
+    (chunks of its ``chunk_shape``; tiles of a vector would be 64 elements long); any other codec is
+    used as it is."""
+    from .codecs.dct import DCTCodec
+    from .dct import MODE_TILES
+
+    if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
+        return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits)
+    return codec

@@ -31,6 +31,7 @@ from .algorithms import OuterStep, demo_update, exact_aggregate
 from .codecs.identity import IdentityCodec
 from .errors import FrameError
 from .frame import SERVER_SENDER, Frame, Limits, decode_entry, frame_length, read_frame, write_frame
+from .model_record import expand_model_mean, run_spec
 from .wire import BytesLike, as_u8
 
 __all__ = ["HEADER_RECORD", "TRIM_RECORD", "Published", "apply_mean", "read_published", "write_published"]
@@ -73,8 +74,11 @@ def apply_mean(
 
     ``config`` is the run's configuration as JSON (its ``demo`` / ``sparseloco`` sections); ``state`` the
     algorithm's state before this version (SparseLoCo's outer momentum, ``{"outer": …}``; nothing for
-    DeMo). Returns the state after it.
+    DeMo). Returns the state after it. A ``mean`` keyed by the weights' model record (runs with
+    ``model_record``: docs/FORMAT.md section 9) is first cut back into the tensors
+    (:func:`gradwire.model_record.expand_model_mean` with :func:`~gradwire.model_record.run_spec`).
     """
+    mean = expand_model_mean(mean, run_spec(weights))
     if algorithm == "demo":
         demo = config["demo"]
         demo_update(weights, mean, float(demo["lr"]), float(demo.get("weight_decay", 0.0)))

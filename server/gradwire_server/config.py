@@ -117,3 +117,14 @@ class RunConfig(BaseModel):
     max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
+    model_record: bool = Field(
+        False, description="demo / sparseloco: nodes send the whole model as one record (its tensors as float32, "
+                           "flattened in sorted name order, named after the spec's hash: docs/FORMAT.md section 9), "
+                           "so a frame's headers do not grow with the tensor count. The server refuses frames of "
+                           "any other form (tensor_mismatch).")
+
+    @model_validator(mode="after")
+    def _check_model_record(self) -> "RunConfig":
+        if self.model_record and self.algorithm == "adamw":
+            raise ValueError("model_record is for the demo and sparseloco algorithms (adamw runs send a record per tensor)")
+        return self

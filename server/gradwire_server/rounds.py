@@ -36,6 +36,7 @@ import torch
 
 from gradwire import read_frame
 from gradwire.frame import MAX_NAME_BYTES
+from gradwire.model_record import run_spec
 from gradwire.state import pack_state_dict, state_from_bytes, state_hash, state_to_bytes
 
 from .aggregate import Update
@@ -354,10 +355,12 @@ class RoundEngine:
             return dup
         self._weight_for(rt, round)  # refuse late or early updates before parsing them
         spec = rt.spec
+        record = run_spec(rt.master).record_name if rt.config.model_record else None
         t0 = time.perf_counter()
         frame, norm = await asyncio.to_thread(
             validate_update, body, spec, node_id=node_id, round=round,
-            max_frame_bytes=rt.config.max_frame_bytes, max_update_norm=rt.config.max_update_norm)
+            max_frame_bytes=rt.config.max_frame_bytes, max_update_norm=rt.config.max_update_norm,
+            model_record=record)
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # Shielded: once recording has begun, a client that hangs up must not leave a durable record
         # that the open round does not count.

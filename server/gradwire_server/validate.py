@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional
 
+import torch
+
 from gradwire import FrameError, Limits, read_frame
 from gradwire.accumulate import entry_norm
 from gradwire.frame import Entry, Frame
@@ -47,9 +49,16 @@ def validate_update(
     round: int,
     max_frame_bytes: int,
     max_update_norm: Optional[float],
+    model_record: Optional[str] = None,
 ) -> tuple[Frame, float]:
-    """The parsed frame and its L2 norm, or :class:`Rejected` naming what is wrong."""
+    """The parsed frame and its L2 norm, or :class:`Rejected` naming what is wrong.
+
+    ``model_record``: the name of the run's model record (runs with ``model_record``); the frame must then
+    hold exactly that one record, 1-D float32 of the model's element count, instead of a record per tensor.
+    """
     max_elems = max((math.prod(s) for s in spec.values()), default=1)
+    if model_record is not None:
+        max_elems = sum(math.prod(s) for s in spec.values())
     limits = Limits(max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)),
                     max_tensor_elements=max(1, max_elems))
     try:
@@ -63,7 +72,16 @@ def validate_update(
     if frame.round != round:
         raise Rejected(Reason.ROUND_MISMATCH, f"frame round {frame.round} differs from the URL's round {round}")
     got = {e.name: tuple(e.shape) for e in frame.entries}
-    if got != dict(spec):
+    if model_record is not None:
+        want = {model_record: (max_elems,)}
+        if got != want or frame.entries[0].dtype != torch.float32:
+            raise Rejected(
+                Reason.TENSOR_MISMATCH,
+                f"this run takes the whole model as one float32 record {model_record!r} of shape ({max_elems},) "
+                f"(docs/FORMAT.md section 9); the frame holds {sorted(got)[:3]} "
+                f"{'of other shapes or dtype' if set(got) == set(want) else ''}".rstrip(),
+            )
+    elif got != dict(spec):
         missing = sorted(set(spec) - set(got))
         extra = sorted(set(got) - set(spec))
         wrong = sorted(n for n in set(got) & set(spec) if got[n] != tuple(spec[n]))

@@ -37,11 +37,9 @@ from ..algorithms import (
     exact_mean,
 )
 from ..codecs.base import Codec
-from ..codecs.dct import DCTCodec
-from ..dct import MODE_TILES
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
-from ..model_record import ModelSpec, check_model_entries
+from ..model_record import ModelSpec, check_model_entries, model_record_codec
 from .collectives import all_gather_bytes, comm_device
 
 __all__ = ["DeMo", "SparseLoCo"]
@@ -119,14 +117,6 @@ class _ModelRecord:
         self.spec = ModelSpec([(n, torch.float32, tuple(p.shape)) for n, p, _ in named])
         self.name = self.spec.record_name
 
-    @staticmethod
-    def codec(codec: Codec) -> Codec:
-        """The codec for the flat vector: a tile-mode DCT codec becomes its flat-mode twin (chunks of its
-        ``chunk_shape``), since tiles of a vector are 64 elements long; any other codec is used as is."""
-        if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
-            return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits)
-        return codec
-
     def flatten(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {self.name: self.spec.flatten({n: t.to(torch.float32) for n, t in tensors.items()})}
 
@@ -201,7 +191,7 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         codec = codec if codec is not None else default_demo_codec()
-        self.node = DeMoState(_ModelRecord.codec(codec) if model_record else codec, beta=beta)
+        self.node = DeMoState(model_record_codec(codec) if model_record else codec, beta=beta)
         self._exchange = _Exchange(process_group, limits)
         self.steps = 0
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
@@ -304,7 +294,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         self.inner = inner
         self.sync_every = sync_every
         codec = codec if codec is not None else default_sparseloco_codec(sync_every)
-        self.node = SparseLoCoState(_ModelRecord.codec(codec) if model_record else codec, error_decay=error_decay)
+        self.node = SparseLoCoState(model_record_codec(codec) if model_record else codec, error_decay=error_decay)
         self.outer = OuterStep(outer_lr, outer_momentum, nesterov)
         self._exchange = _Exchange(process_group, limits)
         self.local_steps = 0
