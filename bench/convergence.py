@@ -40,6 +40,10 @@ rows of ``DEFAULT_ROWS`` on small models for 200/128/128 steps with H = 8; ``--f
 SparseLoCo sync carries 32 steps, so even every coefficient at 2 bits (k = 4096) is 338× per local step:
 its 100× and 300× rows both land there.
 
+The 2,048-step comparison in docs/convergence-2048.md (28 runs, 85 min of training, about 45 min wall on
+2 cores): python bench/convergence.py --tasks chars stdlib --rows dense sparseloco@300 --steps 2048
+--out docs/convergence-2048.md
+
 Usage: python bench/convergence.py [--full] [--tasks digits chars stdlib] [--rows dense demo@300 ...]
                                    [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--report-only]
 """
