@@ -42,7 +42,8 @@ its 100× and 300× rows both land there.
 
 The 2,048-step comparison in docs/convergence-2048.md (28 runs, 85 min of training, about 45 min wall on
 2 cores): python bench/convergence.py --tasks chars stdlib --rows dense sparseloco@300 --steps 2048
---out docs/convergence-2048.md
+--out docs/convergence-2048.md; the char transformer's 1000× row (docs/convergence-2048-chars.md) adds
+``--tasks chars --rows dense sparseloco@300 sparseloco@1000``.
 
 Usage: python bench/convergence.py [--full] [--tasks digits chars stdlib] [--rows dense demo@300 ...]
                                    [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--report-only]
