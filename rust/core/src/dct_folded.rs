@@ -24,7 +24,7 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
-use crate::dct_rows::{check_out, chunk_segments};
+use crate::dct_rows::{check_out, chunk_segments, for_each_share};
 use crate::error::{Result, WireError};
 
 /// Whether `basis` (`n × n`, row `f` the frequency `f`) is exactly symmetric, `B[f, n-1-i] =
@@ -171,6 +171,8 @@ pub fn decode_folded(
             }
             let (t_even, t_odd) = t.split_at(h * width);
             let (y_even, y_odd) = y.split_at_mut(h * width);
+            // Both halves hold exactly h · width values (split at h · width of rows · width), so the
+            // shapes always fit: the views cannot fail.
             for (basis_t, src, dst) in [(&even_t, t_even, y_even), (&odd_t, t_odd, y_odd)] {
                 let src = ArrayView2::from_shape((h, width), src).expect("h × width values");
                 let mut dst = ArrayViewMut2::from_shape((h, width), dst).expect("h × width values");
@@ -191,17 +193,7 @@ pub fn decode_folded(
             }
         }
     };
-    let per_thread = chunks.div_ceil(threads.clamp(1, chunks));
-    if per_thread >= chunks {
-        decode_range(0, &mut segments);
-        return Ok(());
-    }
-    std::thread::scope(|scope| {
-        for (i, share) in segments.chunks_mut(per_thread).enumerate() {
-            let decode_range = &decode_range;
-            scope.spawn(move || decode_range(i * per_thread, share));
-        }
-    });
+    for_each_share(&mut segments, threads, decode_range);
     Ok(())
 }
 
@@ -316,6 +308,7 @@ fn add_half_rows(
         let mut acc_o = [0.0f64; LANES];
         for &(col, u) in terms {
             let at = col * last + n0;
+            // The slice is LANES long by construction: the conversion cannot fail.
             let b: &[f64; LANES] = basis[at..at + LANES]
                 .try_into()
                 .expect("a slice of LANES values");

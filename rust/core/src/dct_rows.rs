@@ -175,6 +175,7 @@ fn add_row_run(
         let mut acc_o = [0.0f64; LANES];
         for (&p, &u) in positions.iter().zip(levels) {
             let at = (p as usize - row_start) * last + n0;
+            // The slice is LANES long by construction: the conversion cannot fail.
             let b: &[f64; LANES] = basis[at..at + LANES]
                 .try_into()
                 .expect("a slice of LANES values");
@@ -304,23 +305,36 @@ where
     if chunks == 0 {
         return Ok(());
     }
-    let run = |from: usize, share: &mut [Vec<&mut [f32]>]| {
+    for_each_share(&mut segments, threads, |from, share| {
         for (c, chunk_rows) in share.iter_mut().enumerate() {
             kernel(from + c, chunk_rows);
         }
-    };
+    });
+    Ok(())
+}
+
+/// Runs `work(first, share)` on up to `threads` contiguous shares of `segments` (each entry one
+/// chunk's row segments, `first` the share's first chunk), each share on a thread of its own; with one
+/// share, on the calling thread.
+pub(crate) fn for_each_share<F>(segments: &mut [Vec<&mut [f32]>], threads: usize, work: F)
+where
+    F: Fn(usize, &mut [Vec<&mut [f32]>]) + Sync,
+{
+    let chunks = segments.len();
+    if chunks == 0 {
+        return;
+    }
     let per_thread = chunks.div_ceil(threads.clamp(1, chunks));
     if per_thread >= chunks {
-        run(0, &mut segments);
-        return Ok(());
+        work(0, segments);
+        return;
     }
     std::thread::scope(|scope| {
         for (t, share) in segments.chunks_mut(per_thread).enumerate() {
-            let run = &run;
-            scope.spawn(move || run(t * per_thread, share));
+            let work = &work;
+            scope.spawn(move || work(t * per_thread, share));
         }
     });
-    Ok(())
 }
 
 /// `out` (a whole tensor: a grid of `grid_cols` tiles of `rows × last` per tile row) cut into the
