@@ -391,6 +391,7 @@ fn unfold_row<const PLUS: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dct_rows::tests::seeded_sets;
     use crate::{combine_level_sums, scatter_basis_rows};
     use proptest::prelude::*;
 
@@ -634,22 +635,8 @@ mod tests {
             let chunks = tile_rows * grid_cols;
             let c = rows * last;
             let k = 1 + (seed as usize) % c;
-            let mut positions = Vec::new();
-            let mut levels = Vec::new();
-            for chunk in 0..chunks {
-                let mut all: Vec<i64> = (0..c as i64).collect();
-                let mut s = seed.wrapping_add(chunk as u64);
-                for i in (1..c).rev() {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    all.swap(i, (s >> 33) as usize % (i + 1));
-                }
-                let mut chosen = all[..k].to_vec();
-                if !shuffle {
-                    chosen.sort_unstable(); // as decoders give them; shuffled: runs repeat a row
-                }
-                positions.extend(chosen);
-                levels.extend((0..k).map(|j| ((seed >> (j % 48)) & 255) as i16));
-            }
+            // shuffled: positions out of order, so runs repeat a row
+            let (positions, levels) = seeded_sets(c, k, chunks, seed, !shuffle);
             let (row_basis, col_basis) = (int_basis(rows, 12), int_basis(last, 12));
             let scales: Vec<f64> = (0..chunks).map(|c| 0.001 * (c as f64 + 1.0) / 3.0).collect();
             let mins: Vec<f64> = (0..chunks).map(|c| -0.5 / (c as f64 + 7.0)).collect();

@@ -233,51 +233,6 @@ pub fn combine_level_sums(
     threads: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let row_len = scales.len() * 2 * last;
-    combine_with(
-        sums,
-        scales,
-        mins,
-        rows,
-        last,
-        first,
-        grid_cols,
-        threads,
-        out,
-        |c, chunk_rows| {
-            let (scale, min) = (scales[c], mins[c]);
-            for (row, row_out) in chunk_rows.iter_mut().enumerate() {
-                let at = row * row_len + c * 2 * last;
-                let (level, offset) = sums[at..at + 2 * last].split_at(last);
-                for ((o, &l), &z) in row_out.iter_mut().zip(level).zip(offset) {
-                    let value: f64 = l * scale + z * min;
-                    *o = value as f32;
-                }
-            }
-        },
-    )
-}
-
-/// What the combines share: checks the sizes (`sums` laid out `(rows, chunks, 2, last)`, one scale
-/// and one minimum per chunk, `out` a whole tile grid holding chunks `first .. first + chunks`),
-/// cuts `out` into each chunk's row segments, and runs `kernel(c, rows_of_chunk)` for every chunk
-/// `c` of the block (0-based), chunks shared between up to `threads` threads.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn combine_with<K>(
-    sums: &[f64],
-    scales: &[f64],
-    mins: &[f64],
-    rows: usize,
-    last: usize,
-    first: usize,
-    grid_cols: usize,
-    threads: usize,
-    out: &mut [f32],
-    kernel: K,
-) -> Result<()>
-where
-    K: Fn(usize, &mut [&mut [f32]]) + Sync,
-{
     let chunks = scales.len();
     if mins.len() != chunks {
         return Err(WireError::LengthMismatch {
@@ -305,9 +260,19 @@ where
     if chunks == 0 {
         return Ok(());
     }
+    let row_len = chunks * 2 * last;
     for_each_share(&mut segments, threads, |from, share| {
-        for (c, chunk_rows) in share.iter_mut().enumerate() {
-            kernel(from + c, chunk_rows);
+        for (i, chunk_rows) in share.iter_mut().enumerate() {
+            let c = from + i;
+            let (scale, min) = (scales[c], mins[c]);
+            for (row, row_out) in chunk_rows.iter_mut().enumerate() {
+                let at = row * row_len + c * 2 * last;
+                let (level, offset) = sums[at..at + 2 * last].split_at(last);
+                for ((o, &l), &z) in row_out.iter_mut().zip(level).zip(offset) {
+                    let value: f64 = l * scale + z * min;
+                    *o = value as f32;
+                }
+            }
         }
     });
     Ok(())
@@ -405,7 +370,7 @@ pub(crate) fn check_out<T>(out: &[T], needed: usize) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -745,6 +710,36 @@ mod tests {
         );
     }
 
+    /// `k` distinct positions below `c` per chunk for `chunks` chunks, from a seeded permutation
+    /// (ascending within each chunk when `sorted`, as decoders give them), and a level for each.
+    pub(crate) fn seeded_sets(
+        c: usize,
+        k: usize,
+        chunks: usize,
+        seed: u64,
+        sorted: bool,
+    ) -> (Vec<i64>, Vec<i16>) {
+        let mut positions = Vec::new();
+        let mut levels = Vec::new();
+        for chunk in 0..chunks {
+            let mut all: Vec<i64> = (0..c as i64).collect();
+            let mut s = seed.wrapping_add(chunk as u64);
+            for i in (1..c).rev() {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                all.swap(i, (s >> 33) as usize % (i + 1));
+            }
+            let mut chosen = all[..k].to_vec();
+            if sorted {
+                chosen.sort_unstable();
+            }
+            positions.extend(chosen);
+            levels.extend((0..k).map(|j| ((seed >> (j % 48)) & 255) as i16));
+        }
+        (positions, levels)
+    }
+
     proptest! {
         #[test]
         fn any_positions_sum_like_the_dense_transform(
@@ -752,21 +747,7 @@ mod tests {
         ) {
             let c = rows * last;
             let k = 1 + (seed as usize) % c;
-            let mut positions = Vec::new();
-            let mut levels = Vec::new();
-            for chunk in 0..chunks {
-                // k distinct positions per chunk, from a seeded permutation
-                let mut all: Vec<i64> = (0..c as i64).collect();
-                let mut s = seed.wrapping_add(chunk as u64);
-                for i in (1..c).rev() {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    all.swap(i, (s >> 33) as usize % (i + 1));
-                }
-                let mut chosen = all[..k].to_vec();
-                chosen.sort_unstable();
-                positions.extend(chosen);
-                levels.extend((0..k).map(|j| ((seed >> (j % 48)) & 255) as i16));
-            }
+            let (positions, levels) = seeded_sets(c, k, chunks, seed, true);
             let b = basis(last);
             let expected = dense(&positions, &levels, k, rows, last, &b);
             for threads in [1, 2, 3, 8] {
