@@ -43,6 +43,7 @@ class Update:
     norm: float = 0.0
     node_id: int = 0
     raw: bytes = b""
+    sha256: str = ""
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 __all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -34,6 +35,9 @@ class Metrics:
         self.decode_seconds = Histogram(
             "gradwire_decode_seconds", "Parsing and validating one submitted frame.", buckets=_LATENCY_BUCKETS,
             registry=r)
+        self.commit_group_size = Histogram(
+            "gradwire_commit_group_size", "Updates recorded by one group commit (one directory fsync and one "
+            "SQLite transaction each).", buckets=_GROUP_BUCKETS, registry=r)
         self.aggregate_seconds = Histogram(
             "gradwire_aggregate_seconds", "Aggregating one round's updates into one gradient.",
             buckets=_LATENCY_BUCKETS, registry=r)

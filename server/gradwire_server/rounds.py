@@ -20,7 +20,10 @@ the versions since (:meth:`RoundEngine._load_state`) with the same code that clo
 
 Concurrency: each run has one ``asyncio.Lock``; recording an update and closing a round both hold it,
 so an update is either counted in the round being closed or refused as late — never acknowledged and
-then lost. Heavy work runs in worker threads; the event loop only schedules.
+then lost. Heavy work runs in worker threads; the event loop only schedules. Each update is hashed,
+validated and written (fsynced) in one worker thread of its own; updates then commit in groups
+(:meth:`RoundEngine._commit_groups`): the ones that arrive while a commit is in flight share the next
+one, so a burst of submissions costs one directory fsync and one SQLite commit per group, not per update.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Optional
 import torch
 
 from gradwire import read_frame
-from gradwire.frame import MAX_NAME_BYTES
+from gradwire.frame import MAX_NAME_BYTES, Frame
 from gradwire.model_record import run_spec
 from gradwire.state import pack_state_dict, state_from_bytes, state_hash, state_to_bytes
 
@@ -71,6 +74,9 @@ class RunRuntime:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     published: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Updates validated and written, waiting for the next group commit, and the task committing them.
+    staged: list["_Staged"] = field(default_factory=list)
+    committer: Optional[asyncio.Task] = None
 
     @property
     def master(self) -> Optional[dict[str, torch.Tensor]]:
@@ -94,6 +100,20 @@ class RunRuntime:
         """AdamW replays rounds from the checkpoint on from their submissions; the others need only the
         open round's."""
         return self.checkpoint if self.config.algorithm == "adamw" else self.version
+
+
+@dataclass
+class _Staged:
+    """An update validated and written to disk, waiting for its group commit (and ``answer``)."""
+
+    node_id: int
+    round: int
+    sha: str
+    body: bytes
+    frame: Frame
+    norm: float
+    weight: float = 1.0
+    answer: Optional[asyncio.Future] = None
 
 
 @dataclass
@@ -170,7 +190,7 @@ class RoundEngine:
         out = []
         for sub in self.store.submissions_for(run_id, target_round):
             raw = self.store.read_submission(sub)
-            out.append((sub, Update(read_frame(raw), sub.weight, sub.norm, sub.node_id, raw)))
+            out.append((sub, Update(read_frame(raw), sub.weight, sub.norm, sub.node_id, raw, sub.sha256)))
         return out
 
     def _load_state(self, rec: RunRecord, config: RunConfig) -> RunState:
@@ -326,11 +346,22 @@ class RoundEngine:
     # -- submissions ------------------------------------------------------------------------------
 
     def _existing(self, rt: RunRuntime, node_id: int, round: int, sha: str) -> Optional[dict]:
-        """The 202 answer if these bytes were already recorded; 409 if other bytes were."""
-        rec = self.store.get_submission(rt.run_id, node_id, round)
-        if rec is None:
+        """The 202 answer if these bytes were already recorded; 409 if other bytes were.
+
+        The open round's updates are all in ``rt.pending`` (an update for round ``r`` counts in round
+        ``r`` or, if stale, a later one), so only an earlier round's needs the store.
+        """
+        update = rt.pending.get((node_id, round))
+        if update is not None:
+            recorded = update.sha256
+        elif round < rt.version:
+            rec = self.store.get_submission(rt.run_id, node_id, round)
+            if rec is None:
+                return None
+            recorded = rec.sha256
+        else:
             return None
-        if rec.sha256 != sha:
+        if recorded != sha:
             raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}")
         return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending)}
 
@@ -349,42 +380,104 @@ class RoundEngine:
         """Validate and durably record one update; the answer means it will be counted exactly once."""
         rt = self.runtime(run_id)
         self._require_state(rt)
-        sha = hashlib.sha256(body).hexdigest()
-        dup = self._existing(rt, node_id, round, sha)
-        if dup is not None:
-            return dup
-        self._weight_for(rt, round)  # refuse late or early updates before parsing them
+        # Read on the event loop: a failed round close reloads the state in a worker thread.
         spec = rt.spec
         record = run_spec(rt.master).record_name if rt.config.model_record else None
-        t0 = time.perf_counter()
-        frame, norm = await asyncio.to_thread(
-            validate_update, body, spec, node_id=node_id, round=round,
-            max_frame_bytes=rt.config.max_frame_bytes, max_update_norm=rt.config.max_update_norm,
-            model_record=record)
-        self.metrics.decode_seconds.observe(time.perf_counter() - t0)
+        staged = await asyncio.to_thread(self._stage, rt, spec, record, node_id, round, body)
+        if isinstance(staged, dict):
+            return staged
         # Shielded: once recording has begun, a client that hangs up must not leave a durable record
         # that the open round does not count.
-        answer = await asyncio.shield(asyncio.ensure_future(self._record(rt, node_id, round, sha, body, frame, norm)))
+        answer = await asyncio.shield(self._commit_with_group(rt, staged))
         if not answer["duplicate"]:
             self.metrics.updates_accepted.inc()
             self.metrics.compression_ratio.set(rt.dense_bytes / max(1, len(body)))
         return answer
 
-    async def _record(self, rt, node_id, round, sha, body, frame, norm) -> dict:
-        # The frame's file is written and fsynced outside the lock (its name carries the content hash, so
-        # concurrent submissions never share a file); only the short SQLite commit is serialized.
-        await asyncio.to_thread(self.store.write_submission, rt.run_id, round, node_id, sha, body)
-        async with rt.lock:
-            dup = self._existing(rt, node_id, round, sha)  # a concurrent identical request may have won
-            if dup is not None:
-                return dup
-            weight = self._weight_for(rt, round)  # the round may have closed while we validated
-            rec = SubmissionRecord(rt.run_id, node_id, round, rt.version, sha, len(body), weight, norm, time.time())
-            await asyncio.to_thread(self.store.commit_submission, rec)
-            rt.pending[(node_id, round)] = Update(frame, weight, norm, node_id, body)
-            submitted = len(rt.pending)
-        rt.wake.set()
-        return {"round": round, "node_id": node_id, "duplicate": False, "submitted": submitted}
+    def _stage(self, rt: RunRuntime, spec, record: Optional[str], node_id: int, round: int,
+               body: bytes) -> "_Staged | dict":
+        """In a worker thread, everything one update needs before its commit: the content hash, the early
+        refusals (a duplicate is answered here, before any parsing), full validation, and the frame's
+        file written and fsynced. What it reads of ``rt`` is checked again under the lock at the commit."""
+        sha = hashlib.sha256(body).hexdigest()
+        dup = self._existing(rt, node_id, round, sha)
+        if dup is not None:
+            return dup
+        self._weight_for(rt, round)  # refuse late or early updates before parsing them
+        t0 = time.perf_counter()
+        frame, norm = validate_update(body, spec, node_id=node_id, round=round,
+                                      max_frame_bytes=rt.config.max_frame_bytes,
+                                      max_update_norm=rt.config.max_update_norm, model_record=record)
+        self.metrics.decode_seconds.observe(time.perf_counter() - t0)
+        # The name carries the content hash, so concurrent submissions never share a file.
+        self.store.write_submission(rt.run_id, round, node_id, sha, body)
+        return _Staged(node_id, round, sha, body, frame, norm)
+
+    async def _commit_with_group(self, rt: RunRuntime, staged: "_Staged") -> dict:
+        """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
+        while a commit is in flight wait for it and then share the next one: one directory fsync and one
+        SQLite transaction for the group, each 202 still only after the commit that holds its row."""
+        staged.answer = asyncio.get_running_loop().create_future()
+        rt.staged.append(staged)
+        if rt.committer is None or rt.committer.done():
+            rt.committer = asyncio.create_task(self._commit_groups(rt), name=f"group-commit-{rt.run_id}")
+        return await staged.answer
+
+    async def _commit_groups(self, rt: RunRuntime) -> None:
+        while rt.staged:
+            async with rt.lock:
+                # Taken under the lock: whatever arrived while a round close or the last commit held it
+                # joins this group.
+                group, rt.staged = rt.staged, []
+                await self._commit_group(rt, group)
+            rt.wake.set()
+
+    async def _commit_group(self, rt: RunRuntime, group: list["_Staged"]) -> None:
+        """Under the run's lock: the checks again (the round may have closed, a concurrent request may have
+        recorded the same node and round), then one commit for every update still accepted."""
+        accepted: dict[tuple[int, int], _Staged] = {}
+        duplicates: list[_Staged] = []
+        now = time.time()
+        for s in group:
+            try:
+                first = accepted.get((s.node_id, s.round))
+                if first is not None:
+                    if first.sha != s.sha:
+                        raise Rejected(Reason.CONFLICTING_SUBMISSION,
+                                       f"node {s.node_id} already submitted a different update for round {s.round}")
+                    duplicates.append(s)
+                    continue
+                dup = self._existing(rt, s.node_id, s.round, s.sha)
+                if dup is not None:
+                    s.answer.set_result(dup)
+                    continue
+                s.weight = self._weight_for(rt, s.round)
+            except Rejected as exc:
+                s.answer.set_exception(exc)
+                continue
+            accepted[(s.node_id, s.round)] = s
+        recs = [SubmissionRecord(rt.run_id, s.node_id, s.round, rt.version, s.sha, len(s.body), s.weight, s.norm, now)
+                for s in accepted.values()]
+        if recs:
+            self.metrics.commit_group_size.observe(len(recs))
+            try:
+                await asyncio.to_thread(self.store.commit_submissions, recs)
+            except BaseException as exc:
+                # None of the group is recorded (one transaction): each request gets the error (a 500; the
+                # client may retry), and the next group is committed as usual.
+                log.exception("run %s: committing %d update(s) failed", rt.run_id, len(recs))
+                for s in [*accepted.values(), *duplicates]:
+                    s.answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError("commit interrupted"))
+                if not isinstance(exc, Exception):
+                    raise
+                return
+        for s in accepted.values():
+            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha)
+        submitted = len(rt.pending)
+        for s in accepted.values():
+            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": False, "submitted": submitted})
+        for s in duplicates:
+            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": True, "submitted": submitted})
 
     # -- closing rounds ---------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ every round from the checkpoint on, are kept until the next checkpoint is record
 
 Every file is written atomically: a temporary file in the same directory, fsync, rename over the final
 name, fsync of the directory. A submission is acknowledged only after its file is durable *and* its row
-is committed. Publishing a version writes its frame (and, at a checkpoint written with it, the state
+is committed; submissions arriving together share that directory fsync and that commit (group commit). Publishing a version writes its frame (and, at a checkpoint written with it, the state
 files) first and then commits one SQLite transaction that moves the run's version: that commit is the
 only point at which a version exists, so a crash at any moment leaves either the old version (whose files
 were never touched) or the new one. A checkpoint written after its version's commit counts once a second
@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 from safetensors.torch import load as st_load
@@ -106,8 +106,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the complete new one."""
+def atomic_write(path: Path, data: bytes | memoryview, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the complete new one.
+
+    ``sync_dir=False`` leaves the directory's fsync (which makes the new name durable) to the caller, who
+    may then make a whole group of files durable with one (:meth:`Store.commit_submissions`).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -124,7 +128,8 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
         raise
     os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ class Store:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._nodes_by_token: dict[str, NodeRecord] = {}
         self._db = sqlite3.connect(self.data_dir / "gradwire.sqlite3", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before it returns, which a 202 promises.
@@ -289,8 +295,15 @@ class Store:
         return node_id
 
     def node_by_token_hash(self, token_hash: str) -> Optional[NodeRecord]:
-        row = self._one("SELECT run_id, node_id, name FROM nodes WHERE token_hash = ?", (token_hash,))
-        return None if row is None else NodeRecord(*row)
+        """The node holding this token. Every request authenticates, so known nodes are answered from
+        memory: a node's row is never changed or deleted once registered. Unknown hashes always ask SQLite."""
+        node = self._nodes_by_token.get(token_hash)
+        if node is None:
+            row = self._one("SELECT run_id, node_id, name FROM nodes WHERE token_hash = ?", (token_hash,))
+            if row is None:
+                return None
+            node = self._nodes_by_token[token_hash] = NodeRecord(*row)
+        return node
 
     def node_count(self, run_id: str) -> int:
         return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ?", (run_id,))[0]
@@ -305,14 +318,19 @@ class Store:
         return None if row is None else SubmissionRecord(*row)
 
     def write_submission(self, run_id: str, round: int, node_id: int, sha256: str, frame: bytes | memoryview) -> None:
-        """Durably write an update's frame (the first half of recording it; no row yet)."""
-        atomic_write(self.submission_path(run_id, round, node_id, sha256), frame)
+        """Write an update's frame and fsync it (the first half of recording it; no row yet). Its name
+        becomes durable in :meth:`commit_submissions`, with one directory fsync for a whole group."""
+        atomic_write(self.submission_path(run_id, round, node_id, sha256), frame, sync_dir=False)
 
-    def commit_submission(self, rec: SubmissionRecord) -> None:
-        """The second half: the row. Only after it (and :meth:`write_submission`) may the server answer 202."""
+    def commit_submissions(self, recs: Sequence[SubmissionRecord]) -> None:
+        """The second half, for a group of updates at once (group commit): one fsync of each directory
+        their frames were written to, then all their rows in one transaction. Only after it may the server
+        answer 202 to any of them; a crash before the commit leaves none of them recorded."""
+        for directory in sorted({self.submission_path(r.run_id, r.round, r.node_id, r.sha256).parent for r in recs}):
+            _fsync_dir(directory)
         self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
-                    rec.norm, rec.received_at))])
+                    rec.norm, rec.received_at)) for rec in recs])
 
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
         """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
