@@ -35,7 +35,8 @@ def test_health_ready_and_metrics(client):
     text = client.get("/metrics").text
     for name in ("gradwire_updates_accepted_total", "gradwire_bytes_in_total", "gradwire_bytes_out_total",
                  "gradwire_compression_ratio", "gradwire_round_duration_seconds_bucket",
-                 "gradwire_decode_seconds_bucket", "gradwire_aggregate_seconds_bucket", "gradwire_live_nodes"):
+                 "gradwire_decode_seconds_bucket", "gradwire_aggregate_seconds_bucket", "gradwire_live_nodes",
+                 "gradwire_commit_group_size_bucket"):
         assert name in text
 
 
