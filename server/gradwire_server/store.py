@@ -173,7 +173,6 @@ class Store:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._nodes_by_token: dict[str, NodeRecord] = {}
         self._db = sqlite3.connect(self.data_dir / "gradwire.sqlite3", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before it returns, which a 202 promises.
@@ -182,6 +181,8 @@ class Store:
         with self._lock:
             self._db.executescript(_SCHEMA)
             self._migrate()
+            rows = self._db.execute("SELECT token_hash, run_id, node_id, name FROM nodes").fetchall()
+        self._nodes_by_token: dict[str, NodeRecord] = {h: NodeRecord(*rest) for h, *rest in rows}
 
     def _migrate(self) -> None:
         """Stores written before checkpoints held the full state of every version: their checkpoint is
@@ -292,18 +293,15 @@ class Store:
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+            self._nodes_by_token[token_hash] = NodeRecord(run_id, node_id, name)
         return node_id
 
     def node_by_token_hash(self, token_hash: str) -> Optional[NodeRecord]:
-        """The node holding this token. Every request authenticates, so known nodes are answered from
-        memory: a node's row is never changed or deleted once registered. Unknown hashes always ask SQLite."""
-        node = self._nodes_by_token.get(token_hash)
-        if node is None:
-            row = self._one("SELECT run_id, node_id, name FROM nodes WHERE token_hash = ?", (token_hash,))
-            if row is None:
-                return None
-            node = self._nodes_by_token[token_hash] = NodeRecord(*row)
-        return node
+        """The node holding this token, from memory: every request authenticates, and on the event loop,
+        where waiting for the store's lock behind a commit's fsync would stall every request. The map is
+        loaded when the store opens and extended by :meth:`add_node` (one server owns a data directory;
+        a node's row is never changed or deleted)."""
+        return self._nodes_by_token.get(token_hash)
 
     def node_count(self, run_id: str) -> int:
         return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ?", (run_id,))[0]
