@@ -42,8 +42,9 @@ its 100× and 300× rows both land there.
 
 The 2,048-step comparison in docs/convergence-2048.md (28 runs, 85 min of training, about 45 min wall on
 2 cores): python bench/convergence.py --tasks chars stdlib --rows dense sparseloco@300 --steps 2048
---out docs/convergence-2048.md; the char transformer's 1000× row (docs/convergence-2048-chars.md) adds
-``--tasks chars --rows dense sparseloco@300 sparseloco@1000``.
+--out docs/convergence-2048.md; the char transformer's rows of every algorithm (docs/convergence-2048-chars.md,
+46 runs, 164 min of training) are ``--tasks chars --rows dense panthalia@100 panthalia@300 demo@300
+demo@1000 sparseloco@300 sparseloco@1000 --steps 2048 --out docs/convergence-2048-chars.md``.
 
 Usage: python bench/convergence.py [--full] [--tasks digits chars stdlib] [--rows dense demo@300 ...]
                                    [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--report-only]
@@ -938,7 +939,7 @@ def explain(summ, settings: Settings) -> list[str]:
     if pan:
         out.append(
             "- The Panthalia path (error feedback on raw gradients, AdamW on the sparse aggregate) is the"
-            " furthest off (" + ", ".join(f"{r.task} {r.gap_pct:+.0f} %" for r in pan) + "): AdamW divides each"
+            " furthest off (" + ", ".join(f"{r.task} at {r.up_ratio:.0f}× {r.gap_pct:+.0f} %" for r in pan) + "): AdamW divides each"
             " coordinate by the root of its second moment, so a coordinate that is sent rarely (small moment)"
             " moves by a full lr-sized step whenever its accumulated residual finally crosses the top-k — the"
             " compressed signal is amplified exactly where it is least reliable. Its best lr sits 3–10× below"
