@@ -90,6 +90,7 @@ def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
 
     install_error_handlers(app, lambda reason, update: ctx.metrics.reject(reason, update=update))
 
-    for module in (health, runs, nodes, state, updates):
+    # The submission route first: it is the one every node hits every round, and routes match in order.
+    for module in (updates, health, runs, nodes, state):
         app.include_router(module.router)
     return app

@@ -29,9 +29,12 @@ one, so a burst of submissions costs one directory fsync and one SQLite commit p
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -140,6 +143,11 @@ class RoundEngine:
         self.runs: dict[str, RunRuntime] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._stopping = False
+        # Submissions are validated in a pool of their own, one thread per core by default: validation
+        # is mostly Python and NumPy holding the GIL, and more threads than cores only make the event
+        # loop wait longer for the GIL.
+        self._validators = ThreadPoolExecutor(max_workers=settings.validate_threads or os.cpu_count() or 1,
+                                              thread_name_prefix="gradwire-validate")
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -168,6 +176,7 @@ class RoundEngine:
                 await asyncio.wait_for(rt.lock.acquire(), timeout=30)
             except asyncio.TimeoutError:
                 log.warning("run %s still busy at shutdown", rt.run_id)
+        self._validators.shutdown(wait=False, cancel_futures=True)
 
     def _recover(self, run_id: str) -> RunRuntime:
         rec = self.store.get_run(run_id)
@@ -383,7 +392,8 @@ class RoundEngine:
         # Read on the event loop: a failed round close reloads the state in a worker thread.
         spec = rt.spec
         record = run_spec(rt.master).record_name if rt.config.model_record else None
-        staged = await asyncio.to_thread(self._stage, rt, spec, record, node_id, round, body)
+        staged = await asyncio.get_running_loop().run_in_executor(
+            self._validators, functools.partial(self._stage, rt, spec, record, node_id, round, body))
         if isinstance(staged, dict):
             return staged
         # Shielded: once recording has begun, a client that hangs up must not leave a durable record

@@ -36,6 +36,8 @@ class ServerSettings(BaseSettings):
     checkpoint_every_version_below_bytes: int = Field(
         4 << 20, ge=0, description="Write the full state with every version (in the round close) when it is at most "
                                    "this many bytes: writing it then costs about what the frame does. 0: never.")
+    validate_threads: int = Field(
+        0, ge=0, description="Worker threads that hash, validate and write submitted updates (0: one per CPU core).")
     device: str = Field(
         "cpu", description="Where each run's master weights, moments and round math live: cpu, cuda or cuda:<index>. "
                            "Only frames and checkpoints cross to the host.")
