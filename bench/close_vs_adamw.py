@@ -76,7 +76,7 @@ def close_table(console, grid, modes, average_max_params: float, average_max_nod
                   caption="DCT 64×64 top-32 node frames. parts: aggregate (adamw: transform-domain sum; demo/"
                           "sparseloco: exact mean, one exact decode per node), AdamW (fused, in place), downlink "
                           "encode (error feedback + DCT encode, whose reconstruction is gradwire.dct.decode_levels), "
-                          "apply, weights hash (BLAKE2b), publish (frame fsync + SQLite commit). checkpoint: the "
+                          "apply, weights hash (BLAKE3), publish (frame fsync + SQLite commit). checkpoint: the "
                           "full state, written every checkpoint_every versions after the version is published. "
                           "Fastest of the repeats by total.")
     for col in ("mode", "params", "nodes", "AdamW step (s)", "close (s)", "close / AdamW", "aggregate", "AdamW",

@@ -266,6 +266,30 @@ def test_select_topk_keeps_largest_magnitudes_sorted_ascending():
         D.select_topk(coeffs, 0)
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 6), cols=st.integers(1, 70), k_frac=st.floats(0, 1), seed=st.integers(0, 2**31 - 1))
+def test_select_topk_on_the_cpu_picks_what_torch_topk_picks_where_magnitudes_differ(rows, cols, k_frac, seed):
+    gen = torch.Generator().manual_seed(seed)
+    coeffs = torch.randn(rows, cols, generator=gen)  # distinct magnitudes (almost surely)
+    k = 1 + int((cols - 1) * k_frac)
+    idx, vals = D.select_topk(coeffs, k)
+    _, want = torch.topk(coeffs.abs(), k, dim=1)
+    assert torch.equal(idx, torch.sort(want, dim=1).values)
+    assert torch.equal(vals, torch.gather(coeffs, 1, idx)) and idx.dtype == torch.int64
+
+
+def test_select_topk_on_the_cpu_gives_ties_to_the_lowest_positions_and_ranks_nan_first():
+    coeffs = torch.tensor([[0.0, -2.0, 2.0, 1.0, -2.0, 0.0],
+                           [0.0, 0.0, -0.0, 0.0, 0.0, 0.0],
+                           [1.0, float("nan"), -float("inf"), 3.0, 0.0, 2.0]])
+    idx, vals = D.select_topk(coeffs, 2)
+    assert idx.tolist() == [[1, 2], [0, 1], [1, 2]]
+    assert vals[0].tolist() == [-2.0, 2.0] and math.isnan(vals[2, 0].item())
+    # A strided view gives the same selection; so does float64 (torch.topk) where there is no tie.
+    assert torch.equal(D.select_topk(coeffs.t().contiguous().t(), 2)[0], idx)
+    assert torch.equal(D.select_topk(coeffs[2:].double(), 2)[0], idx[2:])
+
+
 def test_quantize_maps_min_and_max_to_int8_ends():
     v = torch.tensor([[-1.0, 0.0, 2.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
     q, scales, mins = D.quantize_int8(v)

@@ -189,6 +189,13 @@ def dct_decode_folded(
     steps on blocks of its own in cache. Runs with the GIL released. Returns ``out``.
     """
 
+def select_topk_rows(
+    values: npt.NDArray[np.float32], cols: int, k: int, threads: int = 1
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The ``k`` values of largest magnitude of each row of ``values`` (flat, rows of ``cols``):
+    ``(positions, kept)``, ``k`` per row, positions ascending within each row, ties to the lowest
+    positions, NaN the largest."""
+
 def dct_basis_folds(basis: npt.NDArray[np.float64], side: int) -> bool:
     """Whether the ``side × side`` basis (flat) folds exactly: ``side`` even and ``B[f, side-1-i]
     == (-1)^f · B[f, i]`` for every ``f`` and ``i``."""

@@ -466,12 +466,20 @@ def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
     Returns ``(idx, vals)``, both ``(num_chunks, k)``: ``idx`` (int64) ascending within each row, so the
     index set is canonical and decoding is deterministic, and ``vals`` the coefficients at ``idx``.
+    Float32 rows on the CPU go through one Rust pass (a select on the magnitudes' bits, then an ascending
+    scan: no sort, no abs copy), where ties at the threshold go to the lowest positions; elsewhere
+    ``torch.topk`` picks among ties as it likes. NaN counts as the largest magnitude in both.
     """
     if coeffs.ndim != 2:
         raise ValueError(f"expected (num_chunks, C) coefficients, got shape {tuple(coeffs.shape)}")
     k = int(k)
     if not 1 <= k <= coeffs.shape[1]:
         raise ValueError(f"k must lie in [1, {coeffs.shape[1]}] (the chunk size), got {k}")
+    if coeffs.device.type == "cpu" and coeffs.dtype == torch.float32:
+        n, c = coeffs.shape
+        pos, kept = _native.select_topk_rows(coeffs.detach().contiguous().reshape(-1).numpy(), c, k,
+                                             torch.get_num_threads())
+        return torch.from_numpy(pos).reshape(n, k), torch.from_numpy(kept).reshape(n, k)
     _, idx = torch.topk(coeffs.abs(), k, dim=1, largest=True, sorted=False)
     idx, _ = torch.sort(idx, dim=1)
     return idx, torch.gather(coeffs, 1, idx)

@@ -11,10 +11,10 @@ JSON (the structure and the plain values) in its metadata — never pickle.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Mapping, MutableMapping
 
+import blake3
 import torch
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
@@ -30,18 +30,24 @@ __all__ = [
 
 
 def state_hash(state: Mapping[str, torch.Tensor]) -> str:
-    """A cheap hash of named tensors: BLAKE2b-128 over each name and its raw bytes, in name order.
+    """The weights hash: BLAKE3 with a 16-byte output over each tensor's header and raw bytes, in name order.
 
-    Equal hashes mean bit-identical tensors (same names, dtypes, shapes and bytes), whatever device
-    they live on.
+    For each name in sorted order the hashed stream holds ``name`` (UTF-8), a zero byte, ``str(dtype)``,
+    ``repr(tuple(shape))``, a zero byte, then the tensor's bytes (row-major, native little-endian). Equal
+    hashes mean bit-identical tensors (same names, dtypes, shapes and bytes), whatever device they live on.
+    BLAKE3 rather than hashlib's BLAKE2b: the server hashes every published version, and BLAKE3 runs about
+    4x faster per core and on every core (bench/close_vs_adamw.py's hash column).
     """
-    h = hashlib.blake2b(digest_size=16)
+    # Tree hashing gives the same digest on any number of threads.
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     for name in sorted(state):
         t = state[name].detach()
-        h.update(name.encode("utf-8") + b"\0" + str(t.dtype).encode() + repr(tuple(t.shape)).encode() + b"\0")
+        header = name.encode("utf-8") + b"\0" + str(t.dtype).encode() + repr(tuple(t.shape)).encode() + b"\0"
         # The tensor's own bytes through the buffer protocol: no copy on the CPU.
-        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
+        data = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+        h.update(header)
+        h.update(data)
+    return h.hexdigest(16)
 
 
 def apply_update(state: MutableMapping[str, torch.Tensor], update: Mapping[str, torch.Tensor]) -> None:

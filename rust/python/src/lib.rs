@@ -337,6 +337,39 @@ fn dct_decode_folded<'py>(
     })
 }
 
+/// `(positions, kept)` of [`select_topk_rows`].
+type TopkArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
+
+/// The `k` values of largest magnitude of each row of `values` (float32, flat, rows of `cols`):
+/// `(positions, kept)`, `k` per row, positions (int64) ascending within each row, ties to the lowest
+/// positions, NaN the largest. Up to `threads` threads share the rows, GIL released.
+#[pyfunction]
+#[pyo3(signature = (values, cols, k, threads = 1))]
+fn select_topk_rows<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArray1<'py, f32>,
+    cols: usize,
+    k: usize,
+    threads: usize,
+) -> PyResult<TopkArrays<'py>> {
+    let v = slice(&values, "values")?;
+    // rows · k ≤ the input's length (the core refuses k > cols), so nothing here outgrows the input.
+    let (positions, kept) = nogil(py, || {
+        let n = if cols == 0 || k > cols {
+            0
+        } else {
+            v.len() / cols * k
+        };
+        let (mut p, mut o) = (vec![0i64; n], vec![0f32; n]);
+        gw::select_topk_rows(v, cols, k, threads, &mut p, &mut o)?;
+        Ok((p, o))
+    })?;
+    Ok((
+        PyArray1::from_vec(py, positions),
+        PyArray1::from_vec(py, kept),
+    ))
+}
+
 /// Whether a `side × side` integer DCT basis (float64, flat) folds exactly:
 /// `B[f, side-1-i] == (-1)^f · B[f, i]` with `side` even.
 #[pyfunction]
@@ -928,6 +961,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dct_combine_level_sums, m)?)?;
     m.add_function(wrap_pyfunction!(dct_decode_folded, m)?)?;
     m.add_function(wrap_pyfunction!(dct_basis_folds, m)?)?;
+    m.add_function(wrap_pyfunction!(select_topk_rows, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
