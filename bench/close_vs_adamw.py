@@ -8,6 +8,12 @@ Default grid: round time against parameters (10, 40, 100 M at 4 nodes) and again
 
 from __future__ import annotations
 
+# As `python -m gradwire_server` runs: OpenMP workers that sleep when idle (gradwire_server.openmp).
+# Set OMP_WAIT_POLICY=ACTIVE (or any policy) in the environment to measure another.
+from gradwire_server.openmp import prefer_passive_openmp
+
+OMP_POLICY = prefer_passive_openmp()
+
 import argparse
 import gc
 import math
@@ -72,7 +78,8 @@ def adamw_step_seconds(master: dict[str, torch.Tensor], repeat: int) -> float:
 
 def close_table(console, grid, modes, average_max_params: float, average_max_nodes: int, repeat: int) -> None:
     table = Table(title="Closing a round, as a multiple of one torch.optim.AdamW step on the same parameters "
-                        f"(same process, {torch.get_num_threads()} torch threads; target ≤ 10×)",
+                        f"(same process, {torch.get_num_threads()} torch threads, OpenMP wait policy {OMP_POLICY}; "
+                        "target ≤ 10×)",
                   caption="DCT 64×64 top-32 node frames. parts: aggregate (adamw: transform-domain sum; demo/"
                           "sparseloco: exact mean, one exact decode per node), AdamW (fused, in place), downlink "
                           "encode (error feedback + DCT encode, whose reconstruction is gradwire.dct.decode_levels), "

@@ -39,6 +39,11 @@ Usage: python bench/server_rounds.py [--params 10000000] [--nodes 4 16 64] [--re
 
 from __future__ import annotations
 
+# As `python -m gradwire_server` runs: OpenMP workers that sleep when idle (gradwire_server.openmp).
+from gradwire_server.openmp import prefer_passive_openmp
+
+prefer_passive_openmp()
+
 import argparse
 import asyncio
 import gc

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from .serving import serve
-from .settings import ServerSettings
+from .openmp import prefer_passive_openmp
 
 
 def main(argv: list[str] | None = None) -> None:
+    prefer_passive_openmp()  # before torch loads (docs/SERVER.md, "Threads")
+    from .serving import serve
+    from .settings import ServerSettings
+
     settings = ServerSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
     serve(settings)
 
