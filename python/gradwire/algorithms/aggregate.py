@@ -62,10 +62,16 @@ def exact_mean(
     out: dict[str, torch.Tensor] = {}
     for name in layout:
         acc: Optional[torch.Tensor] = None
+        scaled: Optional[torch.Tensor] = None  # one product buffer per tensor, reused across senders
         for mine, w in zip(per_sender, w32):
             t = decode_entry(mine[name], dev).to(torch.float32)
-            t = torch.mul(t, w)
-            acc = t if acc is None else torch.add(acc, t)
+            if acc is None:
+                acc = torch.mul(t, w)
+                continue
+            # The same two correctly rounded operations as acc + t·w, into buffers this loop owns (a
+            # decoded tensor may view its record's bytes, so it is never written).
+            scaled = torch.mul(t, w, out=scaled) if scaled is not None else torch.mul(t, w)
+            acc.add_(scaled)
         out[name] = acc
     return out
 
