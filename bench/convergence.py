@@ -40,11 +40,10 @@ rows of ``DEFAULT_ROWS`` on small models for 200/128/128 steps with H = 8; ``--f
 SparseLoCo sync carries 32 steps, so even every coefficient at 2 bits (k = 4096) is 338× per local step:
 its 100× and 300× rows both land there.
 
-The 2,048-step comparison in docs/convergence-2048.md (52 runs, about 170 min of training, 90 min wall on
-2 cores): python bench/convergence.py --tasks chars stdlib --rows dense panthalia@300 demo@300 sparseloco@300
---steps 2048 --out docs/convergence-2048.md; the char transformer's rows of every algorithm (docs/convergence-2048-chars.md,
-46 runs, 164 min of training) are ``--tasks chars --rows dense panthalia@100 panthalia@300 demo@300
-demo@1000 sparseloco@300 sparseloco@1000 --steps 2048 --out docs/convergence-2048-chars.md``.
+The 2,048-step comparison in docs/convergence-2048.md (92 runs, 5.2 hours of training, about 2.7 hours wall
+on 2 cores; an interrupted run resumes from its cache): python bench/convergence.py --tasks chars stdlib
+--rows dense panthalia@100 panthalia@300 demo@300 demo@1000 sparseloco@300 sparseloco@1000 --steps 2048
+--out docs/convergence-2048.md.
 
 Usage: python bench/convergence.py [--full] [--tasks digits chars stdlib] [--rows dense demo@300 ...]
                                    [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--report-only]
