@@ -54,7 +54,7 @@ def _name(requirement: str) -> str:
 def test_installed_metadata_requires_the_apps_dependencies_only_under_an_extra():
     requires = importlib.metadata.requires("gradwire") or []
     hard = [_name(r) for r in requires if "extra ==" not in r.replace('"', "'").replace("extra==", "extra ==")]
-    assert sorted(hard) == ["httpx", "numpy", "safetensors", "torch"], requires
+    assert sorted(hard) == ["blake3", "httpx", "numpy", "safetensors", "torch"], requires
     apps = [_name(r) for r in requires if re.search(r"""extra\s*==\s*['"]apps['"]""", r)]
     for dist in ("typer", "rich", "tqdm", "scikit-learn", "matplotlib", "gradwire-server"):
         assert dist in apps, requires

@@ -52,3 +52,25 @@ def test_weights_hash_ignores_layout_and_insertion_order():
     strided = w.t().contiguous().t()  # same values, column-major storage
     assert not strided.is_contiguous()
     assert state_hash({"w": w, "b": b}) == state_hash({"b": b, "w": strided})
+
+
+def _hash_in_child(state, queue):
+    queue.put(state_hash(state))
+
+
+def test_a_child_forked_after_a_threaded_hash_hashes_the_same_and_does_not_hang():
+    import multiprocessing as mp
+
+    state = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MB: hashed on BLAKE3's threads
+    want = state_hash(state)  # starts the thread pool in this process before the fork
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_hash_in_child, args=(state, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=120)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    assert got == want

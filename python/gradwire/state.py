@@ -12,7 +12,8 @@ JSON (the structure and the plain values) in its metadata — never pickle.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, MutableMapping
+import os
+from typing import Any, Mapping, MutableMapping, Optional
 
 import blake3
 import torch
@@ -29,6 +30,24 @@ __all__ = [
 ]
 
 
+#: The process whose BLAKE3 thread pool (rayon's, started at its first threaded hash) :func:`state_hash`
+#: uses. A child forked after that inherits the pool's state but not its threads, and a threaded hash
+#: there would wait forever (torch.multiprocessing and DDP launchers fork), so a child hashes on its
+#: calling thread. A process that never hashed with threads before forking leaves its children free to.
+_threads_pid: Optional[int] = None
+
+
+def _hasher() -> "blake3.blake3":
+    global _threads_pid
+    pid = os.getpid()
+    if _threads_pid is None:
+        _threads_pid = pid
+    if _threads_pid != pid:
+        return blake3.blake3()
+    # Tree hashing gives the same digest on any number of threads.
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
 def state_hash(state: Mapping[str, torch.Tensor]) -> str:
     """The weights hash: BLAKE3 with a 16-byte output over each tensor's header and raw bytes, in name order.
 
@@ -38,8 +57,7 @@ def state_hash(state: Mapping[str, torch.Tensor]) -> str:
     BLAKE3 rather than hashlib's BLAKE2b: the server hashes every published version, and BLAKE3 runs about
     4x faster per core and on every core (bench/close_vs_adamw.py's hash column).
     """
-    # Tree hashing gives the same digest on any number of threads.
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h = _hasher()
     for name in sorted(state):
         t = state[name].detach()
         header = name.encode("utf-8") + b"\0" + str(t.dtype).encode() + repr(tuple(t.shape)).encode() + b"\0"
