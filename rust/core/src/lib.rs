@@ -14,7 +14,7 @@
 //! Every function validates its input and reports problems as a [`WireError`]; nothing here
 //! panics on bad input.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod bitio;
 pub mod bitpack;
@@ -28,6 +28,7 @@ pub mod gcomp;
 pub mod huffman;
 pub mod quartic;
 pub mod rice;
+mod simd;
 pub mod topk;
 pub mod zero_run;
 
