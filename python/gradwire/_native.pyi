@@ -186,7 +186,37 @@ def dct_decode_folded(
     and ``mins`` carry the fixed point's power of two. ``out`` is the whole tensor as a grid of
     ``grid_cols`` tiles per tile row (1: chunk-major), exactly the chunks given. Bad input raises
     ``WireError`` and writes nothing. Up to ``threads`` threads share the chunks, each running all
-    steps on blocks of its own in cache. Runs with the GIL released. Returns ``out``.
+    steps a chunk at a time in its cache, multiplying only the slots that hold coefficients (with
+    AVX2 and FMA where the CPU has them; the same integers either way). Runs with the GIL released.
+    Returns ``out``.
+    """
+
+def dct_decode_folded_mean(
+    senders: list[
+        tuple[
+            npt.NDArray[np.int64],
+            npt.NDArray[np.int16],
+            int,
+            npt.NDArray[np.float64],
+            npt.NDArray[np.float64],
+        ]
+    ],
+    weights: npt.NDArray[np.float32],
+    rows: int,
+    last: int,
+    row_basis: npt.NDArray[np.float64],
+    col_basis: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float32],
+    threads: int = 1,
+    grid_cols: int = 1,
+) -> npt.NDArray[np.float32]:
+    """The weighted mean of several senders' records of one tensor, each decoded as
+    :func:`dct_decode_folded` decodes it: ``out = d_0 · w_0``, then ``out = out + d_i · w_i`` for each
+    further sender in order, every step one correctly rounded float32 operation — the bits of decoding
+    each record and combining the tensors elementwise, without writing the decoded tensors out.
+    ``senders`` holds ``(positions, levels, k, scales, mins)`` per sender (``k`` may differ, the
+    chunk count may not: ``sender_chunks_mismatch``; none: ``no_senders``); ``weights`` one float32
+    per sender. Bad input raises ``WireError`` and writes nothing. GIL released. Returns ``out``.
     """
 
 def select_topk_rows(

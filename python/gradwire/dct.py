@@ -53,6 +53,7 @@ __all__ = [
     "idct",
     "idct_chunks",
     "decode_levels",
+    "decode_levels_weighted_sum",
     "fixed_point_bits",
     "idct_nd",
     "largest_divisor_at_most",
@@ -646,6 +647,51 @@ def decode_levels(
         chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
         out[b0:b1] = chunk
     return from_chunks(out, plan)
+
+
+def decode_levels_weighted_sum(
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    weights: Sequence[float],
+    plan: ChunkPlan,
+) -> Optional[torch.Tensor]:
+    """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` what
+    :func:`decode_levels` returns for ``parts[i] = (idx, levels, scales, mins)`` and each weight a
+    float32 value: the same bits as decoding each part and combining the tensors, in one Rust pass
+    that decodes each chunk for every sender while the chunk's output stays in cache.
+
+    Only where :func:`decode_levels` takes the folded route (CPU, 2-D chunks of even sides); ``None``
+    elsewhere, for the caller to decode part by part. Every part shares ``plan``; ``k`` may differ.
+    """
+    dims = plan.chunk_shape
+    if len(dims) != 2 or not parts or len(weights) != len(parts):
+        return None
+    if any(lv.device.type != "cpu" for _, lv, _, _ in parts) or _choose_route(1, dims) != "rows":
+        return None
+    s = fixed_point_bits(dims)
+    device = torch.device("cpu")
+    bases = [_int_basis(size, s, device) for size in dims]
+    if not (_folds(bases[0]) and _folds(bases[1])):
+        return None
+    unscale = 2.0 ** (-s * len(dims))
+    senders = []
+    for idx, levels, scales, mins in parts:
+        _check_pairs(idx, levels, plan.num_chunks)
+        senders.append((
+            idx.to(torch.int64).contiguous().reshape(-1).numpy(),
+            levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+            idx.shape[1],
+            # as decode_levels: the power of two folded in exactly, in float64
+            (scales.to(torch.float64) * unscale).contiguous().numpy(),
+            (mins.to(torch.float64) * unscale).contiguous().numpy(),
+        ))
+    tiled = plan.mode == MODE_TILES
+    out = torch.empty((plan.num_chunks, *dims), dtype=torch.float32)
+    _native.dct_decode_folded_mean(
+        senders, torch.tensor([float(w) for w in weights], dtype=torch.float32).numpy(), dims[0], dims[1],
+        bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(), out.reshape(-1).numpy(),
+        torch.get_num_threads(), plan.grid[1] if tiled else 1,
+    )
+    return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
 
 
 def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = torch.device("cpu")) -> str:

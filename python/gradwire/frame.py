@@ -47,6 +47,8 @@ __all__ = [
     "frame_length",
     "read_frame",
     "register_decoder",
+    "register_weighted_sum",
+    "weighted_sum_fused",
     "write_frame",
 ]
 
@@ -263,6 +265,44 @@ def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.T
     except KeyError:
         raise FrameError(f"record {entry.name!r}: unknown codec id {entry.codec}") from None
     return fn(entry, device)
+
+
+#: A codec's fused ``Σ_i w_i · decode(entries[i])`` (see :func:`weighted_sum_fused`): the float32 result,
+#: or ``None`` where it does not apply to these records.
+WeightedSum = Callable[[Sequence[Entry], Sequence[float], Optional[torch.device]], Optional[torch.Tensor]]
+_WEIGHTED_SUMS: dict[int, WeightedSum] = {}
+
+
+def register_weighted_sum(codec_id: int) -> Callable[[WeightedSum], WeightedSum]:
+    """Register codec ``codec_id``'s fused weighted sum of records (:func:`weighted_sum_fused`)."""
+
+    def deco(fn: WeightedSum) -> WeightedSum:
+        if codec_id in _WEIGHTED_SUMS and _WEIGHTED_SUMS[codec_id] is not fn:
+            raise ValueError(f"codec id {codec_id} already has a weighted sum")
+        _WEIGHTED_SUMS[codec_id] = fn
+        return fn
+
+    return deco
+
+
+def weighted_sum_fused(
+    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
+) -> Optional[torch.Tensor]:
+    """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` the
+    float32 decode of ``entries[i]`` and each weight a float32 value — computed by the records' codec
+    without writing each decoded tensor out, with the same bits as decoding each and combining them.
+
+    ``None`` where no such path applies (mixed codecs, a codec without one, or records it does not
+    take, e.g. another device); the caller then decodes record by record. Records are checked as
+    hostile input, as :func:`decode_entry` checks them.
+    """
+    if not entries:
+        return None
+    codec = entries[0].codec
+    if any(e.codec != codec for e in entries):
+        return None
+    fn = _WEIGHTED_SUMS.get(codec)
+    return None if fn is None else fn(entries, weights, device)
 
 
 def _as_frame(frame, limits) -> Frame:

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..frame import Entry, decode_entry
+from ..frame import Entry, decode_entry, weighted_sum_fused
 
 __all__ = ["exact_aggregate", "exact_mean", "exact_trimmed_mean", "trim_count"]
 
@@ -61,6 +61,11 @@ def exact_mean(
     w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
     out: dict[str, torch.Tensor] = {}
     for name in layout:
+        # The records' codec may do all of it in one pass (the DCT's, on the CPU): the same bits.
+        fused = weighted_sum_fused([mine[name] for mine in per_sender], w32, dev)
+        if fused is not None:
+            out[name] = fused
+            continue
         acc: Optional[torch.Tensor] = None
         scaled: Optional[torch.Tensor] = None  # one product buffer per tensor, reused across senders
         for mine, w in zip(per_sender, w32):

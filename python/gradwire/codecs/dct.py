@@ -36,7 +36,7 @@ from .. import dct as _dct
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
 from ..errors import FrameError
-from ..frame import Entry, decode_entry, register_decoder
+from ..frame import Entry, decode_entry, register_decoder, register_weighted_sum
 from . import record as rec
 from .base import Codec
 
@@ -493,6 +493,24 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
 def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     """Decode a DCT record, validating every field as hostile input first."""
     return _reconstruct_levels(parse_record(entry, device)).to(entry.dtype)
+
+
+@register_weighted_sum(DCTCodec.codec_id)
+def _weighted_sum_dct(
+    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]
+) -> Optional[torch.Tensor]:
+    """The fused weighted sum of float32 DCT records chunked alike, on the CPU
+    (:func:`gradwire.dct.decode_levels_weighted_sum`); ``None`` for anything else."""
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type != "cpu" or any(e.dtype != torch.float32 for e in entries):
+        return None
+    parsed = [parse_record(e, dev) for e in entries]
+    plan = parsed[0].plan
+    if any(p.plan != plan for p in parsed[1:]):
+        return None
+    return _dct.decode_levels_weighted_sum(
+        [(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan
+    )
 
 
 def _reconstruct_levels(parsed: ParsedRecord) -> torch.Tensor:

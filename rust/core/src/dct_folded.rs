@@ -115,17 +115,75 @@ fn decode_folded_on(
     out: &mut [f32],
     avx2_fma: bool,
 ) -> Result<()> {
+    let sender = SenderLevels {
+        positions,
+        levels,
+        k,
+        scales,
+        mins,
+    };
+    check_fold(row_basis, rows)?;
+    check_fold(col_basis, last)?;
+    let chunks = check_sender(&sender, rows, last)?;
+    check_out(out, chunks.saturating_mul(rows * last))?;
+    if chunks == 0 {
+        return Ok(());
+    }
+    let mut segments = chunk_segments(out, rows, last, 0, chunks, grid_cols)?;
+
+    let decode_range = |from: usize, share: &mut [Vec<&mut [f32]>]| {
+        let mut decoder = ChunkDecoder::new(rows, last, row_basis, col_basis, avx2_fma);
+        for (c, chunk_rows) in share.iter_mut().enumerate() {
+            let chunk = from + c;
+            decoder.decode(&sender, chunk, Sink::Store, chunk_rows);
+        }
+    };
+    for_each_share(&mut segments, threads, decode_range);
+    Ok(())
+}
+
+/// One sender's record of a tensor as the exact decode reads it: `k` positions and levels per
+/// chunk, and per chunk a scale and minimum (float64, the fixed point's power of two included).
+#[derive(Clone, Copy, Debug)]
+pub struct SenderLevels<'a> {
+    pub positions: &'a [i64],
+    pub levels: &'a [i16],
+    pub k: usize,
+    pub scales: &'a [f64],
+    pub mins: &'a [f64],
+}
+
+impl SenderLevels<'_> {
+    fn chunk(&self, chunk: usize) -> (&[i64], &[i16], f64, f64) {
+        let at = chunk * self.k..(chunk + 1) * self.k;
+        (
+            &self.positions[at.clone()],
+            &self.levels[at],
+            self.scales[chunk],
+            self.mins[chunk],
+        )
+    }
+}
+
+/// The number of chunks `sender` holds, after checking that its arrays agree (whole sets of `k`,
+/// one scale and minimum per chunk) and that every position lies in a `rows × last` chunk.
+fn check_sender(sender: &SenderLevels<'_>, rows: usize, last: usize) -> Result<usize> {
+    let SenderLevels {
+        positions,
+        levels,
+        k,
+        scales,
+        mins,
+    } = *sender;
     if positions.len() != levels.len() {
         return Err(WireError::SparseLengthMismatch {
             positions: positions.len(),
             levels: levels.len(),
         });
     }
-    check_fold(row_basis, rows)?;
-    check_fold(col_basis, last)?;
     if k == 0 || positions.len() % k != 0 {
         if positions.is_empty() && scales.is_empty() && mins.is_empty() {
-            return check_out(out, 0);
+            return Ok(0);
         }
         return Err(WireError::NotWholeSets {
             count: positions.len(),
@@ -133,16 +191,6 @@ fn decode_folded_on(
         });
     }
     let chunks = positions.len() / k;
-    if chunks == 0 {
-        return if scales.is_empty() && mins.is_empty() {
-            check_out(out, 0)
-        } else {
-            Err(WireError::LengthMismatch {
-                expected: 0,
-                got: scales.len().max(mins.len()),
-            })
-        };
-    }
     for got in [scales.len(), mins.len()] {
         if got != chunks {
             return Err(WireError::LengthMismatch {
@@ -163,29 +211,125 @@ fn decode_folded_on(
             universe: universe as u64,
         });
     }
-    if out.len() != chunks.saturating_mul(universe) {
-        return Err(WireError::OutputSizeMismatch {
-            needed: chunks.saturating_mul(universe),
-            got: out.len(),
+    Ok(chunks)
+}
+
+/// The weighted mean of several senders' records of one tensor, each decoded exactly as
+/// [`decode_folded`] decodes it: `out = float32(d_0 · w_0)`, then `out = out + float32(d_i · w_i)`
+/// for each further sender in order, `d_i` sender `i`'s decoded float32 value — two correctly
+/// rounded float32 operations per sender, no fused multiply-add, so the same bits as decoding each
+/// record and combining the tensors elementwise.
+///
+/// Each chunk is decoded for every sender while its output stays in cache: the decoded tensors are
+/// never written out. Every sender must have the same number of chunks
+/// (`sender_chunks_mismatch`); `k` may differ. `weights` holds one float32 per sender. The other
+/// arguments, the checks and the threads are [`decode_folded`]'s; nothing is written unless every
+/// check passes.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_folded_mean(
+    senders: &[SenderLevels<'_>],
+    weights: &[f32],
+    rows: usize,
+    last: usize,
+    row_basis: &[f64],
+    col_basis: &[f64],
+    grid_cols: usize,
+    threads: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    decode_folded_mean_on(
+        senders,
+        weights,
+        rows,
+        last,
+        row_basis,
+        col_basis,
+        grid_cols,
+        threads,
+        out,
+        crate::simd::has_avx2_fma(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_folded_mean_on(
+    senders: &[SenderLevels<'_>],
+    weights: &[f32],
+    rows: usize,
+    last: usize,
+    row_basis: &[f64],
+    col_basis: &[f64],
+    grid_cols: usize,
+    threads: usize,
+    out: &mut [f32],
+    avx2_fma: bool,
+) -> Result<()> {
+    if senders.is_empty() {
+        return Err(WireError::NoSenders);
+    }
+    if weights.len() != senders.len() {
+        return Err(WireError::LengthMismatch {
+            expected: senders.len(),
+            got: weights.len(),
         });
     }
+    check_fold(row_basis, rows)?;
+    check_fold(col_basis, last)?;
+    let chunks = check_sender(&senders[0], rows, last)?;
+    for (sender, s) in senders.iter().enumerate().skip(1) {
+        let got = check_sender(s, rows, last)?;
+        if got != chunks {
+            return Err(WireError::SenderChunksMismatch {
+                sender,
+                chunks: got,
+                expected: chunks,
+            });
+        }
+    }
+    check_out(out, chunks.saturating_mul(rows * last))?;
+    if chunks == 0 {
+        return Ok(());
+    }
     let mut segments = chunk_segments(out, rows, last, 0, chunks, grid_cols)?;
-
     let decode_range = |from: usize, share: &mut [Vec<&mut [f32]>]| {
         let mut decoder = ChunkDecoder::new(rows, last, row_basis, col_basis, avx2_fma);
         for (c, chunk_rows) in share.iter_mut().enumerate() {
             let chunk = from + c;
-            decoder.decode(
-                &positions[chunk * k..(chunk + 1) * k],
-                &levels[chunk * k..(chunk + 1) * k],
-                scales[chunk],
-                mins[chunk],
-                chunk_rows,
-            );
+            for (i, (sender, &w)) in senders.iter().zip(weights).enumerate() {
+                let sink = if i == 0 {
+                    Sink::Scale(w)
+                } else {
+                    Sink::AddScaled(w)
+                };
+                decoder.decode(sender, chunk, sink, chunk_rows);
+            }
         }
     };
     for_each_share(&mut segments, threads, decode_range);
     Ok(())
+}
+
+/// What the decode does with each decoded float32 value `d` at its place `o` in the output.
+#[derive(Clone, Copy)]
+enum Sink {
+    /// `o = d`
+    Store,
+    /// `o = d · w` (one rounding)
+    Scale(f32),
+    /// `o = o + d · w` (two roundings: the product, then the sum)
+    AddScaled(f32),
+}
+
+impl Sink {
+    #[inline(always)]
+    fn put(self, o: &mut f32, d: f32) {
+        match self {
+            Sink::Store => *o = d,
+            Sink::Scale(w) => *o = d * w,
+            // Rust never contracts this into a fused multiply-add: two roundings, as documented.
+            Sink::AddScaled(w) => *o += d * w,
+        }
+    }
 }
 
 /// One thread's decoder: a chunk at a time through the three steps, its scratch (two `rows × 2·last`
@@ -232,15 +376,15 @@ impl<'a> ChunkDecoder<'a> {
         }
     }
 
-    /// All three steps for one chunk, into its output rows.
+    /// All three steps for chunk `chunk` of `sender`, into its output rows through `sink`.
     fn decode(
         &mut self,
-        positions: &[i64],
-        levels: &[i16],
-        scale: f64,
-        min: f64,
+        sender: &SenderLevels<'_>,
+        chunk: usize,
+        sink: Sink,
         chunk_rows: &mut [&mut [f32]],
     ) {
+        let (positions, levels, scale, min) = sender.chunk(chunk);
         #[cfg(target_arch = "x86_64")]
         if self.avx2_fma {
             /// The decode compiled with AVX2 and FMA ([`crate::simd`]).
@@ -248,23 +392,21 @@ impl<'a> ChunkDecoder<'a> {
             #[allow(unsafe_code)]
             unsafe fn decode_avx2_fma(
                 decoder: &mut ChunkDecoder<'_>,
-                positions: &[i64],
-                levels: &[i16],
-                scale: f64,
-                min: f64,
+                chunk: (&[i64], &[i16], f64, f64),
+                sink: Sink,
                 chunk_rows: &mut [&mut [f32]],
             ) {
-                decoder.decode_with::<true>(positions, levels, scale, min, chunk_rows);
+                decoder.decode_with::<true>(chunk, sink, chunk_rows);
             }
             // SAFETY: `avx2_fma` is `has_avx2_fma()`: this CPU has both features, the one
             // condition for running code compiled with them. The crate's only `unsafe`.
             #[allow(unsafe_code)]
             unsafe {
-                decode_avx2_fma(self, positions, levels, scale, min, chunk_rows)
+                decode_avx2_fma(self, (positions, levels, scale, min), sink, chunk_rows)
             };
             return;
         }
-        self.decode_with::<false>(positions, levels, scale, min, chunk_rows);
+        self.decode_with::<false>((positions, levels, scale, min), sink, chunk_rows);
     }
 
     /// `FUSED`: multiply-adds as fused instructions (only where the CPU has them). The products
@@ -272,10 +414,8 @@ impl<'a> ChunkDecoder<'a> {
     #[inline(always)]
     fn decode_with<const FUSED: bool>(
         &mut self,
-        positions: &[i64],
-        levels: &[i16],
-        scale: f64,
-        min: f64,
+        (positions, levels, scale, min): (&[i64], &[i16], f64, f64),
+        sink: Sink,
         chunk_rows: &mut [&mut [f32]],
     ) {
         let (rows, last) = (self.rows, self.last);
@@ -315,7 +455,7 @@ impl<'a> ChunkDecoder<'a> {
                 }
             }
         }
-        unfold_chunk(&self.y, width, 0, rows, last, scale, min, chunk_rows);
+        unfold_chunk(&self.y, width, 0, rows, last, scale, min, sink, chunk_rows);
     }
 }
 
@@ -552,14 +692,15 @@ fn unfold_chunk(
     last: usize,
     scale: f64,
     min: f64,
+    sink: Sink,
     chunk_rows: &mut [&mut [f32]],
 ) {
     let h = rows / 2;
     let slot = |i: usize| &y[i * stride + offset..i * stride + offset + 2 * last];
     for i in 0..h {
         let (e, o) = (slot(i), slot(h + i));
-        unfold_row::<true>(e, o, last / 2, scale, min, chunk_rows[i]);
-        unfold_row::<false>(e, o, last / 2, scale, min, chunk_rows[rows - 1 - i]);
+        unfold_row::<true>(e, o, last / 2, scale, min, sink, chunk_rows[i]);
+        unfold_row::<false>(e, o, last / 2, scale, min, sink, chunk_rows[rows - 1 - i]);
     }
 }
 
@@ -573,6 +714,7 @@ fn unfold_row<const PLUS: bool>(
     half: usize,
     scale: f64,
     min: f64,
+    sink: Sink,
     row: &mut [f32],
 ) {
     let last = 2 * half;
@@ -588,8 +730,8 @@ fn unfold_row<const PLUS: bool>(
         let (o_even, o_odd) = (pick(oe[m], oe2[m]), pick(oodd[m], oodd2[m]));
         let first: f64 = (l_even + l_odd) * scale + (o_even + o_odd) * min;
         let second: f64 = (l_even - l_odd) * scale + (o_even - o_odd) * min;
-        lo[m] = first as f32;
-        hi[half - 1 - m] = second as f32;
+        sink.put(&mut lo[m], first as f32);
+        sink.put(&mut hi[half - 1 - m], second as f32);
     }
 }
 
@@ -899,5 +1041,153 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Each sender decoded on its own by [`decode_folded`], then `acc = d_0 · w_0`, `acc = acc + d_i ·
+    /// w_i` elementwise: the definition [`decode_folded_mean`] must equal bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn mean_one_by_one(
+        senders: &[SenderLevels<'_>],
+        weights: &[f32],
+        rows: usize,
+        last: usize,
+        row_basis: &[f64],
+        col_basis: &[f64],
+        grid_cols: usize,
+        len: usize,
+    ) -> Vec<f32> {
+        let mut acc = vec![0f32; len];
+        for (i, (s, &w)) in senders.iter().zip(weights).enumerate() {
+            let mut d = vec![f32::NAN; len];
+            decode_folded(
+                s.positions,
+                s.levels,
+                s.k,
+                rows,
+                last,
+                row_basis,
+                col_basis,
+                s.scales,
+                s.mins,
+                grid_cols,
+                1,
+                &mut d,
+            )
+            .unwrap();
+            for (a, &v) in acc.iter_mut().zip(&d) {
+                let p = v * w;
+                *a = if i == 0 { p } else { *a + p };
+            }
+        }
+        acc
+    }
+
+    proptest! {
+        #[test]
+        fn the_fused_mean_gives_the_bits_of_decoding_each_sender_then_combining(
+            half_rows in 1usize..5, half_last in 1usize..5, tile_rows in 1usize..3, grid_cols in 1usize..3,
+            senders in 1usize..5, seed in any::<u64>(), shuffle in any::<bool>(),
+        ) {
+            let (rows, last) = (2 * half_rows, 2 * half_last);
+            let chunks = tile_rows * grid_cols;
+            let c = rows * last;
+            let (row_basis, col_basis) = (int_basis(rows, 12), int_basis(last, 12));
+            let mut sets = Vec::new();
+            for i in 0..senders {
+                let sseed = seed.wrapping_add(i as u64 * 0x9e37_79b9);
+                let k = 1 + (sseed as usize) % c; // senders may keep different budgets
+                let (positions, levels) = seeded_sets(c, k, chunks, sseed, !shuffle);
+                let scales: Vec<f64> = (0..chunks).map(|ch| 0.001 * (ch as f64 + 1.0) / (3.0 + i as f64)).collect();
+                let mins: Vec<f64> = (0..chunks).map(|ch| -0.5 / (ch as f64 + 7.0 + i as f64)).collect();
+                sets.push((positions, levels, k, scales, mins));
+            }
+            let views: Vec<SenderLevels<'_>> = sets.iter().map(|(p, l, k, s, m)| SenderLevels {
+                positions: p, levels: l, k: *k, scales: s, mins: m,
+            }).collect();
+            // Weights as a mean would have them, and ones that round every product.
+            let weights: Vec<f32> = (0..senders).map(|i| if seed % 2 == 0 { 1.0 / senders as f32 } else { 0.3 + 0.17 * i as f32 }).collect();
+            let want = mean_one_by_one(&views, &weights, rows, last, &row_basis, &col_basis, grid_cols, chunks * c);
+            for (threads, avx2_fma) in [(1, true), (3, true), (1, false), (2, false)] {
+                let mut got = vec![f32::NAN; chunks * c];
+                decode_folded_mean_on(&views, &weights, rows, last, &row_basis, &col_basis, grid_cols,
+                                      threads, &mut got, avx2_fma).unwrap();
+                prop_assert_eq!(bits(&got), bits(&want), "threads {} avx2_fma {}", threads, avx2_fma);
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_mean_refuses_bad_senders_and_writes_nothing() {
+        let b = int_basis(4, 15);
+        let one = SenderLevels {
+            positions: &[0, 5],
+            levels: &[1, 2],
+            k: 1,
+            scales: &[1.0, 1.0],
+            mins: &[0.0, 0.0],
+        };
+        let three_chunks = SenderLevels {
+            positions: &[0, 5, 7],
+            levels: &[1, 2, 3],
+            k: 1,
+            scales: &[1.0; 3],
+            mins: &[0.0; 3],
+        };
+        let out_of_range = SenderLevels {
+            positions: &[0, 16],
+            ..one
+        };
+        let mut out = vec![7f32; 32];
+        let run = |senders: &[SenderLevels<'_>], weights: &[f32], out: &mut [f32]| {
+            decode_folded_mean(senders, weights, 4, 4, &b, &b, 1, 2, out).unwrap_err()
+        };
+        assert_eq!(run(&[], &[], &mut out), WireError::NoSenders);
+        assert_eq!(
+            run(&[one, one], &[0.5], &mut out),
+            WireError::LengthMismatch {
+                expected: 2,
+                got: 1
+            }
+        );
+        assert_eq!(
+            run(&[one, three_chunks], &[0.5, 0.5], &mut out),
+            WireError::SenderChunksMismatch {
+                sender: 1,
+                chunks: 3,
+                expected: 2
+            }
+        );
+        assert!(matches!(
+            run(&[one, out_of_range], &[0.5, 0.5], &mut out),
+            WireError::IndexOutOfRange {
+                index: 1,
+                value: 16,
+                ..
+            }
+        ));
+        assert!(matches!(
+            run(&[one], &[1.0], &mut out[1..]),
+            WireError::OutputSizeMismatch { .. }
+        ));
+        assert!(out.iter().all(|&v| v == 7.0));
+        // All well: one sender with weight 1 is its plain decode.
+        let mut plain = vec![0f32; 32];
+        decode_folded(
+            one.positions,
+            one.levels,
+            1,
+            4,
+            4,
+            &b,
+            &b,
+            one.scales,
+            one.mins,
+            1,
+            1,
+            &mut plain,
+        )
+        .unwrap();
+        decode_folded_mean(&[one], &[1.0], 4, 4, &b, &b, 1, 2, &mut out).unwrap();
+        assert_eq!(bits(&out), bits(&plain));
     }
 }

@@ -159,6 +159,19 @@ pub enum WireError {
         total: usize,
     },
 
+    /// A mean of decoded records with no sender to take it over.
+    #[error("a mean needs at least one sender, got none")]
+    NoSenders,
+
+    /// A sender whose record has another number of chunks than the first sender's: records of one
+    /// tensor chunked alike have the same count.
+    #[error("sender {sender} has {chunks} chunks, sender 0 has {expected}")]
+    SenderChunksMismatch {
+        sender: usize,
+        chunks: usize,
+        expected: usize,
+    },
+
     // ----------------------------------------------------------------- Huffman
     /// A code-length cap outside `1..=15`.
     #[error("code length cap {cap} is outside 1..=15")]
@@ -437,6 +450,8 @@ error_kinds! {
         BasisSizeMismatch => "basis_size_mismatch",
         TileLayout => "tile_layout",
         BasisNotFoldable => "basis_not_foldable",
+        NoSenders => "no_senders",
+        SenderChunksMismatch => "sender_chunks_mismatch",
         InvalidCodeLengthCap => "invalid_code_length_cap",
         CodeLengthAboveCap => "code_length_above_cap",
         KraftOverflow => "kraft_overflow",

@@ -47,7 +47,7 @@ pub use bitpack::{
     unpack_bits_exact_into, unpack_bits_into,
 };
 pub use checksum::crc32c;
-pub use dct_folded::{decode_folded, fold_basis_is_exact};
+pub use dct_folded::{decode_folded, decode_folded_mean, fold_basis_is_exact, SenderLevels};
 pub use dct_rows::{combine_level_sums, scatter_basis_rows};
 pub use error::{Result, WireError};
 pub use frame::{

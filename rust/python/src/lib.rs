@@ -337,6 +337,57 @@ fn dct_decode_folded<'py>(
     })
 }
 
+/// One sender's arrays for [`dct_decode_folded_mean`]: `(positions, levels, k, scales, mins)`.
+type SenderArrays<'py> = (
+    PyReadonlyArray1<'py, i64>,
+    PyReadonlyArray1<'py, i16>,
+    usize,
+    PyReadonlyArray1<'py, f64>,
+    PyReadonlyArray1<'py, f64>,
+);
+
+/// The weighted mean of several senders' records of one tensor, each decoded as
+/// [`dct_decode_folded`] decodes it, into `out` (float32, flat): `out = d_0 · w_0`, then `out = out +
+/// d_i · w_i` per sender in order, each a correctly rounded float32 operation — the bits of
+/// decoding every record and combining the tensors, without writing the decoded tensors out.
+/// `senders` is a list of `(positions, levels, k, scales, mins)`, every sender with the same number
+/// of chunks; `weights` one float32 per sender. GIL released. Returns `out`.
+#[pyfunction]
+#[pyo3(signature = (senders, weights, rows, last, row_basis, col_basis, out, threads = 1, grid_cols = 1))]
+#[allow(clippy::too_many_arguments)]
+fn dct_decode_folded_mean<'py>(
+    py: Python<'py>,
+    senders: Vec<SenderArrays<'py>>,
+    weights: PyReadonlyArray1<'py, f32>,
+    rows: usize,
+    last: usize,
+    row_basis: PyReadonlyArray1<'py, f64>,
+    col_basis: PyReadonlyArray1<'py, f64>,
+    out: Bound<'py, PyArray1<f32>>,
+    threads: usize,
+    grid_cols: usize,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let views = senders
+        .iter()
+        .map(|(p, l, k, sc, mn)| {
+            Ok(gw::SenderLevels {
+                positions: slice(p, "positions")?,
+                levels: slice(l, "levels")?,
+                k: *k,
+                scales: slice(sc, "scales")?,
+                mins: slice(mn, "mins")?,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let w = slice(&weights, "weights")?;
+    let rb = slice(&row_basis, "row_basis")?;
+    let cb = slice(&col_basis, "col_basis")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::decode_folded_mean(&views, w, rows, last, rb, cb, grid_cols, threads, o)
+    })
+}
+
 /// `(positions, kept)` of [`select_topk_rows`].
 type TopkArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
 
@@ -960,6 +1011,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dct_scatter_basis_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dct_combine_level_sums, m)?)?;
     m.add_function(wrap_pyfunction!(dct_decode_folded, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_decode_folded_mean, m)?)?;
     m.add_function(wrap_pyfunction!(dct_basis_folds, m)?)?;
     m.add_function(wrap_pyfunction!(select_topk_rows, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
