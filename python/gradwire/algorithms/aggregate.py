@@ -8,7 +8,10 @@ BLAS or device. The decoded tensors are then combined by a fixed sequence of ele
 operations — ``t_i * w_i`` (one correctly rounded multiply by the weight rounded to float32) and
 ``acc + t_i`` (one correctly rounded add), in the given sender order — with no reduction whose order a
 library may choose, no fused multiply-add and no atomics. IEEE 754 fixes the result of each such
-operation, so every process that runs :func:`exact_mean` on the same records gets the same bits.
+operation, so every process that runs :func:`exact_mean` on the same records gets the same bits. Where
+the records' codec has a fused path (:func:`gradwire.frame.weighted_sum_fused`: float32 DCT records on
+the CPU), it runs this same sequence chunk by chunk in one Rust pass, without writing each decoded tensor
+out: the same bits, in less time.
 
 (The transform-domain sum of :class:`gradwire.codecs.dct.DCTAccumulator` is faster but ends in one
 float32 inverse transform, a matrix product whose rounding follows the BLAS and thread count: it is not

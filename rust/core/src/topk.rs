@@ -2,8 +2,9 @@
 //!
 //! A row's magnitudes are ordered through their float32 bit patterns: with the sign bit cleared, the
 //! bits of a float compare as unsigned integers in the order of the values (+0 < subnormals < normals
-//! < +inf < NaN). So a row's `k`-th largest magnitude is one `select_nth_unstable` on a copy of its
-//! keys, and the kept positions are one ascending scan: every position whose key is above that
+//! < +inf < NaN). So a row's `k`-th largest magnitude is found by counting its keys by their top
+//! bits and one `select_nth_unstable` on the keys of the one bucket that holds it, and the kept
+//! positions are one ascending scan: every position whose key is above that
 //! threshold, and then the lowest positions whose key equals it until `k` are taken. The result is
 //! ascending by construction (the order the wire wants), independent of the thread count, and ties
 //! always go to the lowest positions, so the same row gives the same selection on any machine.
@@ -77,27 +78,61 @@ pub fn select_topk_rows(
     Ok(())
 }
 
+/// Buckets of the first pass: a key's top 11 bits (its exponent and 3 mantissa bits), so a
+/// bucket spans an eighth of a binade.
+const BUCKET_SHIFT: u32 = 20;
+const BUCKETS: usize = 1 << (31 - BUCKET_SHIFT);
+
 /// [`select_topk_rows`] on one thread, arguments already checked.
+///
+/// Per row: one pass computes the keys and counts them by bucket; counting buckets down from the
+/// largest key finds the bucket that holds the `k`-th largest key, and only that bucket's keys —
+/// usually a few — go through `select_nth_unstable` for the exact threshold. Then the ascending
+/// scan. The threshold is the row's `k`-th largest key however it is found, so the selection is the
+/// one the module doc defines.
 fn select_rows(values: &[f32], cols: usize, k: usize, positions: &mut [i64], kept: &mut [f32]) {
     let mut keys = vec![0u32; cols];
+    let mut counts = vec![0u32; BUCKETS];
+    let mut candidates: Vec<u32> = Vec::with_capacity(cols);
     for ((row, pos), out) in values
         .chunks_exact(cols)
         .zip(positions.chunks_exact_mut(k))
         .zip(kept.chunks_exact_mut(k))
     {
+        counts.fill(0);
+        let mut largest = 0u32;
         for (key, &v) in keys.iter_mut().zip(row) {
-            *key = magnitude_key(v);
+            let m = magnitude_key(v);
+            *key = m;
+            counts[(m >> BUCKET_SHIFT) as usize] += 1;
+            largest = largest.max(m);
         }
-        // After the select, keys[cols - k] is the k-th largest key and every key after it is ≥ it.
-        let threshold = *keys.select_nth_unstable(cols - k).1;
-        let above = keys[cols - k + 1..]
-            .iter()
-            .filter(|&&key| key > threshold)
-            .count();
-        let mut ties_left = k - above;
+        // Down from the largest key's bucket: `above` keys lie in buckets over `bucket`, and
+        // `bucket` holds the k-th largest (at least k keys in all, so the walk ends).
+        let mut bucket = (largest >> BUCKET_SHIFT) as usize;
+        let mut above = 0usize;
+        while above + (counts[bucket] as usize) < k {
+            above += counts[bucket] as usize;
+            bucket -= 1;
+        }
+        candidates.clear();
+        candidates.extend(
+            keys.iter()
+                .copied()
+                .filter(|&m| (m >> BUCKET_SHIFT) as usize == bucket),
+        );
+        // The (k - above)-th largest candidate is the row's k-th largest key.
+        let need = k - above;
+        let at = candidates.len() - need;
+        let threshold = *candidates.select_nth_unstable(at).1;
+        let above_threshold = above
+            + candidates[at + 1..]
+                .iter()
+                .filter(|&&m| m > threshold)
+                .count();
+        let mut ties_left = k - above_threshold;
         let mut n = 0;
-        for (i, &v) in row.iter().enumerate() {
-            let key = magnitude_key(v);
+        for (i, (&key, &v)) in keys.iter().zip(row).enumerate() {
             let take = key > threshold || (key == threshold && ties_left > 0);
             if take {
                 if key == threshold {
@@ -219,6 +254,32 @@ mod tests {
         ) {
             let rows = raw.len() / cols;
             let values: Vec<f32> = raw[..rows * cols].iter().map(|&x| x as f32 * 0.5).collect();
+            let k = 1 + ((cols - 1) as f64 * k_frac) as usize;
+            let (pos, kept) = run(&values, cols, k, threads);
+            for (r, row) in values.chunks_exact(cols).enumerate() {
+                let want = reference(row, k);
+                prop_assert_eq!(&pos[r * k..(r + 1) * k], &want[..]);
+                for (j, &p) in want.iter().enumerate() {
+                    prop_assert_eq!(kept[r * k + j].to_bits(), row[p as usize].to_bits());
+                }
+            }
+        }
+
+        #[test]
+        fn matches_the_sorted_definition_on_any_floats(
+            // Any bit patterns (NaN, infinities, subnormals, both zeros), or values packed into one
+            // bucket of the first pass (1 + a few ulps), so the bucket holds the whole threshold.
+            bits in proptest::collection::vec(any::<u32>(), 1..600),
+            packed in any::<bool>(),
+            cols in 1usize..70,
+            k_frac in 0.0f64..1.0,
+            threads in 1usize..3,
+        ) {
+            let rows = bits.len() / cols;
+            let values: Vec<f32> = bits[..rows * cols]
+                .iter()
+                .map(|&b| if packed { f32::from_bits(0x3f80_0000 + (b % 16)) * if b & 1 == 0 { 1.0 } else { -1.0 } } else { f32::from_bits(b) })
+                .collect();
             let k = 1 + ((cols - 1) as f64 * k_frac) as usize;
             let (pos, kept) = run(&values, cols, k, threads);
             for (r, row) in values.chunks_exact(cols).enumerate() {
