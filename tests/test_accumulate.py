@@ -104,6 +104,25 @@ def test_same_order_is_bit_identical():
     assert torch.equal(first, second)
 
 
+def test_summed_coefficients_are_the_elementwise_float32_sum_of_each_records_weighted_values():
+    # The CPU sum adds each record's coefficients in one Rust pass: coeffs[p] + value · weight, one
+    # rounded float32 multiply and add per coefficient, in record order.
+    codec = gradwire.DCTCodec(chunk_shape=(16, 16), topk=20)
+    entries = _records(codec, (128, 96), 5, seed=3)
+    weights = [1.0, 1.0 / 3.0, 0.7, 2.5, 1e-3]
+    acc = make_accumulator(entries[0])
+    want = None
+    for e, w in zip(entries, weights):
+        acc.add(e, w)
+        parsed = parse_record(e)
+        if want is None:
+            want = torch.zeros(parsed.plan.num_chunks, parsed.plan.chunk_numel)
+        w32 = torch.tensor(w, dtype=torch.float32)
+        rows = torch.arange(parsed.plan.num_chunks).unsqueeze(1).expand_as(parsed.idx)
+        want[rows, parsed.idx] = want[rows, parsed.idx] + parsed.values * w32
+    assert torch.equal(acc.coeffs.view(torch.int32), want.reshape(-1).view(torch.int32))
+
+
 def test_shape_mismatch_is_refused():
     codec = gradwire.DCTCodec(chunk_shape=(8,), topk=2)
     acc = make_accumulator(_records(codec, (64,), 1)[0])

@@ -219,6 +219,21 @@ def dct_decode_folded_mean(
     per sender. Bad input raises ``WireError`` and writes nothing. GIL released. Returns ``out``.
     """
 
+def scatter_add_rows(
+    positions: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float32],
+    k: int,
+    row_len: int,
+    weight: float,
+    out: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]:
+    """For each row ``r`` (``len(positions) / k`` of them), ``out[r · row_len + p] += values[j] ·
+    weight`` over the row's ``k`` entries, in order: one correctly rounded float32 multiply and one add
+    each (none fused), the bits of ``out[idx] + values * weight`` elementwise. Positions outside
+    ``0..row_len`` (``index_out_of_range``), ragged rows or a wrong ``out`` size raise ``WireError``
+    and write nothing. Runs with the GIL released. Returns ``out``.
+    """
+
 def select_topk_rows(
     values: npt.NDArray[np.float32], cols: int, k: int, threads: int = 1
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

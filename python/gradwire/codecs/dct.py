@@ -32,6 +32,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .. import _native
 from .. import dct as _dct
 from .. import wire
 from ..accumulate import register_accumulator, register_norm
@@ -555,12 +556,20 @@ class DCTAccumulator:
             self._add_dense(_reconstruct_levels(parsed), weight)
             return
         c = self.plan.chunk_numel
+        if self.device.type == "cpu":
+            # One Rust pass, chunk row by chunk row: the same float32 operations as below.
+            w32 = float(torch.tensor(float(weight), dtype=torch.float32))
+            _native.scatter_add_rows(parsed.idx.contiguous().reshape(-1).numpy(),
+                                     parsed.values.contiguous().reshape(-1).numpy(), parsed.k, c, w32,
+                                     self.coeffs.numpy())
+            self.count += 1
+            return
         flat = (parsed.idx + torch.arange(parsed.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
         vals = parsed.values.reshape(-1)
         if weight != 1.0:
             vals = vals * weight
-        # index_select / index_copy_ rather than coeffs[flat] (advanced indexing is ~20x slower on the
-        # CPU); the positions of one record are distinct, so the copy has no colliding writes.
+        # index_select / index_copy_ rather than coeffs[flat] (advanced indexing is slow); the positions
+        # of one record are distinct, so the copy has no colliding writes (and no atomics on CUDA).
         self.coeffs.index_copy_(0, flat, self.coeffs.index_select(0, flat) + vals)
         self.count += 1
 

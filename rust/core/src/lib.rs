@@ -9,6 +9,7 @@
 //! * [`checksum`]: the CRC-32C frame checksum;
 //! * [`dct_rows`]: the sparse first stage of the exact DCT decode;
 //! * [`topk`]: per-row top-k by magnitude (which DCT coefficients a sender keeps);
+//! * [`scatter`]: sparse rows added into a dense buffer (the transform-domain sum of DCT records);
 //! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
 //!
 //! Every function validates its input and reports problems as a [`WireError`]; nothing here
@@ -28,6 +29,7 @@ pub mod gcomp;
 pub mod huffman;
 pub mod quartic;
 pub mod rice;
+pub mod scatter;
 mod simd;
 pub mod topk;
 pub mod zero_run;
@@ -58,6 +60,7 @@ pub use frame::{
 pub use quartic::{
     quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len,
 };
+pub use scatter::scatter_add_rows;
 pub use topk::select_topk_rows;
 pub use zero_run::{
     zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode,

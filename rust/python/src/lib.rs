@@ -388,6 +388,29 @@ fn dct_decode_folded_mean<'py>(
     })
 }
 
+/// For each row `r`, `out[r · row_len + p] += values[j] · weight` over the row's `k` entries
+/// (float32, one rounded multiply and one rounded add each, in order): sparse rows added into a
+/// dense buffer in place. Bad input raises `WireError` and writes nothing. GIL released. Returns
+/// `out`.
+#[pyfunction]
+#[pyo3(signature = (positions, values, k, row_len, weight, out))]
+fn scatter_add_rows<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray1<'py, i64>,
+    values: PyReadonlyArray1<'py, f32>,
+    k: usize,
+    row_len: usize,
+    weight: f32,
+    out: Bound<'py, PyArray1<f32>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let p = slice(&positions, "positions")?;
+    let v = slice(&values, "values")?;
+    let len = out.len();
+    decode_into(py, out, len, |o| {
+        gw::scatter_add_rows(p, v, k, row_len, weight, o)
+    })
+}
+
 /// `(positions, kept)` of [`select_topk_rows`].
 type TopkArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
 
@@ -1014,6 +1037,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dct_decode_folded_mean, m)?)?;
     m.add_function(wrap_pyfunction!(dct_basis_folds, m)?)?;
     m.add_function(wrap_pyfunction!(select_topk_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(scatter_add_rows, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
