@@ -20,7 +20,7 @@ import gradwire
 import gradwire.torch as gt
 from gradwire.accumulate import make_accumulator
 from gradwire.feedback import ErrorFeedback
-from gradwire.frame import read_frame, write_frame
+from gradwire.frame import read_frame, weighted_sum_fused, write_frame
 from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
 
 # A hang fails the test within this many seconds instead of blocking the suite.
@@ -103,7 +103,8 @@ def test_blocking_hook_hands_back_completed_futures():
 class _Reference:
     """The hook's arithmetic without DDP and without overlap: per bucket (the layout DDP used that step),
     flat gradient + per-parameter residual pieces → ErrorFeedback → frame → ``all_gather_bytes`` (blocking)
-    → every rank's record into one accumulator in rank order → ÷ world."""
+    → every rank's record summed in rank order (exactly where the codec can, else in one accumulator)
+    → ÷ world."""
 
     def __init__(self, model: nn.Module, codec: gradwire.Codec, lr: float):
         self.model = model
@@ -125,12 +126,14 @@ class _Reference:
                     name, torch.cat([self.pieces.get(i, torch.zeros_like(g)) for i, g in zip(positions, grads)])
                 )
             frame = write_frame([self.feedback.compress(flat, name)], round=round, sender=rank)
-            acc = None
-            for data in gt.all_gather_bytes(frame):
-                (entry,) = read_frame(data).entries
-                acc = acc or make_accumulator(entry, flat.device)
-                acc.add(entry)
-            mean = acc.finish().div_(world)
+            entries = [read_frame(data).entries[0] for data in gt.all_gather_bytes(frame)]
+            total = weighted_sum_fused(entries, [1.0] * world, flat.device)  # exact where the codec can
+            if total is None:
+                acc = make_accumulator(entries[0], flat.device)
+                for entry in entries:
+                    acc.add(entry)
+                total = acc.finish()
+            mean = total.div_(world)
             residual, offset = self.feedback.residual(name), 0
             for i, g in zip(positions, grads):
                 self.params[i].grad.copy_(mean[offset : offset + g.numel()].view_as(self.params[i].grad))

@@ -703,9 +703,14 @@ def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = torch.de
     multiply-adds (one basis product per coefficient), "rows" ``2·k·last`` additions plus
     ``2·C·(d_1 + … + d_{n-1})`` for the dense transforms of the other axes, "dense" ``2·C·(d_1 + … +
     d_n)``. Sparse wins while ``k`` is below about half of ``d_1 + … + d_{n-1}`` (32 for 64×64
-    chunks, measured on x86 BLAS); 1-D chunks have no other axes and always go sparse.
+    chunks, measured on x86 BLAS); 1-D chunks have no other axes: "rows" on the CPU (its Rust scatter),
+    else "sparse".
     """
     if device.type == "cpu" and len(dims) == 2 and dims[0] % 2 == 0 and dims[1] % 2 == 0:
+        return "rows"
+    if device.type == "cpu" and len(dims) == 1:
+        # The same k·C additions either way, but "rows" adds the basis rows in one Rust pass where
+        # "sparse" gathers them through torch: 0.05 s against 2.6 s for 1 M values in chunks of 64 at k = 32.
         return "rows"
     if len(dims) == 1 or 2 * k <= sum(dims[:-1]):
         return "sparse"

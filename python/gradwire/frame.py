@@ -289,8 +289,9 @@ def weighted_sum_fused(
     entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
 ) -> Optional[torch.Tensor]:
     """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` the
-    float32 decode of ``entries[i]`` and each weight a float32 value — computed by the records' codec
-    without writing each decoded tensor out, with the same bits as decoding each and combining them.
+    float32 decode of ``entries[i]`` and each weight rounded to float32 — computed by the records' codec
+    (the DCT's: in one Rust pass where it can, without writing each decoded tensor out), with the same
+    bits as decoding each record and combining them.
 
     ``None`` where no such path applies (mixed codecs, a codec without one, or records it does not
     take, e.g. another device); the caller then decodes record by record. Records are checked as

@@ -2,10 +2,14 @@
 
 Per bucket and step, each rank compresses its flat gradient plus that bucket's error-feedback residual
 into one frame, the ranks all-gather their frames (lengths first, then the frames padded to the
-longest: see :mod:`gradwire.torch.collectives`), and every rank decodes all frames *in rank order* into
-one accumulator — the codec's transform-domain one where it registered one (DCT: one inverse transform
-per bucket), else dense decoding — and divides by the world size. All ranks run the same ops on the
-same bytes in the same order, so they end each step with bit-identical gradients and hence parameters.
+longest: see :mod:`gradwire.torch.collectives`), and every rank sums all frames *in rank order* and
+divides by the world size. Float32 DCT records on the CPU are summed exactly
+(:func:`gradwire.frame.weighted_sum_fused`: each decoded bit-exactly, ``acc = d_0``, ``acc = acc + d_i``,
+in one Rust pass); other records go into one accumulator — the codec's transform-domain one where it
+registered one, else dense decoding. All ranks run the same ops on the same bytes in the same order, so
+they end each step with bit-identical gradients and hence parameters. (The DCT's transform-domain sum
+ends in one float32 matrix product, whose rounding may follow how many threads the BLAS takes at that
+moment; overlapped with backward, that can differ between ranks, so the CPU path does not use it.)
 
 DDP rebuilds its buckets after the first iteration (and may regroup parameters then). Residuals are
 therefore tracked by the parameters a bucket holds, not by its index alone: when a bucket arrives with
@@ -40,7 +44,7 @@ from ..codecs import Codec
 from ..registry import build_codec
 from ..errors import FrameError
 from ..feedback import ErrorFeedback
-from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
+from ..frame import DEFAULT_LIMITS, Limits, read_frame, weighted_sum_fused, write_frame
 from .collectives import BytesGather, comm_device
 
 __all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
@@ -204,7 +208,7 @@ def _launch_frames(state: GradwireHookState, bucket: _BucketInFlight) -> None:
 def _decode_into(bucket: _BucketInFlight) -> None:
     """Average every rank's frame into the bucket's tensors, decoding in rank order."""
     index, targets = bucket.index, bucket.targets
-    sums: list = [None] * len(targets)
+    columns: list[list] = [[] for _ in targets]
     for r, data in enumerate(bucket.gather.received()):
         got = read_frame(data, limits=bucket.limits)
         if got.bundle != bucket.per_parameter or got.round != bucket.round or got.sender != r:
@@ -220,11 +224,17 @@ def _decode_into(bucket: _BucketInFlight) -> None:
                 raise FrameError(
                     f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
                 )
-            if sums[i] is None:
-                sums[i] = make_accumulator(e, bucket.buffer.device)
-            sums[i].add(e)
-    for acc, target in zip(sums, targets):
-        target.copy_(acc.finish().div_(bucket.world))
+            columns[i].append(e)
+    ones = [1.0] * bucket.world
+    for column, target in zip(columns, targets):
+        # Exact where the codec can (bit-identical on any thread count), else its accumulator.
+        total = weighted_sum_fused(column, ones, bucket.buffer.device)
+        if total is None:
+            acc = make_accumulator(column[0], bucket.buffer.device)
+            for e in column:
+                acc.add(e)
+            total = acc.finish()
+        target.copy_(total.div_(bucket.world))
 
 
 def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
