@@ -243,6 +243,24 @@ mod tests {
         select_topk_rows(&[], 4, 2, 2, &mut [], &mut []).unwrap();
     }
 
+    /// Every row's selection (positions and kept bits) against [`reference`].
+    fn matches_reference(
+        values: &[f32],
+        cols: usize,
+        k: usize,
+        threads: usize,
+    ) -> Result<(), TestCaseError> {
+        let (pos, kept) = run(values, cols, k, threads);
+        for (r, row) in values.chunks_exact(cols).enumerate() {
+            let want = reference(row, k);
+            prop_assert_eq!(&pos[r * k..(r + 1) * k], &want[..]);
+            for (j, &p) in want.iter().enumerate() {
+                prop_assert_eq!(kept[r * k + j].to_bits(), row[p as usize].to_bits());
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         #[test]
         fn matches_the_sorted_definition_on_any_thread_count(
@@ -255,14 +273,7 @@ mod tests {
             let rows = raw.len() / cols;
             let values: Vec<f32> = raw[..rows * cols].iter().map(|&x| x as f32 * 0.5).collect();
             let k = 1 + ((cols - 1) as f64 * k_frac) as usize;
-            let (pos, kept) = run(&values, cols, k, threads);
-            for (r, row) in values.chunks_exact(cols).enumerate() {
-                let want = reference(row, k);
-                prop_assert_eq!(&pos[r * k..(r + 1) * k], &want[..]);
-                for (j, &p) in want.iter().enumerate() {
-                    prop_assert_eq!(kept[r * k + j].to_bits(), row[p as usize].to_bits());
-                }
-            }
+            matches_reference(&values, cols, k, threads)?;
         }
 
         #[test]
@@ -281,14 +292,7 @@ mod tests {
                 .map(|&b| if packed { f32::from_bits(0x3f80_0000 + (b % 16)) * if b & 1 == 0 { 1.0 } else { -1.0 } } else { f32::from_bits(b) })
                 .collect();
             let k = 1 + ((cols - 1) as f64 * k_frac) as usize;
-            let (pos, kept) = run(&values, cols, k, threads);
-            for (r, row) in values.chunks_exact(cols).enumerate() {
-                let want = reference(row, k);
-                prop_assert_eq!(&pos[r * k..(r + 1) * k], &want[..]);
-                for (j, &p) in want.iter().enumerate() {
-                    prop_assert_eq!(kept[r * k + j].to_bits(), row[p as usize].to_bits());
-                }
-            }
+            matches_reference(&values, cols, k, threads)?;
         }
     }
 }
