@@ -38,7 +38,7 @@ def test_exact_decode_matches_the_matrix_inverse(chunk, k):
 
 
 @pytest.mark.parametrize(
-    "chunk, k", [((64, 64), 32), ((64, 64), 700), ((8, 8), 60), ((4, 4, 4), 7), ((4, 5, 6), 50), ((16,), 5), ((6, 10), 1)]
+    "chunk, k", [((64, 64), 32), ((64, 64), 700), ((8, 8), 60), ((4, 4, 4), 7), ((4, 5, 6), 50), ((16,), 5), ((64,), 32), ((6, 10), 1)]
 )
 def test_every_route_gives_the_same_bits(chunk, k):
     plan = D.plan_flat((20000,), chunk)
