@@ -18,9 +18,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire
 import gradwire.torch as gt
-from gradwire.accumulate import make_accumulator
+from gradwire.algorithms import exact_mean
 from gradwire.feedback import ErrorFeedback
-from gradwire.frame import read_frame, weighted_sum_fused, write_frame
+from gradwire.frame import read_frame, write_frame
 from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
 
 # A hang fails the test within this many seconds instead of blocking the suite.
@@ -103,8 +103,7 @@ def test_blocking_hook_hands_back_completed_futures():
 class _Reference:
     """The hook's arithmetic without DDP and without overlap: per bucket (the layout DDP used that step),
     flat gradient + per-parameter residual pieces → ErrorFeedback → frame → ``all_gather_bytes`` (blocking)
-    → every rank's record summed in rank order (exactly where the codec can, else in one accumulator)
-    → ÷ world."""
+    → every rank's record summed exactly in rank order (the CPU path) → ÷ world."""
 
     def __init__(self, model: nn.Module, codec: gradwire.Codec, lr: float):
         self.model = model
@@ -127,12 +126,7 @@ class _Reference:
                 )
             frame = write_frame([self.feedback.compress(flat, name)], round=round, sender=rank)
             entries = [read_frame(data).entries[0] for data in gt.all_gather_bytes(frame)]
-            total = weighted_sum_fused(entries, [1.0] * world, flat.device)  # exact where the codec can
-            if total is None:
-                acc = make_accumulator(entries[0], flat.device)
-                for entry in entries:
-                    acc.add(entry)
-                total = acc.finish()
+            total = exact_mean([[e] for e in entries], [1.0] * world)[name]  # on the CPU: exactly
             mean = total.div_(world)
             residual, offset = self.feedback.residual(name), 0
             for i, g in zip(positions, grads):

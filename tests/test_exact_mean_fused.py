@@ -1,8 +1,7 @@
 """The fused exact mean: DCT records averaged in one Rust pass (``gradwire.dct.decode_levels_weighted_sum``,
 ``_native.dct_decode_folded_mean``) give the bits of decoding every record and combining the tensors
-elementwise, which is how ``exact_mean`` defines the mean; DCT records the one pass does not take (1-D
-chunks, senders chunked differently) are summed record by record with the same bits, and anything else
-falls back to exact_mean's own loop."""
+elementwise, which is how ``exact_mean`` defines the mean; anything the fused pass does not take falls
+back to that definition."""
 
 from __future__ import annotations
 
@@ -72,18 +71,16 @@ def test_fused_mean_runs_for_float32_dct_records_on_the_cpu():
     assert _same_bits(got, want)
 
 
-def test_records_the_one_pass_does_not_take_still_get_the_definitions_bits():
+def test_records_the_fused_pass_does_not_take_fall_back_to_the_definition():
     # half-precision records: exact_mean decodes to float16 first, which the fused pass does not
     half = _records({"w": (16, 16)}, [4, 9], dtype=torch.float16)
     assert weighted_sum_fused([r[0] for r in half], [0.5, 0.5]) is None
     assert _same_bits(exact_mean(half)["w"], _one_by_one(half)["w"])
-    # senders chunked differently (one flat, one in tiles): record by record, the same bits
+    # senders chunked differently (one flat, one in tiles) and mixed codecs
     tiles = _records({"w": (16, 16)}, [4])[0][0]
     flat = _records({"w": (16, 16)}, [4], mode="flat")[0][0]
-    both = weighted_sum_fused([tiles, flat], [0.5, 0.25])
-    want = gradwire.decode_entry(tiles) * 0.5 + gradwire.decode_entry(flat) * 0.25
-    assert both is not None and _same_bits(both, want)
-    # mixed codecs: no codec sums them, exact_mean decodes one by one
+    assert weighted_sum_fused([tiles, flat], [0.5, 0.5]) is None
+    assert _same_bits(exact_mean([[tiles], [flat]])["w"], _one_by_one([[tiles], [flat]])["w"])
     sign = read_frame(gradwire.build_codec("topk", k=10).encode_bundle({"w": torch.randn(16, 16)})).entries[0]
     assert weighted_sum_fused([tiles, sign], [0.5, 0.5]) is None
     mixed = exact_mean([[tiles], [sign]])["w"]

@@ -290,8 +290,8 @@ def weighted_sum_fused(
 ) -> Optional[torch.Tensor]:
     """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` the
     float32 decode of ``entries[i]`` and each weight rounded to float32 — computed by the records' codec
-    (the DCT's: in one Rust pass where it can, without writing each decoded tensor out), with the same
-    bits as decoding each record and combining them.
+    without writing each decoded tensor out (the DCT's: in one Rust pass), with the same bits as
+    decoding each record and combining them.
 
     ``None`` where no such path applies (mixed codecs, a codec without one, or records it does not
     take, e.g. another device); the caller then decodes record by record. Records are checked as

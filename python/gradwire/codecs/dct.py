@@ -500,27 +500,18 @@ def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
 def _weighted_sum_dct(
     entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]
 ) -> Optional[torch.Tensor]:
-    """The exact weighted sum of float32 DCT records on the CPU: in one Rust pass where they are chunked
-    alike in 2-D chunks (:func:`gradwire.dct.decode_levels_weighted_sum`), else record by record (each
-    decoded exactly, then ``acc = d_0 · w_0``, ``acc = acc + d_i · w_i``): the same bits either way.
-    ``None`` for records on another device or of another dtype."""
+    """The fused weighted sum of float32 DCT records chunked alike, on the CPU
+    (:func:`gradwire.dct.decode_levels_weighted_sum`); ``None`` for anything else."""
     dev = torch.device("cpu") if device is None else torch.device(device)
     if dev.type != "cpu" or any(e.dtype != torch.float32 for e in entries):
         return None
     parsed = [parse_record(e, dev) for e in entries]
     plan = parsed[0].plan
-    if all(p.plan == plan for p in parsed[1:]):
-        fused = _dct.decode_levels_weighted_sum(
-            [(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan
-        )
-        if fused is not None:
-            return fused
-    acc: Optional[torch.Tensor] = None
-    for p, w in zip(parsed, weights):
-        w32 = float(torch.tensor(float(w), dtype=torch.float32))
-        scaled = torch.mul(_reconstruct_levels(p), w32)
-        acc = scaled if acc is None else acc.add_(scaled)
-    return acc
+    if any(p.plan != plan for p in parsed[1:]):
+        return None
+    return _dct.decode_levels_weighted_sum(
+        [(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan
+    )
 
 
 def _reconstruct_levels(parsed: ParsedRecord) -> torch.Tensor:

@@ -3,13 +3,13 @@
 Per bucket and step, each rank compresses its flat gradient plus that bucket's error-feedback residual
 into one frame, the ranks all-gather their frames (lengths first, then the frames padded to the
 longest: see :mod:`gradwire.torch.collectives`), and every rank sums all frames *in rank order* and
-divides by the world size. Float32 DCT records on the CPU are summed exactly
-(:func:`gradwire.frame.weighted_sum_fused`: each decoded bit-exactly, ``acc = d_0``, ``acc = acc + d_i``,
-in one Rust pass); other records go into one accumulator — the codec's transform-domain one where it
-registered one, else dense decoding. All ranks run the same ops on the same bytes in the same order, so
-they end each step with bit-identical gradients and hence parameters. (The DCT's transform-domain sum
-ends in one float32 matrix product, whose rounding may follow how many threads the BLAS takes at that
-moment; overlapped with backward, that can differ between ranks, so the CPU path does not use it.)
+divides by the world size. On the CPU the sum is :func:`gradwire.algorithms.exact_mean` with weight 1
+per rank (each record decoded exactly, ``acc = d_0``, ``acc = acc + d_i``: for DCT records in one Rust
+pass); on GPUs it is one accumulator — the codec's transform-domain one where it registered one, else
+dense decoding. All ranks run the same ops on the same bytes in the same order, so they end each step
+with bit-identical gradients and hence parameters. (A transform-domain sum such as the DCT's ends in one
+float32 matrix product, whose rounding may follow how many threads the BLAS takes at that moment;
+overlapped with backward, that can differ between ranks, so the CPU path does not use it.)
 
 DDP rebuilds its buckets after the first iteration (and may regroup parameters then). Residuals are
 therefore tracked by the parameters a bucket holds, not by its index alone: when a bucket arrives with
@@ -40,11 +40,12 @@ import torch
 import torch.distributed as dist
 
 from ..accumulate import make_accumulator
+from ..algorithms import exact_mean
 from ..codecs import Codec
 from ..registry import build_codec
 from ..errors import FrameError
 from ..feedback import ErrorFeedback
-from ..frame import DEFAULT_LIMITS, Limits, read_frame, weighted_sum_fused, write_frame
+from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
 from .collectives import BytesGather, comm_device
 
 __all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
@@ -225,16 +226,19 @@ def _decode_into(bucket: _BucketInFlight) -> None:
                     f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
                 )
             columns[i].append(e)
-    ones = [1.0] * bucket.world
     for column, target in zip(columns, targets):
-        # Exact where the codec can (bit-identical on any thread count), else its accumulator.
-        total = weighted_sum_fused(column, ones, bucket.buffer.device)
-        if total is None:
-            acc = make_accumulator(column[0], bucket.buffer.device)
-            for e in column:
-                acc.add(e)
-            total = acc.finish()
-        target.copy_(total.div_(bucket.world))
+        target.copy_(_rank_order_sum(column, bucket.buffer.device).div_(bucket.world))
+
+
+def _rank_order_sum(column: list, device: torch.device) -> torch.Tensor:
+    """Every rank's record of one tensor, summed in rank order: exactly on the CPU (bit-identical on any
+    thread count), through the codec's accumulator on GPUs."""
+    if device.type == "cpu":
+        return exact_mean([[e] for e in column], [1.0] * len(column))[column[0].name]
+    acc = make_accumulator(column[0], device)
+    for e in column:
+        acc.add(e)
+    return acc.finish()
 
 
 def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -122,24 +122,19 @@ fn decode_folded_on(
         scales,
         mins,
     };
-    check_fold(row_basis, rows)?;
-    check_fold(col_basis, last)?;
-    let chunks = check_sender(&sender, rows, last)?;
-    check_out(out, chunks.saturating_mul(rows * last))?;
-    if chunks == 0 {
-        return Ok(());
-    }
-    let mut segments = chunk_segments(out, rows, last, 0, chunks, grid_cols)?;
-
-    let decode_range = |from: usize, share: &mut [Vec<&mut [f32]>]| {
-        let mut decoder = ChunkDecoder::new(rows, last, row_basis, col_basis, avx2_fma);
-        for (c, chunk_rows) in share.iter_mut().enumerate() {
-            let chunk = from + c;
-            decoder.decode(&sender, chunk, Sink::Store, chunk_rows);
-        }
-    };
-    for_each_share(&mut segments, threads, decode_range);
-    Ok(())
+    // One sender at weight 1: each value stored as `d · 1 = d`, exactly.
+    decode_folded_mean_on(
+        &[sender],
+        &[1.0],
+        rows,
+        last,
+        row_basis,
+        col_basis,
+        grid_cols,
+        threads,
+        out,
+        avx2_fma,
+    )
 }
 
 /// One sender's record of a tensor as the exact decode reads it: `k` positions and levels per
@@ -312,9 +307,7 @@ fn decode_folded_mean_on(
 /// What the decode does with each decoded float32 value `d` at its place `o` in the output.
 #[derive(Clone, Copy)]
 enum Sink {
-    /// `o = d`
-    Store,
-    /// `o = d · w` (one rounding)
+    /// `o = d · w` (one rounding; exact for `w = 1`)
     Scale(f32),
     /// `o = o + d · w` (two roundings: the product, then the sum)
     AddScaled(f32),
@@ -324,7 +317,6 @@ impl Sink {
     #[inline(always)]
     fn put(self, o: &mut f32, d: f32) {
         match self {
-            Sink::Store => *o = d,
             Sink::Scale(w) => *o = d * w,
             // Rust never contracts this into a fused multiply-add: two roundings, as documented.
             Sink::AddScaled(w) => *o += d * w,
