@@ -1,0 +1,344 @@
+"""Decoding a chunked DCT record: the fast float decode and the bit-exact decode every node reproduces.
+
+:func:`decode_chunks` scatters float coefficients and runs the float inverse transform (fast; its last
+bits follow the matrix library). :func:`decode_levels` decodes quantized levels in integers held exactly
+in float64, through one of three routes ("sparse", "rows", "dense"; :func:`_choose_route`), the same
+bits on every device, thread count and BLAS; :func:`decode_levels_weighted_sum` is the exact weighted
+sum of several records in one Rust pass. The section comment below says why the integer decode is exact.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional, Sequence
+
+import torch
+
+from .. import _native
+from .chunks import MODE_TILES, ChunkPlan, _prod, from_chunks
+from .transform import _BASES_LOCK, _basis_f64, idct_chunks
+
+__all__ = [
+    "decode_chunks",
+    "decode_levels",
+    "decode_levels_weighted_sum",
+    "fixed_point_bits",
+]
+
+
+def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """Dense tensor of ``plan.shape`` from each chunk's coefficients ``values`` at positions ``idx``.
+
+    A zero ``(num_chunks, C)`` array gets the values scattered in, then the inverse transform per chunk
+    (matrix products) and the chunks put back. Runs on ``values``' device in ``values``' dtype. Fast,
+    but its last bits follow the matrix library; decoding a frame uses :func:`decode_levels`.
+    """
+    c = plan.chunk_numel
+    n = plan.num_chunks
+    _check_pairs(idx, values, n)
+    dense = torch.zeros((n, c), dtype=values.dtype, device=values.device)
+    dense.scatter_(1, idx.to(device=values.device, dtype=torch.int64), values)
+    chunks = idct_chunks(dense.reshape(n, *plan.chunk_shape))
+    return from_chunks(chunks, plan)
+
+
+def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
+    if idx.shape != values.shape or idx.ndim != 2 or idx.shape[0] != n:
+        raise ValueError(
+            f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
+        )
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding that every node reproduces bit for bit.
+#
+# Nodes that apply the same frames must hold bit-identical weights, whatever their thread count, CPU
+# or GPU. A float32 matrix product does not promise that: BLAS libraries order their sums by thread
+# count and instruction set. So a frame is decoded with integers: its coefficients are levels ``u`` on
+# a per-chunk grid (``coefficient = u * scale + min``), the basis is rounded to integers on a 2^-s grid,
+# and the inverse transform of the levels (and of the grid's offsets) is computed in float64 where every
+# product and partial sum is an integer below 2^53 — exact, so any summation order, any BLAS, any
+# device gives the same numbers. Only the final ``scale``/``min`` combination rounds, elementwise.
+
+_INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = OrderedDict()
+#: Output elements (float64) of one block of chunks: bounds the scratch memory of a decode.
+_EXACT_BLOCK_ELEMS = 1 << 18
+
+
+def fixed_point_bits(chunk_shape: Sequence[int]) -> int:
+    """``s``: the decoding basis is ``round(D * 2^s)``, as fine as float64 can sum exactly.
+
+    A chunk's sum has at most ``C`` terms of at most ``2^8 · 2^(d·s)`` (levels below 2^8, ``|D| <= 1``),
+    so ``bit_length(C) + 8 + d·s <= 52`` keeps it exact; ``s`` is capped at 24 (float32's precision).
+    """
+    d = len(chunk_shape)
+    c = _prod(chunk_shape)
+    return max(1, min(24, (44 - c.bit_length()) // d))
+
+
+def _int_basis(n: int, s: int, device: torch.device) -> torch.Tensor:
+    key = (n, s, device)
+    basis = _INT_BASES.get(key)
+    if basis is None:
+        basis = torch.round(_basis_f64(n) * float(2**s)).to(device)
+        with _BASES_LOCK:
+            _INT_BASES[key] = basis
+            while len(_INT_BASES) > 64:
+                _INT_BASES.popitem(last=False)
+    return basis
+
+
+def decode_levels(
+    idx: torch.Tensor,
+    levels: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    plan: ChunkPlan,
+    route: Optional[str] = None,
+) -> torch.Tensor:
+    """The float32 tensor of ``plan.shape`` whose chunk ``c`` has coefficient ``levels[c, j] * scales[c]
+    + mins[c]`` at position ``idx[c, j]``: bit-identical on every device, thread count and BLAS.
+
+    ``levels`` are integers in ``[0, 255]``, ``idx`` strictly ascending per chunk (the decoder checks
+    both). Runs on ``levels``' device. See the section comment for why it is exact; FORMAT.md §5.2 gives
+    the same computation for independent readers. ``route`` ("sparse", "rows" or "dense") overrides the
+    choice of method (:func:`_choose_route`), which only changes the time taken.
+    """
+    n = plan.num_chunks
+    _check_pairs(idx, levels, n)
+    dims = plan.chunk_shape
+    device = levels.device
+    k = idx.shape[1]
+    c = _prod(dims)
+    s = fixed_point_bits(dims)
+    bases = [_int_basis(size, s, device) for size in dims]
+    unscale = 2.0 ** (-s * len(dims))
+    out = torch.empty((n, *dims), dtype=torch.float32, device=device)
+    idx = idx.to(device=device, dtype=torch.int64)
+    # Every route computes the same exact integers, so which one runs changes the time, never the bits.
+    route = _choose_route(k, dims, device) if route is None else route
+    if route not in _ROUTES:
+        raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
+    block = max(1, _EXACT_BLOCK_ELEMS // (2 * c))
+    shape1 = (-1,) + (1,) * len(dims)
+    # (L·scale + O·min)·2^(-d·s) as FORMAT.md writes it, with the power of two folded into scale and
+    # min: scaling by 2^j is exact in float64 (no subnormals at these magnitudes), so each product
+    # and the sum round exactly as in the formula. No fused multiply-add: it would round once, not twice.
+    sc_all = scales.to(device=device, dtype=torch.float64) * unscale
+    mn_all = mins.to(device=device, dtype=torch.float64) * unscale
+    if route == "rows" and device.type == "cpu":
+        # Tiles of a matrix are decoded straight into the matrix: no tile-to-matrix copy follows.
+        tiled = plan.mode == MODE_TILES and len(dims) == 2
+        grid_cols = plan.grid[1] if tiled else 1
+        if len(dims) == 2 and _folds(bases[0]) and _folds(bases[1]):
+            # One Rust pass, the bases folded in half: its own threads, each on blocks in cache.
+            _native.dct_decode_folded(
+                idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+                k, dims[0], dims[1], bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(),
+                sc_all.contiguous().numpy(), mn_all.contiguous().numpy(), out.reshape(-1).numpy(),
+                torch.get_num_threads(), grid_cols,
+            )
+            return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
+        # Both stages in Rust, the matrix product between them in place.
+        _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, block, out, grid_cols)
+        if tiled:
+            return out.reshape(plan.shape)
+        return from_chunks(out, plan)
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        nb = b1 - b0
+        level_sum, offset_sum = _ROUTES[route](idx[b0:b1], levels[b0:b1], dims, bases)
+        chunk = level_sum.reshape(nb, *dims) * sc_all[b0:b1].reshape(shape1)
+        chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
+        out[b0:b1] = chunk
+    return from_chunks(out, plan)
+
+
+def decode_levels_weighted_sum(
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    weights: Sequence[float],
+    plan: ChunkPlan,
+) -> Optional[torch.Tensor]:
+    """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` what
+    :func:`decode_levels` returns for ``parts[i] = (idx, levels, scales, mins)`` and each weight a
+    float32 value: the same bits as decoding each part and combining the tensors, in one Rust pass
+    that decodes each chunk for every sender while the chunk's output stays in cache.
+
+    Only where :func:`decode_levels` takes the folded route (CPU, 2-D chunks of even sides); ``None``
+    elsewhere, for the caller to decode part by part. Every part shares ``plan``; ``k`` may differ.
+    """
+    dims = plan.chunk_shape
+    if len(dims) != 2 or not parts or len(weights) != len(parts):
+        return None
+    if any(lv.device.type != "cpu" for _, lv, _, _ in parts) or _choose_route(1, dims) != "rows":
+        return None
+    s = fixed_point_bits(dims)
+    device = torch.device("cpu")
+    bases = [_int_basis(size, s, device) for size in dims]
+    if not (_folds(bases[0]) and _folds(bases[1])):
+        return None
+    unscale = 2.0 ** (-s * len(dims))
+    senders = []
+    for idx, levels, scales, mins in parts:
+        _check_pairs(idx, levels, plan.num_chunks)
+        senders.append((
+            idx.to(torch.int64).contiguous().reshape(-1).numpy(),
+            levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+            idx.shape[1],
+            # as decode_levels: the power of two folded in exactly, in float64
+            (scales.to(torch.float64) * unscale).contiguous().numpy(),
+            (mins.to(torch.float64) * unscale).contiguous().numpy(),
+        ))
+    tiled = plan.mode == MODE_TILES
+    out = torch.empty((plan.num_chunks, *dims), dtype=torch.float32)
+    _native.dct_decode_folded_mean(
+        senders, torch.tensor([float(w) for w in weights], dtype=torch.float32).numpy(), dims[0], dims[1],
+        bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(), out.reshape(-1).numpy(),
+        torch.get_num_threads(), plan.grid[1] if tiled else 1,
+    )
+    return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
+
+
+def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = torch.device("cpu")) -> str:
+    """The fastest exact route for ``k`` coefficients per chunk of shape ``dims``.
+
+    On the CPU, 2-D chunks with even sides take "rows" at every ``k``: there it is one Rust pass with
+    the basis folded in half (``_native.dct_decode_folded``), measured faster than "sparse" from
+    k = 1 on 64×64 tiles. Otherwise, per chunk of ``C`` elements, "sparse" costs about ``2·k·C``
+    multiply-adds (one basis product per coefficient), "rows" ``2·k·last`` additions plus
+    ``2·C·(d_1 + … + d_{n-1})`` for the dense transforms of the other axes, "dense" ``2·C·(d_1 + … +
+    d_n)``. Sparse wins while ``k`` is below about half of ``d_1 + … + d_{n-1}`` (32 for 64×64
+    chunks, measured on x86 BLAS); 1-D chunks have no other axes: "rows" on the CPU (its Rust scatter),
+    else "sparse".
+    """
+    if device.type == "cpu" and len(dims) == 2 and dims[0] % 2 == 0 and dims[1] % 2 == 0:
+        return "rows"
+    if device.type == "cpu" and len(dims) == 1:
+        # The same k·C additions either way, but "rows" adds the basis rows in one Rust pass where
+        # "sparse" gathers them through torch: 0.27 s against 2.6 s for 10 M values in chunks of 64 at k = 32.
+        return "rows"
+    if len(dims) == 1 or 2 * k <= sum(dims[:-1]):
+        return "sparse"
+    return "rows"
+
+
+def _dense_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):
+    """Both channels by a dense transform of the scattered levels and ones, every axis by a matrix."""
+    nb = idx.shape[0]
+    c = _prod(dims)
+    u = levels.to(torch.float64)
+    grid = torch.zeros((2, nb, c), dtype=torch.float64, device=u.device)
+    grid[0].scatter_(1, idx, u)
+    grid[1].scatter_(1, idx, torch.ones_like(u))
+    y = grid.reshape(2 * nb, *dims)
+    for axis, basis in enumerate(bases, start=1):
+        y = torch.movedim(torch.movedim(y, axis, -1) @ basis, -1, axis)
+    return y[:nb], y[nb:]
+
+
+def _rows_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):
+    """Both channels: the last axis sparse (each coefficient's basis row added into its chunk row,
+    ``k · last`` additions), then the other axes by matrix products over the whole block."""
+    nb, k = idx.shape
+    last = dims[-1]
+    rest = _prod(dims[:-1])
+    device = idx.device
+    # (rows, chunks, channel, last): the leading axis is the one the next matrix product contracts.
+    t = torch.zeros(rest * nb * 2 * last, dtype=torch.float64, device=device)
+    if device.type == "cpu":
+        _scatter_rows_cpu(idx, levels, k, rest, last, bases[-1], t)
+    else:
+        rowvecs = bases[-1].index_select(0, (idx % last).reshape(-1)).reshape(nb, k, 1, last)
+        u = levels.to(torch.float64).reshape(nb, k, 1, 1)
+        vals = torch.cat([u * rowvecs, rowvecs], dim=2).reshape(nb * k, 2 * last)
+        at = ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)).reshape(-1)
+        t.view(rest * nb, 2 * last).index_add_(0, at, vals)
+    y = _transform_rest_axes(t, dims, bases)
+    y = torch.movedim(y.reshape(*dims[:-1], nb, 2, last), len(dims) - 1, 0)  # (nb, *rest_dims, 2, last)
+    return y.select(-2, 0), y.select(-2, 1)
+
+
+def _scatter_rows_cpu(idx, levels, k: int, rest: int, last: int, basis: torch.Tensor, out: torch.Tensor) -> None:
+    _native.dct_scatter_basis_rows(
+        idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+        k, rest, last, basis.reshape(-1).numpy(), out.numpy(), torch.get_num_threads(),
+    )
+
+
+def _transform_rest_axes(t: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor], out: Optional[torch.Tensor] = None):
+    """The inverse integer transform of every axis but the last of ``t``, laid out ``(*dims[:-1], nb
+    · 2 · last)``: one matrix product per axis, contracting the leading one. Returns the result in
+    the same layout, contiguous (in ``out`` when given and there is one axis to transform)."""
+    y = t.reshape(*dims[:-1], -1)
+    if len(dims) == 2:
+        return torch.mm(bases[0].T, y, out=out)
+    for axis, basis in enumerate(bases[:-1]):
+        # contract the leading axis, then move the new one behind the axes still to transform
+        y = (basis.T @ y.reshape(dims[axis], -1)).reshape(y.shape)
+        y = torch.movedim(y, 0, len(dims) - 2)
+    return y.contiguous()
+
+
+def _rows_decode_cpu(idx, levels, scales, mins, dims, bases, block: int, out: torch.Tensor, grid_cols: int = 1) -> None:
+    """The "rows" route on the CPU for chunks the folded decode does not take (odd sides, more than
+    two axes), block by block: the Rust scatter, the matrix products, and the Rust combine writing
+    float32 values straight into ``out``, the whole tensor as a grid of ``grid_cols`` tiles per tile
+    row (1: chunk-major, ``(chunks, *dims)``). Buffers are reused across blocks."""
+    n, k = idx.shape
+    last, rest = dims[-1], _prod(dims[:-1])
+    threads = torch.get_num_threads()
+    cap = min(block, n) * rest * 2 * last
+    scattered = torch.empty(cap, dtype=torch.float64)
+    transformed = torch.empty(cap, dtype=torch.float64) if len(dims) == 2 else None
+    flat_out = out.reshape(-1).numpy()
+    for b0 in range(0, n, block):
+        b1 = min(n, b0 + block)
+        size = (b1 - b0) * rest * 2 * last
+        t = scattered[:size]
+        _scatter_rows_cpu(idx[b0:b1], levels[b0:b1], k, rest, last, bases[-1], t)
+        y = _transform_rest_axes(t, dims, bases, None if transformed is None else transformed[:size].view(rest, -1))
+        _native.dct_combine_level_sums(
+            y.reshape(-1).numpy(), scales[b0:b1].contiguous().numpy(), mins[b0:b1].contiguous().numpy(),
+            rest, last, flat_out, threads, first=b0, grid_cols=grid_cols,
+        )
+
+
+_FOLDS: "dict[tuple, bool]" = {}
+def _folds(basis: torch.Tensor) -> bool:
+    """Whether the integer basis is exactly symmetric (``B[f, n-1-i] = (-1)^f B[f, i]``, ``n`` even),
+    so the decode may fold it in half. Checked once per basis."""
+    n = basis.shape[0]
+    key = (n, float(basis[0, 0]))  # the size and round(2^s / √n), which names the grid 2^s
+    if key not in _FOLDS:
+        _FOLDS[key] = bool(_native.dct_basis_folds(basis.cpu().reshape(-1).numpy(), n))
+    return _FOLDS[key]
+
+
+def _sparse_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):
+    """``(Σ_j u_j B[f_j], Σ_j B[f_j])`` per chunk, ``B[f]`` the integer basis product of position ``f``."""
+    nb, k = idx.shape
+    u = levels.to(torch.float64)
+    freqs = _unravel(idx, dims)
+    # Row j of `first` is D_1[f_1] and of `others` the Kronecker product D_2[f_2] ⊗ … ⊗ D_d[f_d].
+    first = bases[0].index_select(0, freqs[0].reshape(-1)).reshape(nb, k, dims[0])
+    others = torch.ones((nb, k, 1), dtype=torch.float64, device=idx.device)
+    for size, basis, f in zip(dims[1:], bases[1:], freqs[1:]):
+        rows = basis.index_select(0, f.reshape(-1)).reshape(nb, k, size)
+        others = (others.unsqueeze(-1) * rows.unsqueeze(-2)).reshape(nb, k, -1)
+    rest = others.shape[-1]
+    sums = torch.bmm(first.transpose(1, 2), torch.cat([u.unsqueeze(-1) * others, others], dim=2))
+    return sums[..., :rest], sums[..., rest:]
+
+
+_ROUTES = {"sparse": _sparse_level_sums, "rows": _rows_level_sums, "dense": _dense_level_sums}
+
+
+def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
+    """Per-dimension frequencies of row-major flat positions inside a chunk."""
+    out = []
+    rem = idx
+    for size in reversed(dims):
+        out.append(rem % size)
+        rem = rem // size
+    return out[::-1]

@@ -1,0 +1,253 @@
+"""The orthonormal DCT-II by cached basis matrices (or an FFT for long axes), per axis, per tensor, per chunk.
+
+Everything here is plain torch and device-agnostic: bases are built once in float64 and cached per
+``(n, device, dtype)``; transforms are matrix products, so they run wherever the tensor lives. The
+basis cache (``_BASES``, its lock and byte count) lives here and nowhere else.
+
+Transform (docs/FORMAT.md §5.2). With ``D_N[f, n] = sqrt(2/N) cos(pi (2n + 1) f / (2N))`` for
+``f >= 1`` and ``D_N[0, n] = sqrt(1/N)``, a chunk of shape ``(n_1, ..., n_d)`` is transformed by a 1-D
+DCT along each of *its* dimensions — never across the chunk index of a batch of chunks. This equals
+``scipy.fft.dctn(x, norm="ortho")``; the inverse uses the transposed matrices.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+
+from .chunks import ChunkPlan, _prod, to_chunks
+
+__all__ = [
+    "BASIS_CACHE_BYTES",
+    "MATMUL_MAX_N",
+    "clear_basis_cache",
+    "dct",
+    "dct_basis",
+    "dct_chunks",
+    "dct_nd",
+    "encode_chunks",
+    "idct",
+    "idct_chunks",
+    "idct_nd",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Bases
+
+#: Axes up to this length are transformed by a cached basis matrix; longer ones (a 1-D chunk of up
+#: to 2^24 elements is a valid record) by an O(n log n) FFT, so no n×n matrix is ever built for them.
+MATMUL_MAX_N = 1024
+#: Bytes of bases the cache keeps (least recently used evicted first). Bounded so that records with
+#: many different chunk sizes cannot grow it without limit.
+BASIS_CACHE_BYTES = 256 << 20
+
+_BASES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_BASES_LOCK = threading.Lock()
+_cache_bytes = 0
+
+
+def _basis_f64(n: int) -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.float64)
+    d = torch.cos(math.pi * (2.0 * i[None, :] + 1.0) * i[:, None] / (2.0 * n))  # [f, n]
+    d *= math.sqrt(2.0 / n)
+    d[0] = math.sqrt(1.0 / n)
+    return d
+
+
+def _norm_device(device) -> torch.device:
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _cached(key: tuple, build) -> torch.Tensor:
+    global _cache_bytes
+    with _BASES_LOCK:
+        t = _BASES.get(key)
+        if t is not None:
+            _BASES.move_to_end(key)
+            return t
+    t = build()
+    size = t.numel() * t.element_size()
+    with _BASES_LOCK:
+        if key in _BASES:
+            return _BASES[key]
+        if size <= BASIS_CACHE_BYTES:
+            _BASES[key] = t
+            _cache_bytes += size
+            while _cache_bytes > BASIS_CACHE_BYTES:
+                _, old = _BASES.popitem(last=False)
+                _cache_bytes -= old.numel() * old.element_size()
+    return t
+
+
+def dct_basis(n: int, device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The orthonormal DCT-II matrix ``D_n`` (``X = D_n @ x``), cached per ``(n, device, dtype)``.
+
+    Built in float64 on the CPU and cast, so every device and dtype holds the same rounded basis.
+    The returned tensor is shared: do not modify it in place.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"DCT size must be >= 1, got {n}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"DCT basis dtype must be floating point, got {dtype}")
+    dev = _norm_device(device)
+    return _cached(("basis", n, dev, dtype), lambda: _basis_f64(n).to(device=dev, dtype=dtype))
+
+
+def _twiddle(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``s_k * exp(-i pi k / (2n))`` with the orthonormal scale ``s_k``, complex, for the FFT path."""
+
+    def build():
+        k = torch.arange(n, dtype=torch.float64)
+        s = torch.full((n,), math.sqrt(2.0 / n), dtype=torch.float64)
+        s[0] = math.sqrt(1.0 / n)
+        w = torch.polar(s, -math.pi * k / (2.0 * n))
+        return w.to(device=device, dtype=torch.complex128 if dtype == torch.float64 else torch.complex64)
+
+    return _cached(("twiddle", n, device, dtype), build)
+
+
+def clear_basis_cache() -> None:
+    """Forget every cached basis (frees their memory)."""
+    global _cache_bytes
+    with _BASES_LOCK:
+        _BASES.clear()
+        _cache_bytes = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms
+
+
+def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _dct_last_fft(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II along the last axis by one complex FFT (Makhoul's reordering)."""
+    n = x.shape[-1]
+    y = x.to(_fft_dtype(x.dtype))
+    v = torch.cat([y[..., ::2], y[..., 1::2].flip(-1)], dim=-1)
+    out = (torch.fft.fft(v, dim=-1) * _twiddle(n, y.device, y.dtype)).real
+    return out.to(x.dtype)
+
+
+def _idct_last_fft(X: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_dct_last_fft` along the last axis."""
+    n = X.shape[-1]
+    Y = X.to(_fft_dtype(X.dtype))
+    w = _twiddle(n, Y.device, Y.dtype)
+    c = Y / w.abs()  # undo the orthonormal scale: the cosine sums C_k
+    c_rev = torch.cat([torch.zeros_like(c[..., :1]), c.flip(-1)[..., :-1]], dim=-1)  # C_{n-k}, C_n = 0
+    # exp(-i pi k/2n) V_k = C_k - i C_{n-k}, so V_k = conj(w_k / s_k) (C_k - i C_{n-k})
+    v = torch.fft.ifft(torch.complex(c, -c_rev) * (w / w.abs()).conj(), dim=-1).real
+    m = (n + 1) // 2
+    out = torch.empty_like(v)
+    out[..., ::2] = v[..., :m]
+    out[..., 1::2] = v[..., m:].flip(-1)
+    return out.to(X.dtype)
+
+
+def _apply_last(x: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """The 1-D transform along the last axis of ``x``."""
+    n = x.shape[-1]
+    if n > MATMUL_MAX_N:
+        return _idct_last_fft(x) if inverse else _dct_last_fft(x)
+    d = dct_basis(n, x.device, x.dtype)
+    # forward: X[..., f] = sum_n D[f, n] x[..., n]; inverse: x[..., n] = sum_f D[f, n] X[..., f]
+    return x @ (d if inverse else d.T)
+
+
+def _apply_along(x: torch.Tensor, dim: int, inverse: bool) -> torch.Tensor:
+    return torch.movedim(_apply_last(torch.movedim(x, dim, -1), inverse), -1, dim)
+
+
+def _check_float(x: torch.Tensor) -> None:
+    if not x.is_floating_point():
+        raise TypeError(f"DCT needs a floating-point tensor, got {x.dtype}")
+
+
+def dct(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Orthonormal DCT-II of ``x`` along ``dim`` (``scipy.fft.dct(x, norm="ortho", axis=dim)``)."""
+    _check_float(x)
+    return _apply_along(x, dim, inverse=False)
+
+
+def idct(X: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Inverse of :func:`dct` along ``dim`` (orthonormal DCT-III)."""
+    _check_float(X)
+    return _apply_along(X, dim, inverse=True)
+
+
+def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tensor:
+    """1-D transforms along each of the last ``ndim`` dimensions of ``x``."""
+    _check_float(x)
+    if ndim > x.ndim:
+        raise ValueError(f"cannot transform {ndim} dimensions of a {x.ndim}-D tensor")
+    lead = x.ndim - ndim
+    shape = tuple(x.shape)
+    y = x.contiguous()
+    for axis in range(lead, x.ndim):
+        n = shape[axis]
+        if n > MATMUL_MAX_N:
+            y = _apply_along(y, axis, inverse).contiguous()
+            continue
+        d = dct_basis(n, y.device, y.dtype)
+        # forward: X[f] = sum_n D[f, n] x[n]; inverse: x[n] = sum_f D[f, n] X[f]. Each product keeps
+        # the layout (no permuted copies): the last axis as (rows, n) @ (n, n), any other axis as a
+        # batch of (n, n) @ (n, trailing) products.
+        if axis == x.ndim - 1:
+            y = (y.reshape(-1, n) @ (d if inverse else d.T)).reshape(shape)
+        else:
+            trailing = _prod(shape[axis + 1:])
+            y = torch.matmul(d.T if inverse else d, y.reshape(-1, n, trailing)).reshape(shape)
+    return y.reshape(shape)
+
+
+def dct_chunks(chunks: torch.Tensor) -> torch.Tensor:
+    """Transform a batch of chunks ``(num_chunks, *chunk_shape)``: an n-D DCT per chunk.
+
+    Each chunk is transformed along each of its own dimensions; dimension 0, the chunk index, is never
+    transformed, so changing one chunk changes only that chunk's coefficients.
+    """
+    if chunks.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(chunks.shape)}")
+    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False)
+
+
+def idct_chunks(coeffs: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`dct_chunks`."""
+    if coeffs.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(coeffs.shape)}")
+    return _transform_trailing(coeffs, coeffs.ndim - 1, inverse=True)
+
+
+def dct_nd(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal DCT-II along every dimension of ``x`` (``scipy.fft.dctn(x, norm="ortho")``)."""
+    if x.ndim == 0 or x.numel() == 0:
+        _check_float(x)
+        return x.clone()
+    return _transform_trailing(x.unsqueeze(0), x.ndim, inverse=False).squeeze(0)
+
+
+def idct_nd(X: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`dct_nd`."""
+    if X.ndim == 0 or X.numel() == 0:
+        _check_float(X)
+        return X.clone()
+    return _transform_trailing(X.unsqueeze(0), X.ndim, inverse=True).squeeze(0)
+
+
+
+def encode_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """The DCT coefficients ``(num_chunks, C)`` of ``x`` cut per ``plan`` (in ``x``'s dtype)."""
+    n = plan.num_chunks
+    chunks = to_chunks(x, plan).reshape(n, *plan.chunk_shape)
+    return dct_chunks(chunks).reshape(n, plan.chunk_numel)
