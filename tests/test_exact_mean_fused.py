@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gradwire
 from gradwire import _native
-from gradwire.algorithms import aggregate as agg
+from gradwire import aggregation as agg
 from gradwire.algorithms import exact_mean
 from gradwire.frame import read_frame, weighted_sum_fused
 

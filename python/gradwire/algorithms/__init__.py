@@ -10,8 +10,9 @@ process that applies the same frames in the same order holds the same bits.
   :func:`demo_update` (``-lr * sign(mean)`` plus decoupled weight decay).
 - SparseLoCo (:mod:`.sparseloco`): :class:`SparseLoCoState` (pseudo-gradient into a decaying error
   buffer, its compressed part sent), :class:`OuterStep` (the outer optimizer from the last synced weights).
-- :func:`exact_mean` (:mod:`.aggregate`): the bit-exact average of the senders' records;
-  :func:`exact_trimmed_mean` its coordinate-wise robust counterpart (trimmed mean, median).
+- :func:`exact_mean` (:mod:`gradwire.aggregation`, re-exported here): the bit-exact average of the
+  senders' records; :func:`exact_trimmed_mean` its coordinate-wise robust counterpart (trimmed mean,
+  median). That module holds every aggregation rule, for the server too.
 
 The transports (``gradwire.torch.DeMo`` / ``SparseLoCo`` on torch.distributed, the server, the client's
 ``Node``) only move frames; docs/ALGORITHMS.md gives the exactness argument.
@@ -19,7 +20,7 @@ The transports (``gradwire.torch.DeMo`` / ``SparseLoCo`` on torch.distributed, t
 
 from __future__ import annotations
 
-from .aggregate import exact_aggregate, exact_mean, exact_trimmed_mean, trim_count
+from ..aggregation import exact_aggregate, exact_mean, exact_trimmed_mean, trim_count
 from .demo import DeMoState, default_demo_codec, demo_update
 from .sparseloco import OuterStep, SparseLoCoState, default_sparseloco_codec
 

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..frame import Entry, decode_entry, weighted_sum_fused
+from .frame import Entry, decode_entry, weighted_sum_fused
 
 __all__ = ["exact_aggregate", "exact_mean", "exact_trimmed_mean", "trim_count"]
 
