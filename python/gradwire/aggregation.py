@@ -1,5 +1,25 @@
-"""The aggregation side shared by every algorithm: the bit-exact mean (or trimmed mean, or median) of the
-senders' records.
+"""The aggregation rules, in one place: how the senders' records of a round become one float32 tensor per
+name. The server (AdamW, DeMo and SparseLoCo runs), every node applying a published version
+(:mod:`gradwire.published`) and the torch.distributed optimizers all aggregate through this module.
+
+The rules (:data:`RULES`, the one list of their names):
+
+- ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``.
+- ``clipped_mean``: each update first scaled by ``cᵢ = min(1, median_norm / normᵢ)`` (:func:`clip_factors`),
+  the norms taken over the whole update (all tensors), then the weighted mean ``Σ wᵢ cᵢ uᵢ / Σ wᵢ``. A
+  rogue update can then weigh no more than a median one.
+- ``trimmed_mean``: per coordinate, drop the ``⌊trim_fraction · n⌋`` smallest and largest values and
+  average the rest.
+- ``median``: per coordinate, the middle value (the mean of the two middle ones when ``n`` is even).
+
+Staleness weights enter the two means only; the coordinate-wise rules give each update one vote.
+:func:`rule_weights` gives each sender's coefficient in a mean, :func:`trim_count` how many values a
+coordinate-wise rule drops from each end, :func:`weights_and_trim` both as a published version records
+them.
+
+**The bit-exact path** (:func:`exact_mean`, :func:`exact_trimmed_mean`, :func:`exact_aggregate`): what the
+server and every node compute for a DeMo/SparseLoCo version, and what the torch optimizers compute in rank
+order, so that every process holds the same bits.
 
 Why it is exact everywhere: each record is decoded with :func:`gradwire.decode_entry`, whose DCT decode
 computes its inverse transform in integers held exactly in float64 (``gradwire.dct.decode_levels``) and
@@ -15,7 +35,7 @@ out: the same bits, in less time.
 
 (The transform-domain sum of :class:`gradwire.codecs.dct.DCTAccumulator` is faster but ends in one
 float32 inverse transform, a matrix product whose rounding follows the BLAS and thread count: it is not
-used here.)
+used by the exact path.)
 
 :func:`exact_trimmed_mean` is the robust counterpart, coordinate by coordinate: drop the ``t`` smallest and
 ``t`` largest of the ``n`` decoded values, average the rest (``t = ⌈n/2⌉ − 1`` is the median). It is exact
@@ -23,18 +43,54 @@ for the same reasons: sorting returns the same values in the same order everywhe
 ``+0.0`` (the only distinct floats that compare equal; decoded values are finite), the kept values are
 summed in sorted order and the sum divided once by their count, each step one correctly rounded float32
 operation.
+
+**The transform-domain path** (:func:`transform_domain_sum`, which :func:`aggregate` uses for ``mean`` and
+``clipped_mean``): the server's AdamW mode, where speed is what counts. It sums in the codec's domain where
+the codec registered an accumulator (:mod:`gradwire.accumulate`): for the DCT, every sender's sparse
+coefficients are added into one coefficient array and one inverse transform runs per tensor, so a round
+costs the bytes received plus one transform, not senders × parameters. It is deterministic on one machine
+(a fixed order, no atomics) but not bit-exact across BLAS builds or thread counts, which is fine: the
+server is the only process that computes it (nodes receive its outcome as the published weight change,
+never recompute it). The coordinate-wise rules have no sparse form; :func:`aggregate` computes them with
+:func:`exact_trimmed_mean`, so an AdamW run's median or trimmed mean has the exact path's bits.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Optional, Sequence
 
 import torch
 
+from .accumulate import make_accumulator
 from .frame import Entry, decode_entry, weighted_sum_fused
 
-__all__ = ["exact_aggregate", "exact_mean", "exact_trimmed_mean", "trim_count"]
+__all__ = [
+    "RULES",
+    "aggregate",
+    "check_rule",
+    "clip_factors",
+    "exact_aggregate",
+    "exact_mean",
+    "exact_trimmed_mean",
+    "rule_weights",
+    "transform_domain_sum",
+    "trim_count",
+    "weights_and_trim",
+]
+
+#: Every aggregation rule's name; :func:`check_rule` is the one place a name is checked against it.
+RULES = ("mean", "clipped_mean", "trimmed_mean", "median")
+#: The rules that are a weighted mean of the senders' records (the others are coordinate-wise).
+_MEANS = ("mean", "clipped_mean")
+
+
+def check_rule(rule: str) -> str:
+    """``rule`` if it is one of :data:`RULES`, else ``ValueError``."""
+    if rule not in RULES:
+        raise ValueError(f"unknown aggregation rule {rule!r}; known: {', '.join(RULES)}")
+    return rule
 
 
 def exact_mean(
@@ -119,15 +175,13 @@ def trim_count(rule: str, n: int, trim_fraction: float = 0.0) -> int:
     mean of the two middle ones)."""
     if n < 1:
         raise ValueError(f"need at least one sender, got {n}")
-    if rule in ("mean", "clipped_mean"):
+    if check_rule(rule) in _MEANS:
         return 0
     if rule == "trimmed_mean":
         if not 0.0 <= trim_fraction < 0.5:
             raise ValueError(f"trim_fraction must lie in [0, 0.5), got {trim_fraction}")
         return min(math.floor(trim_fraction * n), (n - 1) // 2)
-    if rule == "median":
-        return (n - 1) // 2
-    raise ValueError(f"unknown aggregation rule {rule!r}")
+    return (n - 1) // 2  # median
 
 
 def exact_trimmed_mean(
@@ -170,3 +224,112 @@ def exact_aggregate(
     if trim:
         return exact_trimmed_mean(records, trim, device)
     return exact_mean(records, weights, device)
+
+
+# -- the rules' weights --------------------------------------------------------------------------
+
+
+def clip_factors(norms: Sequence[float]) -> list[float]:
+    """``min(1, median / norm)`` per update: every update is scaled to at most the median norm (an update
+    of norm 0 keeps factor 1)."""
+    if not norms:
+        return []
+    med = statistics.median(norms)
+    return [1.0 if n <= med or n == 0.0 else med / n for n in norms]
+
+
+def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None) -> list[float]:
+    """Each sender's coefficient in the ``mean`` or ``clipped_mean``: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
+    (staleness) ``weights`` and, for ``clipped_mean``, their update ``norms`` (``cᵢ`` from
+    :func:`clip_factors`; 1 for ``mean``). ``ValueError`` for a coordinate-wise rule."""
+    if check_rule(rule) not in _MEANS:
+        raise ValueError(f"rule {rule!r} is no weighted mean")
+    if rule == "clipped_mean":
+        if norms is None or len(norms) != len(weights):
+            raise ValueError(f"clipped_mean needs one norm per sender ({len(weights)}), got {norms!r}")
+        clip = clip_factors(norms)
+    else:
+        clip = [1.0] * len(weights)
+    total = sum(weights)
+    return [w * c / total for w, c in zip(weights, clip)]
+
+
+def weights_and_trim(
+    rule: str,
+    weights: Sequence[float],
+    norms: Optional[Sequence[float]] = None,
+    trim_fraction: float = 0.0,
+) -> tuple[list[float], int]:
+    """``(weights, trim)`` for a published version (DeMo, SparseLoCo; :func:`exact_aggregate` applies
+    them): the weighted means put everything in the weights (:func:`rule_weights`, trim 0); the
+    coordinate-wise rules trim :func:`trim_count` values from each end and ignore the weights, written
+    as the plain shares ``wᵢ / Σ wᵢ`` for the record."""
+    trim = trim_count(rule, len(weights), trim_fraction)
+    if rule in _MEANS:
+        return rule_weights(rule, weights, norms), trim
+    total = sum(weights)
+    return [w / total for w in weights], trim
+
+
+# -- the transform-domain path (the server's AdamW mode) -------------------------------------------
+
+
+def transform_domain_sum(
+    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
+) -> torch.Tensor:
+    """``Σ wᵢ · decode(entries[i])`` of one tensor's records, summed in the codec's domain where it
+    registered an accumulator (:func:`gradwire.accumulate.make_accumulator`), in the given order. Fast,
+    deterministic on one machine, not bit-exact across BLAS or thread counts (see the module docstring)."""
+    if not entries:
+        raise ValueError("transform_domain_sum needs at least one record")
+    acc = make_accumulator(entries[0], device)
+    for e, w in zip(entries, weights):
+        acc.add(e, w)
+    return acc.finish()
+
+
+def aggregate(
+    records: Sequence[Sequence[Entry]],
+    names: Sequence[str],
+    rule: str = "mean",
+    weights: Optional[Sequence[float]] = None,
+    norms: Optional[Sequence[float]] = None,
+    trim_fraction: float = 0.0,
+    device: Optional[torch.device] = None,
+) -> dict[str, torch.Tensor]:
+    """``{name: aggregate}`` of the senders' ``records`` under ``rule``, for each of ``names`` in that
+    order (the server's AdamW mode).
+
+    ``records[i]`` holds sender ``i``'s records, at least one for each of ``names``; ``weights`` are the
+    senders' (staleness) weights (default 1 each) and ``norms`` their update norms (``clipped_mean``
+    only). ``mean`` and ``clipped_mean`` run :func:`transform_domain_sum` with :func:`rule_weights`;
+    ``trimmed_mean`` and ``median`` run :func:`exact_trimmed_mean` with :func:`trim_count`'s trim (the
+    weights ignored). Senders are combined in the order given, so the caller fixes the result.
+    """
+    check_rule(rule)
+    n = len(records)
+    if n == 0:
+        raise ValueError("nothing to aggregate")
+    if weights is None:
+        weights = [1.0] * n
+    elif len(weights) != n:
+        raise ValueError(f"got {len(weights)} weights for {n} senders")
+    picked = _pick(records, names)
+    if rule in _MEANS:
+        coeffs = rule_weights(rule, weights, norms)
+        return {
+            name: transform_domain_sum([mine[j] for mine in picked], coeffs, device) for j, name in enumerate(names)
+        }
+    return exact_trimmed_mean(picked, trim_count(rule, n, trim_fraction), device)
+
+
+def _pick(records: Sequence[Sequence[Entry]], names: Sequence[str]) -> list[list[Entry]]:
+    """Each sender's records of ``names``, in that order; ``ValueError`` if a sender lacks one."""
+    out: list[list[Entry]] = []
+    for i, recs in enumerate(records):
+        mine = {e.name: e for e in recs}
+        missing = [name for name in names if name not in mine]
+        if missing:
+            raise ValueError(f"sender {i} sent no record of {missing[:5]}")
+        out.append([mine[name] for name in names])
+    return out
