@@ -1,0 +1,185 @@
+"""Each run's driver task, and closing a round: aggregate, step, publish; then checkpoints and pruning.
+
+A run's driver task closes the open round as soon as ``quorum`` distinct nodes submitted, or at
+``round_deadline_s`` after the round opened with at least ``min_updates`` (a straggler never holds a round
+past its deadline; with fewer the round stays open until ``min_updates`` arrive).
+
+Closing a round (:mod:`.transition`, in place on the run's :class:`~.transition.RunState`): aggregate →
+AdamW → ``diff = target − master`` compressed inside the run's one downlink
+:class:`~gradwire.ErrorFeedback` → ``master += reconstruction`` (what every node decodes from the frame,
+so everyone applying the same frames holds bit-identical weights) → durable publish: the frame, then the
+SQLite commit that makes version ``v + 1`` exist. DeMo and SparseLoCo runs apply the exact mean of the
+nodes' frames and publish those frames. If anything fails before the commit, the state (stepped in place)
+is reloaded from the store (:meth:`.recovery.Recovery.reload`), which gives back exactly the committed
+version.
+
+Checkpoints: the full state goes to disk every ``checkpoint_every`` versions (in the driver, after the
+version is published, so no round waits for it) and, for states up to
+``checkpoint_every_version_below_bytes``, with every version. Closing a round holds the run's lock, as
+recording an update does; heavy work runs in worker threads, the event loop only schedules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from .aggregate import Update
+from .metrics import Metrics
+from .runtime import RunRuntime
+from .settings import ServerSettings
+from .store import Store
+from .transition import Timings
+
+__all__ = ["Closed", "RoundDriver"]
+
+# The round engine's one logger, whichever of its modules logs.
+log = logging.getLogger("gradwire_server.rounds")
+
+
+@dataclass
+class Closed:
+    """What closing a round published, and what it cost."""
+
+    version: int
+    frame: bytes
+    weights_hash: str
+    opened_at: float
+    checkpoint: bool
+    timings: Timings
+    publish_s: float
+
+
+class RoundDriver:
+    """Every run's driver task, and the round closes, checkpoints and pruning it runs."""
+
+    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings,
+                 reload: Callable[[RunRuntime], None]):
+        self.store = store
+        self.metrics = metrics
+        self.settings = settings
+        #: Puts a run back in step with the store after a failed round close.
+        self._reload = reload
+        self._drivers: dict[str, asyncio.Task] = {}
+        self._stopping = False
+
+    def start(self, rt: RunRuntime) -> None:
+        """Start ``rt``'s driver task."""
+        self._drivers[rt.run_id] = asyncio.create_task(self._drive(rt), name=f"round-driver-{rt.run_id}")
+
+    async def stop(self, runs: Iterable[RunRuntime]) -> None:
+        """Stop the drivers after any round close in flight has finished (its commit is never cut)."""
+        self._stopping = True
+        for rt in runs:
+            rt.wake.set()
+        tasks = list(self._drivers.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
+        for task in tasks:
+            task.cancel()
+
+    def _ready(self, rt: RunRuntime, now: float) -> bool:
+        if rt.state is None or not rt.pending:
+            return False
+        if rt.distinct_nodes() >= rt.config.quorum:
+            return True
+        deadline = rt.deadline()
+        return deadline is not None and now >= deadline and len(rt.pending) >= rt.config.min_updates
+
+    async def _drive(self, rt: RunRuntime) -> None:
+        backoff = 0.0
+        while not self._stopping:
+            rt.wake.clear()
+            now = time.time()
+            if backoff == 0.0 and self._ready(rt, now):
+                try:
+                    await self.close_round(rt)
+                except Exception:
+                    log.exception("run %s: closing round %d failed; retrying", rt.run_id, rt.version)
+                    backoff = 1.0
+                continue
+            deadline = rt.deadline()
+            timeout = backoff or (None if deadline is None or deadline <= now else deadline - now)
+            try:
+                await asyncio.wait_for(rt.wake.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+            backoff = 0.0
+
+    async def close_round(self, rt: RunRuntime) -> Optional[Closed]:
+        """Aggregate the open round, step, publish the next version (``None`` if nothing is pending); then
+        write a checkpoint if one is due."""
+        async with rt.lock:
+            if not rt.pending or rt.state is None:
+                return None
+            # A fixed order (node id, then round) makes the aggregate independent of arrival order.
+            updates = [rt.pending[k] for k in sorted(rt.pending)]
+            t0 = time.perf_counter()
+            try:
+                closed = await asyncio.to_thread(self.close_and_publish, rt, updates)
+            except BaseException:
+                # The state was stepped in place up to wherever it failed: back to the committed version.
+                await asyncio.to_thread(self._reload, rt)
+                raise
+            opened_before = rt.opened_at
+            rt.version, rt.weights_hash, rt.opened_at = closed.version, closed.weights_hash, closed.opened_at
+            if closed.checkpoint:
+                rt.checkpoint = closed.version
+            rt.pending = {}
+            await asyncio.to_thread(self._prune, rt)
+            event, rt.published = rt.published, asyncio.Event()
+        event.set()
+        m = self.metrics
+        m.publish_seconds.observe(time.perf_counter() - t0)
+        m.aggregate_seconds.observe(closed.timings.aggregate)
+        if opened_before is not None:
+            m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
+        m.version.labels(run=rt.run_id).set(rt.version)
+        log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s",
+                 rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash)
+        if rt.version - rt.checkpoint >= self.settings.checkpoint_every:
+            await self.checkpoint(rt)
+        return closed
+
+    def close_and_publish(self, rt: RunRuntime, updates: list[Update]) -> Closed:
+        """Step ``rt.state`` in place through round ``rt.version`` and durably publish the next version
+        (with a checkpoint if the state is small). ``rt`` itself is left for the caller to update."""
+        state = rt.state
+        assert state is not None
+        state.timings = Timings()
+        frame = state.close_adamw(updates) if rt.config.algorithm == "adamw" else state.close_average(updates)
+        h = state.weights_hash()
+        opened = time.time()
+        t0 = time.perf_counter()
+        inline = state.state_bytes() <= self.settings.checkpoint_every_version_below_bytes
+        if inline:
+            self.store.write_checkpoint(rt.run_id, state.version, *state.checkpoint())
+        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline)
+        return Closed(state.version, frame, h, opened, inline, state.timings, time.perf_counter() - t0)
+
+    async def checkpoint(self, rt: RunRuntime) -> None:
+        """Write the full state of the current version and record it. Runs in the driver, after the version
+        was published and outside the lock (submissions go on meanwhile); nothing else steps the state
+        until it returns."""
+        state = rt.state
+        if state is None or rt.checkpoint == rt.version:
+            return
+        version, h = rt.version, rt.weights_hash
+        assert state.version == version and h is not None
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.store.write_checkpoint, rt.run_id, version, *state.checkpoint())
+        async with rt.lock:
+            await asyncio.to_thread(self.store.record_checkpoint, rt.run_id, version, h)
+            rt.checkpoint = version
+            await asyncio.to_thread(self._prune, rt)
+        log.info("run %s: checkpoint of version %d written in %.2f s", rt.run_id, version, time.perf_counter() - t0)
+
+    def _prune(self, rt: RunRuntime) -> None:
+        self.store.prune_versions(rt.run_id, rt.version, rt.config.keep_versions, rt.checkpoint)
+        keep_from = rt.keep_submissions_from()
+        if keep_from > rt.dropped_to:
+            self.store.drop_submissions(rt.run_id, rt.dropped_to, keep_from)
+            rt.dropped_to = keep_from

@@ -1,0 +1,82 @@
+"""A run's live state in the server (:class:`RunRuntime`), and an update staged for its next group commit.
+
+Every part of the round engine (:mod:`.rounds`) works on it: :mod:`.recovery` builds it from the store,
+:mod:`.submissions` adds acknowledged updates to it, :mod:`.driver` closes its rounds. Its ``lock`` is the
+one lock of the run: recording an update and closing a round both hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from gradwire.frame import Frame
+
+from .aggregate import Update
+from .config import RunConfig
+from .transition import RunState
+
+__all__ = ["RunRuntime"]
+
+
+@dataclass
+class RunRuntime:
+    """A run's live state. ``state`` is stepped in place by the driver alone (under ``lock``)."""
+
+    run_id: str
+    config: RunConfig
+    version: int = 0
+    weights_hash: Optional[str] = None
+    opened_at: Optional[float] = None
+    state: Optional[RunState] = None
+    #: The last checkpoint recorded in the store, and the target round below which submission frames
+    #: were deleted.
+    checkpoint: int = 0
+    dropped_to: int = 0
+    pending: dict[tuple[int, int], Update] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    published: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Updates validated and written, waiting for the next group commit, and the task committing them.
+    staged: list["_Staged"] = field(default_factory=list)
+    committer: Optional[asyncio.Task] = None
+
+    @property
+    def master(self) -> Optional[dict[str, torch.Tensor]]:
+        return None if self.state is None else self.state.master
+
+    @property
+    def spec(self) -> dict[str, tuple[int, ...]]:
+        return {} if self.master is None else {n: tuple(t.shape) for n, t in self.master.items()}
+
+    @property
+    def dense_bytes(self) -> int:
+        return 0 if self.master is None else sum(4 * t.numel() for t in self.master.values())
+
+    def distinct_nodes(self) -> int:
+        return len({node for node, _ in self.pending})
+
+    def deadline(self) -> Optional[float]:
+        return None if self.opened_at is None else self.opened_at + self.config.round_deadline_s
+
+    def keep_submissions_from(self) -> int:
+        """AdamW replays rounds from the checkpoint on from their submissions; the others need only the
+        open round's."""
+        return self.checkpoint if self.config.algorithm == "adamw" else self.version
+
+
+@dataclass
+class _Staged:
+    """An update validated and written to disk, waiting for its group commit (and ``answer``)."""
+
+    node_id: int
+    round: int
+    sha: str
+    body: bytes
+    frame: Frame
+    norm: float
+    weight: float = 1.0
+    answer: Optional[asyncio.Future] = None

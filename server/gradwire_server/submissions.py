@@ -1,0 +1,189 @@
+"""Recording updates: staging in the validation pool, the duplicate and round checks, group commit.
+
+Each update is hashed, validated and written (fsynced) in one worker thread of its own, in a pool of one
+thread per core by default (:meth:`Submissions._stage`); updates then commit in groups
+(:meth:`Submissions._commit_groups`): the ones that arrive while a commit is in flight share the next
+one, so a burst of submissions costs one directory fsync and one SQLite commit per group, not per update.
+
+Concurrency: the commit holds the run's ``asyncio.Lock``, as closing a round does, and checks the update
+again there (the round may have closed, a concurrent request may have recorded the same node and round),
+so an update is either counted in the round being closed or refused as late — never acknowledged and
+then lost. Each answer comes only after the commit that holds its row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+from gradwire.model_record import run_spec
+
+from .aggregate import Update
+from .errors import Reason, Rejected
+from .metrics import Metrics
+from .runtime import RunRuntime, _Staged
+from .settings import ServerSettings
+from .store import Store, SubmissionRecord
+from .validate import validate_update
+
+__all__ = ["Submissions"]
+
+# The round engine's one logger, whichever of its modules logs.
+log = logging.getLogger("gradwire_server.rounds")
+
+
+class Submissions:
+    """Every run's submissions: validated in a pool of threads, then recorded by group commits."""
+
+    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings):
+        self.store = store
+        self.metrics = metrics
+        # Submissions are validated in a pool of their own, one thread per core by default: validation
+        # is mostly Python and NumPy holding the GIL, and more threads than cores only make the event
+        # loop wait longer for the GIL.
+        self._validators = ThreadPoolExecutor(max_workers=settings.validate_threads or os.cpu_count() or 1,
+                                              thread_name_prefix="gradwire-validate")
+
+    def close(self) -> None:
+        """Stop the validation pool (at shutdown; queued validations are cancelled)."""
+        self._validators.shutdown(wait=False, cancel_futures=True)
+
+    def _existing(self, rt: RunRuntime, node_id: int, round: int, sha: str) -> Optional[dict]:
+        """The 202 answer if these bytes were already recorded; 409 if other bytes were.
+
+        The open round's updates are all in ``rt.pending`` (an update for round ``r`` counts in round
+        ``r`` or, if stale, a later one), so only an earlier round's needs the store.
+        """
+        update = rt.pending.get((node_id, round))
+        if update is not None:
+            recorded = update.sha256
+        elif round < rt.version:
+            rec = self.store.get_submission(rt.run_id, node_id, round)
+            if rec is None:
+                return None
+            recorded = rec.sha256
+        else:
+            return None
+        if recorded != sha:
+            raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}")
+        return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending)}
+
+    def _weight_for(self, rt: RunRuntime, round: int) -> float:
+        """1.0 for the open round; a staleness weight or a refusal for another one."""
+        if round == rt.version:
+            return 1.0
+        if round > rt.version:
+            raise Rejected(Reason.ROUND_NOT_OPEN, f"round {round} is not open; the open round is {rt.version}")
+        if rt.config.late_policy == "staleness":
+            # An update computed `s` versions ago counts with weight 1 / (1 + s) in the open round.
+            return 1.0 / (1 + rt.version - round)
+        raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed; the open round is {rt.version}")
+
+    async def submit(self, rt: RunRuntime, node_id: int, round: int, body: bytes) -> dict:
+        """Validate and durably record one update of ``rt`` (a run with a state); the answer means it will
+        be counted exactly once."""
+        # Read on the event loop: a failed round close reloads the state in a worker thread.
+        spec = rt.spec
+        record = run_spec(rt.master).record_name if rt.config.model_record else None
+        staged = await asyncio.get_running_loop().run_in_executor(
+            self._validators, functools.partial(self._stage, rt, spec, record, node_id, round, body))
+        if isinstance(staged, dict):
+            return staged
+        # Shielded: once recording has begun, a client that hangs up must not leave a durable record
+        # that the open round does not count.
+        answer = await asyncio.shield(self._commit_with_group(rt, staged))
+        if not answer["duplicate"]:
+            self.metrics.updates_accepted.inc()
+            self.metrics.compression_ratio.set(rt.dense_bytes / max(1, len(body)))
+        return answer
+
+    def _stage(self, rt: RunRuntime, spec, record: Optional[str], node_id: int, round: int,
+               body: bytes) -> "_Staged | dict":
+        """In a worker thread, everything one update needs before its commit: the content hash, the early
+        refusals (a duplicate is answered here, before any parsing), full validation, and the frame's
+        file written and fsynced. What it reads of ``rt`` is checked again under the lock at the commit."""
+        sha = hashlib.sha256(body).hexdigest()
+        dup = self._existing(rt, node_id, round, sha)
+        if dup is not None:
+            return dup
+        self._weight_for(rt, round)  # refuse late or early updates before parsing them
+        t0 = time.perf_counter()
+        frame, norm = validate_update(body, spec, node_id=node_id, round=round,
+                                      max_frame_bytes=rt.config.max_frame_bytes,
+                                      max_update_norm=rt.config.max_update_norm, model_record=record)
+        self.metrics.decode_seconds.observe(time.perf_counter() - t0)
+        # The name carries the content hash, so concurrent submissions never share a file.
+        self.store.write_submission(rt.run_id, round, node_id, sha, body)
+        return _Staged(node_id, round, sha, body, frame, norm)
+
+    async def _commit_with_group(self, rt: RunRuntime, staged: "_Staged") -> dict:
+        """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
+        while a commit is in flight wait for it and then share the next one: one directory fsync and one
+        SQLite transaction for the group, each 202 still only after the commit that holds its row."""
+        staged.answer = asyncio.get_running_loop().create_future()
+        rt.staged.append(staged)
+        if rt.committer is None or rt.committer.done():
+            rt.committer = asyncio.create_task(self._commit_groups(rt), name=f"group-commit-{rt.run_id}")
+        return await staged.answer
+
+    async def _commit_groups(self, rt: RunRuntime) -> None:
+        while rt.staged:
+            async with rt.lock:
+                # Taken under the lock: whatever arrived while a round close or the last commit held it
+                # joins this group.
+                group, rt.staged = rt.staged, []
+                await self._commit_group(rt, group)
+            rt.wake.set()
+
+    async def _commit_group(self, rt: RunRuntime, group: list["_Staged"]) -> None:
+        """Under the run's lock: the checks again (the round may have closed, a concurrent request may have
+        recorded the same node and round), then one commit for every update still accepted."""
+        accepted: dict[tuple[int, int], _Staged] = {}
+        duplicates: list[_Staged] = []
+        now = time.time()
+        for s in group:
+            try:
+                first = accepted.get((s.node_id, s.round))
+                if first is not None:
+                    if first.sha != s.sha:
+                        raise Rejected(Reason.CONFLICTING_SUBMISSION,
+                                       f"node {s.node_id} already submitted a different update for round {s.round}")
+                    duplicates.append(s)
+                    continue
+                dup = self._existing(rt, s.node_id, s.round, s.sha)
+                if dup is not None:
+                    s.answer.set_result(dup)
+                    continue
+                s.weight = self._weight_for(rt, s.round)
+            except Rejected as exc:
+                s.answer.set_exception(exc)
+                continue
+            accepted[(s.node_id, s.round)] = s
+        recs = [SubmissionRecord(rt.run_id, s.node_id, s.round, rt.version, s.sha, len(s.body), s.weight, s.norm, now)
+                for s in accepted.values()]
+        if recs:
+            self.metrics.commit_group_size.observe(len(recs))
+            try:
+                await asyncio.to_thread(self.store.commit_submissions, recs)
+            except BaseException as exc:
+                # None of the group is recorded (one transaction): each request gets the error (a 500; the
+                # client may retry), and the next group is committed as usual.
+                log.exception("run %s: committing %d update(s) failed", rt.run_id, len(recs))
+                for s in [*accepted.values(), *duplicates]:
+                    s.answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError("commit interrupted"))
+                if not isinstance(exc, Exception):
+                    raise
+                return
+        for s in accepted.values():
+            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha)
+        submitted = len(rt.pending)
+        for s in accepted.values():
+            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": False, "submitted": submitted})
+        for s in duplicates:
+            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": True, "submitted": submitted})
