@@ -128,7 +128,7 @@ def test_gradient_of_a_closed_round_goes_back_into_the_residual(live_server):
     assert slow.rounds_missed == 1
     for name, g in grads.items():
         # Nothing of this gradient was applied, so all of it waits in the residual for the next step.
-        torch.testing.assert_close(slow.feedback.residual(name), g, rtol=0, atol=1e-6)
+        torch.testing.assert_close(slow.side.feedback.residual(name), g, rtol=0, atol=1e-6)
     assert state_hash(slow.params) == state_hash(fast.params) == admin.status(run_id)["weights_hash"]
 
 
@@ -140,7 +140,7 @@ def test_restarted_node_with_a_different_frame_waits_for_the_round(live_server):
     codec = gradwire.make_codec("dct", **DCT["params"])
     before = Node(GradwireClient(live_server.url, token1), run_id, digits_mlp(16), codec, id1)
     before.sync()
-    before.client.submit(run_id, 0, before.feedback.encode_bundle(_grads(before.module, 1), round=0, sender=id1))
+    before.client.submit(run_id, 0, before.side.feedback.encode_bundle(_grads(before.module, 1), round=0, sender=id1))
 
     # The same node after a restart: fresh residuals, so a different frame for round 0 (409).
     restarted = Node(GradwireClient(live_server.url, token1), run_id, digits_mlp(16), codec, id1, wait=10)
@@ -161,7 +161,7 @@ def test_restarted_node_with_a_different_frame_waits_for_the_round(live_server):
     assert admin.status(run_id)["version"] == 1
     assert state_hash(restarted.params) == state_hash(other.params) == admin.status(run_id)["weights_hash"]
     for name, g in grads.items():
-        torch.testing.assert_close(restarted.feedback.residual(name), g, rtol=0, atol=1e-6)
+        torch.testing.assert_close(restarted.side.feedback.residual(name), g, rtol=0, atol=1e-6)
 
 
 def test_node_rides_out_a_server_crash_without_losing_its_acknowledged_update(live_server):

@@ -149,3 +149,71 @@ def test_nothing_reaches_code_through_sys_path():
         if path != Path(__file__).resolve() and ("sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())
     ]
     assert not hits, hits
+
+
+# -- docs/ARCHITECTURE.md's table "The library, top to bottom" against the measured imports -----------
+
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
+
+
+def _library_table() -> dict[str, set[str]]:
+    """``{row key: the names in its "imports (of gradwire)" cell}``: a key is a module (``frame``,
+    ``torch/optimizers``) or a package with everything in it that has no row of its own (``codecs/``)."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("## The library, top to bottom", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        key = cells[0].split("`")[1]
+        rows[key] = set(cells[2].split("`")[1::2])
+    return rows
+
+
+def _row_of(module: str, keys: list[str]) -> str | None:
+    """The row whose key names ``module`` most closely (``gradwire.`` omitted, dots as slashes)."""
+    rel = module.removeprefix(LIBRARY).lstrip(".").replace(".", "/")
+    best = None
+    for key in keys:
+        if rel == key.rstrip("/") or (key.endswith("/") and rel.startswith(key)):
+            if best is None or len(key) > len(best):
+                best = key
+    return best
+
+
+def test_the_architecture_table_maps_every_library_module_and_its_imports():
+    graph = _graph()
+    table = _library_table()
+    skip = {"__init__"}  # the public API: it re-exports "the above"
+    keys = [k for k in table if k not in skip]
+    library = sorted(m for m in graph if m.startswith(LIBRARY + ".") or m == LIBRARY)
+    unmapped = [m for m in library if m != LIBRARY and _row_of(m, keys) is None]
+    assert not unmapped, f"modules missing from docs/ARCHITECTURE.md's library table: {unmapped}"
+
+    measured: dict[str, set[str]] = {k: set() for k in keys}
+    for module in library:
+        if module == LIBRARY:
+            continue
+        row = _row_of(module, keys)
+        for dep in graph[module]:
+            if dep.startswith(LIBRARY + "."):
+                target = _row_of(dep, keys)
+                if target is not None and target != row:
+                    measured[row].add(target)
+    wrong = []
+    for key in keys:
+        documented = {_row_of(f"{LIBRARY}.{name}", keys) for name in table[key]}
+        documented.discard(key)
+        if documented != measured[key]:
+            wrong.append(f"`{key}`: table says {sorted(d or '?' for d in documented)}, imports are {sorted(measured[key])}")
+    assert not wrong, "docs/ARCHITECTURE.md's library table is out of date:\n" + "\n".join(wrong)
+
+
+def test_the_architecture_table_check_sees_a_wrong_row():
+    keys = ["frame", "codecs/", "torch/", "torch/optimizers"]
+    assert _row_of("gradwire.codecs.dct", keys) == "codecs/"
+    assert _row_of("gradwire.torch.optimizers", keys) == "torch/optimizers"
+    assert _row_of("gradwire.torch.hooks", keys) == "torch/"
+    assert _row_of("gradwire.frame", keys) == "frame"
+    assert _row_of("gradwire.state", keys) is None

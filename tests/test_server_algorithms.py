@@ -77,7 +77,7 @@ def test_demo_nodes_hold_the_servers_weights_after_every_version(live_server):
     assert status["version"] == 6
     # Every node checked the hash after each version; they end on the server's weights, bit for bit.
     assert {state_hash(n.params) for n in nodes} == {status["weights_hash"]}
-    assert all(n.algorithm == "demo" and n.demo is not None for n in nodes)
+    assert all(n.algorithm.name == "demo" and n.side.state.momenta for n in nodes)
     # The downlink of a version is a small header plus the round's node frames, not a dense model.
     dense = 4 * sum(p.numel() for p in nodes[0].module.parameters())
     assert nodes[0].bytes_received < 6 * dense
@@ -118,7 +118,7 @@ def test_a_median_demo_run_publishes_the_trim_and_nodes_hold_the_servers_weights
     # three nodes, median: each coordinate's middle value, which a node alone cannot move
     admin, run_id = _run(live_server.url, live_server.admin_token,
                          {"algorithm": "demo", "quorum": 3, "demo": {"lr": 3e-3, "beta": 0.9},
-                          "aggregation": {"rule": "median"}})
+                          "aggregation": {"rule": "median"}, "publish": "frames"})
     nodes = [_node(live_server.url, admin, run_id) for _ in range(3)]
     before = _loss(nodes[0].module, 99, 0).item()
     _together(nodes, steps=4)

@@ -23,7 +23,12 @@ ROUNDS, CRASH_ROUND = 7, 5  # the crash comes two versions after checkpoint 3
 
 ADAMW = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
 SPARSELOCO = {"algorithm": "sparseloco",
-              "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}
+              "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
+              "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 4, "value_bits": 2}}}
+SPARSELOCO_FRAMES = {**SPARSELOCO, "publish": "frames"}
+#: Frames per published version: AdamW's diff; SparseLoCo's header and the server's re-encoded frame; or
+#: the header and the two node frames verbatim.
+PER_VERSION = {"adamw": 1, "sparseloco": 2, "sparseloco-frames": 3}
 
 
 def _frame(rnd: int, node_id: int) -> bytes:
@@ -52,8 +57,9 @@ def _checkpoints(srv, run) -> set[str]:
     return {p.name for p in (srv.data_dir / "runs" / run.run_id / "weights").iterdir()}
 
 
-@pytest.mark.parametrize("config", [ADAMW, SPARSELOCO], ids=["adamw", "sparseloco"])
-def test_kill_between_checkpoints_replays_to_the_uninterrupted_run(tmp_path, config):
+@pytest.mark.parametrize("mode", list(PER_VERSION))
+def test_kill_between_checkpoints_replays_to_the_uninterrupted_run(tmp_path, mode):
+    config = {"adamw": ADAMW, "sparseloco": SPARSELOCO, "sparseloco-frames": SPARSELOCO_FRAMES}[mode]
     with LiveServer(tmp_path / "data", env=REPLAY_ENV) as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             ref = make_run(c, srv.admin_token, n_nodes=2, quorum=2, **config)
@@ -80,7 +86,7 @@ def test_kill_between_checkpoints_replays_to_the_uninterrupted_run(tmp_path, con
         # Version 6 was a checkpoint: the one state on disk, and no frame before version 1 is lost to it.
         assert _checkpoints(srv, run) == {"v000000006.safetensors"}
     frames, weights_hash, state, algorithm = got
-    per_version = 1 if config is ADAMW else 3  # SparseLoCo: the weights header and the two node frames
+    per_version = PER_VERSION[mode]
     assert len(frames) == len(want[0]) == ROUNDS * per_version
     for i, (a, b) in enumerate(zip(frames, want[0])):
         assert a == b, f"version {1 + i // per_version}: the restarted run published a different frame"

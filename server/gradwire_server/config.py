@@ -1,19 +1,29 @@
-"""``RunConfig``: everything a run fixes when it is created (docs/API.md)."""
+"""``RunConfig``: everything a run fixes when it is created (docs/API.md).
+
+The algorithms' sections are the library's config dataclasses (``gradwire.algorithms``), one field per
+registered algorithm (its ``config_field``: ``optimizer`` for adamw, ``demo``, ``sparseloco``), added from
+the registry: a new algorithm needs no change here.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
+from gradwire.aggregation import RULES
+from gradwire.algorithms import DEFAULT_ALGORITHM, AdamWConfig, Algorithm, DeMoConfig, SparseLoCoConfig, algorithm_names, algorithms, \
+    get_algorithm
 from gradwire.frame import MIN_FRAME_BYTES
 
 __all__ = ["ALGORITHMS", "AggregationConfig", "CodecConfig", "DeMoConfig", "OptimizerConfig", "RunConfig",
            "SparseLoCoConfig"]
 
-#: How a run trains (docs/ALGORITHMS.md).
-ALGORITHMS = ("adamw", "demo", "sparseloco")
+#: How a run trains (docs/ALGORITHMS.md): every registered algorithm.
+ALGORITHMS = algorithm_names()
+#: AdamW's config, under the name the server used before the registry (also SparseLoCo's ``inner``).
+OptimizerConfig = AdamWConfig
 
 
 class CodecConfig(BaseModel):
@@ -41,74 +51,35 @@ class CodecConfig(BaseModel):
         return gradwire.build_codec(self.codec, **params)
 
 
-class OptimizerConfig(BaseModel):
-    """AdamW on the fp32 master weights, with linear warm-up then a constant or cosine schedule."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_rounds: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    total_rounds: Optional[int] = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> "OptimizerConfig":
-        if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
-        if self.schedule == "cosine" and self.total_rounds is None:
-            raise ValueError("schedule 'cosine' needs total_rounds")
-        return self
-
-
 class AggregationConfig(BaseModel):
     """The rule that turns a round's updates into one gradient."""
 
     model_config = ConfigDict(extra="forbid")
 
-    rule: Literal["mean", "clipped_mean", "trimmed_mean", "median"] = "mean"
+    rule: Literal[RULES] = "mean"  # type: ignore[valid-type]
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
 
 
-class DeMoConfig(BaseModel):
-    """DeMo: nodes send the top-k DCT of their decoupled momentum; everyone applies ``-lr·sign(mean)``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(1e-3, gt=0, description="The sign step (also scales the momentum's input, lr·grad).")
-    beta: float = Field(0.999, ge=0.0, lt=1.0, description="Momentum decay.")
-    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled: p ← p·(1 − lr·weight_decay).")
-
-
-class SparseLoCoConfig(BaseModel):
-    """SparseLoCo: nodes take ``sync_every`` local steps, then send their compressed pseudo-gradient."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sync_every: int = Field(32, ge=1, description="Local (inner) steps per round.")
-    inner: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Each node's local AdamW.")
-    error_decay: float = Field(0.95, ge=0.0, le=1.0, description="Decay of each node's error buffer.")
-    outer_lr: float = Field(1.0, gt=0)
-    outer_momentum: float = Field(0.0, ge=0.0, lt=1.0, description="DiLoCo's recipe: 0.9 with outer_lr 0.7.")
-    nesterov: bool = False
-
-
-class RunConfig(BaseModel):
+class _RunConfigBase(BaseModel):
     """A run's configuration; every field has a default."""
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["adamw", "demo", "sparseloco"] = Field(
-        "adamw", description="adamw: the server steps AdamW on the mean gradient and sends the compressed weight "
-                             "diff; demo / sparseloco: the server averages the nodes' frames and publishes them "
-                             "(docs/ALGORITHMS.md).")
-    demo: DeMoConfig = Field(default_factory=DeMoConfig)
-    sparseloco: SparseLoCoConfig = Field(default_factory=SparseLoCoConfig)
+    algorithm: Literal[ALGORITHMS] = Field(  # type: ignore[valid-type]
+        DEFAULT_ALGORITHM, description="; ".join(f"{a.name}: {a.summary}" for a in algorithms()) + " (docs/ALGORITHMS.md).")
     uplink: CodecConfig = Field(default_factory=CodecConfig)
-    downlink: CodecConfig = Field(default_factory=CodecConfig)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    downlink: CodecConfig = Field(
+        default_factory=CodecConfig,
+        description="What the server's versions are compressed with: adamw's weight diff, or the re-encoded "
+                    "aggregate of publish='aggregate'. When absent, the algorithm's own default (demo, "
+                    "sparseloco: their nodes' top-k DCT codec), else a 64×64 DCT keeping 32 coefficients.")
+    publish: Literal["aggregate", "frames"] = Field(
+        "aggregate",
+        description="Algorithms whose versions publish a mean (demo, sparseloco). 'aggregate': the server "
+                    "computes the round's exact (robust) aggregate, re-encodes it with the downlink codec and its "
+                    "own error feedback, and publishes that one frame, so a node's downlink does not grow with "
+                    "the node count; 'frames': the round's node frames verbatim (n frames per version). adamw "
+                    "runs always publish their compressed weight diff.")
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     quorum: int = Field(1, ge=1, description="Aggregate as soon as this many distinct nodes submitted.")
     min_updates: int = Field(1, ge=1, description="At the deadline, aggregate if at least this many updates.")
@@ -118,13 +89,62 @@ class RunConfig(BaseModel):
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(
-        False, description="demo / sparseloco: nodes send the whole model as one record (its tensors as float32, "
-                           "flattened in sorted name order, named after the spec's hash: docs/FORMAT.md section 9), "
-                           "so a frame's headers do not grow with the tensor count. The server refuses frames of "
-                           "any other form (tensor_mismatch).")
+        False, description="Algorithms whose versions publish a mean (demo, sparseloco): nodes send the whole "
+                           "model as one record (its tensors as float32, flattened in sorted name order, named "
+                           "after the spec's hash: docs/FORMAT.md section 9), so a frame's headers do not grow "
+                           "with the tensor count. The server refuses frames of any other form (tensor_mismatch).")
+
+    @property
+    def algorithm_spec(self) -> Algorithm:
+        """The run's registered algorithm (``gradwire.algorithms.get_algorithm``)."""
+        return get_algorithm(self.algorithm)
+
+    def algorithm_config(self) -> Any:
+        """The run's algorithm's config (its section of this config, a library dataclass)."""
+        return getattr(self, self.algorithm_spec.config_field)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_downlink(cls, data: Any) -> Any:
+        """A config that names no downlink gets its algorithm's default, if the algorithm has one."""
+        if not isinstance(data, dict) or "downlink" in data:
+            return data
+        try:
+            algo = get_algorithm(data.get("algorithm", DEFAULT_ALGORITHM))
+            default = algo.default_downlink(data.get(algo.config_field))
+        except (TypeError, ValueError):
+            return data  # the fields' own validation reports what is wrong
+        if default is None:
+            return data
+        return {**data, "downlink": {"codec": default[0], "params": default[1]}}
+
+    @property
+    def replays_from_submissions(self) -> bool:
+        """Whether replaying a version after a restart re-runs the server's own encoding (AdamW's diff, a
+        re-encoded aggregate, each with the server's error feedback), so it needs the round's logged
+        submissions, not only the published bytes."""
+        return self.algorithm_spec.publication == "diff" or self.reencodes
+
+    @property
+    def reencodes(self) -> bool:
+        """Whether the server re-encodes a ``"mean"`` version's aggregate (``publish='aggregate'``)."""
+        return self.algorithm_spec.publication == "mean" and self.publish == "aggregate"
 
     @model_validator(mode="after")
-    def _check_model_record(self) -> "RunConfig":
-        if self.model_record and self.algorithm == "adamw":
-            raise ValueError("model_record is for the demo and sparseloco algorithms (adamw runs send a record per tensor)")
+    def _check_model_record(self) -> "_RunConfigBase":
+        if self.model_record and not self.algorithm_spec.takes_model_record:
+            takers = [a.name for a in algorithms() if a.takes_model_record]
+            raise ValueError(f"model_record is for the {' and '.join(takers)} algorithms "
+                             f"({self.algorithm} runs send a record per tensor)")
         return self
+
+
+#: One section per registered algorithm, of the library's config type, defaults throughout.
+RunConfig = create_model(
+    "RunConfig",
+    __base__=_RunConfigBase,
+    __module__=__name__,
+    **{a.config_field: (a.config_type, Field(default_factory=a.config_type, description=a.config_type.__doc__))
+       for a in algorithms()},
+)
+RunConfig.__doc__ = _RunConfigBase.__doc__

@@ -150,7 +150,7 @@ class RoundDriver:
         state = rt.state
         assert state is not None
         state.timings = Timings()
-        frame = state.close_adamw(updates) if rt.config.algorithm == "adamw" else state.close_average(updates)
+        frame = state.close(updates)
         h = state.weights_hash()
         opened = time.time()
         t0 = time.perf_counter()

@@ -78,7 +78,7 @@ class Recovery:
         if state_hash(weights) != rec.checkpoint_hash:
             raise RuntimeError(f"run {run_id}: the weights file of checkpoint {c} does not match its hash")
         moments = self.store.load_tensors(run_id, "moments", c)
-        if config.algorithm == "adamw" and moments is None and c > 0:
+        if config.algorithm_spec.publication == "diff" and moments is None and c > 0:
             raise RuntimeError(f"run {run_id}: the moments of checkpoint {c} are missing")
         state = RunState.load(config, c, weights, moments, self.store.load_server_state(run_id, c), self.device)
         if rec.version == c:
@@ -87,18 +87,16 @@ class Recovery:
         diverged = []
         for v in range(c, rec.version):
             published = self.store.diff_path(run_id, v + 1).read_bytes()
-            if config.algorithm == "adamw":
-                if not state.replay_adamw([u for _, u in self._logged_updates(run_id, v)], published):
-                    diverged.append(v + 1)
-            else:
-                state.replay_average(published)
+            logged = lambda v=v: [u for _, u in self._logged_updates(run_id, v)]  # noqa: E731
+            if not state.replay(logged, published):
+                diverged.append(v + 1)
         if state.weights_hash() != rec.weights_hash:
             raise RuntimeError(f"run {run_id}: replaying versions {c + 1}..{rec.version} from checkpoint {c} "
                                "does not give the committed weights hash")
         if diverged:
             log.warning("run %s: replaying versions %s made frames other than the published ones (another thread "
                         "count or BLAS?): the weights are exact (the published frames applied), AdamW's moments "
-                        "and the downlink residuals may differ in their last bits from the original run",
+                        "and the downlink error buffer may differ in their last bits from the original run",
                         run_id, diverged)
         log.info("run %s: replayed versions %d..%d from checkpoint %d in %.2f s", run_id, c + 1, rec.version, c,
                  time.perf_counter() - t0)

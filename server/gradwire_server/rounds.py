@@ -158,8 +158,7 @@ class RoundEngine:
         async with rt.lock:
             self._require_state(rt)
             version, h = rt.version, rt.weights_hash
-            kept = rt.state.algorithm_state
-            public = {"outer": kept["outer"]} if "outer" in kept else {}
+            public = rt.config.algorithm_spec.public_state(rt.state.algorithm_state)
             data = await asyncio.to_thread(pack_state_dict, public)
         return data, version, h
 

@@ -63,9 +63,9 @@ class RunRuntime:
         return None if self.opened_at is None else self.opened_at + self.config.round_deadline_s
 
     def keep_submissions_from(self) -> int:
-        """AdamW replays rounds from the checkpoint on from their submissions; the others need only the
-        open round's."""
-        return self.checkpoint if self.config.algorithm == "adamw" else self.version
+        """Runs whose replay re-runs the server's own encoding (AdamW's diff, a re-encoded aggregate) keep
+        the submissions from the checkpoint on; the others need only the open round's."""
+        return self.checkpoint if self.config.replays_from_submissions else self.version
 
 
 @dataclass

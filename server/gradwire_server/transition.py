@@ -7,14 +7,16 @@ moments and the downlink :class:`~gradwire.ErrorFeedback` (``adamw`` runs), or t
 round allocates nothing the size of the model — so a step that fails half-way leaves the state unusable;
 the round engine then reloads it from the store.
 
-- ``adamw``: aggregate (transform domain) → AdamW (:mod:`.optim`) → ``diff = target − master`` compressed
+Which step a run takes is its algorithm's publication kind (``gradwire.algorithms``; never its name):
+
+- ``"diff"`` (``adamw``): aggregate (transform domain) → AdamW (:mod:`.optim`) → ``diff = target − master`` compressed
   inside the downlink error feedback → ``master += reconstruction``, the codec's reconstruction being
   exactly what every node decodes from the frame (``Codec.compress``'s contract), so nothing is decoded
   twice. :meth:`RunState.close_adamw` makes the frame; :meth:`RunState.replay_adamw` runs the same code on
   the logged submissions and checks that it makes the frame that was published.
-- ``demo`` / ``sparseloco``: the weighted exact mean of the node frames, applied with
-  :func:`gradwire.published.apply_mean` — what every node runs — and published as those frames.
-  Replaying needs only the published frame.
+- ``"mean"`` (``demo`` / ``sparseloco``): the weighted exact mean of the node frames, applied with
+  :func:`gradwire.published.apply_mean` (the algorithm's ``apply``) — what every node runs — and
+  published as those frames. Replaying needs only the published frame.
 
 On the CPU (and on one GPU) the same inputs give the same bits, so the replay after a crash reproduces
 the weights, the moments and the downlink state of the uninterrupted run (the weights are exact in any
@@ -26,14 +28,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.algorithms import exact_aggregate
 from gradwire.frame import SERVER_SENDER, write_frame
-from gradwire.published import apply_mean, read_published, write_published
+from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.state import apply_update, state_hash
 
 from .aggregate import Update, aggregate, published_weights
@@ -90,14 +92,40 @@ class RunState:
         """The state from a checkpoint's tensors (moments ``None``: zeros, as at version 0)."""
         master = {n: weights[n].to(device=device, dtype=torch.float32).contiguous() for n in sorted(weights)}
         state = cls(config, version, master)
-        if config.algorithm == "adamw":
+        server_state = dict(server_state)
+        downlink = server_state.pop("downlink", {})
+        if state.publishes_diffs:
             state.moments = (AdamWState.zeros_like(master) if moments is None
                              else AdamWState.from_tensors(moments, step=version, device=device))
+        state.algorithm_state = _to_device(server_state, device)
+        if state.publishes_diffs or config.reencodes:
             state.downlink = ErrorFeedback(config.downlink.build())
-            state.downlink.load_state_dict(_to_device(server_state.get("downlink", {}), device))
-        else:
-            state.algorithm_state = _to_device(dict(server_state), device)
+            state.downlink.load_state_dict(_to_device(downlink, device))
         return state
+
+    @property
+    def publishes_diffs(self) -> bool:
+        """Whether the run's versions are the server's compressed weight diffs (its algorithm's publication
+        is ``"diff"``), rather than node records whose mean everyone applies (``"mean"``)."""
+        return self.config.algorithm_spec.publication == "diff"
+
+    def close(self, updates: Sequence[Update]) -> bytes:
+        """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
+        by the run's publication kind."""
+        return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
+
+    def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:
+        """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
+        ``"diff"`` runs need them). ``False`` if a ``"diff"`` step made another frame (see
+        :meth:`replay_adamw`)."""
+        if self.publishes_diffs:
+            return self.replay_adamw(updates(), published)
+        if self.config.reencodes:
+            return self.replay_reencoded(updates(), published)
+        self.replay_average(published)
+        return True
+
+
 
     @property
     def device(self) -> torch.device:
@@ -156,11 +184,49 @@ class RunState:
     # -- demo / sparseloco ------------------------------------------------------------------------
 
     def close_average(self, updates: Sequence[Update]) -> bytes:
-        """Round ``version`` closed from ``updates`` (sorted): the published frames of ``version + 1``."""
+        """Round ``version`` closed from ``updates`` (sorted): the bytes of ``version + 1`` — the
+        re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         agg = self.config.aggregation
         weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
-        self._average([u.frame.entries for u in updates], weights, trim)
+        records = [u.frame.entries for u in updates]
+        if self.config.reencodes:
+            published, _ = self._reencoded_version(records, weights, trim)
+            self.replay_average(published)
+            return published
+        self._average(records, weights, trim)
         return write_published(self.version, [u.raw for u in updates], weights, trim)
+
+    def _reencoded_version(self, records: Sequence[Sequence], weights: Sequence[float],
+                           trim: int) -> tuple[bytes, dict[str, torch.Tensor]]:
+        """The exact (robust) aggregate of ``records``, plus the downlink error buffer, compressed with the
+        downlink codec (the buffer keeps the rest): ``(the version's bytes, each record's reconstruction)``.
+        Only the aggregate reaches the buffer, so a node can move it no more than the rule lets it move
+        the aggregate."""
+        assert self.downlink is not None
+        clock = _Clock(self.timings)
+        mean = exact_aggregate(records, weights, trim, device=self.device)
+        clock.lap("aggregate")
+        done = self.downlink.compress_bundle_reconstructed({n: mean[n] for n in sorted(mean)})
+        published = write_published_aggregate(self.version + 1, [e for e, _ in done.values()], len(records))
+        clock.lap("encode")
+        return published, {n: r for n, (_, r) in done.items()}
+
+    def replay_reencoded(self, updates: Sequence[Update], published: bytes) -> bool:
+        """Re-run the re-encoding that published ``published`` from the same logged updates, then apply the
+        published bytes. ``True`` if it made the same bytes (then the error buffer is the uninterrupted
+        run's, bit for bit); otherwise the difference between ours and the published reconstruction is
+        handed back to the buffer, as :meth:`replay_adamw` does."""
+        agg = self.config.aggregation
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
+        ours, recon = self._reencoded_version([u.frame.entries for u in updates], weights, trim)
+        same = ours == published
+        if not same:
+            (version,) = read_published(published)
+            sent = version.mean(device=self.device)
+            assert self.downlink is not None
+            self.downlink.take_back({n: recon[n] - sent[n] for n in recon})
+        self.replay_average(published)
+        return same
 
     def replay_average(self, published: bytes) -> None:
         (version,) = read_published(published)
@@ -172,7 +238,7 @@ class RunState:
         clock = _Clock(self.timings)
         mean = exact_aggregate(records, weights, trim, device=self.device)
         clock.lap("aggregate")
-        self.algorithm_state = apply_mean(self.config.algorithm, self.config.model_dump(mode="json"),
+        self.algorithm_state = apply_mean(self.config.algorithm, self.config.algorithm_config(),
                                           self.master, mean, self.algorithm_state)
         self.version += 1
         clock.lap("apply")
@@ -190,14 +256,17 @@ class RunState:
         before the next step)."""
         weights = {n: t.detach().cpu() for n, t in self.master.items()}
         moments = {} if self.moments is None else {k: t.cpu() for k, t in self.moments.to_tensors().items()}
-        server_state = ({"downlink": self.downlink.state_dict()} if self.downlink is not None
-                        else self.algorithm_state)
+        server_state = dict(self.algorithm_state)
+        if self.downlink is not None:
+            server_state["downlink"] = self.downlink.state_dict()
         return weights, moments, server_state
 
     def state_bytes(self) -> int:
         """Bytes of a checkpoint: the weights, plus the moments and the downlink residuals of AdamW runs."""
         weights = _tensor_bytes(self.master)
-        return 4 * weights if self.config.algorithm == "adamw" else weights + _tensor_bytes(self.algorithm_state)
+        if self.publishes_diffs:
+            return 4 * weights
+        return weights * (2 if self.downlink is not None else 1) + _tensor_bytes(self.algorithm_state)
 
 
 def _tensor_bytes(state: Any) -> int:

@@ -1,38 +1,54 @@
-"""Training algorithms written once, for every transport.
+"""Training algorithms written once, for every transport, found through one registry.
 
-Each algorithm is split into its *node side* (form a frame's records from local state; apply a received
-aggregate) and its *aggregation side* (combine the senders' records). The node side keeps its own state
-(momenta, error buffers, the outer optimizer) with ``state_dict()`` / ``load_state_dict()``; the
-aggregation side is :func:`exact_mean`, a fixed sequence of elementwise float32 operations, so every
-process that applies the same frames in the same order holds the same bits.
+Each algorithm is one :class:`Algorithm` object registered under its name (:mod:`.base`): its config
+type (which the server's ``RunConfig`` reuses), its node side (:class:`NodeSide`: form a frame's records
+from local state, with ``state_dict()``), what a version publishes and how a version is applied. The
+transports — ``gradwire.torch.DeMo`` / ``SparseLoCo`` on torch.distributed, the server, the client's
+``Node``, :mod:`gradwire.published` — look algorithms up with :func:`get_algorithm` and never test a name.
 
-- DeMo (:mod:`.demo`): :class:`DeMoState` (momentum, DCT top-k of it sent, the rest kept),
-  :func:`demo_update` (``-lr * sign(mean)`` plus decoupled weight decay).
-- SparseLoCo (:mod:`.sparseloco`): :class:`SparseLoCoState` (pseudo-gradient into a decaying error
-  buffer, its compressed part sent), :class:`OuterStep` (the outer optimizer from the last synced weights).
-- :func:`exact_mean` (:mod:`gradwire.aggregation`, re-exported here): the bit-exact average of the
-  senders' records; :func:`exact_trimmed_mean` its coordinate-wise robust counterpart (trimmed mean,
-  median). That module holds every aggregation rule, for the server too.
+- AdamW on the server (:mod:`.adamw`, ``"adamw"``): :class:`AdamWConfig`; nodes send gradients with
+  error feedback, the server publishes its compressed weight diff.
+- DeMo (:mod:`.demo`, ``"demo"``): :class:`DeMoConfig`, :class:`DeMoState` (momentum, DCT top-k of it
+  sent, the rest kept), :func:`demo_update` (``-lr * sign(mean)`` plus decoupled weight decay).
+- SparseLoCo (:mod:`.sparseloco`, ``"sparseloco"``): :class:`SparseLoCoConfig`,
+  :class:`SparseLoCoState` (pseudo-gradient into a decaying error buffer, its compressed part sent),
+  :class:`OuterStep` (the outer optimizer from the last synced weights).
 
-The transports (``gradwire.torch.DeMo`` / ``SparseLoCo`` on torch.distributed, the server, the client's
-``Node``) only move frames; docs/ALGORITHMS.md gives the exactness argument.
+The aggregation side is :mod:`gradwire.aggregation` (the bit-exact mean, the robust rules), re-exported
+here; docs/ALGORITHMS.md gives the exactness argument.
 """
 
 from __future__ import annotations
 
 from ..aggregation import exact_aggregate, exact_mean, exact_trimmed_mean, trim_count
-from .demo import DeMoState, default_demo_codec, demo_update
-from .sparseloco import OuterStep, SparseLoCoState, default_sparseloco_codec
+from .adamw import ADAMW, AdamWConfig
+from .base import DEFAULT_ALGORITHM, Algorithm, NodeSide, algorithm_names, algorithms, config_from_json, get_algorithm, register
+from .demo import DEMO, DeMoConfig, DeMoState, default_demo_codec, demo_update
+from .sparseloco import SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState, default_sparseloco_codec
 
 __all__ = [
+    "ADAMW",
+    "DEFAULT_ALGORITHM",
+    "Algorithm",
+    "AdamWConfig",
+    "DEMO",
+    "DeMoConfig",
     "DeMoState",
+    "NodeSide",
     "OuterStep",
+    "SPARSELOCO",
+    "SparseLoCoConfig",
     "SparseLoCoState",
+    "algorithm_names",
+    "algorithms",
+    "config_from_json",
     "default_demo_codec",
     "default_sparseloco_codec",
     "demo_update",
     "exact_aggregate",
     "exact_mean",
     "exact_trimmed_mean",
+    "get_algorithm",
+    "register",
     "trim_count",
 ]

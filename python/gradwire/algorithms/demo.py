@@ -9,7 +9,7 @@ weight decay (:func:`demo_update`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, MutableMapping, Optional
 
 import torch
 
@@ -18,8 +18,26 @@ from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
+from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
-__all__ = ["DeMoState", "default_demo_codec", "demo_update"]
+__all__ = ["DEMO", "DeMoConfig", "DeMoState", "default_demo_codec", "demo_codec_params", "demo_update"]
+
+
+@frozen_config
+class DeMoConfig:
+    """DeMo: nodes send the top-k DCT of their decoupled momentum; everyone applies ``-lr·sign(mean)``."""
+
+    lr: float = 1e-3
+    """The sign step (also scales the momentum's input, lr·grad)."""
+    beta: float = 0.999
+    """Momentum decay, in [0, 1)."""
+    weight_decay: float = 0.0
+    """Decoupled: p ← p·(1 − lr·weight_decay)."""
+
+    def __post_init__(self) -> None:
+        check_number(self.lr, "demo.lr", low=0.0, low_open=True)
+        check_number(self.beta, "demo.beta", low=0.0, high=1.0, high_open=True)
+        check_number(self.weight_decay, "demo.weight_decay", low=0.0)
 
 
 def default_demo_codec() -> Codec:
@@ -29,7 +47,13 @@ def default_demo_codec() -> Codec:
     On a 1024×1024 float32 weight a record takes about 12 KB: ≥ 300× fewer bytes than the 4 MiB of fp32
     (measured in tests/test_algorithms.py; docs/ALGORITHMS.md has the numbers).
     """
-    return DCTCodec(chunk_shape=(64, 64), topk=32, mode="tiles", index_coding="auto", value_bits=1)
+    return DCTCodec(**demo_codec_params())
+
+
+def demo_codec_params() -> dict[str, Any]:
+    """The keyword parameters of :func:`default_demo_codec` (as ``gradwire.build_codec("dct", **params)``
+    takes them; also the default downlink of a DeMo run's re-encoded aggregate)."""
+    return {"chunk_shape": [64, 64], "topk": 32, "mode": "tiles", "index_coding": "auto", "value_bits": 1}
 
 
 class DeMoState:
@@ -110,3 +134,57 @@ def demo_update(
             if weight_decay:
                 p.mul_(1.0 - lr * weight_decay)
             p.add_(torch.sign(m.to(p.device)).to(p.dtype), alpha=-lr)
+
+
+class DeMoNode(NodeSide):
+    """A node of a DeMo run: its momenta (:class:`DeMoState`), each step's records, the replica."""
+
+    def __init__(self, config: DeMoConfig, codec: Codec, params: MutableMapping[str, torch.Tensor], model_spec=None):
+        self.config = config
+        self.state = DeMoState(codec, beta=config.beta)
+        self.params = params
+        self.model_spec = model_spec
+
+    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> list[Entry]:
+        if grads is None:
+            raise ValueError("a DeMo node sends its momentum every step: pass the gradients")
+        same_names(list(grads), list(self.params), "gradients")
+        grads = ordered(grads)
+        if self.model_spec is not None:
+            grads = {self.model_spec.record_name: self.model_spec.flatten(grads)}
+        return self.state.compress(grads, self.config.lr)
+
+    def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
+        self.state.take_back(sent)
+
+    def target(self) -> MutableMapping[str, torch.Tensor]:
+        return self.params
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.state.load_state_dict(state)
+
+
+class DeMoAlgorithm(Algorithm):
+    name = "demo"
+    config_field = "demo"
+    config_type = DeMoConfig
+    publication = "mean"
+    takes_model_record = True
+    summary = "nodes send the top-k DCT of their decoupled momentum; everyone applies -lr·sign(mean)"
+
+    def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
+        return "dct", demo_codec_params()
+
+    def node(self, config, codec, params, module=None, model_spec=None) -> DeMoNode:
+        return DeMoNode(self.config(config), codec, params, model_spec)
+
+    def apply(self, config, weights, mean, state) -> dict[str, Any]:
+        config = self.config(config)
+        demo_update(weights, mean, config.lr, config.weight_decay)
+        return {}
+
+
+DEMO = register(DeMoAlgorithm())

@@ -10,6 +10,7 @@ everyone's new weights.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, MutableMapping, Optional
 
@@ -20,8 +21,43 @@ from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
+from .adamw import AdamWConfig
+from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
-__all__ = ["OuterStep", "SparseLoCoState", "default_sparseloco_codec"]
+__all__ = ["OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState", "default_sparseloco_codec",
+           "sparseloco_codec_params"]
+
+
+@frozen_config
+class SparseLoCoConfig:
+    """SparseLoCo: nodes take ``sync_every`` local steps, then send their compressed pseudo-gradient."""
+
+    sync_every: int = 32
+    """Local (inner) steps per round."""
+    inner: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
+    """Each node's local AdamW (its schedule fields are not used)."""
+    error_decay: float = 0.95
+    """Decay of each node's error buffer, in [0, 1]."""
+    outer_lr: float = 1.0
+    """The outer step's learning rate (> 0)."""
+    outer_momentum: float = 0.0
+    """DiLoCo's recipe: 0.9 with outer_lr 0.7."""
+    nesterov: bool = False
+    """Nesterov momentum for the outer step (needs outer_momentum > 0)."""
+
+    def __post_init__(self) -> None:
+        check_number(self.sync_every, "sparseloco.sync_every", low=1, integer=True)
+        if not isinstance(self.inner, AdamWConfig):
+            raise ValueError(f"sparseloco.inner must be an AdamWConfig, got {type(self.inner).__name__}")
+        check_number(self.error_decay, "sparseloco.error_decay", low=0.0, high=1.0)
+        check_number(self.outer_lr, "sparseloco.outer_lr", low=0.0, low_open=True)
+        check_number(self.outer_momentum, "sparseloco.outer_momentum", low=0.0, high=1.0, high_open=True)
+        if not isinstance(self.nesterov, bool):
+            raise ValueError(f"sparseloco.nesterov must be a boolean, got {self.nesterov!r}")
+
+    def outer_step(self) -> "OuterStep":
+        """A fresh :class:`OuterStep` of this config."""
+        return OuterStep(self.outer_lr, self.outer_momentum, self.nesterov)
 
 #: The largest per-chunk budget of the default codec (SparseLoCo's own: 64 of each 64×64 chunk's 4096).
 DEFAULT_TOPK = 64
@@ -47,13 +83,19 @@ def default_sparseloco_codec(sync_every: int = 32) -> Codec:
     ``sync_every >= 2``, 16 for ``sync_every == 1``. Measured on a 1024×1024 weight in
     tests/test_algorithms.py.
     """
+    return DCTCodec(**sparseloco_codec_params(sync_every))
+
+
+def sparseloco_codec_params(sync_every: int = 32) -> dict[str, Any]:
+    """The keyword parameters of :func:`default_sparseloco_codec` (as ``gradwire.build_codec("dct",
+    **params)`` takes them; also the default downlink of a SparseLoCo run's re-encoded aggregate)."""
     sync_every = int(sync_every)
     if sync_every < 1:
         raise ValueError(f"sync_every must be >= 1, got {sync_every}")
     k = DEFAULT_TOPK
     while k > 1 and 4 * _TILE * sync_every / _estimated_chunk_bytes(k) < _TARGET_RATIO:
         k //= 2
-    return DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles", index_coding="auto", value_bits=2)
+    return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2}
 
 
 class SparseLoCoState:
@@ -163,3 +205,98 @@ class OuterStep:
 
     def __repr__(self) -> str:
         return f"OuterStep(outer_lr={self.outer_lr}, momentum={self.momentum}, nesterov={self.nesterov})"
+
+
+class SparseLoCoNode(NodeSide):
+    """A node of a SparseLoCo run: the inner AdamW over the module, the error buffers
+    (:class:`SparseLoCoState`), and the anchor — the weights of the last synced version, which published
+    versions step and which then become the replica."""
+
+    needs_algorithm_state = True
+    reads_module_grads = True
+
+    def __init__(self, config: SparseLoCoConfig, codec: Codec, params: MutableMapping[str, torch.Tensor],
+                 module: Optional[torch.nn.Module], model_spec=None):
+        if module is None:
+            raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
+        self.config = config
+        self.state = SparseLoCoState(codec, error_decay=config.error_decay)
+        self.inner = torch.optim.AdamW(module.parameters(), **config.inner.torch_kwargs())
+        self.module = module
+        self.params = params
+        self.model_spec = model_spec
+        self.anchor: dict[str, torch.Tensor] = {}
+        self.local_steps = 0
+
+    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> Optional[list[Entry]]:
+        """One inner step (on ``grads`` if given, else the module's ``.grad``); every ``sync_every``-th
+        step, the records of the pseudo-gradient since the anchor."""
+        if grads is not None:
+            params = dict(self.module.named_parameters())
+            for name, g in grads.items():
+                params[name].grad = g
+        self.inner.step()
+        self.local_steps += 1
+        if self.local_steps % self.config.sync_every:
+            return None
+        if self.model_spec is None:
+            return self.state.compress(self.anchor, self.params)
+        spec = self.model_spec
+        return self.state.compress({spec.record_name: spec.flatten(ordered(self.anchor))},
+                                   {spec.record_name: spec.flatten(ordered(self.params))})
+
+    def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
+        self.state.take_back(sent)
+
+    def target(self) -> MutableMapping[str, torch.Tensor]:
+        return self.anchor
+
+    def loaded(self) -> None:
+        self.anchor = {n: t.detach().clone() for n, t in self.params.items()}
+
+    def synced(self) -> None:
+        # The local steps since the last sync are replaced by the synced weights.
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(self.anchor[n])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"node": self.state.state_dict(), "inner": self.inner.state_dict(),
+                "anchor": save_tensors(self.anchor), "local_steps": self.local_steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        state = sd.fields(state, "SparseLoCo node state", ("node", "inner", "anchor", "local_steps"))
+        anchor = load_tensors(state["anchor"], "anchor")
+        same_names(list(anchor), list(self.params), "the saved anchor's tensors")
+        self.state.load_state_dict(state["node"])
+        self.inner.load_state_dict(state["inner"])
+        self.anchor = anchor
+        self.local_steps = int(state["local_steps"])
+
+
+class SparseLoCoAlgorithm(Algorithm):
+    name = "sparseloco"
+    config_field = "sparseloco"
+    config_type = SparseLoCoConfig
+    publication = "mean"
+    takes_model_record = True
+    summary = ("nodes take sync_every local AdamW steps, then send their compressed pseudo-gradient with "
+               "error feedback; everyone applies the outer step to the last synced weights")
+
+    def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
+        return "dct", sparseloco_codec_params(self.config(config).sync_every)
+
+    def node(self, config, codec, params, module=None, model_spec=None) -> SparseLoCoNode:
+        return SparseLoCoNode(self.config(config), codec, params, module, model_spec)
+
+    def apply(self, config, weights, mean, state) -> dict[str, Any]:
+        outer = self.config(config).outer_step()
+        outer.load_state_dict(state.get("outer", {"buffers": {}}))
+        outer.apply(weights, mean)
+        return {"outer": outer.state_dict()}
+
+    def public_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        return {"outer": state["outer"]} if "outer" in state else {}
+
+
+SPARSELOCO = register(SparseLoCoAlgorithm())

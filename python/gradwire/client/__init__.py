@@ -1,0 +1,46 @@
+"""The client side of the aggregation server (docs/API.md).
+
+- :mod:`.http_client`: :class:`GradwireClient`, one method per endpoint of REST API v1, with retries;
+  the downlink bodies (:class:`UpdateBatch`, :class:`PublishedBatch`, :func:`split_frames`).
+- :mod:`.errors`: a typed error per way a request fails (:class:`GradwireHTTPError` and its subclasses).
+- :mod:`.node`: :class:`Node`, the per-step helper of a training loop, for every registered algorithm.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    AuthError,
+    ConflictError,
+    FrameRejectedError,
+    GradwireClientError,
+    GradwireConnectionError,
+    GradwireHTTPError,
+    NotFoundError,
+    OutOfSyncError,
+    ProtocolError,
+    RequestRejectedError,
+    RoundClosedError,
+    TooFarBehindError,
+)
+from .http_client import GradwireClient, PublishedBatch, UpdateBatch, split_frames
+from .node import Node
+
+__all__ = [
+    "AuthError",
+    "ConflictError",
+    "FrameRejectedError",
+    "GradwireClient",
+    "GradwireClientError",
+    "GradwireConnectionError",
+    "GradwireHTTPError",
+    "Node",
+    "NotFoundError",
+    "OutOfSyncError",
+    "ProtocolError",
+    "PublishedBatch",
+    "RequestRejectedError",
+    "RoundClosedError",
+    "TooFarBehindError",
+    "UpdateBatch",
+    "split_frames",
+]

@@ -1,0 +1,338 @@
+"""The HTTP client of the aggregation server (docs/API.md): one reused connection, retries, typed errors.
+
+:class:`GradwireClient` mirrors every endpoint of REST API v1. Errors the server answers with a 4xx carry
+its ``{"error", "detail"}`` body and surface as a :class:`~gradwire.client.GradwireHTTPError` subclass
+chosen by status and reason (:mod:`.errors`).
+
+Retries: connection errors, 429 and 5xx are retried with capped, jittered exponential back-off. A
+request that may already have reached the server (a read timeout, a dropped connection, a 5xx) is
+retried only where repeating it is harmless: reads, ``put_state`` and frame submission, which the
+server makes idempotent (the same bytes for the same node and round answer ``duplicate=true``).
+Creating runs and registering nodes are retried only when the request surely never arrived (the
+connection could not be opened) or the server refused it outright (429, 503).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import httpx
+import torch
+
+from ..errors import FrameError
+from ..frame import SERVER_SENDER, Frame, Limits, frame_length, read_frame
+from ..protocol import API_PREFIX, HASH_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER
+from ..published import Published, read_published
+from ..state import state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
+from .errors import GradwireConnectionError, OutOfSyncError, ProtocolError, http_error
+
+__all__ = ["GradwireClient", "PublishedBatch", "UpdateBatch", "split_frames"]
+
+_OCTET = {"Content-Type": OCTET_STREAM}
+
+
+# ---------------------------------------------------------------------------------------------
+# Downlink bodies
+
+
+@dataclass
+class UpdateBatch:
+    """The answer to ``updates(since=v)``: the frames publishing versions v+1 … ``version``, in order."""
+
+    frames: list[bytes]
+    version: int
+    weights_hash: str
+
+
+@dataclass
+class PublishedBatch:
+    """The answer to ``published(since=v)``: versions v+1 … ``version`` of a DeMo or SparseLoCo run."""
+
+    versions: list[Published]
+    version: int
+    weights_hash: str
+    nbytes: int
+
+
+def split_frames(body: bytes, *, limits: Optional[Limits] = None) -> list[bytes]:
+    """Cut concatenated frames apart at each header's ``total_len``; every frame is fully checked.
+
+    Raises :class:`~gradwire.FrameError` for a body that is not a whole number of valid frames
+    (truncated, trailing bytes, garbage, a bad CRC).
+    """
+    return [chunk for chunk, _ in _read_frames(body, limits)]
+
+
+def _read_frames(body: bytes, limits: Optional[Limits]) -> list[tuple[bytes, Frame]]:
+    lim = limits or Limits()
+    view = memoryview(body)
+    frames: list[tuple[bytes, Frame]] = []
+    offset = 0
+    while offset < len(view):
+        try:
+            total_len = frame_length(view[offset:])
+        except FrameError as exc:
+            raise FrameError(f"frame {len(frames)} at byte {offset}: {exc}") from None
+        chunk = bytes(view[offset : offset + total_len])
+        frames.append((chunk, read_frame(chunk, limits=lim)))  # magic, version, structure and CRC
+        offset += total_len
+    return frames
+
+
+def _header_int(response: httpx.Response, name: str) -> int:
+    value = response.headers.get(name)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"response lacks a valid {name} header (got {value!r})") from None
+
+
+def _header_str(response: httpx.Response, name: str) -> str:
+    value = response.headers.get(name)
+    if not value:
+        raise ProtocolError(f"response lacks the {name} header")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+# Transport errors after which the request surely never reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class GradwireClient:
+    """A client of one gradwire server, authenticated by one bearer token (a node's or the admin's).
+
+    ``timeout`` bounds each request (a long poll gets its ``wait`` on top); ``retries`` is how many times
+    a failed attempt is repeated; ``backoff`` the first delay in seconds, doubled each time, jittered and
+    capped at ``max_backoff``. ``transport`` is handed to :class:`httpx.Client` (e.g. a mounted
+    ``httpx.HTTPTransport`` with custom socket options). Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.25,
+        max_backoff: float = 10.0,
+        transport: Optional[httpx.BaseTransport] = None,
+    ):
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.url = url.rstrip("/")
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
+        self._jitter = random.Random()
+        #: Body bytes sent and received through this client (requests that got an answer).
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "GradwireClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _delay(self, attempt: int, response: Optional[httpx.Response]) -> float:
+        delay = min(self.max_backoff, self.backoff * (2**attempt))
+        delay *= 0.5 + 0.5 * self._jitter.random()  # jitter: nodes that failed together retry apart
+        if response is not None:
+            # A 429/503 may say how long to stay away; honour it, within the cap.
+            try:
+                delay = max(delay, min(self.max_backoff, float(response.headers.get("Retry-After", ""))))
+            except ValueError:
+                pass
+        return delay
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        frame_request: bool = False,
+        extra_timeout: float = 0.0,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        timeout = httpx.Timeout(self.timeout + extra_timeout, connect=self.timeout)
+        sent = len(kwargs.get("content") or b"")
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(method, path, timeout=timeout, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt >= self.retries or not (idempotent or isinstance(exc, _NOT_SENT)):
+                    raise GradwireConnectionError(
+                        f"{method} {self.url}{path}: {type(exc).__name__}: {exc} (after {attempt + 1} attempts)"
+                    ) from exc
+                time.sleep(self._delay(attempt, None))
+                attempt += 1
+                continue
+            self.bytes_sent += sent
+            self.bytes_received += len(response.content)
+            status = response.status_code
+            retryable = status == 429 or status == 503 or (status >= 500 and idempotent)
+            if retryable and attempt < self.retries:
+                time.sleep(self._delay(attempt, response))
+                attempt += 1
+                continue
+            if status >= 400:
+                raise http_error(response, frame_request=frame_request)
+            return response
+
+    # -- service ---------------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        """``GET /healthz``: ``{"status": "ok"}`` while the process is alive."""
+        return self._request("GET", "/healthz", idempotent=True).json()
+
+    def ready(self) -> bool:
+        """``GET /readyz`` without retries: True once the store is open and recovery is done."""
+        try:
+            response = self._http.get("/readyz", timeout=self.timeout)
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition."""
+        return self._request("GET", "/metrics", idempotent=True).text
+
+    # -- runs (admin) ----------------------------------------------------------------------------
+
+    def create_run(self, config: Optional[Mapping[str, Any]] = None) -> str:
+        """``POST /v1/runs`` with a RunConfig (every field optional); returns the new run id."""
+        response = self._request("POST", f"{API_PREFIX}/runs", idempotent=False, json=dict(config or {}))
+        return str(response.json()["run_id"])
+
+    def put_state(self, run_id: str, state: Mapping[str, torch.Tensor]) -> dict:
+        """``PUT /v1/runs/{run_id}/state``: the initial model; returns ``{"version": 0, "weights_hash"}``."""
+        body = state_to_bytes(state)
+        return self._request(
+            "PUT", f"{API_PREFIX}/runs/{run_id}/state", idempotent=True, content=body, headers=_OCTET
+        ).json()
+
+    def register_node(self, run_id: str, name: Optional[str] = None) -> tuple[int, str]:
+        """``POST /v1/runs/{run_id}/nodes``; returns ``(node_id, token)`` — the token is shown only once."""
+        body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
+        return int(body["node_id"]), str(body["token"])
+
+    def status(self, run_id: str) -> dict:
+        """``GET /v1/runs/{run_id}``: version, open round, weights hash, submissions, config."""
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}", idempotent=True).json()
+
+    # -- rounds (node) ---------------------------------------------------------------------------
+
+    def submit(self, run_id: str, round: int, frame: bytes) -> dict:
+        """``POST`` a bundle frame to round ``round``; returns ``{"round", "node_id", "duplicate", "submitted"}``.
+
+        The answer comes only once the server has durably recorded the frame. Resubmitting the same
+        bytes is harmless (``duplicate=true``), which is why this call retries after any failure.
+        """
+        response = self._request(
+            "POST",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{int(round)}/updates",
+            idempotent=True,
+            frame_request=True,
+            content=bytes(frame),
+            headers=_OCTET,
+        )
+        return response.json()
+
+    def updates(
+        self, run_id: str, since: int, wait: Optional[float] = None, *, limits: Optional[Limits] = None
+    ) -> UpdateBatch:
+        """``GET`` the downlink frames publishing versions ``since+1`` … current, each one checked.
+
+        With ``wait`` the server holds the request up to that many seconds (≤ 60) for a version newer
+        than ``since``. Raises :class:`TooFarBehindError` when those diffs are no longer kept,
+        :class:`~gradwire.FrameError` for a body that is not valid frames and :class:`ProtocolError`
+        when the frames do not produce versions ``since+1`` … current in order.
+        """
+        response = self._updates_response(run_id, since, wait)
+        version = _header_int(response, VERSION_HEADER)
+        weights_hash = _header_str(response, HASH_HEADER)
+        parsed = _read_frames(response.content, limits)
+        frames = [chunk for chunk, _ in parsed]
+        headers = [frame for _, frame in parsed]
+        rounds = [h.round for h in headers]
+        if rounds != list(range(int(since) + 1, version + 1)):
+            raise ProtocolError(
+                f"updates since {since} at version {version} should publish versions "
+                f"{since + 1}..{version}, the frames publish {rounds[:8]}"
+            )
+        if any(h.sender != SERVER_SENDER or not h.bundle for h in headers):
+            raise ProtocolError("a downlink frame is not a bundle frame from the server (sender 0xFFFFFFFF)")
+        return UpdateBatch(frames=frames, version=version, weights_hash=weights_hash)
+
+    def _updates_response(self, run_id: str, since: int, wait: Optional[float]) -> httpx.Response:
+        params: dict[str, Any] = {"since": int(since)}
+        extra = 0.0
+        if wait is not None:
+            wait = min(float(wait), MAX_WAIT_S)
+            params["wait"] = wait
+            extra = wait
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}/updates", idempotent=True, params=params,
+                             extra_timeout=extra)
+
+    def published(
+        self, run_id: str, since: int, *, wait: Optional[float] = None, limits: Optional[Limits] = None
+    ) -> PublishedBatch:
+        """``GET`` the versions ``since+1`` … current of a DeMo or SparseLoCo run (:mod:`gradwire.published`:
+        each a weights header and the round's node frames), every frame checked.
+
+        Raises like :meth:`updates`; :class:`ProtocolError` when the versions are not ``since+1`` … current.
+        """
+        response = self._updates_response(run_id, since, wait)
+        version = _header_int(response, VERSION_HEADER)
+        weights_hash = _header_str(response, HASH_HEADER)
+        versions = read_published(response.content, limits=limits)
+        got = [p.version for p in versions]
+        if got != list(range(int(since) + 1, version + 1)):
+            raise ProtocolError(f"updates since {since} at version {version} should publish versions "
+                                f"{since + 1}..{version}, the body publishes {got[:8]}")
+        return PublishedBatch(versions=versions, version=version, weights_hash=weights_hash,
+                              nbytes=len(response.content))
+
+    def algorithm_state(self, run_id: str) -> tuple[dict[str, Any], int, str]:
+        """``GET`` the algorithm's node-relevant state (SparseLoCo's outer momentum): ``(state, version, hash)``."""
+        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/state/algorithm", idempotent=True)
+        try:
+            state = unpack_state_dict(response.content)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+        return state, _header_int(response, VERSION_HEADER), _header_str(response, HASH_HEADER)
+
+    def state(self, run_id: str) -> tuple[dict[str, torch.Tensor], int, str]:
+        """``GET`` the full fp32 state at the current version: ``(state, version, weights_hash)``.
+
+        The state is checked against the hash header; :class:`OutOfSyncError` if they differ.
+        """
+        response = self._request("GET", f"{API_PREFIX}/runs/{run_id}/state", idempotent=True)
+        version = _header_int(response, VERSION_HEADER)
+        weights_hash = _header_str(response, HASH_HEADER)
+        try:
+            state = state_from_bytes(response.content)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
+        if state_hash(state) != weights_hash:
+            raise OutOfSyncError(f"state at version {version} does not match its weights hash {weights_hash}")
+        return state, version, weights_hash
+
+
