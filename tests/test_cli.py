@@ -24,20 +24,33 @@ def test_demo_command_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         # The transformer here; the digits MLP (the default) runs through the same workers in test_end_to_end.py.
         [sys.executable, "-m", "gradwire_apps.cli", "demo", "--model", "transformer", "--hidden", "32", "--batch-size", "4",
-         "--rounds", "3", "--workers", "2", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=_env(COLUMNS="160"), cwd=tmp_path,
+         "--steps", "4", "--sync-every", "2", "--sparseloco-topk", "8", "--workers", "2", "--out", str(out),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=_env(COLUMNS="200"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "char transformer" in proc.stdout and "2 nodes, 3 rounds" in proc.stdout
+    assert "char transformer" in proc.stdout and "2 nodes, 4 steps per node" in proc.stdout
+    assert "gap vs dense" in proc.stdout
     assert proc.stdout.count("2/2") == 3  # every run: both nodes in sync with the server
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["DeMo k=4 1-bit", "Panthalia DCT k=32", "fp32 dense"]
-    assert all(r["in_sync"] and len(r["losses"]) == 3 for r in results)
-    demo_up, panthalia_up, dense_up = (sum(r["up_bytes"]) for r in results)
-    assert panthalia_up < dense_up / 3
-    assert demo_up < panthalia_up
+    assert [r["label"] for r in results] == ["SparseLoCo H=2 k=8 2-bit", "DeMo k=4 1-bit", "dense AdamW fp32"]
+    assert all(r["in_sync"] and r["steps"] == 4 for r in results)
+    assert [r["rounds"] for r in results] == [2, 4, 4]  # SparseLoCo publishes a version every 2 steps
+    sparseloco, demo, dense = results
+    assert dense["up_ratio"] < 1.01 and dense["down_ratio"] < 1.01
+    # Both ways compressed: the re-encoded aggregate down is about one node's frame up.
+    for r in (sparseloco, demo):
+        assert r["up_ratio"] > 20 and r["down_ratio"] > 20, r
+        assert 0.5 < r["down_ratio"] / r["up_ratio"] < 2.0, r
+
+
+def test_demo_refuses_an_unknown_run_with_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gradwire_apps.cli", "demo", "--runs", "dense,adam", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60, env=_env())
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown run" in proc.stderr and "adam" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_serve_command_runs_the_server_until_sigterm(tmp_path):
@@ -88,7 +101,7 @@ def test_command_line_without_the_apps_extra_says_how_to_install_it():
 
 
 def test_demo_without_its_dependencies_says_how_to_install_them(tmp_path):
-    proc = _main_without(["sklearn", "matplotlib"], "demo", "--rounds", "1", "--out", str(tmp_path))
+    proc = _main_without(["sklearn", "matplotlib"], "demo", "--steps", "8", "--out", str(tmp_path))
     assert proc.returncode == 2, proc.stderr
     assert "sklearn, matplotlib" in proc.stderr and "pip install 'gradwire[apps]'" in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing was started or written

@@ -31,19 +31,27 @@ def build_app():
     """The typer application (needs typer, from the ``apps`` extra)."""
     import typer
 
+    from .demo.settings import DEFAULT_RUNS, RUNS, DemoSettings
+
     app = typer.Typer(add_completion=False, no_args_is_help=True, help="gradwire: compressed gradient transport.")
 
     @app.command()
     def demo(
         model: str = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
-        workers: int = typer.Option(4, min=1, help="Worker processes (nodes) per run."),
-        rounds: int = typer.Option(150, min=1, help="Rounds (published versions) per run."),
+        workers: int = typer.Option(8, min=1, help="Worker processes (nodes) per run."),
+        steps: int = typer.Option(320, min=1, help="Training steps per node in every run (a multiple of --sync-every)."),
+        runs: str = typer.Option(",".join(DEFAULT_RUNS), help=f"Which runs, comma-separated, of: {', '.join(RUNS)}."),
+        sync_every: int = typer.Option(8, min=1, help="SparseLoCo: local steps per sync."),
+        sparseloco_topk: int = typer.Option(256, min=1, help="SparseLoCo: DCT coefficients kept per 64×64 chunk, both ways."),
+        inner_lr: float = typer.Option(1e-2, help="SparseLoCo: each node's local AdamW learning rate."),
+        outer_lr: float = typer.Option(1.0, help="SparseLoCo: the outer step's learning rate."),
+        outer_momentum: float = typer.Option(0.0, help="SparseLoCo: the outer Nesterov momentum (0: plain SGD)."),
         topk: int = typer.Option(32, min=1, help="Panthalia run: DCT coefficients kept per chunk, both ways."),
         demo_topk: int = typer.Option(4, min=1, help="DeMo run: DCT coefficients of the momentum sent per chunk."),
         demo_lr: float = typer.Option(1e-2, help="DeMo run: the sign step (best of bench/convergence.py's grid on every task)."),
-        chunk: int = typer.Option(32, min=2, help="DCT chunk side: chunks are chunk×chunk."),
-        lr: float = typer.Option(3e-3, help="AdamW learning rate on the server."),
-        batch_size: int = typer.Option(32, min=1, help="Examples per node per round."),
+        chunk: int = typer.Option(32, min=2, help="DCT chunk side of the DeMo and Panthalia runs: chunks are chunk×chunk."),
+        lr: float = typer.Option(1e-2, help="Dense AdamW's learning rate (on the server)."),
+        batch_size: int = typer.Option(32, min=1, help="Examples per node per step."),
         hidden: Optional[int] = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
         aggregation: str = typer.Option("mean", help="Aggregation rule: mean, clipped_mean, trimmed_mean or median."),
         seed: int = typer.Option(0),
@@ -52,24 +60,31 @@ def build_app():
         admin_token: Optional[str] = typer.Option(None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."),
         progress: bool = typer.Option(True, help="Draw a progress bar per run."),
     ) -> None:
-        """Train a model on N worker processes through the aggregation server, three ways.
+        """Train a model on N worker processes through the aggregation server, compressed and not.
 
-        Starts the server on loopback (unless --url), then runs the same training three times — DeMo
-        (1-bit DCT momentum up, the round's frames down), Panthalia's path (DCT gradients up, AdamW on the
-        server, DCT weight diff down) and uncompressed fp32 both ways — and prints loss, accuracy and bytes
-        per round side by side, with a plot of loss against rounds and against bytes in OUT/loss.png.
+        Starts the server on loopback (unless --url), then runs the same training (same steps and samples per
+        node) as SparseLoCo (local AdamW steps, a 2-bit top-k DCT pseudo-gradient up, the server's re-encoded
+        mean down), DeMo (1-bit DCT momentum up, the re-encoded mean down) and dense AdamW (fp32 both ways),
+        and prints the held-out loss, its gap to dense and the compression each way side by side, with a
+        plot of loss against steps and against the bytes a node sent and received in OUT/loss.png.
         """
         missing = _missing(DEMO_MODULES if url is None else [m for m in DEMO_MODULES if m != "gradwire_server"])
         if missing:
             hint = _server_hint() if "gradwire_server" in missing else INSTALL_HINT
             typer.echo(f"gradwire demo needs {', '.join(missing)}, from the apps extra: {hint}", err=True)
             raise typer.Exit(code=2)
-        from .demo.driver import DemoSettings, run_demo
+        try:
+            settings = DemoSettings(
+                model=model, workers=workers, steps=steps, hidden=hidden, batch_size=batch_size, lr=lr,
+                sync_every=sync_every, sparseloco_topk=sparseloco_topk, inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                demo_lr=demo_lr, demo_topk=demo_topk, topk=topk, chunk=chunk,
+                runs=tuple(r.strip() for r in runs.split(",") if r.strip()), aggregation=aggregation, seed=seed,
+                out_dir=str(out),
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        from .demo.driver import run_demo
 
-        settings = DemoSettings(
-            model=model, workers=workers, rounds=rounds, hidden=hidden, batch_size=batch_size, lr=lr, topk=topk,
-            demo_topk=demo_topk, demo_lr=demo_lr, chunk=chunk, aggregation=aggregation, seed=seed, out_dir=str(out),
-        )
         results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)
         if not all(r.in_sync for r in results):
             raise typer.Exit(code=1)

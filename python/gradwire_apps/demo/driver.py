@@ -1,53 +1,68 @@
-"""The main job, ``gradwire demo``: three ways to train the same model through the server, side by side.
+"""The main job, ``gradwire demo``: the same model trained through the server, side by side.
 
 :func:`run_demo` starts the aggregation server on loopback (:class:`gradwire_server.launcher.LoopbackServer`)
-unless given a running one, then for each of three runs trains the same task from the same initial
-weights on N worker processes (:func:`~gradwire_apps.demo.runs.run_distributed`):
+unless given a running one, then for each run trains the same task from the same initial weights on N
+worker processes (:func:`~gradwire_apps.demo.runs.run_distributed`), every node on its own shard, the same
+number of steps and samples per node in every run:
 
-- DeMo (``algorithm="demo"``): nodes send the top-k DCT of their decoupled momentum with 1-bit values and
-  Rice-coded positions; the server publishes the round's frames and everyone applies ``−lr·sign(mean)``;
-- Panthalia's path (``algorithm="adamw"``): DCT-compressed gradients up, AdamW on the server, the
-  DCT-compressed weight diff down;
-- the uncompressed baseline: fp32 gradients up, AdamW, fp32 diffs down.
+- SparseLoCo (``algorithm="sparseloco"``, the headline): ``sync_every`` local AdamW steps per node, then the
+  pseudo-gradient sent as a top-k DCT with 2-bit values and error feedback; the server re-encodes the
+  round's exact mean with its own error feedback (``publish="aggregate"``) and publishes one frame, so
+  what a node receives stays as small as what it sends whatever the node count;
+- DeMo (``algorithm="demo"``): the top-k DCT of each node's decoupled momentum at 1 bit, the mean
+  re-encoded the same way, everyone applies ``−lr·sign(mean)``;
+- dense AdamW: fp32 gradients up, AdamW on the server over the global batch, fp32 diffs down;
+- optionally Panthalia's path (``--runs panthalia``): DCT gradients up, AdamW on the server, DCT weight
+  diff down.
 
-The workers apply what the server publishes and check its weights hash after every round. At the end it prints a table (loss, accuracy,
-bytes per round each way, compression; :mod:`~gradwire_apps.demo.report`) and plots loss against rounds
-and against bytes sent (:mod:`~gradwire_apps.demo.plot`).
+The workers apply what the server publishes and check its weights hash after every version. At the end it
+prints a table led by the held-out gap to dense AdamW and the compression each way
+(:mod:`~gradwire_apps.demo.report`) and plots loss against steps and against the bytes a node sent and
+received (:mod:`~gradwire_apps.demo.plot`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from .plot import plot_distributed
 from .report import result_json, results_table
 from .runs import DistributedResult, codec_spec, run_distributed
+from .settings import DEFAULT_RUNS, RUNS, DemoSettings
 from .tasks import make_task
 
-__all__ = ["DemoSettings", "run_demo"]
+__all__ = ["DEFAULT_RUNS", "RUNS", "DemoSettings", "run_demo"]
 
 
-@dataclass
-class DemoSettings:
-    """The knobs of ``gradwire demo`` (defaults sized for a couple of minutes on two cores)."""
+def _plans(settings: DemoSettings) -> list[tuple[str, dict, Optional[dict], Optional[dict], int]]:
+    """``(label, uplink, downlink or None for the algorithm's default, run config, versions)`` per run."""
+    from gradwire.algorithms.sparseloco import sparseloco_codec_params
 
-    model: str = "digits"
-    workers: int = 4
-    rounds: int = 150
-    hidden: Optional[int] = None  # the task's default width
-    batch_size: int = 32
-    lr: float = 3e-3
-    demo_lr: float = 1e-2
-    demo_topk: int = 4
-    topk: int = 32
-    chunk: int = 32
-    aggregation: str = "mean"
-    seed: int = 0
-    out_dir: str = "demo_out"
+    identity = codec_spec("identity")
+    dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
+    demo_codec = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.demo_topk,
+                            mode="tiles", index_coding="rice", value_bits=1)
+    sl_params = sparseloco_codec_params(settings.sync_every)
+    if settings.sparseloco_topk is not None:
+        sl_params["topk"] = settings.sparseloco_topk
+    sl_codec = codec_spec("dct", **sl_params)
+    sparseloco = {"algorithm": "sparseloco", "publish": "aggregate",
+                  "sparseloco": {"sync_every": settings.sync_every, "inner": {"lr": settings.inner_lr},
+                                 "outer_lr": settings.outer_lr, "outer_momentum": settings.outer_momentum,
+                                 "nesterov": settings.outer_momentum > 0}}
+    demo = {"algorithm": "demo", "publish": "aggregate", "demo": {"lr": settings.demo_lr, "beta": 0.999}}
+    k = sl_params["topk"]
+    plans = {
+        "sparseloco": (f"SparseLoCo H={settings.sync_every} k={k} 2-bit", sl_codec, sl_codec, sparseloco,
+                       settings.steps // settings.sync_every),
+        "demo": (f"DeMo k={settings.demo_topk} 1-bit", demo_codec, demo_codec, demo, settings.steps),
+        "dense": ("dense AdamW fp32", identity, identity, None, settings.steps),
+        "panthalia": (f"Panthalia DCT k={settings.topk}", dct, dct, None, settings.steps),
+    }
+    return [plans[r] for r in settings.runs]
 
 
 def run_demo(
@@ -58,7 +73,7 @@ def run_demo(
     console=None,
     progress: bool = True,
 ) -> list[DistributedResult]:
-    """The three runs on one server, then the table and the plot.
+    """The runs on one server, then the table and the plot.
 
     Starts a server on loopback unless ``url`` (and ``admin_token``) name a running one. Writes
     ``<out_dir>/loss.png`` and ``<out_dir>/results.json``; returns the runs' results.
@@ -73,27 +88,18 @@ def run_demo(
         raise ValueError("an existing server needs its admin token")
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
-    identity = codec_spec("identity")
-    demo_codec = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.demo_topk,
-                            mode="tiles", index_coding="rice", value_bits=1)
-    demo_run = {"algorithm": "demo", "demo": {"lr": settings.demo_lr, "beta": 0.999}}
-    plans = [
-        (f"DeMo k={settings.demo_topk} 1-bit", demo_codec, identity, demo_run),
-        (f"Panthalia DCT k={settings.topk}", dct, dct, None),
-        ("fp32 dense", identity, identity, None),
-    ]
+    plans = _plans(settings)
     task = make_task(settings.model, settings.hidden)
 
     def train_all(server_url: str, token: str) -> list[DistributedResult]:
         return [
             run_distributed(
                 server_url, token, label=label, uplink=uplink, downlink=downlink,
-                task=task, workers=settings.workers, rounds=settings.rounds,
+                task=task, workers=settings.workers, rounds=versions,
                 batch_size=settings.batch_size, lr=settings.lr, aggregation=settings.aggregation,
                 seed=settings.seed, run_config=run_config, log_dir=out / "logs", progress=progress,
             )
-            for label, uplink, downlink, run_config in plans
+            for label, uplink, downlink, run_config, versions in plans
         ]
 
     if url is None:

@@ -1,8 +1,9 @@
-"""The demo's plot: training loss against rounds and against bytes one node sent and received (PNG)."""
+"""The demo's plot: training loss against steps, and against the bytes one node sent and received (PNG)."""
 
 from __future__ import annotations
 
 import os
+from itertools import accumulate
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
@@ -11,32 +12,34 @@ if TYPE_CHECKING:
 __all__ = ["plot_distributed"]
 
 
-def _smooth(values: Sequence[float], window: int = 5) -> list[float]:
+def _smooth(values: Sequence[float], window: int = 8) -> list[float]:
     return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | str) -> None:
-    """Loss against rounds and against bytes one node sent and received, one line per run (PNG)."""
+    """Three panels, one line per run: loss against steps, against the cumulative bytes one node sent, and
+    against the cumulative bytes one node received."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for r in results:
         loss = _smooth(r.losses)
-        per_node = [(u + d) / r.workers for u, d in zip(r.up_bytes, r.down_bytes)]
-        cumulative, total = [], 0.0
-        for b in per_node:
-            total += b
-            cumulative.append(total)
-        ax1.plot(range(len(loss)), loss, label=r.label)
-        ax2.plot(cumulative, loss, label=r.label)
-    ax1.set(xlabel="round", ylabel="training loss (5-round mean over nodes)", yscale="log")
-    ax2.set(xlabel="bytes one node sent + received", ylabel="training loss (5-round mean over nodes)", xscale="log", yscale="log")
-    for ax in (ax1, ax2):
-        ax.legend()
+        sent = list(accumulate(u / r.workers for u in r.up_bytes))
+        received = list(accumulate(d / r.workers for d in r.down_bytes))
+        label = f"{r.label} ({r.up_ratio:,.0f}× up, {r.down_ratio:,.0f}× down)"
+        axes[0].plot(range(1, len(loss) + 1), loss, label=label)
+        axes[1].plot(sent, loss, label=label)
+        axes[2].plot(received, loss, label=label)
+    ylabel = "training loss (8-step mean over nodes)"
+    axes[0].set(xlabel="step (per node)", ylabel=ylabel, yscale="log")
+    axes[1].set(xlabel="bytes one node sent", ylabel=ylabel, xscale="log", yscale="log")
+    axes[2].set(xlabel="bytes one node received", ylabel=ylabel, xscale="log", yscale="log")
+    for ax in axes:
         ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

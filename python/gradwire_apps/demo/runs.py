@@ -46,11 +46,11 @@ class DistributedResult:
     label: str
     run_id: str
     workers: int
-    rounds: int
+    rounds: int  # published versions
     params: int
-    losses: list[float] = field(default_factory=list)  # mean training loss over nodes, per round
-    up_bytes: list[int] = field(default_factory=list)  # bytes all nodes sent, per round
-    down_bytes: list[int] = field(default_factory=list)  # update bytes all nodes received, per round
+    losses: list[float] = field(default_factory=list)  # mean training loss over nodes, per (local) step
+    up_bytes: list[int] = field(default_factory=list)  # bytes all nodes sent, per step
+    down_bytes: list[int] = field(default_factory=list)  # version bytes all nodes received, per step
     test_loss: float = float("nan")
     test_accuracy: float = float("nan")
     server_hash: str = ""
@@ -71,16 +71,36 @@ class DistributedResult:
         """What one node's fp32 gradient (or one fp32 update) takes raw."""
         return 4 * self.params
 
-    def _per_node_round(self, series: Sequence[int]) -> float:
+    @property
+    def steps(self) -> int:
+        """Training steps per node (SparseLoCo: local steps, ``sync_every`` per version)."""
+        return len(self.losses)
+
+    def _per_node_step(self, series: Sequence[int]) -> float:
         return sum(series) / max(1, len(series)) / max(1, self.workers)
 
     @property
-    def up_per_node_round(self) -> float:
-        return self._per_node_round(self.up_bytes)
+    def up_per_node_step(self) -> float:
+        return self._per_node_step(self.up_bytes)
 
     @property
-    def down_per_node_round(self) -> float:
-        return self._per_node_round(self.down_bytes)
+    def down_per_node_step(self) -> float:
+        """Bytes of published versions a node received per step (the full-state load at the start, which
+        every run makes alike, is not counted)."""
+        return self._per_node_step(self.down_bytes)
+
+    #: One version per step for the algorithms that sync every step: the same figures.
+    up_per_node_round = up_per_node_step
+    down_per_node_round = down_per_node_step
+
+    @property
+    def up_ratio(self) -> float:
+        """fp32 bytes of the model over the bytes a node sent per step."""
+        return self.dense_bytes / max(1.0, self.up_per_node_step)
+
+    @property
+    def down_ratio(self) -> float:
+        return self.dense_bytes / max(1.0, self.down_per_node_step)
 
     def final_train_loss(self, last: int = 10) -> float:
         tail = self.losses[-last:]
@@ -110,7 +130,7 @@ def run_distributed(
     *,
     label: str,
     uplink: Mapping[str, Any],
-    downlink: Mapping[str, Any],
+    downlink: Optional[Mapping[str, Any]],
     task=None,
     workers: int = 4,
     rounds: int = 100,
@@ -127,7 +147,8 @@ def run_distributed(
 ) -> DistributedResult:
     """Train ``task`` (default :class:`DigitsTask`) on a running server with ``workers`` worker processes.
 
-    Creates a run (``uplink``/``downlink`` codecs as ``{"codec", "params"}``, AdamW with ``lr``, quorum =
+    Creates a run (``uplink``/``downlink`` codecs as ``{"codec", "params"}``, ``downlink`` ``None`` for the
+    algorithm's default; AdamW with ``lr``, quorum =
     every worker), puts the initial weights (seeded by ``seed``), registers the nodes and starts one
     ``python -m gradwire_apps.demo.worker`` process per node, each on its own shard, until the run reaches version
     ``rounds``. ``join_at`` maps a worker
@@ -139,13 +160,14 @@ def run_distributed(
     task = task or DigitsTask()
     config: dict[str, Any] = {
         "uplink": dict(uplink),
-        "downlink": dict(downlink),
         "optimizer": {"lr": lr, "weight_decay": weight_decay},
         "aggregation": {"rule": aggregation},
         "quorum": workers,
         "min_updates": 1,
         "round_deadline_s": 30.0,
     }
+    if downlink is not None:  # else the run's algorithm's default downlink
+        config["downlink"] = dict(downlink)
     config.update(run_config or {})
     torch.manual_seed(seed)
     model = task.build()
@@ -223,13 +245,12 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
                     raise RuntimeError(f"{result.label}: worker of node {node_id} exited with {code} before finishing:\n{tail}")
                 continue
             if event["event"] == "round":
-                r = int(event["round"])
-                losses.setdefault(r, []).append(float(event["loss"]))
-                up[r] = up.get(r, 0) + int(event["up"])
-                down[r] = down.get(r, 0) + int(event["down"])
+                s = int(event.get("step", event["round"]))
+                losses.setdefault(s, []).append(float(event["loss"]))
+                up[s] = up.get(s, 0) + int(event["up"])
+                down[s] = down.get(s, 0) + int(event["down"])  # the worker's sync() came before its first step
                 if event["version"] > bar.n:
                     bar.update(min(result.rounds, event["version"]) - bar.n)
-                    bar.set_postfix(loss=f"{sum(losses[r]) / len(losses[r]):.3f}")
             elif event["event"] == "joined":
                 result.joined[int(node_id)] = int(event["version"])
             elif event["event"] == "done":

@@ -1,9 +1,10 @@
 """One training node of the distributed demo, as its own process: ``python -m gradwire_apps.demo.worker ...``.
 
 The worker trains a demo task's model (:data:`gradwire_apps.demo.tasks.TASKS`) on its shard of the training data
-(a safetensors file its parent wrote) through a :class:`~gradwire.client.Node`: each round it computes a gradient on the weights of the current version, submits it compressed with
-error feedback, and applies the update the server publishes. It reports to its parent as JSON lines on
-stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}`` with the hash of
+(a safetensors file its parent wrote) through a :class:`~gradwire.client.Node`: each step it computes a
+gradient and hands it to the node, which does what the run's algorithm says (send it compressed and apply
+the published version; or, for SparseLoCo, a local step and every ``sync_every`` steps a sync). It reports
+to its parent as JSON lines on stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}`` with the hash of
 its own replica — so the parent can draw progress and check that every node ends in sync. The node's
 bearer token comes from the ``GRADWIRE_TOKEN`` environment variable, never the command line (which
 other users of the machine can read).
@@ -72,6 +73,7 @@ def main(
         node = Node(client, run_id, model, uplink, node_id, wait=wait)
         node.sync()
         _emit("joined", node=node_id, version=node.version)
+        step = 0
         while node.version < rounds:
             model.zero_grad(set_to_none=False)
             loss = task.batch_loss(model, shard, batch_size, gen)
@@ -82,6 +84,7 @@ def main(
             _emit(
                 "round",
                 node=node_id,
+                step=step,
                 round=round_,
                 version=node.version,
                 loss=loss.item(),
@@ -89,6 +92,7 @@ def main(
                 down=node.bytes_received - down,
                 seconds=time.perf_counter() - t0,
             )
+            step += 1
         _emit(
             "done",
             node=node_id,
