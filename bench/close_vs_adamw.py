@@ -19,6 +19,7 @@ import gc
 import math
 import tempfile
 import time
+from typing import Sequence
 from pathlib import Path
 
 import httpx
@@ -163,8 +164,9 @@ def _decode_levels_share(state: RunState, master) -> float:
     return spent[0]
 
 
-def http_close_table(console, params: int, rounds: int) -> None:
-    """From the quorum's last 202 to the published version over HTTP, against one AdamW step here."""
+def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = ("adamw",)) -> None:
+    """From the quorum's last 202 to the published version over HTTP, against one AdamW step here, for each
+    mode (demo and sparseloco with their default publication, the re-encoded aggregate)."""
     shapes = sr.model_shapes(params)
     dct = gradwire.DCTCodec(chunk_shape=(64, 64), topk=32)
     nodes_n = 4
@@ -174,32 +176,33 @@ def http_close_table(console, params: int, rounds: int) -> None:
                         f"{nodes_n} nodes (uvicorn on 127.0.0.1)",
                   caption="each round: 3 nodes submit, then the 4th; timed from its 202 to the long-poll answering "
                           "with the new version; the AdamW step measured in this process, same torch threads.")
-    for col in ("round", "quorum → published (s)", "AdamW step (s)", "ratio"):
+    for col in ("mode", "round", "quorum → published (s)", "AdamW step (s)", "ratio"):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp, LoopbackServer(Path(tmp) / "data") as srv:
         admin = srv.admin_headers()
         with httpx.Client(base_url=srv.url, timeout=600) as c:
-            run_id = c.post("/v1/runs", json={"quorum": nodes_n}, headers=admin).json()["run_id"]
-            nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(nodes_n)]
-            assert c.put(f"/v1/runs/{run_id}/state", content=state_to_bytes(master), headers=admin).status_code == 200
-            for rnd in range(rounds):
-                frames = [dct.encode_bundle({n: torch.randn(s) * 1e-3 for n, s in shapes.items()}, round=rnd,
-                                            sender=node["node_id"]) for node in nodes]
-                for node, frame in list(zip(nodes, frames))[:-1]:
-                    r = c.post(f"/v1/runs/{run_id}/rounds/{rnd}/updates", content=frame,
-                               headers={"Authorization": f"Bearer {node['token']}"})
+            for mode in modes:
+                run_id = c.post("/v1/runs", json={**MODES[mode], "quorum": nodes_n}, headers=admin).json()["run_id"]
+                nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(nodes_n)]
+                assert c.put(f"/v1/runs/{run_id}/state", content=state_to_bytes(master), headers=admin).status_code == 200
+                for rnd in range(rounds):
+                    frames = [dct.encode_bundle({n: torch.randn(s) * 1e-3 for n, s in shapes.items()}, round=rnd,
+                                                sender=node["node_id"]) for node in nodes]
+                    for node, frame in list(zip(nodes, frames))[:-1]:
+                        r = c.post(f"/v1/runs/{run_id}/rounds/{rnd}/updates", content=frame,
+                                   headers={"Authorization": f"Bearer {node['token']}"})
+                        assert r.status_code == 202, r.text
+                    adamw = adamw_step_seconds(master, 3)
+                    r = c.post(f"/v1/runs/{run_id}/rounds/{rnd}/updates", content=frames[-1],
+                               headers={"Authorization": f"Bearer {nodes[-1]['token']}"})
+                    t0 = time.perf_counter()
                     assert r.status_code == 202, r.text
-                adamw = adamw_step_seconds(master, 3)
-                r = c.post(f"/v1/runs/{run_id}/rounds/{rnd}/updates", content=frames[-1],
-                           headers={"Authorization": f"Bearer {nodes[-1]['token']}"})
-                t0 = time.perf_counter()
-                assert r.status_code == 202, r.text
-                while True:
-                    u = c.get(f"/v1/runs/{run_id}/updates", params={"since": rnd, "wait": 60}, headers=admin)
-                    if int(u.headers["X-Gradwire-Version"]) > rnd:
-                        break
-                took = time.perf_counter() - t0
-                table.add_row(str(rnd), f"{took:.3f}", f"{adamw:.3f}", f"[bold]{took / adamw:.1f}×[/bold]")
+                    while True:
+                        u = c.get(f"/v1/runs/{run_id}/updates", params={"since": rnd, "wait": 60}, headers=admin)
+                        if int(u.headers["X-Gradwire-Version"]) > rnd:
+                            break
+                    took = time.perf_counter() - t0
+                    table.add_row(mode, str(rnd), f"{took:.3f}", f"{adamw:.3f}", f"[bold]{took / adamw:.1f}×[/bold]")
     console.print(table)
 
 
@@ -218,7 +221,7 @@ def main() -> None:
     grid = parse_grid(args.grid or (BIG_GRID if args.big else DEFAULT_GRID))
     close_table(sr.console, grid, args.modes, args.average_max_params, args.average_max_nodes, args.repeat)
     if not args.skip_http:
-        http_close_table(sr.console, args.http_params, args.http_close_rounds)
+        http_close_table(sr.console, args.http_params, args.http_close_rounds, args.modes)
 
 
 if __name__ == "__main__":
