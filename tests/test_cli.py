@@ -35,7 +35,7 @@ def test_demo_command_runs_end_to_end(tmp_path):
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["SparseLoCo H=2 k=8 2-bit", "DeMo k=4 1-bit", "dense AdamW fp32"]
+    assert [r["label"] for r in results] == ["SparseLoCo H=2 k=8", "DeMo k=4", "dense AdamW"]
     assert all(r["in_sync"] and r["steps"] == 4 for r in results)
     assert [r["rounds"] for r in results] == [2, 4, 4]  # SparseLoCo publishes a version every 2 steps
     sparseloco, demo, dense = results

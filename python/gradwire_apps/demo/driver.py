@@ -56,10 +56,10 @@ def _plans(settings: DemoSettings) -> list[tuple[str, dict, Optional[dict], Opti
     demo = {"algorithm": "demo", "publish": "aggregate", "demo": {"lr": settings.demo_lr, "beta": 0.999}}
     k = sl_params["topk"]
     plans = {
-        "sparseloco": (f"SparseLoCo H={settings.sync_every} k={k} 2-bit", sl_codec, sl_codec, sparseloco,
+        "sparseloco": (f"SparseLoCo H={settings.sync_every} k={k}", sl_codec, sl_codec, sparseloco,
                        settings.steps // settings.sync_every),
-        "demo": (f"DeMo k={settings.demo_topk} 1-bit", demo_codec, demo_codec, demo, settings.steps),
-        "dense": ("dense AdamW fp32", identity, identity, None, settings.steps),
+        "demo": (f"DeMo k={settings.demo_topk}", demo_codec, demo_codec, demo, settings.steps),
+        "dense": ("dense AdamW", identity, identity, None, settings.steps),
         "panthalia": (f"Panthalia DCT k={settings.topk}", dct, dct, None, settings.steps),
     }
     return [plans[r] for r in settings.runs]
@@ -83,7 +83,7 @@ def run_demo(
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped or logged: wide enough for the table on one line per run
-            console = Console(width=120)
+            console = Console(width=160)
     if url is not None and not admin_token:
         raise ValueError("an existing server needs its admin token")
     out = Path(settings.out_dir)

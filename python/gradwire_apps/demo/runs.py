@@ -227,7 +227,7 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
     down: dict[int, int] = {}
     open_streams = set(procs)
     deadline = time.monotonic() + timeout
-    with tqdm(total=result.rounds, desc=result.label, unit="round", disable=not progress, leave=True) as bar:
+    with _progress(result, enabled=progress) as bar:
         while open_streams:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -261,6 +261,35 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
         result.losses.append(sum(losses[r]) / len(losses[r]))
         result.up_bytes.append(up[r])
         result.down_bytes.append(down[r])
+
+
+class _PlainProgress:
+    """Progress for a log file or a pipe: a line at every tenth of the versions, no carriage returns."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.n, self._shown = label, total, 0, 0
+        self._t0 = time.monotonic()
+
+    def update(self, k: int) -> None:
+        self.n += k
+        tenth = 10 * self.n // max(1, self.total)
+        if tenth > self._shown:
+            self._shown = tenth
+            print(f"{self.label}: version {self.n}/{self.total} ({time.monotonic() - self._t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_PlainProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress(result: DistributedResult, *, enabled: bool):
+    """A progress bar per published version on a terminal, plain lines otherwise, nothing if disabled."""
+    if enabled and not sys.stderr.isatty():
+        return _PlainProgress(result.label, result.rounds)
+    return tqdm(total=result.rounds, desc=result.label, unit="version", disable=not enabled, leave=True)
 
 
 def _terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
