@@ -10,26 +10,55 @@ from torch import nn
 
 import gradwire.torch as gt
 import gradwire.torch.optimizers as optimizers
+import gradwire.torch.sharded as sharded
 from gradwire.state import state_hash
 from distributed_toys import all_ranks_equal, flat_parameters, gather, make_model, shard
 
 
 def _record_frames():
-    """Patch the optimizers' all-gather to note every frame's length: an independent byte count."""
-    seen = {"sent": 0, "received": 0}
-    real = optimizers.all_gather_bytes
+    """Patch the optimizers' collectives to note every frame's length: an independent byte count.
 
-    def spy(payload, group=None, **kw):
-        out = real(payload, group, **kw)
-        import torch.distributed as dist
+    The all-gathers (``exchange="all_gather"``, and phase 2 of the sharded exchange) and the sharded
+    exchange's all-to-all (phase 1) are counted apart too, for the balance of sent and received bytes.
+    """
+    import torch.distributed as dist
 
+    seen = {"sent": 0, "received": 0, "gathered": 0, "to_owners": 0}
+
+    def gathering(real):
+        def spy(payload, group=None, **kw):
+            out = real(payload, group, **kw)
+            me = dist.get_rank(group)
+            seen["sent"] += len(payload)
+            seen["gathered"] += len(payload)
+            seen["received"] += sum(len(f) for r, f in enumerate(out) if r != me)
+            return out
+
+        return spy
+
+    real_a2a = sharded.all_to_all_bytes
+
+    def to_owners(payloads, group=None, **kw):
+        out = real_a2a(payloads, group, **kw)
         me = dist.get_rank(group)
-        seen["sent"] += len(payload)
+        n = sum(len(p) for r, p in enumerate(payloads) if r != me)
+        seen["sent"] += n
+        seen["to_owners"] += n
         seen["received"] += sum(len(f) for r, f in enumerate(out) if r != me)
         return out
 
-    optimizers.all_gather_bytes = spy
+    optimizers.all_gather_bytes = gathering(optimizers.all_gather_bytes)
+    sharded.all_gather_bytes = gathering(sharded.all_gather_bytes)
+    sharded.all_to_all_bytes = to_owners
     return seen
+
+
+def _received_what_was_sent(results, world: int) -> bool:
+    """Every frame sent to owners arrived once; every all-gathered frame at the world − 1 others."""
+    total = sum(r["received"] for r in results)
+    return total == sum(r["seen"]["to_owners"] for r in results) + (world - 1) * sum(
+        r["seen"]["gathered"] for r in results
+    )
 
 
 def _hash_identical(model: nn.Module) -> bool:
@@ -67,9 +96,8 @@ def test_demo_replicas_bit_identical_bytes_counted_and_loss_decreases(world, wei
         assert r["received"] == r["seen"]["received"] > 0
         losses = r["losses"]
         assert sum(losses[-3:]) / 3 < 0.8 * losses[0], losses
-    # every rank received what the others sent
-    total = sum(r["sent"] for r in results)
-    assert all(r["received"] == total - r["sent"] for r in results)
+    # every rank received what the others sent (sharded: phase 1 point to point, phase 2 all-gathered)
+    assert _received_what_was_sent(results, world)
 
 
 def _sparseloco_run(rank: int, world: int, steps: int, sync_every: int, nesterov: bool) -> dict:
@@ -110,6 +138,7 @@ def test_sparseloco_replicas_bit_identical_after_each_sync(world, nesterov):
         assert r["sent"] == r["seen"]["sent"] > 0
         assert r["received"] == r["seen"]["received"] > 0
         assert r["final"] < 0.8 * r["losses"][0], (r["final"], r["losses"])
+    assert _received_what_was_sent(results, world)
 
 
 class Wide(nn.Module):
@@ -264,26 +293,30 @@ def test_optimizers_on_one_gpu_nccl(which):
 # -- whole-model records (model_record=True) -------------------------------------------------------
 
 
-def _model_record_run(rank: int, world: int, which: str, steps: int) -> dict:
+def _model_record_run(rank: int, world: int, which: str, steps: int, exchange: str) -> dict:
     import torch.distributed as dist
 
     from gradwire.frame import read_frame
 
     names = []
-    real = optimizers.all_gather_bytes
 
-    def spy(payload, group=None, **kw):
-        out = real(payload, group, **kw)
-        names.append([[e.name for e in read_frame(f).entries] for f in out])
-        return out
+    def spying(real):
+        def spy(payload, group=None, **kw):
+            out = real(payload, group, **kw)
+            # sharded, only the owner of the one piece (the whole small record) sends a frame
+            names.append([[e.name for e in read_frame(f).entries] for f in out if len(f)])
+            return out
 
-    optimizers.all_gather_bytes = spy
+        return spy
+
+    optimizers.all_gather_bytes = spying(optimizers.all_gather_bytes)
+    sharded.all_gather_bytes = spying(sharded.all_gather_bytes)
     model = make_model()
     if which == "demo":
-        opt = gt.DeMo(model.parameters(), lr=0.02, beta=0.9, model_record=True)
+        opt = gt.DeMo(model.parameters(), lr=0.02, beta=0.9, model_record=True, exchange=exchange)
     else:
         inner = torch.optim.AdamW(model.parameters(), lr=0.01)
-        opt = gt.SparseLoCo(model.parameters(), inner, sync_every=2, model_record=True)
+        opt = gt.SparseLoCo(model.parameters(), inner, sync_every=2, model_record=True, exchange=exchange)
     x, y = shard(rank)
     losses, identical = [], True
     for t in range(1, steps + 1):
@@ -299,14 +332,20 @@ def _model_record_run(rank: int, world: int, which: str, steps: int) -> dict:
                 sent=opt.bytes_sent, received=opt.bytes_received)
 
 
+@pytest.mark.parametrize("exchange", ["sharded", "all_gather"])
 @pytest.mark.parametrize("which", ["demo", "sparseloco"])
-def test_model_record_frames_carry_one_record_and_replicas_stay_bit_identical(which):
-    results = gt.spawn(_model_record_run, 2, (which, 12))
+def test_model_record_frames_carry_one_record_and_replicas_stay_bit_identical(which, exchange):
+    results = gt.spawn(_model_record_run, 2, (which, 12, exchange))
+    frames = 1 if exchange == "sharded" else 2
     for r in results:
         assert r["identical"], "parameters differ between ranks after an exchange"
-        assert r["names"] and all(per_rank == [[r["record"]]] * 2 for per_rank in r["names"]), r["names"][:2]
+        assert r["names"] and all(per_rank == [[r["record"]]] * frames for per_rank in r["names"]), r["names"][:2]
         assert r["record"].startswith("@model:") and r["sent"] > 0 and r["received"] > 0
-        assert sum(r["losses"][-3:]) / 3 < 0.9 * r["losses"][0], r["losses"]
+        # Sharded, the owner compresses the mean once more (its error feedback keeps the rest): with one
+        # 4096-element chunk per record SparseLoCo keeps 64 of up to 128 coefficients of the mean per
+        # sync, so the loss falls more slowly (measured after 12 steps: 0.92× the first, 0.86× all-gathered).
+        bound = 0.95 if exchange == "sharded" else 0.9
+        assert sum(r["losses"][-3:]) / 3 < bound * r["losses"][0], r["losses"]
     assert results[0]["record"] == results[1]["record"]
 
 

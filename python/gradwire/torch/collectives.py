@@ -4,6 +4,9 @@ Collectives want tensors of one size on every rank (gloo refuses an uneven ``all
 differ in length from rank to rank and step to step. :func:`all_gather_bytes` therefore first gathers
 every rank's length, then pads each frame to the longest and gathers the padded ``uint8`` tensors;
 :func:`exchange_bytes` does the same pairwise with point-to-point sends for a fixed set of peers.
+:func:`all_to_all_bytes` sends each rank its own payload (a different one per destination): every
+rank's row of lengths is all-gathered, then the payloads travel unpadded in one ``all_to_all_single``
+(or, on a backend without it, as batched point-to-point sends).
 
 :class:`BytesGather` is the same all-gather in two halves, for callers that overlap it with other work
 (the DDP hook): constructing it launches the length all-gather without waiting; :meth:`BytesGather.launch`
@@ -29,7 +32,15 @@ import torch.distributed as dist
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Limits
 
-__all__ = ["BytesGather", "Exchanged", "all_gather_bytes", "comm_device", "exchange_bytes", "gather_rows"]
+__all__ = [
+    "BytesGather",
+    "Exchanged",
+    "all_gather_bytes",
+    "all_to_all_bytes",
+    "comm_device",
+    "exchange_bytes",
+    "gather_rows",
+]
 
 class Exchanged(list):
     """Frames received, one ``uint8`` numpy array per rank or peer, with what moving them cost.
@@ -144,6 +155,82 @@ def all_gather_bytes(
     gather = BytesGather(payload, group, device=device, limits=limits)
     gather.launch().wait()
     return gather.received()
+
+
+#: Backends whose ``all_to_all_single`` takes uneven split sizes (gloo does since torch 1.x; checked
+#: on 2.15 with uint8 tensors). Any other backend goes through batched point-to-point sends.
+_ALL_TO_ALL_BACKENDS = ("gloo", "nccl", "mpi")
+
+
+def all_to_all_bytes(
+    payloads: Sequence,
+    group: Optional[dist.ProcessGroup] = None,
+    *,
+    device: Optional[torch.device] = None,
+    limits: Optional[Limits] = None,
+    method: str = "auto",
+) -> Exchanged:
+    """``payloads[r]`` (bytes of any length, possibly empty) to group rank ``r``; returns the payload each
+    rank sent this one, in group-rank order (this rank's own ``payloads[rank]`` is handed back, not sent).
+
+    Two collectives: an ``all_gather`` of every rank's row of lengths (``world`` int64 each), so that
+    every rank checks every announced length against ``limits`` and a length over them raises
+    :class:`~gradwire.FrameError` on every rank alike before anything is allocated; then the payloads,
+    unpadded, in one ``all_to_all_single`` of ``uint8`` with uneven split sizes (skipped when nothing
+    moves). ``method="pairwise"`` (the fallback where the backend has no all-to-all, chosen by
+    ``"auto"``) sends them as one batch of ``isend``/``irecv`` pairs instead.
+
+    ``bytes_out`` of the result counts this rank's length row and the payloads it sent,
+    ``payload_bytes`` the payloads only.
+    """
+    if method not in ("auto", "all_to_all", "pairwise"):
+        raise ValueError(f"method must be 'auto', 'all_to_all' or 'pairwise', got {method!r}")
+    lim = limits or DEFAULT_LIMITS
+    dev = device if device is not None else comm_device(group)
+    world = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    if len(payloads) != world:
+        raise ValueError(f"all_to_all_bytes takes one payload per rank ({world}), got {len(payloads)}")
+    arrays = [
+        (np.frombuffer(p, dtype=np.uint8) if not isinstance(p, np.ndarray) else p.view(np.uint8)).reshape(-1)
+        for p in payloads
+    ]
+    sizes = [0 if r == me else int(a.size) for r, a in enumerate(arrays)]
+    matrix = gather_rows(torch.tensor(sizes, dtype=torch.int64, device=dev), group).cpu().tolist()
+    for s, row in enumerate(matrix):
+        for r, n in enumerate(row):
+            _check_length(int(n), f"rank {s} (to rank {r})", lim)
+    incoming = [int(matrix[s][me]) for s in range(world)]
+    out = Exchanged(np.empty(0, dtype=np.uint8) for _ in range(world))
+    if any(any(row) for row in matrix):
+        if method == "auto":
+            method = "all_to_all" if str(dist.get_backend(group)) in _ALL_TO_ALL_BACKENDS else "pairwise"
+        if method == "all_to_all":
+            outgoing = np.concatenate([np.empty(0, np.uint8)] + [a for r, a in enumerate(arrays) if r != me])
+            send = torch.from_numpy(outgoing).to(dev)
+            recv = torch.empty(sum(incoming), dtype=torch.uint8, device=dev)
+            dist.all_to_all_single(recv, send, output_split_sizes=incoming, input_split_sizes=sizes, group=group)
+            host = recv.cpu().numpy()
+            at = 0
+            for s, n in enumerate(incoming):
+                out[s] = host[at:at + n]
+                at += n
+        else:
+            ops, bufs = [], {}
+            for r, a in enumerate(arrays):
+                if sizes[r]:
+                    ops.append(dist.P2POp(dist.isend, _as_tensor(a, dev), group=group, group_peer=r))
+            for s, n in enumerate(incoming):
+                if n:
+                    bufs[s] = torch.empty(n, dtype=torch.uint8, device=dev)
+                    ops.append(dist.P2POp(dist.irecv, bufs[s], group=group, group_peer=s))
+            _wait_all(ops)
+            for s, t in bufs.items():
+                out[s] = t.cpu().numpy()
+    out[me] = arrays[me].copy()
+    out.payload_bytes = sum(sizes)
+    out.bytes_out = 8 * world + out.payload_bytes
+    return out
 
 
 def exchange_bytes(

@@ -1,20 +1,32 @@
 """DeMo and SparseLoCo as ``torch.optim.Optimizer`` s on torch.distributed (gloo, NCCL).
 
-Both are thin transports around :mod:`gradwire.algorithms`: the node side forms this rank's records,
-one bundle frame per rank (``round`` = the step or sync counter, ``sender`` = the group rank) goes
-through :func:`~gradwire.torch.collectives.all_gather_bytes`, every rank reads every rank's frame (with
-:class:`~gradwire.Limits`), averages them with :func:`~gradwire.algorithms.exact_mean` in rank order and
-applies the update. ``exact_mean`` and the updates are fixed sequences of elementwise float32
-operations on exactly decoded records, so all ranks hold bit-identical weights afterwards (given that
-they started from the same weights, as DDP ensures by broadcasting them).
+Both are thin transports around :mod:`gradwire.algorithms`: the node side forms this rank's records and
+the ranks exchange them in one of two ways (``exchange=``):
+
+- ``"sharded"`` (the default, :mod:`gradwire.torch.sharded`): the parameters are cut into pieces, each
+  owned by one rank; every rank sends each owner its records of that owner's pieces (one all-to-all of
+  bundle frames), each owner averages them exactly, re-encodes the mean with the downlink codec under
+  its own error feedback, and the owners' frames are all-gathered and decoded by every rank. A rank's
+  traffic stays under two frames' worth of records per step whatever the world size.
+- ``"all_gather"``: one bundle frame per rank (``round`` = the step or sync counter, ``sender`` = the
+  group rank) goes through :func:`~gradwire.torch.collectives.all_gather_bytes`, every rank reads every
+  rank's frame (with :class:`~gradwire.Limits`) and averages them with
+  :func:`~gradwire.algorithms.exact_mean` in rank order; a rank receives ``world − 1`` frames.
+
+Either way every rank applies the update to the same decoded mean. ``exact_mean``, the decode and the
+updates are fixed sequences of elementwise float32 operations on exactly decoded records, so all ranks
+hold bit-identical weights afterwards (given that they started from the same weights, as DDP ensures
+by broadcasting them).
 
 Parameters are named by position, ``"g<group>.p<index>"`` (``"g0.p3"``: the fourth parameter of the
 first group), so frames are the same whatever the modules are called; every rank must build its
 optimizer over the same parameter list.
 
-Counters (cumulative, frame bytes only — the length words and padding of the all-gather are not
+Counters (cumulative, frame bytes only — the length words and padding of the collectives are not
 counted): ``bytes_sent`` is the length of this rank's own frames, ``bytes_received`` the total length of
-the other ranks' frames this rank read.
+the other ranks' frames this rank read. Sharded, ``bytes_sent`` counts this rank's phase-1 frames to the
+other owners and its re-encoded frame (once, as the all-gather path counts its frame once), and
+``bytes_received`` the frames the other ranks sent it in phase 1 and their re-encoded frames in phase 2.
 
 Without an initialized process group (and no ``process_group``) both run as a group of one: the frame
 is still written, read back and applied, so single-process code behaves as rank 0 of one.
@@ -22,6 +34,7 @@ is still written, read back and applied, so single-process code behaves as rank 
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -41,10 +54,13 @@ from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
 from .collectives import all_gather_bytes, comm_device
+from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
 
 __all__ = ["DeMo", "SparseLoCo"]
 
 _STATE_KEY = "gradwire"
+#: The two ways of exchanging records; the first is the default.
+EXCHANGES = ("sharded", "all_gather")
 
 
 class _Exchange:
@@ -94,6 +110,12 @@ class _Exchange:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("exchange", "all_gather")
+        if saved != "all_gather":
+            raise ValueError(
+                f"this checkpoint was saved with exchange={saved!r}; this optimizer uses exchange='all_gather' "
+                f"(build it with exchange={saved!r} to resume it)"
+            )
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_received = int(state["bytes_received"])
 
@@ -129,14 +151,62 @@ class _ModelRecord:
 
 
 class _ExchangesFrames:
-    """What both optimizers report: their codec, process group and cumulative frame bytes."""
+    """What both optimizers report: their codec, process group and cumulative frame bytes; and how they
+    set up their exchange."""
 
     node: Any
-    _exchange: "_Exchange"
+    _exchange: Any
+    _pieces: Optional[Pieces] = None
+
+    def _setup_exchange(self, exchange: str, codec: Codec, downlink_codec: Optional[Codec], default_downlink,
+                        process_group, limits, model_record: bool, piece_numel: int) -> None:
+        """``self._exchange`` (and, sharded, ``self._pieces``: what the node side's buffers are keyed by)."""
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {', '.join(map(repr, EXCHANGES))}, got {exchange!r}")
+        if exchange == "all_gather":
+            if downlink_codec is not None:
+                raise ValueError("downlink_codec is the owners' codec of exchange='sharded'; all_gather has none")
+            self._exchange = _Exchange(process_group, limits)
+            return
+        named = _named(self.param_groups)
+        if model_record:
+            tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
+        else:
+            tensors = [(n, tuple(p.shape)) for n, p, _ in named]
+        self._pieces = Pieces(tensors, self.node.codec, piece_numel)
+        if downlink_codec is None:
+            # The uplink's twin: the same class and parameters, a state of its own.
+            downlink_codec = default_downlink() if codec is None else copy.deepcopy(codec)
+        if model_record:
+            downlink_codec = model_record_codec(downlink_codec)
+        self._exchange = ShardedExchange(self._pieces, downlink_codec, process_group, limits,
+                                         model_record=model_record)
+
+    def _device_of(self, name: str, devices: dict, first) -> Any:
+        """The device of the parameter a node buffer (named by parameter, piece or model record) belongs to."""
+        if self._pieces is not None:
+            name = self._pieces.tensor_of.get(name, name)
+        return devices.get(name, first)
+
+    def _load_exchange(self, mine: dict, devices: dict) -> None:
+        if self._pieces is not None:
+            self._exchange.load_state_dict(mine, devices)
+        else:
+            self._exchange.load_state_dict(mine)
+
+    @property
+    def exchange(self) -> str:
+        """``"sharded"`` or ``"all_gather"``."""
+        return "sharded" if self._pieces is not None else "all_gather"
 
     @property
     def codec(self) -> Codec:
         return self.node.codec
+
+    @property
+    def downlink_codec(self) -> Optional[Codec]:
+        """The owners' codec of the sharded exchange (``None`` with ``exchange="all_gather"``)."""
+        return self._exchange.downlink if self._pieces is not None else None
 
     @property
     def process_group(self) -> Optional[dist.ProcessGroup]:
@@ -171,6 +241,12 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
     run across tensor boundaries (a tile-mode DCT codec cuts the vector into flat chunks of its
     ``chunk_shape``), and every rank must hold the same parameter shapes (a rank whose spec
     differs is refused with ``FrameError`` of kind ``model_spec_mismatch``).
+
+    ``exchange``: ``"sharded"`` (the default: each rank owns pieces of the parameters, receives every
+    rank's records of them, averages them and sends the mean re-encoded with ``downlink_codec`` — by
+    default the uplink codec's twin — under its own error feedback; see :mod:`gradwire.torch.sharded`)
+    or ``"all_gather"`` (every rank reads every rank's frame). ``piece_numel`` bounds a piece of the
+    sharded exchange, in elements (tensors above it are cut at the codec's chunk boundaries).
     """
 
     def __init__(
@@ -184,17 +260,21 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         process_group: Optional[dist.ProcessGroup] = None,
         limits: Optional[Limits] = None,
         model_record: bool = False,
+        exchange: str = "sharded",
+        downlink_codec: Optional[Codec] = None,
+        piece_numel: int = DEFAULT_PIECE_NUMEL,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if weight_decay < 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
-        codec = codec if codec is not None else default_demo_codec()
-        self.node = DeMoState(model_record_codec(codec) if model_record else codec, beta=beta)
-        self._exchange = _Exchange(process_group, limits)
+        uplink = codec if codec is not None else default_demo_codec()
+        self.node = DeMoState(model_record_codec(uplink) if model_record else uplink, beta=beta)
         self.steps = 0
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
+        self._setup_exchange(exchange, codec, downlink_codec, default_demo_codec, process_group, limits,
+                             model_record, piece_numel)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
@@ -205,7 +285,26 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         named = _named(self.param_groups)
         device = named[0][1].device if named else None
         entries: list[Entry] = []
-        if self.model_record is not None:
+        pieces = self._pieces
+        if pieces is not None:
+            # Sharded: the node's buffers are the pieces'; the exchange hands back each tensor's mean.
+            if self.model_record is not None:
+                mr = self.model_record
+                scaled = {
+                    n: torch.mul((p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32), g["lr"])
+                    for n, p, g in named
+                }
+                entries = self.node.compress(pieces.cut(mr.flatten(scaled)), 1.0)
+                mean = mr.spec.unflatten(self._exchange(entries, self.steps, device)[mr.name])
+            else:
+                for group in self.param_groups:
+                    grads = {
+                        n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
+                    }
+                    if grads:
+                        entries += self.node.compress(pieces.cut(grads), group["lr"])
+                mean = self._exchange(entries, self.steps, device)
+        elif self.model_record is not None:
             # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
             scaled = {
                 n: torch.mul((p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32), g["lr"])
@@ -230,7 +329,8 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """torch's optimizer state (param groups) plus ``"gradwire"``: the momenta and codec state, the
-        step counter and the byte counters."""
+        step counter and the byte counters; sharded, also the group's size, this rank and the owner's
+        error feedback (a sharded checkpoint resumes only in a group of the same size, on the same rank)."""
         out = super().state_dict()
         out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, **self._exchange.state_dict()}
         return out
@@ -238,14 +338,16 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         mine = state_dict.pop(_STATE_KEY)
-        super().load_state_dict(state_dict)
-        self.node.load_state_dict(mine["node"])
         named = _named(self.param_groups)
         devices = {n: p.device for n, p, _ in named}
         first = named[0][1].device if named else None
-        self.node.momenta = {n: m.to(devices.get(n, first or m.device)) for n, m in self.node.momenta.items()}
+        self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
+        super().load_state_dict(state_dict)
+        self.node.load_state_dict(mine["node"])
+        self.node.momenta = {
+            n: m.to(self._device_of(n, devices, first) or m.device) for n, m in self.node.momenta.items()
+        }
         self.steps = int(mine["steps"])
-        self._exchange.load_state_dict(mine)
 
 
 class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
@@ -264,6 +366,8 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     The inner optimizer's state stays local. :meth:`zero_grad` and the param groups are this
     optimizer's own (the same parameters as ``inner``'s); a scheduler should drive ``inner``.
     ``model_record=True`` sends the whole model's error buffer as one record, as in :class:`DeMo`.
+    ``exchange`` (``"sharded"``, the default, or ``"all_gather"``), ``downlink_codec`` and ``piece_numel``
+    are :class:`DeMo`'s; the owners' error feedback holds what their re-encoded means left out.
     """
 
     def __init__(
@@ -280,6 +384,9 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         nesterov: bool = False,
         limits: Optional[Limits] = None,
         model_record: bool = False,
+        exchange: str = "sharded",
+        downlink_codec: Optional[Codec] = None,
+        piece_numel: int = DEFAULT_PIECE_NUMEL,
     ):
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
@@ -293,15 +400,16 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             raise ValueError("inner must optimize exactly the parameters given to SparseLoCo")
         self.inner = inner
         self.sync_every = sync_every
-        codec = codec if codec is not None else default_sparseloco_codec(sync_every)
-        self.node = SparseLoCoState(model_record_codec(codec) if model_record else codec, error_decay=error_decay)
+        uplink = codec if codec is not None else default_sparseloco_codec(sync_every)
+        self.node = SparseLoCoState(model_record_codec(uplink) if model_record else uplink, error_decay=error_decay)
         self.outer = OuterStep(outer_lr, outer_momentum, nesterov)
-        self._exchange = _Exchange(process_group, limits)
         self.local_steps = 0
         self.syncs = 0
         with torch.no_grad():
             self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
+        self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_codec(sync_every),
+                             process_group, limits, model_record, piece_numel)
 
     def step(self, closure: Optional[Callable[[], Any]] = None):
         loss = self.inner.step(closure)
@@ -316,7 +424,17 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         named = _named(self.param_groups)
         current = {n: p for n, p, _ in named}
         device = named[0][1].device if named else None
-        if self.model_record is not None:
+        pieces = self._pieces
+        if pieces is not None:
+            # Sharded: the node's error buffers are the pieces'; the exchange hands back each tensor's mean.
+            mr = self.model_record
+            if mr is not None:
+                entries = self.node.compress(pieces.cut(mr.flatten(self.anchor)), pieces.cut(mr.flatten(current)))
+                mean = mr.spec.unflatten(self._exchange(entries, self.syncs, device)[mr.name])
+            else:
+                entries = self.node.compress(pieces.cut(self.anchor), pieces.cut(current))
+                mean = self._exchange(entries, self.syncs, device)
+        elif self.model_record is not None:
             # Elementwise, the flat pseudo-gradient and error buffer are the per-tensor ones, concatenated.
             mr = self.model_record
             entries = self.node.compress(mr.flatten(self.anchor), mr.flatten(current))
@@ -331,7 +449,8 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state, the anchor, error buffers and codec state, the outer optimizer's
-        state, the step and sync counters and the byte counters (under ``"gradwire"``)."""
+        state, the step and sync counters and the byte counters (under ``"gradwire"``); sharded, also the
+        group's size, this rank and the owner's error feedback, as in :meth:`DeMo.state_dict`."""
         out = super().state_dict()
         out[_STATE_KEY] = {
             "inner": self.inner.state_dict(),
@@ -347,17 +466,19 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         mine = state_dict.pop(_STATE_KEY)
+        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
+        self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
         super().load_state_dict(state_dict)
         self.inner.load_state_dict(mine["inner"])
-        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
         if set(mine["anchor"]) != set(devices):
             raise ValueError("the saved anchor names other parameters than this optimizer's")
         self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in mine["anchor"].items()}
         self.node.load_state_dict(mine["node"])
         first = next(iter(devices.values()), None)
-        self.node.errors = {n: e.to(devices.get(n, first or e.device)) for n, e in self.node.errors.items()}
+        self.node.errors = {
+            n: e.to(self._device_of(n, devices, first) or e.device) for n, e in self.node.errors.items()
+        }
         self.outer.load_state_dict(mine["outer"])
         self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
         self.local_steps = int(mine["local_steps"])
         self.syncs = int(mine["syncs"])
-        self._exchange.load_state_dict(mine)

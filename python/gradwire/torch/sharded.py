@@ -1,0 +1,430 @@
+"""The sharded exchange of :class:`gradwire.torch.DeMo` and :class:`gradwire.torch.SparseLoCo`.
+
+With ``exchange="all_gather"`` every rank reads every rank's frame, so a rank's downlink grows with the
+world size. The sharded exchange (the default) is a reduce-scatter of records followed by an all-gather
+of re-encoded means, like a ring all-reduce made of frames:
+
+1. **Pieces and owners.** The parameters are cut into pieces from their shapes and the uplink codec
+   alone (:func:`cut_tensor`): a piece is a whole tensor or a block of rows of a large one, cut where the
+   codec's chunks start, so a piece's chunks are exactly the whole tensor's chunks (with a DCT codec in
+   tile mode a row block gets the whole tensor's tiles; in flat mode the flattened tensor is cut at
+   multiples of the chunk size). :func:`assign_owners` gives the pieces to the ranks, largest first,
+   each to the least loaded rank (ties to the lowest rank): the same on every rank.
+2. **Phase 1, records to owners.** Each rank's node side compresses its pieces (the momentum or error
+   buffer of a piece keeps what was not sent) and sends every owner one bundle frame holding its records
+   for that owner's pieces, in one all-to-all of byte frames (:func:`~gradwire.torch.collectives.all_to_all_bytes`).
+3. **The owner's mean.** An owner reads the frames (with :class:`~gradwire.Limits`; bundle, round and
+   sender checked), takes the exact mean of its pieces over all ranks' records in rank order
+   (:func:`gradwire.aggregation.exact_mean`, weights ``1/world``), adds its own error feedback residual
+   and re-encodes the sum with the downlink codec (:class:`gradwire.ErrorFeedback`) into one bundle frame
+   (``sender`` = the owner).
+4. **Phase 2, means to everyone.** The owners' frames are all-gathered and every rank, the owner too,
+   decodes those exact bytes, so every rank applies the same mean and holds bit-identical weights.
+
+Per rank that is about one frame's worth of records out and in per phase, whatever the world size: a
+rank receives ``(world − 1)/world`` of the model's records in each phase, under 2 frames in all, where
+the all-gather receives ``world − 1`` frames.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..aggregation import exact_mean
+from ..codecs.base import Codec
+from ..codecs.dct import DCTCodec
+from ..dct import MODE_FLAT, MODE_TILES
+from ..errors import FrameError, error
+from ..feedback import ErrorFeedback
+from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, read_frame, write_frame
+from .collectives import all_gather_bytes, all_to_all_bytes, comm_device, gather_rows
+
+__all__ = [
+    "DEFAULT_PIECE_NUMEL",
+    "Piece",
+    "Pieces",
+    "ShardedExchange",
+    "assign_owners",
+    "cut_tensor",
+]
+
+#: The default largest piece, in elements (1 MiB of float32, 64 tiles of 64×64): a 1024×1024 weight is
+#: cut into 4 pieces of 256 rows. Pieces much smaller than this add a record's headers (~137 bytes
+#: with the DCT codec) for little gain in balance.
+DEFAULT_PIECE_NUMEL = 1 << 18
+
+#: What an owner sends in phase 2 when it refused the records it was sent: one byte, never a frame
+#: (a frame has at least ``MIN_FRAME_BYTES``), so every rank raises instead of waiting.
+_REFUSED = b"\x00"
+assert len(_REFUSED) < MIN_FRAME_BYTES
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of one tensor: elements ``start:stop`` of the flattened tensor, in ``shape``.
+
+    ``name`` is the tensor's name for a whole tensor, else the tensor's name and the range cut:
+    ``"g0.p3[0:256]"`` (rows 0 to 255) for a row block, elements for a cut of a flat-chunked tensor.
+    """
+
+    name: str
+    tensor: str
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _same_chunks(codec, whole, piece_shape: tuple[int, ...]) -> bool:
+    """Whether ``codec`` cuts a row block of ``piece_shape`` into tiles of the whole tensor's kind."""
+    plan = codec.plan(piece_shape)
+    return (
+        plan.mode == whole.mode
+        and plan.chunk_shape == whole.chunk_shape
+        and plan.pad_count == 0
+        and tuple(plan.grid[1:]) == tuple(whole.grid[1:])
+    )
+
+
+def cut_tensor(name: str, shape: Sequence[int], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL) -> list[Piece]:
+    """How a tensor of ``shape`` is cut into pieces of at most about ``piece_numel`` elements.
+
+    Only a DCT codec's tensors are cut (by its own chunk plan, :meth:`~gradwire.DCTCodec.plan`), and only where
+    each piece gets exactly the whole tensor's chunks, so a piece's record carries what the whole
+    tensor's would have for those elements:
+
+    - flat chunks (mode 0: a flat-mode codec, a model record, or a tile-mode codec's fallback for small
+      tiles — the latter kept whole, since a 1-D piece of it would get tiles): the flattened tensor is
+      cut at multiples of the chunk size ``C``, each piece 1-D; only the last piece is padded, as the
+      whole tensor is;
+    - tiles (mode 1): blocks of rows, each a multiple of the tile's rows, checked with the codec's own
+      plan to get tiles of the same shape (with a tile side below 64 — a 1000-row matrix has 50-row
+      tiles — a 300-row block would get 60-row tiles, so such sizes are skipped).
+
+    Any other tensor is one piece named as the tensor.
+    """
+    shape = tuple(int(d) for d in shape)
+    numel = _numel(shape)
+    piece_numel = max(1, int(piece_numel))
+    whole = [Piece(name, name, 0, numel, shape)]
+    if numel <= piece_numel or not isinstance(codec, DCTCodec):
+        return whole
+    plan_of = codec.plan
+    plan = plan_of(shape)
+    if plan.mode == MODE_FLAT:
+        c = plan.chunk_numel
+        step = max(1, piece_numel // c) * c
+        out = []
+        for lo in range(0, numel, step):
+            hi = min(numel, lo + step)
+            piece = plan_of((hi - lo,))
+            # A tile-mode codec's fallback stays whole: its 1-D pieces would be tiled, not chunked flat.
+            if piece.mode != MODE_FLAT or piece.chunk_shape != plan.chunk_shape:
+                return whole
+            out.append(Piece(f"{name}[{lo}:{hi}]", name, lo, hi, (hi - lo,)))
+        return out if len(out) > 1 else whole
+    if plan.mode != MODE_TILES:
+        return whole
+    rows = shape[0] if len(shape) >= 1 else 1
+    unit = plan.chunk_shape[0]  # rows of a tile (elements of a vector's tile)
+    row_numel = numel // rows
+    units = rows // unit
+    if units * unit != rows:
+        return whole
+
+    def block(k: int) -> tuple[int, ...]:
+        return (k * unit, *shape[1:])
+
+    def valid(k: int) -> bool:
+        return _same_chunks(codec, plan, block(k))
+
+    target = max(1, piece_numel // (unit * row_numel))
+    out = []
+    at = 0
+    while at < units:
+        k = min(target, units - at)
+        while k > 1 and not valid(k):
+            k -= 1
+        if not valid(k):
+            return whole
+        r0, r1 = at * unit, (at + k) * unit
+        out.append(Piece(f"{name}[{r0}:{r1}]", name, r0 * row_numel, r1 * row_numel, block(k)))
+        at += k
+    return out if len(out) > 1 else whole
+
+
+def assign_owners(pieces: Sequence[Piece], world: int) -> list[int]:
+    """The owner rank of each piece: largest first (ties in piece order), each to the rank with the
+    fewest elements so far (ties to the lowest rank). Deterministic: the same on every rank."""
+    world = int(world)
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    loads = [0] * world
+    owners = [0] * len(pieces)
+    for i in sorted(range(len(pieces)), key=lambda i: (-pieces[i].numel, i)):
+        r = min(range(world), key=lambda r: (loads[r], r))
+        owners[i] = r
+        loads[r] += pieces[i].numel
+    return owners
+
+
+class Pieces:
+    """The pieces of named tensors (in the order given, each tensor's pieces in row order), with the
+    cutting of tensors into them and the joining of pieces back."""
+
+    def __init__(self, tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec,
+                 piece_numel: int = DEFAULT_PIECE_NUMEL):
+        self.piece_numel = int(piece_numel)
+        if self.piece_numel < 1:
+            raise ValueError(f"piece_numel must be >= 1, got {piece_numel}")
+        self.shapes = {n: tuple(int(d) for d in s) for n, s in tensors}
+        self.by_tensor: dict[str, list[Piece]] = {n: cut_tensor(n, s, codec, self.piece_numel) for n, s in tensors}
+        self.pieces: list[Piece] = [p for n, _ in tensors for p in self.by_tensor[n]]
+        self.tensor_of = {p.name: p.tensor for p in self.pieces}
+        if len(self.tensor_of) != len(self.pieces):
+            raise ValueError("two pieces share a name: tensor names must not end in a [start:stop] range")
+
+    def cut(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{piece name: view}`` of every piece of the tensors given (in piece order)."""
+        out = {}
+        for n, t in tensors.items():
+            pieces = self.by_tensor[n]
+            if len(pieces) == 1:
+                out[pieces[0].name] = t
+                continue
+            flat = t.reshape(-1)
+            for p in pieces:
+                out[p.name] = flat[p.start:p.stop].view(p.shape)
+        return out
+
+    def join(self, parts: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{tensor name: tensor}`` from every piece's tensor (each tensor's pieces concatenated)."""
+        out = {}
+        for n, pieces in self.by_tensor.items():
+            if len(pieces) == 1:
+                out[n] = parts[pieces[0].name].reshape(self.shapes[n])
+            else:
+                out[n] = torch.cat([parts[p.name].reshape(-1) for p in pieces]).view(self.shapes[n])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+
+class ShardedExchange:
+    """Phase 1 (records to owners), the owners' mean and downlink error feedback, phase 2 (means to
+    all); the byte counters and the owner's state. ``model_record``: the pieces are of one model
+    record, and a rank whose pieces differ is refused with ``FrameError`` ``model_spec_mismatch``."""
+
+    name = "sharded"
+
+    def __init__(self, pieces: Pieces, downlink: Codec, process_group: Optional[dist.ProcessGroup],
+                 limits: Optional[Limits], *, model_record: bool = False):
+        self.pieces = pieces
+        self.downlink = downlink
+        self.feedback = ErrorFeedback(downlink)
+        self.process_group = process_group
+        self.limits = limits or DEFAULT_LIMITS
+        self.model_record = model_record
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._owners: Optional[list[int]] = None
+        self._owners_world = 0
+        self._checked = False
+
+    # -- the group -------------------------------------------------------------------------------
+
+    def _distributed(self) -> bool:
+        return self.process_group is not None or (dist.is_available() and dist.is_initialized())
+
+    def rank(self) -> int:
+        return dist.get_rank(self.process_group) if self._distributed() else 0
+
+    def world(self) -> int:
+        return dist.get_world_size(self.process_group) if self._distributed() else 1
+
+    def owners(self) -> list[int]:
+        """Each piece's owner rank (in piece order) for the group's size."""
+        world = self.world()
+        if self._owners is None or self._owners_world != world:
+            self._owners = assign_owners(self.pieces.pieces, world)
+            self._owners_world = world
+        return self._owners
+
+    def owned(self, rank: int) -> list[Piece]:
+        """The pieces ``rank`` owns, in piece order."""
+        return [p for p, o in zip(self.pieces.pieces, self.owners()) if o == rank]
+
+    def _digest(self) -> bytes:
+        layout = [[p.name, list(p.shape)] for p in self.pieces.pieces]
+        blob = json.dumps([self.world(), self.pieces.piece_numel, layout]).encode()
+        return hashlib.blake2b(blob, digest_size=16).digest()
+
+    def _check_layout(self) -> None:
+        """Once, before the first exchange: every rank cut the same pieces (else every rank raises)."""
+        if self._checked:
+            return
+        if self._distributed():
+            g = self.process_group
+            mine = torch.tensor(list(self._digest()), dtype=torch.uint8, device=comm_device(g))
+            rows = gather_rows(mine, g).cpu()
+            differ = [r for r in range(rows.shape[0]) if not torch.equal(rows[r], rows[0])]
+            if differ:
+                msg = (f"ranks {differ} cut the parameters into other pieces than rank 0 (different tensor "
+                       "shapes, codec chunks or piece_numel): every rank must build the optimizer over the same "
+                       "parameter shapes")
+                if self.model_record:
+                    raise error("model_spec_mismatch", "model record: " + msg)
+                raise ValueError(msg)
+        self._checked = True
+
+    # -- one exchange ----------------------------------------------------------------------------
+
+    def __call__(self, entries: Sequence[Entry], round: int, device=None) -> dict[str, torch.Tensor]:
+        """This rank's records of every piece in; the mean of every tensor (pieces joined) out."""
+        self._check_layout()
+        me, world = self.rank(), self.world()
+        owners = self.owners()
+        mine = {e.name: e for e in entries}
+        expected = [p.name for p in self.pieces.pieces]
+        if sorted(mine) != sorted(expected) or len(mine) != len(entries):
+            raise ValueError(f"the records name other pieces than the layout's ({len(entries)} records, "
+                             f"{len(expected)} pieces)")
+        owned = [self.owned(r) for r in range(world)]
+
+        # Phase 1: one bundle frame per owner, holding this rank's records of its pieces.
+        payloads = [
+            write_frame([mine[p.name] for p in owned[r]], round=round, sender=me, bundle=True) if owned[r] else b""
+            for r in range(world)
+        ]
+        if self._distributed() and world > 1:
+            g = self.process_group
+            got = all_to_all_bytes(payloads, g, device=comm_device(g), limits=self.limits)
+        else:
+            got = [payloads[me]]
+        sent = sum(len(p) for r, p in enumerate(payloads) if r != me)
+        received = sum(len(f) for s, f in enumerate(got) if s != me)
+
+        # The owner's mean of its pieces, re-encoded with its error feedback; or the refusal marker.
+        refusal: Optional[BaseException] = None
+        out_frame = b""
+        try:
+            if owned[me]:
+                records = [self._read(got[s], round, s, owned[me], "records for its pieces") for s in range(world)]
+                mean = exact_mean(records, device=device)
+                reencoded = self.feedback.compress_bundle({p.name: mean[p.name] for p in owned[me]})
+                out_frame = write_frame(reencoded, round=round, sender=me, bundle=True)
+            elif any(len(f) for f in got):
+                raise FrameError(f"rank {me} owns no piece but was sent records")
+        except (FrameError, ValueError) as exc:
+            refusal, out_frame = exc, _REFUSED
+
+        # Phase 2: every owner's frame to every rank; every rank decodes the same bytes.
+        if self._distributed() and world > 1:
+            g = self.process_group
+            frames = all_gather_bytes(out_frame, g, device=comm_device(g), limits=self.limits)
+        else:
+            frames = [out_frame]
+        if refusal is not None:
+            raise refusal
+        for r, data in enumerate(frames):
+            if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
+                raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
+        parts: dict[str, torch.Tensor] = {}
+        for r, data in enumerate(frames):
+            if not owned[r]:
+                if len(data):
+                    raise FrameError(f"rank {r} owns no piece but sent {len(data)} bytes")
+                continue
+            got_r = self._read(data, round, r, owned[r], "its re-encoded mean")
+            parts.update(exact_mean([got_r], weights=[1.0], device=device))
+        sent += len(out_frame)
+        received += sum(len(f) for r, f in enumerate(frames) if r != me)
+        self.bytes_sent += sent
+        self.bytes_received += received
+        return self.pieces.join(parts)
+
+    def _read(self, data, round: int, sender: int, pieces: Sequence[Piece], what: str) -> list[Entry]:
+        """The records of a frame from ``sender``, checked: a bundle of ``round`` from ``sender`` holding
+        exactly ``pieces`` (names, shapes, order)."""
+        if len(data) == 0:
+            raise FrameError(f"rank {sender} sent no frame; expected {what} ({len(pieces)} pieces)")
+        got = read_frame(data, limits=self.limits)
+        if not got.bundle or got.round != round or got.sender != sender:
+            raise FrameError(
+                f"rank {sender} sent a {'bundle' if got.bundle else 'tensor'} frame for round {got.round} from"
+                f" sender {got.sender}; expected a bundle frame for round {round} from {sender}"
+            )
+        names = [e.name for e in got.entries]
+        want = [p.name for p in pieces]
+        if names != want:
+            kind = "model_spec_mismatch" if self.model_record else None
+            msg = f"rank {sender} sent records {names[:4]}… as {what}; expected {want[:4]}… ({len(want)})"
+            raise error(kind, msg) if kind else FrameError(msg)
+        for e, p in zip(got.entries, pieces):
+            if tuple(e.shape) != p.shape:
+                raise FrameError(f"rank {sender} sent {p.name!r} with shape {tuple(e.shape)}, expected {p.shape}")
+        return list(got.entries)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The byte counters, the group's size and this rank, and the owner's error feedback."""
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "exchange": self.name,
+            "world": self.world(),
+            "rank": self.rank(),
+            "owner": self.feedback.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], devices: Optional[Mapping[str, torch.device]] = None) -> None:
+        """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another exchange, group
+        size or rank (the pieces would have other owners)."""
+        saved = state.get("exchange", "all_gather")
+        if saved != self.name:
+            raise ValueError(
+                f"this checkpoint was saved with exchange={saved!r}; this optimizer uses exchange={self.name!r} "
+                f"(build it with exchange={saved!r} to resume it)"
+            )
+        world, rank = self.world(), self.rank()
+        if int(state["world"]) != world:
+            raise ValueError(
+                f"this checkpoint was saved by a group of {int(state['world'])} ranks, this group has {world}: "
+                "with exchange='sharded' the pieces' owners (and the owners' error feedback) depend on the group "
+                "size, so a sharded checkpoint resumes only in a group of the same size"
+            )
+        if int(state["rank"]) != rank:
+            raise ValueError(
+                f"this checkpoint is rank {int(state['rank'])}'s; this is rank {rank}: with exchange='sharded' "
+                "each rank resumes from its own checkpoint (it holds that rank's owner error feedback)"
+            )
+        feedback = ErrorFeedback(self.downlink)
+        feedback.load_state_dict(state["owner"])
+        owned = {p.name for p in self.owned(rank)}
+        stray = sorted(set(feedback.names()) - owned)
+        if stray:
+            raise ValueError(f"the checkpoint's owner error feedback holds pieces this rank does not own: {stray[:4]}")
+        if devices:
+            for n in feedback.names():
+                feedback.set_residual(n, feedback.residual(n).to(devices.get(self.pieces.tensor_of[n], "cpu")))
+        self.feedback = feedback
+        self.bytes_sent = int(state["bytes_sent"])
+        self.bytes_received = int(state["bytes_received"])
