@@ -190,8 +190,10 @@ class RunState:
         weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
         records = [u.frame.entries for u in updates]
         if self.config.reencodes:
-            published, _ = self._reencoded_version(records, weights, trim)
-            self.replay_average(published)
+            published, recon = self._reencoded_version(records, weights, trim)
+            # The codec's reconstruction is what every node decodes from those bytes (Codec.compress's
+            # contract, as for AdamW's diff), so the frame is not decoded again here.
+            self._apply_mean(recon)
             return published
         self._average(records, weights, trim)
         return write_published(self.version, [u.raw for u in updates], weights, trim)
@@ -219,14 +221,15 @@ class RunState:
         agg = self.config.aggregation
         weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
         ours, recon = self._reencoded_version([u.frame.entries for u in updates], weights, trim)
-        same = ours == published
-        if not same:
-            (version,) = read_published(published)
-            sent = version.mean(device=self.device)
-            assert self.downlink is not None
-            self.downlink.take_back({n: recon[n] - sent[n] for n in recon})
-        self.replay_average(published)
-        return same
+        if ours == published:
+            self._apply_mean(recon)
+            return True
+        (version,) = read_published(published)
+        sent = version.mean(device=self.device)
+        assert self.downlink is not None
+        self.downlink.take_back({n: recon[n] - sent[n] for n in recon})
+        self._apply_mean(sent)
+        return False
 
     def replay_average(self, published: bytes) -> None:
         (version,) = read_published(published)
@@ -238,6 +241,10 @@ class RunState:
         clock = _Clock(self.timings)
         mean = exact_aggregate(records, weights, trim, device=self.device)
         clock.lap("aggregate")
+        self._apply_mean(mean)
+
+    def _apply_mean(self, mean: Mapping[str, torch.Tensor]) -> None:
+        clock = _Clock(self.timings)
         self.algorithm_state = apply_mean(self.config.algorithm, self.config.algorithm_config(),
                                           self.master, mean, self.algorithm_state)
         self.version += 1
