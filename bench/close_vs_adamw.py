@@ -142,16 +142,22 @@ def close_table(console, grid, modes, average_max_params: float, average_max_nod
 
 def _decode_levels_share(state: RunState, master) -> float:
     """Seconds of the exact decode inside one downlink encode: the same encode with its reconstruction
-    step timed on its own (gradwire.dct.decode_levels, wrapped for the measurement)."""
+    step timed on its own (gradwire.dct.decode_levels, wrapped for the measurement).
+
+    The DCT codec (gradwire.codecs.dct) calls ``_dct.decode_levels`` through the package ``gradwire.dct``,
+    so the wrapper replaces the name there (only there: a plain re-export, setting it on the package
+    reaches no submodule) and puts the original back afterwards."""
     from gradwire import dct as _dct
 
     spent = [0.0]
+    calls = [0]
     real = _dct.decode_levels
 
     def timed(*a, **k):
         t0 = time.perf_counter()
         out = real(*a, **k)
         spent[0] += time.perf_counter() - t0
+        calls[0] += 1
         return out
 
     diff = {n: torch.randn_like(t) * 1e-4 for n, t in master.items()}
@@ -161,6 +167,10 @@ def _decode_levels_share(state: RunState, master) -> float:
         feedback.compress_bundle_reconstructed(diff)
     finally:
         _dct.decode_levels = real
+    if not calls[0]:
+        # Zero seconds because the wrapper was never called would be a wrong number, not a fast decode.
+        raise RuntimeError("the downlink encode never called the wrapped gradwire.dct.decode_levels: "
+                           "the wrapper is not where the codec looks decode_levels up")
     return spent[0]
 
 

@@ -52,7 +52,9 @@ def test_one_inverse_transform_per_sum(monkeypatch):
     entries = _records(codec, (32, 32), 10, seed=3)
     calls = []
     real = dct_mod.idct_chunks
-    # A spy on the real transform: counts calls, computes as usual.
+    # A spy on the real transform: counts calls, computes as usual. DCTAccumulator.finish calls
+    # ``_dct.idct_chunks`` through the package (gradwire.codecs.dct does ``from .. import dct as _dct``),
+    # so the spy goes on the package, where that call looks the name up.
     monkeypatch.setattr(dct_mod, "idct_chunks", lambda x: calls.append(1) or real(x))
     acc = make_accumulator(entries[0])
     for e in entries:

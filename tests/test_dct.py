@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwire import dct as D
+from gradwire.dct import transform as T  # owns the basis cache and its settings; patch them here
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -127,32 +128,35 @@ def test_dct_nd_matches_scipy_dctn_over_every_dim(shape):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 17, 64])
 def test_fft_path_matches_scipy_for_every_length(monkeypatch, n):
-    monkeypatch.setattr(D, "MATMUL_MAX_N", 0)  # force the FFT path used for long axes
+    monkeypatch.setattr(T, "MATMUL_MAX_N", 0)  # force the FFT path used for long axes
+    D.clear_basis_cache()
     x = _rand((3, n, 2), seed=n)
     want = scipy.fft.dctn(x.numpy(), axes=(1, 2), norm="ortho")
     np.testing.assert_allclose(D.dct_chunks(x).numpy(), want, atol=1e-12, rtol=0)
     torch.testing.assert_close(D.idct_chunks(D.dct_chunks(x)), x, atol=1e-12, rtol=0)
     np.testing.assert_allclose(D.dct(x, 1).numpy(), scipy.fft.dct(x.numpy(), axis=1, norm="ortho"), atol=1e-12)
     torch.testing.assert_close(D.idct(D.dct(x, 1), 1), x, atol=1e-12, rtol=0)
+    assert {key[0] for key in T._BASES} == {"twiddle"}  # the FFT path ran, no basis matrix was built
 
 
 def test_long_axes_never_build_a_basis_matrix():
     D.clear_basis_cache()
-    n = D.MATMUL_MAX_N * 3 + 1
+    n = T.MATMUL_MAX_N * 3 + 1
     x = _rand((2, n), dtype=torch.float32, seed=9)
     X = D.dct_chunks(x)
     np.testing.assert_allclose(X.double().numpy(), scipy.fft.dct(x.double().numpy(), axis=1, norm="ortho"), atol=1e-4)
     torch.testing.assert_close(D.idct_chunks(X), x, atol=1e-5, rtol=0)
-    assert all(key[0] != "basis" for key in D._BASES)
+    assert all(key[0] != "basis" for key in T._BASES)
+    assert any(key[0] == "twiddle" for key in T._BASES)  # the cache looked at is the one the FFT filled
 
 
 def test_basis_cache_is_bounded(monkeypatch):
     D.clear_basis_cache()
-    monkeypatch.setattr(D, "BASIS_CACHE_BYTES", 3 * 64 * 64 * 4)
+    monkeypatch.setattr(T, "BASIS_CACHE_BYTES", 3 * 64 * 64 * 4)
     for n in (64, 63, 62, 61, 60):
         D.dct_basis(n)
-    assert D._cache_bytes <= 3 * 64 * 64 * 4
-    assert [key[1] for key in D._BASES][-1] == 60  # the most recent stays
+    assert T._cache_bytes <= 3 * 64 * 64 * 4
+    assert [key[1] for key in T._BASES][-1] == 60  # the most recent stays
     D.clear_basis_cache()
 
 

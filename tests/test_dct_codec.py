@@ -409,10 +409,15 @@ def test_checks_run_before_the_dense_output_is_allocated(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("dense output allocated before validation")
 
+    good = _good()  # encoded (the encoder decodes too) before the spy goes in
     e = _good()
     e.shape = (1 << 30,)  # a 4 GiB output if it were allocated
     e.params = _params(e, pad_count=0)
-    monkeypatch.setattr(gradwire.dct, "decode_chunks", boom)
+    # The decoder allocates the dense output in ``decode_levels``, which gradwire.codecs.dct calls as
+    # ``_dct.decode_levels`` through the package: the spy goes there. A valid record reaches it.
+    monkeypatch.setattr(gradwire.dct, "decode_levels", boom)
+    with pytest.raises(AssertionError, match="dense output allocated"):
+        _decode_edited(good)
     with pytest.raises(FrameError, match="section 'idx' must hold"):
         _decode_edited(e)
 

@@ -8,6 +8,7 @@ import torch
 
 import gradwire
 from gradwire import dct as D
+from gradwire.dct import decode as dct_decode  # reads _EXACT_BLOCK_ELEMS; patch it here
 
 
 @pytest.fixture
@@ -48,10 +49,13 @@ def test_every_route_gives_the_same_bits(chunk, k):
         assert torch.equal(D.decode_levels(*args, plan, route=route), dense), route
 
 
-@pytest.mark.parametrize("shape, k", [((192, 320), 40), ((64, 64), 100), ((130, 64 * 7), 30), ((96, 4, 5), 9)])
-def test_tiles_decode_in_place_by_every_route(restore_threads, shape, k):
+@pytest.mark.parametrize("shape, k", [((192, 320), 40), ((64, 64), 100), ((130, 64 * 7), 30), ((96, 4, 5), 9),
+                                     ((90, 252), 20)])
+def test_tiles_decode_in_place_by_every_route(restore_threads, monkeypatch, shape, k):
     # The rows route combines tiles straight into the matrix (no tile-to-matrix copy); a block of
-    # chunks may start and end inside a tile row, so small blocks and odd grids are tried too.
+    # chunks may start and end inside a tile row, so small blocks and odd grids are tried too. Blocks
+    # apply where the folded Rust pass does not (tiles with an odd side): (90, 252) has 45×63 tiles in
+    # rows of 4, so a block of 3 starts inside a tile row.
     plan = D.plan_tiles(shape)
     assert plan.mode == D.MODE_TILES and len(plan.chunk_shape) == 2
     args = _levels(plan, min(k, plan.chunk_numel), 4)
@@ -60,12 +64,9 @@ def test_tiles_decode_in_place_by_every_route(restore_threads, shape, k):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense), threads
-    old = D._EXACT_BLOCK_ELEMS
-    try:
-        D._EXACT_BLOCK_ELEMS = 3 * 2 * plan.chunk_numel  # blocks of 3 chunks
-        assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense)
-    finally:
-        D._EXACT_BLOCK_ELEMS = old
+    # decode_levels reads the block size from its own module, gradwire.dct.decode.
+    monkeypatch.setattr(dct_decode, "_EXACT_BLOCK_ELEMS", 3 * 2 * plan.chunk_numel)  # blocks of 3 chunks
+    assert torch.equal(D.decode_levels(*args, plan, route="rows"), dense)
 
 
 def test_an_unknown_route_is_refused():

@@ -9,16 +9,14 @@ One namespace, ``gradwire.dct``, over four modules (each imports only the ones a
 - :mod:`.quantize`: :func:`select_topk` and the per-row int8 grid (:func:`quantize_int8`);
 - :mod:`.decode`: :func:`decode_chunks` (float) and the bit-exact :func:`decode_levels` with its routes.
 
-Every name is used as ``gradwire.dct.X``, as when this was one module. Setting a name here (a test's
-``monkeypatch.setattr(gradwire.dct, "MATMUL_MAX_N", 0)``, a benchmark wrapping ``decode_levels``) sets it
-in every module of the package that holds it, so knobs and spies reach the code that reads them; private
-names are read from the module that owns them, live (``gradwire.dct._cache_bytes``).
+The public names are re-exported here, so code calls ``gradwire.dct.X``. This is a plain re-export:
+assigning a name on ``gradwire.dct`` rebinds it here only. A setting such as ``MATMUL_MAX_N`` or
+``_EXACT_BLOCK_ELEMS`` is read from the module that defines it (``gradwire.dct.transform``,
+``gradwire.dct.decode``), and a function is looked up in the namespace its caller imported it from.
+Patch a name there.
 """
 
 from __future__ import annotations
-
-import sys
-import types
 
 from . import chunks, decode, quantize, transform
 from .chunks import (
@@ -37,7 +35,6 @@ from .chunks import (
     to_chunks,
 )
 from .decode import (
-    _EXACT_BLOCK_ELEMS,
     decode_chunks,
     decode_levels,
     decode_levels_weighted_sum,
@@ -45,7 +42,6 @@ from .decode import (
 )
 from .quantize import MIN_RANGE, dequantize_int8, quantize_int8, select_topk
 from .transform import (
-    _BASES,
     BASIS_CACHE_BYTES,
     MATMUL_MAX_N,
     clear_basis_cache,
@@ -93,31 +89,3 @@ __all__ = [
     "tile_chunk_shape",
     "to_chunks",
 ]
-
-#: The modules of the package, bottom to top.
-_PARTS = (chunks, transform, quantize, decode)
-
-
-def __getattr__(name: str):
-    """Any other name of the modules (the private ones, e.g. ``_cache_bytes``, which the basis cache
-    rebinds), read live from the module that holds it."""
-    for part in _PARTS if not name.startswith("__") else ():
-        if name in vars(part):
-            return vars(part)[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """``gradwire.dct``: setting a name sets it in every module that holds it (where it is defined and
-    where it was imported), as setting it on the one module did; a name read live stays live. Dunder
-    names (``__doc__``, ``__spec__``, …) are the package's own."""
-
-    def __setattr__(self, name: str, value) -> None:
-        held = [] if name.startswith("__") else [part for part in _PARTS if name in vars(part)]
-        for part in held:
-            setattr(part, name, value)
-        if name in vars(self) or not held:
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
