@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import httpx
 import torch
@@ -98,3 +99,27 @@ def metric(client: httpx.Client, name: str, labels: str = "") -> float:
         if line.startswith(key + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def train_together(nodes: Sequence, loss: Callable[[torch.nn.Module, int, int], torch.Tensor], steps: int,
+                   timeout: float = 300.0) -> None:
+    """Each :class:`gradwire.client.Node` on its own thread: ``steps`` times zero its gradients, backward
+    ``loss(module, node_id, step)`` and ``node.step()``; re-raises the first failure in the caller."""
+    errors: list = []
+
+    def train(node) -> None:
+        try:
+            for step in range(steps):
+                node.module.zero_grad()
+                loss(node.module, node.node_id, step).backward()
+                node.step()
+        except BaseException as exc:  # surfaced by the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=train, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)

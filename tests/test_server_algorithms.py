@@ -3,7 +3,6 @@ gets the outer momentum, and a kill -9 between syncs that loses nothing."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -14,6 +13,7 @@ import gradwire
 from gradwire.client import GradwireClient, Node
 from gradwire.state import state_hash
 from live_server import LiveServer
+from server_helpers import train_together
 
 CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2}
 
@@ -46,25 +46,8 @@ def _node(url: str, admin: GradwireClient, run_id: str) -> Node:
     return Node(GradwireClient(url, token), run_id, _model(), gradwire.DCTCodec(**CODEC), node_id, wait=10)
 
 
-def _train(node: Node, steps: int, errors: list) -> None:
-    try:
-        for step in range(steps):
-            node.module.zero_grad()
-            _loss(node.module, node.node_id, step).backward()
-            node.step()
-    except BaseException as exc:  # surfaced by the test thread
-        errors.append(exc)
-
-
 def _together(nodes: list[Node], steps: int) -> None:
-    errors: list = []
-    threads = [threading.Thread(target=_train, args=(n, steps, errors)) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    train_together(nodes, _loss, steps, timeout=120)
 
 
 def test_demo_nodes_hold_the_servers_weights_after_every_version(live_server):

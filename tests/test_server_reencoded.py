@@ -5,8 +5,6 @@ for bit, and a kill -9 mid-run publishes the bytes of an uninterrupted run."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
 import torch
@@ -23,7 +21,7 @@ from gradwire_server.aggregate import Update
 from gradwire_server.config import RunConfig
 from gradwire_server.transition import RunState
 from live_server import LiveServer
-from server_helpers import dct_frame, make_run, random_grads, tiny_state
+from server_helpers import dct_frame, make_run, random_grads, tiny_state, train_together
 
 CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2}
 #: Every version replayed from the last checkpoint after a restart (none written inline).
@@ -53,24 +51,7 @@ def _train_together(url: str, admin_token: str, config: dict, n_nodes: int, step
     for _ in range(n_nodes):
         node_id, token = admin.register_node(run_id)
         nodes.append(Node(GradwireClient(url, token), run_id, _model(), gradwire.DCTCodec(**CODEC), node_id, wait=20))
-    errors: list = []
-
-    def train(node: Node) -> None:
-        try:
-            for step in range(steps):
-                node.module.zero_grad()
-                _loss(node.module, node.node_id, step).backward()
-                node.step()
-        except BaseException as exc:  # surfaced by the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=train, args=(n,)) for n in nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads)
+    train_together(nodes, _loss, steps)
     return nodes, run_id
 
 

@@ -35,6 +35,7 @@ from ..frame import DEFAULT_LIMITS, Limits
 __all__ = [
     "BytesGather",
     "Exchanged",
+    "GroupMember",
     "all_gather_bytes",
     "all_to_all_bytes",
     "comm_device",
@@ -51,6 +52,23 @@ class Exchanged(list):
 
     bytes_out: int = 0
     payload_bytes: int = 0
+
+
+class GroupMember:
+    """What an exchange knows of its process group: this rank and the world size, and a group of one
+    when torch.distributed is not initialized and no group was given (single-process code runs as rank 0
+    of one)."""
+
+    process_group: Optional[dist.ProcessGroup]
+
+    def _distributed(self) -> bool:
+        return self.process_group is not None or (dist.is_available() and dist.is_initialized())
+
+    def rank(self) -> int:
+        return dist.get_rank(self.process_group) if self._distributed() else 0
+
+    def world(self) -> int:
+        return dist.get_world_size(self.process_group) if self._distributed() else 1
 
 
 def comm_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:

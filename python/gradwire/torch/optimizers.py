@@ -53,7 +53,7 @@ from ..codecs.base import Codec
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
-from .collectives import all_gather_bytes, comm_device
+from .collectives import GroupMember, all_gather_bytes, comm_device
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
 
 __all__ = ["DeMo", "SparseLoCo"]
@@ -63,7 +63,7 @@ _STATE_KEY = "gradwire"
 EXCHANGES = ("sharded", "all_gather")
 
 
-class _Exchange:
+class _Exchange(GroupMember):
     """One bundle frame per rank, all-gathered and read back in rank order; the byte counters."""
 
     def __init__(self, process_group: Optional[dist.ProcessGroup], limits: Optional[Limits]):
@@ -71,15 +71,6 @@ class _Exchange:
         self.limits = limits or DEFAULT_LIMITS
         self.bytes_sent = 0
         self.bytes_received = 0
-
-    def _distributed(self) -> bool:
-        return self.process_group is not None or (dist.is_available() and dist.is_initialized())
-
-    def rank(self) -> int:
-        return dist.get_rank(self.process_group) if self._distributed() else 0
-
-    def world(self) -> int:
-        return dist.get_world_size(self.process_group) if self._distributed() else 1
 
     def __call__(self, entries: list[Entry], round: int) -> list[list[Entry]]:
         """Every rank's records, in rank order (this rank's read back from its own frame too)."""

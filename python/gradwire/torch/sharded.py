@@ -43,7 +43,7 @@ from ..dct import MODE_FLAT, MODE_TILES
 from ..errors import FrameError, error
 from ..feedback import ErrorFeedback
 from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, read_frame, write_frame
-from .collectives import all_gather_bytes, all_to_all_bytes, comm_device, gather_rows
+from .collectives import GroupMember, all_gather_bytes, all_to_all_bytes, comm_device, gather_rows
 
 __all__ = [
     "DEFAULT_PIECE_NUMEL",
@@ -227,7 +227,7 @@ class Pieces:
         return len(self.pieces)
 
 
-class ShardedExchange:
+class ShardedExchange(GroupMember):
     """Phase 1 (records to owners), the owners' mean and downlink error feedback, phase 2 (means to
     all); the byte counters and the owner's state. ``model_record``: the pieces are of one model
     record, and a rank whose pieces differ is refused with ``FrameError`` ``model_spec_mismatch``."""
@@ -249,15 +249,6 @@ class ShardedExchange:
         self._checked = False
 
     # -- the group -------------------------------------------------------------------------------
-
-    def _distributed(self) -> bool:
-        return self.process_group is not None or (dist.is_available() and dist.is_initialized())
-
-    def rank(self) -> int:
-        return dist.get_rank(self.process_group) if self._distributed() else 0
-
-    def world(self) -> int:
-        return dist.get_world_size(self.process_group) if self._distributed() else 1
 
     def owners(self) -> list[int]:
         """Each piece's owner rank (in piece order) for the group's size."""
@@ -300,7 +291,6 @@ class ShardedExchange:
         """This rank's records of every piece in; the mean of every tensor (pieces joined) out."""
         self._check_layout()
         me, world = self.rank(), self.world()
-        owners = self.owners()
         mine = {e.name: e for e in entries}
         expected = [p.name for p in self.pieces.pieces]
         if sorted(mine) != sorted(expected) or len(mine) != len(entries):
