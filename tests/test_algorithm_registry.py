@@ -76,7 +76,7 @@ def test_out_of_range_and_unknown_values_are_refused_by_the_library_and_the_serv
 def test_a_run_without_a_downlink_gets_its_algorithms_default():
     assert RunConfig.model_validate({"algorithm": "demo"}).downlink.params["value_bits"] == 1
     sl = RunConfig.model_validate({"algorithm": "sparseloco", "sparseloco": {"sync_every": 1}})
-    assert sl.downlink.params["topk"] == 16 and sl.downlink.params["value_bits"] == 2
+    assert sl.downlink.params["value_bits"] == 4 and sl.downlink.params["topk"] < 16  # the nodes' bytes, 4-bit values
     assert RunConfig.model_validate({}).downlink.params == {"chunk_shape": [64, 64], "topk": 32}
     given = {"codec": "dct", "params": {"chunk_shape": [64], "topk": 3}}
     assert RunConfig.model_validate({"algorithm": "demo", "downlink": given}).downlink.params["topk"] == 3
@@ -151,3 +151,16 @@ def test_the_library_config_types_are_plain_dataclasses():
     # The library depends on no pydantic: the server validates the same dataclasses through theirs.
     for cls in (AdamWConfig, DeMoConfig, SparseLoCoConfig):
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
+@pytest.mark.parametrize("sync_every", [1, 8, 32])
+def test_sparselocos_default_downlink_spends_the_nodes_bytes_on_4_bit_values(sync_every):
+    from gradwire.algorithms.sparseloco import default_sparseloco_codec, default_sparseloco_downlink
+    from gradwire.frame import write_frame
+
+    x = {"w": torch.randn(512, 512, generator=torch.Generator().manual_seed(sync_every))}
+    up, down = default_sparseloco_codec(sync_every), default_sparseloco_downlink(sync_every)
+    assert down.value_bits == 4 and down.topk < up.topk
+    sizes = [len(write_frame([e for e, _ in c.compress_bundle(x).values()], round=0, sender=0, bundle=True))
+             for c in (up, down)]
+    assert 0.85 * sizes[0] <= sizes[1] <= 1.05 * sizes[0], sizes

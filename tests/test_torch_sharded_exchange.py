@@ -20,7 +20,7 @@ import gradwire.torch as gt
 import gradwire.torch.sharded as sharded
 from distributed_toys import IN, CLASSES, all_ranks_equal, flat_parameters, gather, shard
 from gradwire.aggregation import exact_mean
-from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_codec, demo_update
+from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_downlink, demo_update
 from gradwire.errors import FrameError
 from gradwire.frame import Limits, read_frame, write_frame
 from gradwire.model_record import model_record_codec
@@ -415,9 +415,10 @@ def test_single_process_checkpoints_are_refused_across_exchanges_and_ranks():
         _make("demo", _net(), exchange="all_gather", downlink_codec=default_demo_codec())
 
 
-def test_downlink_codec_defaults_to_the_uplinks_twin():
+def test_downlink_codec_defaults_to_the_algorithms_downlink_or_the_uplinks_twin():
     assert repr(_make("demo", _net()).downlink_codec) == repr(default_demo_codec())
-    assert repr(_make("sparseloco", _net()).downlink_codec) == repr(default_sparseloco_codec(2))
+    # SparseLoCo's default: the nodes' bytes at 4-bit values (the server's default downlink too).
+    assert repr(_make("sparseloco", _net()).downlink_codec) == repr(default_sparseloco_downlink(2))
     codec = default_demo_codec()
     codec.topk = 8
     opt = gt.DeMo(_net().parameters(), lr=0.01, codec=codec)

@@ -24,7 +24,8 @@ from ..aggregation import exact_aggregate, exact_mean, exact_trimmed_mean, trim_
 from .adamw import ADAMW, AdamWConfig
 from .base import DEFAULT_ALGORITHM, Algorithm, NodeSide, algorithm_names, algorithms, config_from_json, get_algorithm, register
 from .demo import DEMO, DeMoConfig, DeMoState, default_demo_codec, demo_update
-from .sparseloco import SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState, default_sparseloco_codec
+from .sparseloco import (SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState, default_sparseloco_codec,
+                         default_sparseloco_downlink)
 
 __all__ = [
     "ADAMW",
@@ -44,6 +45,7 @@ __all__ = [
     "config_from_json",
     "default_demo_codec",
     "default_sparseloco_codec",
+    "default_sparseloco_downlink",
     "demo_update",
     "exact_aggregate",
     "exact_mean",

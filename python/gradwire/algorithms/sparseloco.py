@@ -25,7 +25,7 @@ from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
 __all__ = ["OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState", "default_sparseloco_codec",
-           "sparseloco_codec_params"]
+           "default_sparseloco_downlink", "sparseloco_codec_params", "sparseloco_downlink_params"]
 
 
 @frozen_config
@@ -96,6 +96,29 @@ def sparseloco_codec_params(sync_every: int = 32) -> dict[str, Any]:
     while k > 1 and 4 * _TILE * sync_every / _estimated_chunk_bytes(k) < _TARGET_RATIO:
         k //= 2
     return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2}
+
+
+#: Value bits of the re-encoded aggregate: at 16 nodes on the stdlib byte LM (640 steps, docs/reencode-design.md)
+#: 4-bit values at the same downlink bytes held 1.80 (2 seeds) where the nodes' own 2-bit codec held 1.83.
+DOWNLINK_VALUE_BITS = 4
+
+
+def default_sparseloco_downlink(sync_every: int = 32) -> Codec:
+    """The default codec that re-encodes a SparseLoCo round's mean (the server's, or a sharded owner's)."""
+    return DCTCodec(**sparseloco_downlink_params(sync_every))
+
+
+def sparseloco_downlink_params(sync_every: int = 32) -> dict[str, Any]:
+    """The parameters of :func:`default_sparseloco_downlink`: the nodes' codec for ``sync_every``
+    (:func:`sparseloco_codec_params`), its bytes spent on :data:`DOWNLINK_VALUE_BITS`-bit values — the
+    largest ``k`` whose estimated chunk bytes stay within the nodes' — so a node receives about what it
+    sends."""
+    params = sparseloco_codec_params(sync_every)
+    budget = _estimated_chunk_bytes(params["topk"], params["value_bits"])
+    k = params["topk"]
+    while k > 1 and _estimated_chunk_bytes(k, DOWNLINK_VALUE_BITS) > budget:
+        k -= 1
+    return {**params, "topk": k, "value_bits": DOWNLINK_VALUE_BITS}
 
 
 class SparseLoCoState:
@@ -284,7 +307,7 @@ class SparseLoCoAlgorithm(Algorithm):
                "error feedback; everyone applies the outer step to the last synced weights")
 
     def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
-        return "dct", sparseloco_codec_params(self.config(config).sync_every)
+        return "dct", sparseloco_downlink_params(self.config(config).sync_every)
 
     def node(self, config, codec, params, module=None, model_spec=None) -> SparseLoCoNode:
         return SparseLoCoNode(self.config(config), codec, params, module, model_spec)

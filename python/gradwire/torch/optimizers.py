@@ -46,6 +46,7 @@ from ..algorithms import (
     SparseLoCoState,
     default_demo_codec,
     default_sparseloco_codec,
+    default_sparseloco_downlink,
     demo_update,
     exact_mean,
 )
@@ -399,7 +400,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         with torch.no_grad():
             self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
-        self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_codec(sync_every),
+        self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_downlink(sync_every),
                              process_group, limits, model_record, piece_numel)
 
     def step(self, closure: Optional[Callable[[], Any]] = None):
