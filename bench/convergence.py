@@ -18,6 +18,35 @@ Rows (``--rows``):
   frames → ``exact_mean`` → ``OuterStep`` → every node restarts from the new anchor. Bytes per *local* step
   are frame bytes / ``H``.
 
+Downlink (a suffix on a DeMo or SparseLoCo row, ``KIND@R/DOWN``; the bare row keeps its old meaning and cache):
+
+- ``/frames``: the version the server publishes with ``RunConfig.publish = "frames"``, built and read with
+  ``gradwire.published.write_published`` / ``read_published`` (a header frame, then every node's frame
+  verbatim): every node downloads all ``n`` frames, so the downlink ratio is the uplink's / ``n``.
+- ``/agg``: ``publish = "aggregate"``, as ``gradwire_server.transition`` does it: ``exact_mean`` of the
+  frames read back, plus the server's error buffer, compressed by the downlink ``DCTCodec`` inside a
+  ``gradwire.ErrorFeedback`` (``compress_bundle_reconstructed``), written with
+  ``write_published_aggregate``; what is applied is ``read_published(version).mean()`` (the exact decode of
+  that one frame) with the algorithm's apply (``demo_update``; ``OuterStep.apply`` for SparseLoCo). Options
+  after a colon, comma-separated, e.g. ``sparseloco@300/agg:b1,d300,srv``:
+
+  - ``kN``: the server's top-k per 64×64 chunk (default: the nodes' calibrated ``k``);
+  - ``bN``: its value bits (default: the nodes' bits);
+  - ``dR``: instead of ``kN``, the ``k`` (at those bits) calibrated to ``R``× downlink per local step;
+  - ``efD``: the server's error feedback with decay ``D`` (``e = D·e + aggregate`` before compressing;
+    default ``ef1``, the server's plain ``ErrorFeedback``; ``ef0``: no error feedback, the rest dropped);
+  - ``srv``: SparseLoCo's outer step on the server: the server keeps the outer (Nesterov) momentum, applies
+    ``OuterStep`` to the exact mean and re-encodes the resulting *step*; nodes apply the decoded step
+    with a plain outer step (lr 1, no momentum). Without ``srv`` the nodes apply the grid's outer step to
+    the decoded aggregate (the server as it is today).
+
+  Bytes down per node per step are the whole version (header and frame) / ``H`` for SparseLoCo.
+  docs/reencode-design.md measures these options at 16 and 64 nodes (its command lines are there).
+
+``--mults`` and ``--outers`` narrow the grid of the compressed rows (SparseLoCo's inner lr as multiples of
+the task's base lr, DeMo's as multiples of the middle of its grid, and SparseLoCo's outer optimizers); the
+dense row keeps its own grid.
+
 ``R`` is the intended uplink ratio (fp32 bytes of the model over a node's frame bytes per step). Each row's
 ``k`` (and, where ``k = 1`` is not small enough, its value bits) is calibrated on the task's own model by
 writing real frames, and the ratio actually measured in training is what the tables print.
@@ -87,6 +116,10 @@ KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco")
 MULT = {"dense": (0.3, 1.0, 3.0), "panthalia": (0.1, 0.3, 1.0), "sparseloco": (0.3, 1.0, 3.0), "diloco": (0.3, 1.0, 3.0)}
 #: SparseLoCo's outer optimizers tried in the grid: (label, outer_lr, momentum, nesterov).
 OUTERS = {"plain": (1.0, 0.0, False), "nesterov": (0.7, 0.9, True)}
+#: Outer optimizers tried only when ``--outers`` names them: Nesterov whose steady-state step is the plain
+#: step's (``outer_lr / (1 − μ) = 1``), so momentum smooths the aggregate without enlarging it.
+EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True)}
+ALL_OUTERS = {**OUTERS, **EXTRA_OUTERS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,12 +336,14 @@ class Packer:
 CODING = {"panthalia": (8, "fixed"), "demo": (1, "auto"), "sparseloco": (2, "auto")}
 
 
-def dct_codec(kind: str, k: int):
+def dct_codec(kind: str, k: int, value_bits: Optional[int] = None):
     """The wire codec of a row: flat 64×64 DCT chunks for the Panthalia path; DeMo's 64×64 tiles (flat
-    64×64 chunks where tiles would be small) for DeMo and SparseLoCo, as their default codecs."""
+    64×64 chunks where tiles would be small) for DeMo and SparseLoCo, as their default codecs
+    (``value_bits`` overrides the kind's bits: the server's downlink codec of a re-encoded row)."""
     from gradwire import DCTCodec
 
-    value_bits, coding = CODING[kind]
+    bits, coding = CODING[kind]
+    value_bits = bits if value_bits is None else value_bits
     mode = "flat" if kind == "panthalia" else "tiles"
     return DCTCodec(chunk_shape=(64, 64), topk=k, mode=mode, index_coding=coding, value_bits=value_bits)
 
@@ -321,15 +356,27 @@ def frame_bytes_for(codec, sample: Mapping[str, torch.Tensor]) -> int:
     return len(write_frame(entries, round=1, sender=0, bundle=True))
 
 
-def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float, per: int = 1) -> tuple[int, float]:
-    """``(k, ratio)``: the per-chunk ``k`` whose ratio (fp32 bytes × ``per`` / frame bytes, measured on a real
-    gradient ``sample``) lies nearest ``target_ratio`` in log scale."""
+def version_overhead(codec, sample: Mapping[str, torch.Tensor], senders: int) -> int:
+    """Bytes a re-encoded version adds to its one frame (the ``"@reencoded"`` header frame), measured with
+    ``write_published_aggregate``."""
+    from gradwire.frame import SERVER_SENDER, write_frame
+    from gradwire.published import write_published_aggregate
+
+    entries = [e for e, _ in codec.compress_bundle(sample).values()]
+    return (len(write_published_aggregate(1, entries, senders))
+            - len(write_frame(entries, round=1, sender=SERVER_SENDER, bundle=True)))
+
+
+def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float, per: int = 1,
+              value_bits: Optional[int] = None, overhead: int = 0) -> tuple[int, float]:
+    """``(k, ratio)``: the per-chunk ``k`` whose ratio (fp32 bytes × ``per`` / (frame bytes + ``overhead``),
+    measured on a real gradient ``sample``) lies nearest ``target_ratio`` in log scale."""
     fp32 = 4 * sum(t.numel() for t in sample.values()) * per
     memo: dict[int, float] = {}
 
     def ratio(k):
         if k not in memo:
-            memo[k] = fp32 / frame_bytes_for(dct_codec(kind, k), sample)
+            memo[k] = fp32 / (frame_bytes_for(dct_codec(kind, k, value_bits), sample) + overhead)
         return memo[k]
 
     lo, hi = 1, 4096
@@ -342,6 +389,23 @@ def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float
     return k, ratio(k)
 
 
+def calibrate_row(row: "RowSpec", sample: Mapping[str, torch.Tensor], settings: "Settings") -> tuple:
+    """A compressed row's codecs: ``(k, uplink ratio)``, and for a re-encoded row (``/agg``) also the
+    server's downlink ``(k, value bits)``: ``(k, ratio, down_k, down_bits)``."""
+    per = settings.H if row.kind == "sparseloco" else 1
+    calib = calibrate(row.kind, sample, row.target, per)
+    o = row.down_opts
+    if not o:
+        return calib
+    bits = o.get("b", CODING[row.kind][0])
+    if "d" in o:  # the whole version (its header frame too) at dR× per local step
+        head = version_overhead(dct_codec(row.kind, 1, bits), sample, settings.nodes)
+        dk = calibrate(row.kind, sample, o["d"], per, bits, head)[0]
+    else:
+        dk = o.get("k", calib[0])
+    return (*calib, dk, bits)
+
+
 # ---------------------------------------------------------------------------------------------
 # One training run
 
@@ -350,23 +414,82 @@ def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float
 class RowSpec:
     kind: str
     target: Optional[int] = None  # intended uplink ratio (compressed rows)
+    down: Optional[str] = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
 
     @property
     def key(self) -> str:
-        return self.kind if self.target is None else f"{self.kind}@{self.target}"
+        base = self.kind if self.target is None else f"{self.kind}@{self.target}"
+        return base if self.down is None else f"{base}/{self.down}"
 
     @property
     def label(self) -> str:
         names = {"dense": "dense AdamW", "panthalia": "Panthalia path", "demo": "DeMo", "sparseloco": "SparseLoCo",
                  "diloco": "DiLoCo (uncompressed)"}
-        return names[self.kind] + ("" if self.target is None else f" {self.target}×")
+        base = names[self.kind] + ("" if self.target is None else f" {self.target}×")
+        if self.down is None:
+            return base
+        if self.down == "frames":
+            return base + " ↓frames"
+        o = self.down_opts
+        bits = ["↓agg"]
+        if "k" in o:
+            bits.append(f"k{o['k']}")
+        if "d" in o:
+            bits.append(f"d{o['d']}")
+        if "b" in o:
+            bits.append(f"{o['b']}b")
+        bits.append("EF" if o["ef"] == 1.0 else ("no EF" if o["ef"] == 0.0 else f"EF×{o['ef']:g}"))
+        if o["srv"]:
+            bits.append("srv outer")
+        return base + " " + " ".join(bits)
+
+    @property
+    def down_opts(self) -> dict:
+        """The ``/agg`` options: ``{"k"?, "b"?, "d"?, "ef": decay, "srv": bool}``."""
+        return parse_down(self.down) if self.down and self.down != "frames" else {}
 
     @staticmethod
     def parse(s: str) -> "RowSpec":
+        s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
         if kind not in KINDS or (kind in ("dense", "diloco")) != (r == ""):
-            raise ValueError(f"bad row {s!r}: dense, diloco, or panthalia|demo|sparseloco@RATIO")
-        return RowSpec(kind, int(r) if r else None)
+            raise ValueError(f"bad row {s!r}: dense, diloco, or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]")
+        if down:
+            if kind not in ("demo", "sparseloco"):
+                raise ValueError(f"bad row {s!r}: only demo and sparseloco rows take a downlink (/frames, /agg)")
+            opts = parse_down(down)  # raises on a bad option
+            if opts.get("srv") and kind != "sparseloco":
+                raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
+        return RowSpec(kind, int(r) if r else None, down or None)
+
+
+def parse_down(down: str) -> dict:
+    """``frames`` → ``{}``; ``agg[:k16,b1,d300,ef0.9,srv]`` → the options (``ValueError`` on anything else)."""
+    if down == "frames":
+        return {}
+    mode, _, rest = down.partition(":")
+    if mode != "agg":
+        raise ValueError(f"bad downlink {down!r}: frames, or agg[:kN,bN,dR,efD,srv]")
+    opts: dict = {"ef": 1.0, "srv": False}
+    for o in filter(None, rest.split(",")):
+        try:
+            if o == "srv":
+                opts["srv"] = True
+            elif o.startswith("ef"):
+                opts["ef"] = float(o[2:])
+                if not 0.0 <= opts["ef"] <= 1.0:
+                    raise ValueError
+            elif o[0] in "kbd":
+                opts[o[0]] = int(o[1:])
+                if opts[o[0]] < 1:
+                    raise ValueError
+            else:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(f"bad downlink option {o!r} in {down!r}: kN, bN, dR, efD (0..1), srv") from None
+    if "k" in opts and "d" in opts:
+        raise ValueError(f"bad downlink {down!r}: kN or dR, not both")
+    return opts
 
 
 @dataclass
@@ -385,6 +508,8 @@ class RunResult:
     k: Optional[int] = None
     value_bits: Optional[int] = None
     seconds: float = 0.0
+    down_k: Optional[int] = None  # the server's downlink codec (re-encoded rows)
+    down_bits: Optional[int] = None
 
 
 @dataclass
@@ -394,17 +519,24 @@ class Settings:
     H: int
     steps: dict = field(default_factory=dict)
     evals: int = 8
+    mults: Optional[tuple] = None  # --mults: the compressed AdamW-family rows' lr multiples
+    outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
 
 
-def grid(task: str, row: RowSpec, scale: Scale, full: bool = True) -> list[tuple[str, float, dict]]:
-    """The tuning grid of a row: ``[(label, lr, extra)]``."""
-    adamw = [scale.base_lr * m for m in MULT.get(row.kind, MULT["dense"])]
-    if row.kind == "demo":
-        return [(f"lr={lr:g}", lr, {}) for lr in scale.demo_lrs]
+def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
+         settings: Optional["Settings"] = None) -> list[tuple[str, float, dict]]:
+    """The tuning grid of a row: ``[(label, lr, extra)]`` (``settings.mults`` / ``settings.outers`` narrow
+    the compressed AdamW-family rows' grid, every listed lr with every listed outer optimizer)."""
+    mults = settings.mults if settings and settings.mults and row.kind != "dense" else None
+    adamw = [scale.base_lr * m for m in (mults or MULT.get(row.kind, MULT["dense"]))]
+    if row.kind == "demo":  # --mults: multiples of the middle of the task's DeMo grid
+        lrs = [scale.demo_lrs[len(scale.demo_lrs) // 2] * m for m in mults] if mults else scale.demo_lrs
+        return [(f"lr={lr:g}", lr, {}) for lr in lrs]
     if row.kind in ("sparseloco", "diloco"):
-        # The default tries Nesterov at the middle lr only (time); --full at every lr.
-        return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in OUTERS for lr in adamw
-                if o == "plain" or full or lr == adamw[1]]
+        # The default tries Nesterov at the middle lr only (time); --full (or --mults) at every lr.
+        outers = settings.outers if settings and settings.outers else tuple(OUTERS)
+        return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in outers for lr in adamw
+                if o == "plain" or full or mults or (settings and settings.outers) or lr == adamw[len(adamw) // 2]]
     return [(f"lr={lr:g}", lr, {}) for lr in adamw]
 
 
@@ -424,6 +556,61 @@ def _roundtrip(entries, round: int, sender: int):
     return read_frame(data).entries, len(data)
 
 
+def _roundtrip_bytes(entries, round: int, sender: int):
+    """:func:`_roundtrip`, also giving the frame's bytes: ``(entries read, bytes, data)``."""
+    from gradwire.frame import read_frame, write_frame
+
+    data = write_frame(entries, round=round, sender=sender, bundle=True)
+    return read_frame(data).entries, len(data), data
+
+
+class Downlink:
+    """What the server publishes for a DeMo or SparseLoCo version, and what every node applies from it
+    (rows with ``/frames`` or ``/agg``; see the module docstring).
+
+    :meth:`publish` takes the round's node frames (the bytes and the records read back), builds the real
+    version bytes, reads them back with ``read_published`` and returns ``(what every node applies, the
+    version's bytes)``. For SparseLoCo with ``srv`` what it returns is the outer *step* (the nodes subtract
+    it), else the aggregate the nodes hand to their own apply.
+    """
+
+    def __init__(self, row: RowSpec, n: int, k: Optional[int], bits: Optional[int], outer=None):
+        from gradwire import ErrorFeedback
+
+        self.n = n
+        self.verbatim = row.down == "frames"
+        o = row.down_opts
+        self.decay = o.get("ef", 1.0)
+        self.codec = None if self.verbatim else dct_codec(row.kind, k, bits)
+        self.ef = ErrorFeedback(self.codec) if self.codec is not None and self.decay > 0.0 else None
+        self.outer = outer if o.get("srv") else None  # the server's OuterStep (srv)
+
+    def publish(self, version: int, frames: Sequence[bytes], records: Sequence, anchor=None):
+        from gradwire.algorithms import exact_mean
+        from gradwire.published import read_published, write_published, write_published_aggregate
+
+        if self.verbatim:
+            data = write_published(version, frames, [1.0 / self.n] * self.n)
+        else:
+            payload = exact_mean(records)
+            if self.outer is not None:  # the server's outer step on the exact mean: the step to publish
+                zero = {nm: torch.zeros_like(anchor[nm]) for nm in anchor}
+                self.outer.apply(zero, payload)  # zero − outer_lr·step
+                payload = {nm: torch.neg(zero[nm]) for nm in zero}
+            named = {nm: payload[nm] for nm in sorted(payload)}
+            if self.ef is not None:
+                if self.decay != 1.0:
+                    for nm in self.ef.names():
+                        self.ef.set_residual(nm, self.ef.residual(nm) * self.decay)
+                done = self.ef.compress_bundle_reconstructed(named)
+            else:
+                done = self.codec.compress_bundle(named)
+            data = write_published_aggregate(version, [e for e, _ in done.values()], len(records))
+        (pub,) = read_published(data)
+        assert pub.nbytes == len(data)
+        return pub.mean(), len(data)
+
+
 def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: int, settings: Settings,
             calib: Optional[tuple] = None, tick: Optional[Callable[[int], None]] = None) -> RunResult:
     """Train one row at one lr and seed; returns its curve and final losses."""
@@ -439,6 +626,9 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
     evals = eval_steps(steps, settings)
     k = calib[0] if calib else None
     vb = CODING[row.kind][0] if calib else None
+    down_k = calib[2] if calib and len(calib) > 2 else None
+    down_bits = calib[3] if calib and len(calib) > 2 else None
+    downlink = None
     up_total = 0.0
     down_total = 0.0
     curve = [(0, 0.0, task.held_out_loss(model))]
@@ -463,10 +653,12 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         from gradwire.algorithms import DeMoState, demo_update, exact_mean
 
         states = [DeMoState(dct_codec("demo", k)) for _ in range(n)]
+        if row.down:
+            downlink = Downlink(row, n, down_k, down_bits)
     else:
         from gradwire.algorithms import OuterStep, SparseLoCoState, exact_mean
 
-        outer_lr, momentum, nesterov = OUTERS[extra["outer"]]
+        outer_lr, momentum, nesterov = ALL_OUTERS[extra["outer"]]
         outer = OuterStep(outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
         if row.kind == "diloco":
             from gradwire import IdentityCodec
@@ -479,6 +671,10 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         for m in nodes:
             m.load_state_dict(model.state_dict())
         inner = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0) for m in nodes]
+        if row.down:
+            downlink = Downlink(row, n, down_k, down_bits, outer)
+            if downlink.outer is not None:  # the server holds the momentum; nodes apply the step as sent
+                outer = OuterStep(outer_lr=1.0)
 
     for step in range(1, steps + 1):
         if row.kind == "dense":
@@ -520,14 +716,21 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                 for nm, p in model.named_parameters():
                     p.copy_(before[nm] + applied[nm])
         elif row.kind == "demo":
-            read = []
+            read, frames = [], []
             for i in range(n):
                 losses.append(node_grad(model, i))
-                entries, nb = _roundtrip(states[i].compress(packer.pack(_grads(model)), lr), step, i)
+                entries, nb, data = _roundtrip_bytes(states[i].compress(packer.pack(_grads(model)), lr), step, i)
                 read.append(entries)
+                frames.append(data)
                 up_total += nb / n
-                down_total += nb  # the server republishes every node's records
-            mean = packer.unpack(exact_mean(read))
+                if downlink is None:
+                    down_total += nb  # the server republishes every node's records
+            if downlink is None:
+                mean = packer.unpack(exact_mean(read))
+            else:
+                applied, nb = downlink.publish(step, frames, read)
+                down_total += nb
+                mean = packer.unpack(applied)
             with torch.no_grad():
                 demo_update(_params(model), mean, lr)
         else:
@@ -535,15 +738,22 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                 losses.append(node_grad(m, i))
                 inner[i].step()
             if step % H == 0:
-                read = []
+                read, frames = [], []
                 for i, m in enumerate(nodes):
                     current = packer.pack({nm: p.detach() for nm, p in m.named_parameters()})
-                    entries, nb = _roundtrip(states[i].compress(anchor, current), step // H, i)
+                    entries, nb, data = _roundtrip_bytes(states[i].compress(anchor, current), step // H, i)
                     read.append(entries)
+                    frames.append(data)
                     up_total += nb / n
-                    down_total += nb
+                    if downlink is None:
+                        down_total += nb
                 with torch.no_grad():
-                    outer.apply(anchor, exact_mean(read))
+                    if downlink is None:
+                        outer.apply(anchor, exact_mean(read))
+                    else:
+                        applied, nb = downlink.publish(step // H, frames, read, anchor)
+                        down_total += nb
+                        outer.apply(anchor, applied)
                     new = packer.unpack(anchor)
                     for m in nodes + [model]:
                         for nm, p in m.named_parameters():
@@ -558,7 +768,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         task=task.name, row=row.key, hp="", seed=seed, lr=lr, curve=curve,
         train_loss=sum(tail) / len(tail), held_out=curve[-1][2],
         up_bytes_per_step=up_total / steps, down_bytes_per_step=down_total / steps, fp32_bytes=fp32,
-        k=k, value_bits=vb, seconds=time.perf_counter() - t0,
+        k=k, value_bits=vb, seconds=time.perf_counter() - t0, down_k=down_k, down_bits=down_bits,
     )
 
 
@@ -581,8 +791,11 @@ def _cache_load() -> dict:
 
 
 def _cache_save(cache: dict) -> None:
+    """Write ``cache`` merged over what the file holds now (so invocations sharing a cache file keep each
+    other's runs), through a per-process temporary file."""
     _CACHE[0].parent.mkdir(parents=True, exist_ok=True)
-    tmp = _CACHE[0].with_suffix(".tmp")
+    cache.update({k: v for k, v in _cache_load().items() if k not in cache})
+    tmp = _CACHE[0].with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache))
     tmp.replace(_CACHE[0])
 
@@ -625,12 +838,12 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
         for row in rows:
             calib = None
             if row.target:
-                per = settings.H if row.kind == "sparseloco" else 1
-                calib = calibrate(row.kind, sample, row.target, per)
+                calib = calibrate_row(row, sample, settings)
                 calibs[(tn, row.key)] = calib
                 if console:
-                    console.print(f"  {tn} {row.label}: k={calib[0]} → {calib[1]:.0f}× on a real gradient")
-            for hp, lr, extra in grid(tn, row, scale, settings.full):
+                    console.print(f"  {tn} {row.label}: k={calib[0]} → {calib[1]:.0f}× on a real gradient"
+                                  + (f"; downlink k={calib[2]} at {calib[3]} bits" if len(calib) > 2 else ""))
+            for hp, lr, extra in grid(tn, row, scale, settings.full, settings):
                 for seed in seeds:
                     key = run_key(tn, scale, row, hp, seed, settings, calib)
                     plans.append(Plan(task, scale, row, hp, lr, extra, seed, calib, key))
@@ -717,6 +930,8 @@ class RowSummary:
     gap_half: float = 0.0  # the gap at the eval point nearest half the steps
     k: Optional[int] = None
     value_bits: Optional[int] = None
+    down_k: Optional[int] = None
+    down_bits: Optional[int] = None
     curve: list = field(default_factory=list)  # mean over seeds: [(step, bytes, held-out)]
     all_hp: dict = field(default_factory=dict)  # hp → mean held-out
 
@@ -752,7 +967,8 @@ def summarize(plans: list[Plan], results: Mapping[str, dict]) -> dict[str, list[
         out.setdefault(tn, []).append(RowSummary(
             tn, rk, label, target, best, edge, fp32 / up, fp32 / down, up, down,
             sum(r["train_loss"] for r in rs) / len(rs), sum(held) / len(held), (max(held) - min(held)) / 2,
-            len(rs), k=rs[0].get("k"), value_bits=rs[0].get("value_bits"), curve=curve, all_hp=means,
+            len(rs), k=rs[0].get("k"), value_bits=rs[0].get("value_bits"), down_k=rs[0].get("down_k"),
+            down_bits=rs[0].get("down_bits"), curve=curve, all_hp=means,
         ))
     for tn, rows in out.items():
         dense = next((r for r in rows if r.row == "dense"), None)
@@ -781,6 +997,13 @@ def verdicts(summ: Mapping[str, list[RowSummary]]) -> list[str]:
             lines.append(f"- **{tn}**, {what} uplink: best is {b.label} at {b.up_ratio:.0f}× measured,"
                          f" held-out {b.held_out:.4f} vs dense {b.held_out / (1 + b.gap_pct / 100):.4f}"
                          f" ({b.gap_pct:+.1f} %): {verdict}.")
+            both = [r for r in cand if r.down_ratio >= 0.95 * floor]
+            if both and b not in both:
+                b = min(both, key=lambda r: r.gap_pct)
+                verdict = ("**meets** the 2 % target" if b.gap_pct <= 2.0
+                           else f"**misses** the 2 % target by {b.gap_pct - 2.0:.1f} points")
+                lines.append(f"- **{tn}**, {what} both ways: best is {b.label} at {b.up_ratio:.0f}× up,"
+                             f" {b.down_ratio:.0f}× down, {b.gap_pct:+.1f} %: {verdict}.")
     return lines
 
 
@@ -851,14 +1074,16 @@ def wire_sizes(task: Task, row_calib: tuple, seed: int = 0) -> dict:
 # Report and plot
 
 
-HEADERS = ["task", "row", "uplink ×", "downlink ×", "k / bits", "best lr", "train loss", "held-out loss",
-           "gap vs dense", "gap at ½ steps"]
+HEADERS = ["task", "row", "uplink B/step", "uplink ×", "downlink B/step", "downlink ×", "k / bits (↑; ↓)",
+           "best lr", "train loss", "held-out loss", "gap vs dense", "gap at ½ steps"]
 
 
 def _cells(r: RowSummary) -> list[str]:
+    kb = "—" if r.k is None else f"{r.k} / {r.value_bits}"
+    if r.down_k is not None:
+        kb += f"; {r.down_k} / {r.down_bits}"
     return [
-        r.task, r.label, f"{r.up_ratio:.0f}", f"{r.down_ratio:.0f}",
-        "—" if r.k is None else f"{r.k} / {r.value_bits}",
+        r.task, r.label, f"{r.up_bytes:,.0f}", f"{r.up_ratio:.0f}", f"{r.down_bytes:,.0f}", f"{r.down_ratio:.0f}", kb,
         r.best_hp + (" (edge)" if r.at_edge else ""),
         f"{r.train_loss:.4f}", f"{r.held_out:.4f} ± {r.spread:.4f}",
         "—" if r.row == "dense" else f"{r.gap_pct:+.1f} %",
@@ -866,10 +1091,11 @@ def _cells(r: RowSummary) -> list[str]:
     ]
 
 
-def print_table(summ, console) -> None:
+def print_table(summ, console, note: str = "") -> None:
     from rich.table import Table
 
-    table = Table(title="held-out loss against uplink bytes (best lr per row, mean ± half-range over seeds)")
+    table = Table(title="held-out loss against bytes per node per (local) step (best lr per row, mean ± half-range"
+                        " over seeds)" + (f"; {note}" if note else ""))
     for h in HEADERS:
         table.add_column(h, justify="left" if h in ("task", "row", "best lr") else "right")
     for rows in summ.values():
@@ -975,7 +1201,8 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
         f" SparseLoCo: H = {settings.H} inner AdamW steps per round; its bytes are per *local* step (frame bytes / H).",
         " Uplink × = fp32 bytes of the model / one node's frame bytes per step, measured in training;"
         " downlink × = fp32 bytes / what each node receives per step (Panthalia: the server's compressed weight"
-        " difference; DeMo and SparseLoCo: every node's frame, as a server would republish them).",
+        " difference; DeMo and SparseLoCo: every node's frame, as a server would republish them; with `/frames`"
+        " the real verbatim version, header included; with `/agg` the real re-encoded version: one server frame).",
         " Learning rates tuned per row (DeMo's sign step on its own grid; SparseLoCo over inner lr × outer"
         " optimizer: plain outer lr 1, or Nesterov lr 0.7 momentum 0.9); best by mean held-out loss over seeds;"
         " \"(edge)\" marks a best lr at the end of its grid. Train loss: the nodes' batch losses over the last"
@@ -987,7 +1214,8 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
     for tn, title in task_titles.items():
         st = SCALES[settings.full][tn]
         steps = settings.steps.get(tn, st.steps)
-        lines.append(f"- `{tn}`: {title}; {steps} steps, batch {st.batch} per node"
+        lines.append(f"- `{tn}`: {title}; {steps} steps, batch {st.batch} per node ({st.batch * settings.nodes}"
+                     f" global over {settings.nodes} nodes)"
                      + (f", context {st.context}" if tn != "digits" else ""))
     lines += ["", "## Results", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for rows in summ.values():
@@ -1028,11 +1256,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--full", action="store_true", help="the issue's full setting (larger models, ≥ 2,000 steps)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--rows", nargs="+", default=None,
-                    help="dense, panthalia@R, demo@R, sparseloco@R (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)")
+                    help="dense, panthalia@R, demo@R[/DOWN], sparseloco@R[/DOWN] with DOWN frames or agg[:kN,bN,dR,efD,srv]"
+                         " (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)")
     ap.add_argument("--steps", type=int, default=None, help="training steps for every task (default: per task)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--H", type=int, default=None, help="SparseLoCo inner steps per round (default 8; 32 with --full)")
+    ap.add_argument("--mults", nargs="+", type=float, default=None,
+                    help="lr multiples for the compressed rows: of the task's base lr (AdamW family), of the middle of"
+                         " its DeMo grid (DeMo); dense keeps its grid")
+    ap.add_argument("--outers", nargs="+", default=None, choices=list(ALL_OUTERS),
+                    help="SparseLoCo's outer optimizers to try (with --mults or --outers: every lr with every outer)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
@@ -1054,7 +1288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         rows = [RowSpec.parse(r) for r in DEFAULT_ROWS]
     H = args.H or (32 if args.full else 8)
     steps = {tn: args.steps for tn in args.tasks} if args.steps else {}
-    settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps)
+    settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps,
+                        mults=tuple(args.mults) if args.mults else None,
+                        outers=tuple(args.outers) if args.outers else None)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:
@@ -1072,7 +1308,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         results = sweep(plans, settings, console, args.jobs)
         elapsed = time.perf_counter() - t0
     summ = summarize(plans, results)
-    print_table(summ, console)
+    note = "; ".join(f"{p.task.name}: {p.scale.steps} steps, batch {p.scale.batch}/node, {p.scale.batch * args.nodes}"
+                     f" global ({args.nodes} nodes)" for p in {p.task.name: p for p in plans}.values())
+    print_table(summ, console, note)
     for line in verdicts(summ):
         console.print(line)
     wire = None

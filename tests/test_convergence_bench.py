@@ -79,3 +79,41 @@ def test_wire_size_functions_count_the_selection(cv, digits):
     assert cv.panthalia_wire(sel) == 30 * 9 + 3 * 8
     assert cv.templar_wire(sel) == 45 + 30 + 256 * 4 + 8
     assert cv.psyche_wire(sel) == 60 + 4
+
+
+def test_row_keys_parse_the_downlink(cv):
+    assert cv.RowSpec.parse("sparseloco@300").key == "sparseloco@300"  # the old rows (and their caches) stand
+    r = cv.RowSpec.parse("sparseloco@300/agg:b1,d300,ef0.5,srv")
+    assert r.key == "sparseloco@300/agg:b1,d300,ef0.5,srv"
+    assert r.down_opts == {"b": 1, "d": 300, "ef": 0.5, "srv": True}
+    assert cv.RowSpec.parse("demo@300/agg").down_opts == {"ef": 1.0, "srv": False}
+    assert cv.RowSpec.parse("demo@300/frames").down_opts == {}
+    for bad in ("dense/agg", "demo@300/agg:srv", "sparseloco@300/agg:k4,d300", "sparseloco@300/agg:ef2",
+                "sparseloco@300/agg:x1", "sparseloco@300/mean"):
+        with pytest.raises(ValueError):
+            cv.RowSpec.parse(bad)
+
+
+@pytest.mark.parametrize("row", ["demo@300/frames", "demo@300/agg:ef0", "sparseloco@300/agg:d300",
+                                 "sparseloco@300/agg:b1,k64,ef0.9,srv"])
+def test_published_downlink_rows_train(cv, digits, row):
+    """Verbatim versions cost every node's frame; a re-encoded one a single server frame, whatever n."""
+    settings = cv.Settings(full=False, nodes=4, H=4, evals=2)
+    spec = cv.RowSpec.parse(row)
+    calib = cv.calibrate_row(spec, _sample(cv, digits), settings)
+    hp, lr, extra = cv.grid("digits", spec, digits.scale, full=False)[0]
+    torch.set_num_threads(1)
+    r = cv.run_one(digits, spec, lr, extra, 0, 8, settings, calib)
+    assert math.isfinite(r.held_out) and r.held_out < 2 * r.curve[0][2]
+    up = r.fp32_bytes / r.up_bytes_per_step
+    down = r.fp32_bytes / r.down_bytes_per_step
+    if spec.down == "frames":
+        assert 0.9 * up / 4 < down < up / 4  # n frames and the version's header
+        assert r.down_k is None
+    else:
+        assert (r.down_k, r.down_bits) == calib[2:]
+        if "d300" in row:
+            assert 0.8 * 300 < down < 1.25 * 300
+        if "k64" in row:
+            assert (r.down_k, r.down_bits) == (64, 1)
+        assert down > 0.5 * up  # one frame, not n
