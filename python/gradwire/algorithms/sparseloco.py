@@ -98,8 +98,9 @@ def sparseloco_codec_params(sync_every: int = 32) -> dict[str, Any]:
     return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2}
 
 
-#: Value bits of the re-encoded aggregate: at 16 nodes on the stdlib byte LM (640 steps, docs/reencode-design.md)
-#: 4-bit values at the same downlink bytes held 1.80 (2 seeds) where the nodes' own 2-bit codec held 1.83.
+#: Value bits of the re-encoded aggregate: at 16 nodes on the stdlib byte LM (640 steps, the best lr, 2 seeds,
+#: docs/reencode-design.md) 4-bit values at the same downlink bytes held 1.766 where the nodes' own 2-bit
+#: codec held 1.802 (verbatim frames: 1.704); at 64 nodes (320 steps, one seed) 2.023 against 2.139.
 DOWNLINK_VALUE_BITS = 4
 
 
