@@ -58,6 +58,15 @@ class Run:
         r.raise_for_status()
         return r.json()
 
+    def publish_rounds(self, frame: Callable[[int, int], bytes], first: int, last: int) -> None:
+        """Rounds ``first`` … ``last - 1``: every node submits ``frame(round, node_id)`` (202 each), then the
+        version is waited for."""
+        for rnd in range(first, last):
+            for node in self.nodes:
+                r = self.submit(node, rnd, frame(rnd, node.node_id))
+                assert r.status_code == 202, r.text
+            self.wait_version(rnd + 1)
+
     def wait_version(self, version: int, timeout: float = 30.0) -> httpx.Response:
         """Long-poll until the run publishes ``version`` (bounded); returns the diff response."""
         r = self.client.get(self.url("/updates"), params={"since": version - 1, "wait": timeout}, headers=self.admin)

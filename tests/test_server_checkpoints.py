@@ -36,10 +36,7 @@ def _frame(rnd: int, node_id: int) -> bytes:
 
 
 def _rounds(run, first: int, last: int) -> None:
-    for rnd in range(first, last):
-        for node in run.nodes:
-            assert run.submit(node, rnd, _frame(rnd, node.node_id)).status_code == 202
-        run.wait_version(rnd + 1)
+    run.publish_rounds(_frame, first, last)
 
 
 def _published(run) -> tuple[list[bytes], str, bytes, bytes]:

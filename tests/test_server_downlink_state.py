@@ -83,17 +83,11 @@ def test_powersgd_downlink_killed_mid_run_publishes_the_frames_of_an_uninterrupt
     with LiveServer(tmp_path / "data") as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             ref = make_run(c, srv.admin_token, n_nodes=2, quorum=2, **POWERSGD_DOWNLINK)
-            for rnd in range(rounds):
-                for node in ref.nodes:
-                    assert ref.submit(node, rnd, _frame(rnd, node.node_id)).status_code == 202
-                ref.wait_version(rnd + 1)
+            ref.publish_rounds(_frame, 0, rounds)
             ref_frames, ref_hash = _all_published(c, ref)
 
             run = make_run(c, srv.admin_token, n_nodes=2, quorum=2, **POWERSGD_DOWNLINK)
-            for rnd in range(crash_round):
-                for node in run.nodes:
-                    assert run.submit(node, rnd, _frame(rnd, node.node_id)).status_code == 202
-                run.wait_version(rnd + 1)
+            run.publish_rounds(_frame, 0, crash_round)
             # Mid-round: one node's update is acknowledged, then the server dies without a word.
             first = run.nodes[0]
             assert run.submit(first, crash_round, _frame(crash_round, first.node_id)).status_code == 202
@@ -104,10 +98,7 @@ def test_powersgd_downlink_killed_mid_run_publishes_the_frames_of_an_uninterrupt
             second = run.nodes[1]
             assert run.submit(second, crash_round, _frame(crash_round, second.node_id)).status_code == 202
             run.wait_version(crash_round + 1)
-            for rnd in range(crash_round + 1, rounds):
-                for node in run.nodes:
-                    assert run.submit(node, rnd, _frame(rnd, node.node_id)).status_code == 202
-                run.wait_version(rnd + 1)
+            run.publish_rounds(_frame, crash_round + 1, rounds)
             frames, weights_hash = _all_published(c, run)
 
     store = Store(tmp_path / "data")

@@ -123,19 +123,13 @@ def test_kill_9_mid_run_publishes_the_bytes_of_an_uninterrupted_run(tmp_path, co
 
     with LiveServer(tmp_path / "ref") as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         ref = make_run(c, srv.admin_token, n_nodes=2, quorum=2, **reencode)
-        for rnd in range(rounds):
-            for node in ref.nodes:
-                assert ref.submit(node, rnd, frame(rnd, node.node_id)).status_code == 202
-            ref.wait_version(rnd + 1)
+        ref.publish_rounds(frame, 0, rounds)
         want, want_hash = _published(c, ref)
 
     with LiveServer(tmp_path / "data", env=REPLAY_ENV) as srv:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             run = make_run(c, srv.admin_token, n_nodes=2, quorum=2, **reencode)
-            for rnd in range(crash_round):
-                for node in run.nodes:
-                    assert run.submit(node, rnd, frame(rnd, node.node_id)).status_code == 202
-                run.wait_version(rnd + 1)
+            run.publish_rounds(frame, 0, crash_round)
             first = run.nodes[0]
             assert run.submit(first, crash_round, frame(crash_round, first.node_id)).status_code == 202
         srv.kill()  # the restart replays versions 1..3 from checkpoint 0, re-running the re-encoding
@@ -145,10 +139,7 @@ def test_kill_9_mid_run_publishes_the_bytes_of_an_uninterrupted_run(tmp_path, co
             second = run.nodes[1]
             assert run.submit(second, crash_round, frame(crash_round, second.node_id)).status_code == 202
             run.wait_version(crash_round + 1)
-            for rnd in range(crash_round + 1, rounds):
-                for node in run.nodes:
-                    assert run.submit(node, rnd, frame(rnd, node.node_id)).status_code == 202
-                run.wait_version(rnd + 1)
+            run.publish_rounds(frame, crash_round + 1, rounds)
             got, got_hash = _published(c, run)
             srv.stop()
 
