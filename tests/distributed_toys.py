@@ -6,6 +6,8 @@ MLP on a fixed synthetic classification task (a random linear teacher), each ran
 
 from __future__ import annotations
 
+import io
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -58,3 +60,11 @@ def all_ranks_equal(t: torch.Tensor) -> bool:
     """Whether ``t`` is bit-identical on every rank."""
     parts = gather(t)
     return all(torch.equal(parts[0], p) for p in parts[1:])
+
+
+def checkpoint_roundtrip(obj):
+    """``obj`` (a state dict) through ``torch.save`` and ``torch.load(weights_only=True)``, as a checkpoint on
+    disk would go: what a resumed optimizer is given."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return torch.load(io.BytesIO(buf.getvalue()), weights_only=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import gradwire.torch as gt
 import gradwire.torch.optimizers as optimizers
 import gradwire.torch.sharded as sharded
 from gradwire.state import state_hash
-from distributed_toys import all_ranks_equal, flat_parameters, gather, make_model, shard
+from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, make_model, shard
 
 
 def _record_frames():
@@ -202,12 +201,6 @@ def _train_single(opt_factory, steps: int, state=None, model_state=None):
     return model, opt
 
 
-def _roundtrip(obj):
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
-
-
 @pytest.mark.parametrize(
     "factory",
     [
@@ -221,7 +214,7 @@ def test_state_dict_restart_continues_bit_identically(factory):
     # A group of one (no process group): the same code path, frames written and read back.
     whole, opt_whole = _train_single(factory, 10)
     first, opt_first = _train_single(factory, 4)
-    saved = _roundtrip(opt_first.state_dict())
+    saved = checkpoint_roundtrip(opt_first.state_dict())
     resumed, opt_resumed = _train_single(factory, 6, state=saved, model_state=first.state_dict())
     assert torch.equal(flat_parameters(whole), flat_parameters(resumed))
     assert opt_whole.bytes_sent == opt_resumed.bytes_sent
@@ -411,5 +404,5 @@ def test_model_record_restart_continues_bit_identically():
     )
     whole, opt_whole = _train_single(factory, 10)
     first, opt_first = _train_single(factory, 4)
-    resumed, _ = _train_single(factory, 6, state=_roundtrip(opt_first.state_dict()), model_state=first.state_dict())
+    resumed, _ = _train_single(factory, 6, state=checkpoint_roundtrip(opt_first.state_dict()), model_state=first.state_dict())
     assert torch.equal(flat_parameters(whole), flat_parameters(resumed))

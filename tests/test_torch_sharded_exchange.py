@@ -8,7 +8,6 @@ bit-identically and are refused in a group of another size, and a refusal that r
 
 from __future__ import annotations
 
-import io
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from torch import nn
 import gradwire
 import gradwire.torch as gt
 import gradwire.torch.sharded as sharded
-from distributed_toys import IN, CLASSES, all_ranks_equal, flat_parameters, gather, shard
+from distributed_toys import IN, CLASSES, all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, shard
 from gradwire.aggregation import exact_mean
 from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_downlink, demo_update
 from gradwire.errors import FrameError
@@ -64,12 +63,6 @@ def _hash_identical(model: nn.Module) -> bool:
     h = state_hash({k: v.detach() for k, v in model.state_dict().items()})
     parts = gather(torch.tensor(list(bytes.fromhex(h)), dtype=torch.uint8))
     return all(torch.equal(parts[0], p) for p in parts[1:])
-
-
-def _roundtrip(obj):
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
 
 
 # -- pieces -----------------------------------------------------------------------------------------
@@ -351,7 +344,7 @@ def _resume_run(rank: int, world: int, which: str, model_record: bool) -> dict:
     first = _net()
     opt_first = _make(which, first, **kw)
     _train(opt_first, first, x, y, 4)
-    saved = _roundtrip(opt_first.state_dict())
+    saved = checkpoint_roundtrip(opt_first.state_dict())
     owner = saved["gradwire"]["owner"]["residuals"]
     resumed = _net()
     resumed.load_state_dict(first.state_dict())
@@ -398,14 +391,14 @@ def test_single_process_checkpoints_are_refused_across_exchanges_and_ranks():
     model = _net()
     opt = _make("demo", model, piece_numel=PIECE)
     _train(opt, model, x, y, 2)
-    saved = _roundtrip(opt.state_dict())
+    saved = checkpoint_roundtrip(opt.state_dict())
     assert saved["gradwire"]["exchange"] == "sharded" and saved["gradwire"]["world"] == 1
     with pytest.raises(ValueError, match="exchange='sharded'"):
         _make("demo", _net(), exchange="all_gather").load_state_dict(saved)
     legacy = _make("demo", _net(), exchange="all_gather")
     _train(legacy, model, x, y, 1)
     with pytest.raises(ValueError, match="exchange='all_gather'"):
-        _make("demo", _net()).load_state_dict(_roundtrip(legacy.state_dict()))
+        _make("demo", _net()).load_state_dict(checkpoint_roundtrip(legacy.state_dict()))
     other_rank = dict(saved, gradwire=dict(saved["gradwire"], rank=1))
     with pytest.raises(ValueError, match="rank 1's"):
         _make("demo", _net(), piece_numel=PIECE).load_state_dict(other_rank)
