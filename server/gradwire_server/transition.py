@@ -2,8 +2,8 @@
 and by replaying rounds after a restart.
 
 :class:`RunState` holds what the server keeps for a run on its device: the fp32 master weights, AdamW's
-moments and the downlink :class:`~gradwire.ErrorFeedback` (``adamw`` runs), or the algorithm's state
-(SparseLoCo's outer momentum; nothing for DeMo). Every step works **in place** on those buffers — a
+moments (``adamw`` runs), the downlink :class:`~gradwire.ErrorFeedback` (``adamw`` runs and runs that
+re-encode their aggregate), and the algorithm's state (SparseLoCo's outer momentum; nothing for DeMo). Every step works **in place** on those buffers — a
 round allocates nothing the size of the model — so a step that fails half-way leaves the state unusable;
 the round engine then reloads it from the store.
 
@@ -14,9 +14,12 @@ Which step a run takes is its algorithm's publication kind (``gradwire.algorithm
   exactly what every node decodes from the frame (``Codec.compress``'s contract), so nothing is decoded
   twice. :meth:`RunState.close_adamw` makes the frame; :meth:`RunState.replay_adamw` runs the same code on
   the logged submissions and checks that it makes the frame that was published.
-- ``"mean"`` (``demo`` / ``sparseloco``): the weighted exact mean of the node frames, applied with
-  :func:`gradwire.published.apply_mean` (the algorithm's ``apply``) — what every node runs — and
-  published as those frames. Replaying needs only the published frame.
+- ``"mean"`` (``demo`` / ``sparseloco``): the exact (robust) aggregate of the node frames, applied with
+  :func:`gradwire.published.apply_mean` (the algorithm's ``apply``) — what every node runs. With
+  ``publish="aggregate"`` (the default) the aggregate plus the downlink error buffer is compressed with
+  the downlink codec and that one frame is published and applied (its reconstruction, which is what nodes
+  decode); replaying re-runs it from the logged submissions, like AdamW's, and checks the bytes. With
+  ``publish="frames"`` the node frames are published verbatim and replaying needs only them.
 
 On the CPU (and on one GPU) the same inputs give the same bits, so the replay after a crash reproduces
 the weights, the moments and the downlink state of the uninterrupted run (the weights are exact in any
