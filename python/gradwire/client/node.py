@@ -18,8 +18,9 @@ import torch
 from ..algorithms import DEFAULT_ALGORITHM, Algorithm, NodeSide, get_algorithm
 from ..codecs.base import Codec
 from ..frame import decode_bundle, write_frame
-from ..model_record import ModelSpec, expand_model_mean, model_record_codec, run_spec
+from ..model_record import ModelSpec, model_record_codec, run_spec
 from ..protocol import Reason
+from ..published import apply_mean
 from ..state import apply_update, state_hash
 from .errors import ConflictError, OutOfSyncError, ProtocolError, RoundClosedError, TooFarBehindError
 from .http_client import GradwireClient
@@ -187,12 +188,9 @@ class Node:
         target = self.side.target()
         for published in batch.versions:
             mean = published.mean(device=self.decode_device)
-            if self.model_spec is not None:
-                mean = dict(expand_model_mean(mean, self.model_spec))
-            mean = {n: t.to(target[n].device) for n, t in mean.items()}
-            with torch.no_grad():
-                self._algorithm_state = self.algorithm.apply(self.algorithm_config, target, mean,
-                                                             self._algorithm_state)
+            with torch.no_grad():  # the one function the server applied the version with
+                self._algorithm_state = apply_mean(self.algorithm.name, self.algorithm_config, target, mean,
+                                                   self._algorithm_state)
             self.version += 1
         return batch.version, batch.weights_hash, len(batch.versions)
 
