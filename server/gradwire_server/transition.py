@@ -119,8 +119,8 @@ class RunState:
 
     def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:
         """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
-        ``"diff"`` runs need them). ``False`` if a ``"diff"`` step made another frame (see
-        :meth:`replay_adamw`)."""
+        runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
+        if that encoding made other bytes (see :meth:`replay_adamw`)."""
         if self.publishes_diffs:
             return self.replay_adamw(updates(), published)
         if self.config.reencodes:
