@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-rust test-python wheel install dev bench clean
+.PHONY: demo test test-rust test-python wheel install dev bench reliability clean
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -55,6 +55,10 @@ bench: install
 	$(PY) bench/gcomp_levels.py
 	$(PY) bench/ddp.py
 	$(PY) bench/convergence.py
+
+# About 30 minutes here: every reliability probe at full size, and docs/reliability.md rewritten from the results.
+reliability: install
+	$(PY) -m bench.reliability
 
 clean:
 	rm -rf $(VENV) dist target
