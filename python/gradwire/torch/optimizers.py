@@ -55,6 +55,7 @@ from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
 from .collectives import GroupMember, all_gather_bytes, comm_device
+from .dtensor import ShardLayout, local_grad, local_tensor
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
 
 __all__ = ["DeMo", "SparseLoCo"]
@@ -128,7 +129,7 @@ class _ModelRecord:
     spec's hash, so a step's frame has one record's overhead whatever the number of tensors."""
 
     def __init__(self, named: list[tuple[str, torch.Tensor, dict]]):
-        self.spec = ModelSpec([(n, torch.float32, tuple(p.shape)) for n, p, _ in named])
+        self.spec = ModelSpec([(n, torch.float32, tuple(local_tensor(p).shape)) for n, p, _ in named])
         self.name = self.spec.record_name
 
     def flatten(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -152,19 +153,21 @@ class _ExchangesFrames:
 
     def _setup_exchange(self, exchange: str, codec: Codec, downlink_codec: Optional[Codec], default_downlink,
                         process_group, limits, model_record: bool, piece_numel: int) -> None:
-        """``self._exchange`` (and, sharded, ``self._pieces``: what the node side's buffers are keyed by)."""
+        """``self._exchange`` (and, sharded, ``self._pieces``: what the node side's buffers are keyed by);
+        ``self._shards``: the FSDP shards this rank holds, checked against ``process_group``."""
         if exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {', '.join(map(repr, EXCHANGES))}, got {exchange!r}")
+        named = _named(self.param_groups)
+        self._shards = ShardLayout([(n, p) for n, p, _ in named], process_group)
         if exchange == "all_gather":
             if downlink_codec is not None:
                 raise ValueError("downlink_codec is the owners' codec of exchange='sharded'; all_gather has none")
             self._exchange = _Exchange(process_group, limits)
             return
-        named = _named(self.param_groups)
         if model_record:
             tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
         else:
-            tensors = [(n, tuple(p.shape)) for n, p, _ in named]
+            tensors = [(n, tuple(local_tensor(p).shape)) for n, p, _ in named]
         self._pieces = Pieces(tensors, self.node.codec, piece_numel)
         if downlink_codec is None:
             # The uplink's twin: the same class and parameters, a state of its own.
@@ -181,6 +184,7 @@ class _ExchangesFrames:
         return devices.get(name, first)
 
     def _load_exchange(self, mine: dict, devices: dict) -> None:
+        self._shards.check_state(mine.get("shards"))
         if self._pieces is not None:
             self._exchange.load_state_dict(mine, devices)
         else:
@@ -282,38 +286,28 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
             # Sharded: the node's buffers are the pieces'; the exchange hands back each tensor's mean.
             if self.model_record is not None:
                 mr = self.model_record
-                scaled = {
-                    n: torch.mul((p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32), g["lr"])
-                    for n, p, g in named
-                }
+                scaled = {n: torch.mul(local_grad(p).to(torch.float32), g["lr"]) for n, p, g in named}
                 entries = self.node.compress(pieces.cut(mr.flatten(scaled)), 1.0)
                 mean = mr.spec.unflatten(self._exchange(entries, self.steps, device)[mr.name])
             else:
                 for group in self.param_groups:
-                    grads = {
-                        n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
-                    }
+                    grads = {n: local_grad(p) for n, p, g in named if g is group}
                     if grads:
                         entries += self.node.compress(pieces.cut(grads), group["lr"])
                 mean = self._exchange(entries, self.steps, device)
         elif self.model_record is not None:
             # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
-            scaled = {
-                n: torch.mul((p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32), g["lr"])
-                for n, p, g in named
-            }
+            scaled = {n: torch.mul(local_grad(p).to(torch.float32), g["lr"]) for n, p, g in named}
             entries = self.node.compress(self.model_record.flatten(scaled), 1.0)
             mean = self.model_record.mean(self._exchange(entries, self.steps), device)
         else:
             for gi, group in enumerate(self.param_groups):
-                grads = {
-                    n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p, g in named if g is group
-                }
+                grads = {n: local_grad(p) for n, p, g in named if g is group}
                 if grads:
                     entries += self.node.compress(grads, group["lr"])
             mean = exact_mean(self._exchange(entries, self.steps), device=device)
         for group in self.param_groups:
-            params = {n: p for n, p, g in named if g is group}
+            params = {n: local_tensor(p) for n, p, g in named if g is group}
             if params:
                 demo_update(params, {n: mean[n] for n in params}, group["lr"], group["weight_decay"])
         self.steps += 1
@@ -324,7 +318,8 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         step counter and the byte counters; sharded, also the group's size, this rank and the owner's
         error feedback (a sharded checkpoint resumes only in a group of the same size, on the same rank)."""
         out = super().state_dict()
-        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, **self._exchange.state_dict()}
+        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, **self._shards.state_dict(),
+                           **self._exchange.state_dict()}
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -398,7 +393,9 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         self.local_steps = 0
         self.syncs = 0
         with torch.no_grad():
-            self.anchor = {n: p.detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)}
+            self.anchor = {
+                n: local_tensor(p).detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)
+            }
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
         self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_downlink(sync_every),
                              process_group, limits, model_record, piece_numel)
@@ -414,7 +411,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     def sync(self) -> None:
         """The outer step now (``step`` calls it every ``sync_every`` local steps)."""
         named = _named(self.param_groups)
-        current = {n: p for n, p, _ in named}
+        current = {n: local_tensor(p) for n, p, _ in named}
         device = named[0][1].device if named else None
         pieces = self._pieces
         if pieces is not None:
@@ -451,6 +448,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             "outer": self.outer.state_dict(),
             "local_steps": self.local_steps,
             "syncs": self.syncs,
+            **self._shards.state_dict(),
             **self._exchange.state_dict(),
         }
         return out
