@@ -13,6 +13,7 @@
 //! a GPU's scatter and a dense matrix product all give the same numbers.
 
 use crate::error::{Result, WireError};
+use crate::threads::run_joined;
 
 /// Writes each chunk's two channels into `out`, laid out `(rows, chunks, 2, last)` row-major:
 /// `out[((row · chunks + chunk) · 2 + 0) · last + n] = Σ u · basis[col · last + n]` (levels) and
@@ -142,13 +143,11 @@ pub fn scatter_basis_rows(
         }
         return Ok(());
     }
-    std::thread::scope(|scope| {
-        for (t, mut rows_out) in shares {
-            let scatter = &scatter;
-            let count = per_thread.min(chunks - t * per_thread);
-            scope.spawn(move || scatter(t * per_thread, count, &mut rows_out));
-        }
-    });
+    let scatter = &scatter;
+    run_joined(shares.map(|(t, mut rows_out)| {
+        let count = per_thread.min(chunks - t * per_thread);
+        move || scatter(t * per_thread, count, &mut rows_out)
+    }));
     Ok(())
 }
 
@@ -294,12 +293,13 @@ where
         work(0, segments);
         return;
     }
-    std::thread::scope(|scope| {
-        for (t, share) in segments.chunks_mut(per_thread).enumerate() {
-            let work = &work;
-            scope.spawn(move || work(t * per_thread, share));
-        }
-    });
+    let work = &work;
+    run_joined(
+        segments
+            .chunks_mut(per_thread)
+            .enumerate()
+            .map(|(t, share)| move || work(t * per_thread, share)),
+    );
 }
 
 /// `out` (a whole tensor: a grid of `grid_cols` tiles of `rows × last` per tile row) cut into the

@@ -31,6 +31,7 @@ pub mod quartic;
 pub mod rice;
 pub mod scatter;
 mod simd;
+mod threads;
 pub mod topk;
 pub mod zero_run;
 

@@ -12,6 +12,7 @@
 //! for finiteness sees it.
 
 use crate::error::{Result, WireError};
+use crate::threads::run_joined;
 
 /// The magnitude of `v` as an integer with the same order: its bits with the sign cleared.
 #[inline]
@@ -66,15 +67,11 @@ pub fn select_topk_rows(
         select_rows(values, cols, k, positions, kept);
         return Ok(());
     }
-    std::thread::scope(|scope| {
-        let shares = values
-            .chunks(per_thread * cols)
-            .zip(positions.chunks_mut(per_thread * k))
-            .zip(kept.chunks_mut(per_thread * k));
-        for ((v, p), o) in shares {
-            scope.spawn(move || select_rows(v, cols, k, p, o));
-        }
-    });
+    let shares = values
+        .chunks(per_thread * cols)
+        .zip(positions.chunks_mut(per_thread * k))
+        .zip(kept.chunks_mut(per_thread * k));
+    run_joined(shares.map(|((v, p), o)| move || select_rows(v, cols, k, p, o)));
     Ok(())
 }
 
