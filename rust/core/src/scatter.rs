@@ -54,6 +54,10 @@ pub fn scatter_add_rows(
             universe: row_len as u64,
         });
     }
+    if positions.is_empty() {
+        // No rows: nothing to add (and `row_len` may be 0, which `chunks_exact_mut` refuses).
+        return Ok(());
+    }
     for ((row_out, row_pos), row_vals) in out
         .chunks_exact_mut(row_len)
         .zip(positions.chunks_exact(k))
@@ -102,6 +106,14 @@ mod tests {
         assert_eq!(e, WireError::OutputSizeMismatch { needed: 4, got: 8 });
         assert!(out.iter().all(|&v| v == 0.0));
         scatter_add_rows(&[], &[], 0, 4, 1.0, &mut []).unwrap();
+    }
+
+    #[test]
+    fn no_rows_of_length_zero_is_an_empty_sum() {
+        // found by the scatter_add_rows fuzz target: k > 0, no positions, rows of length 0 panicked
+        scatter_add_rows(&[], &[], 3, 0, 1.0, &mut []).unwrap();
+        let e = scatter_add_rows(&[0], &[1.0], 1, 0, 1.0, &mut []).unwrap_err();
+        assert!(matches!(e, WireError::IndexOutOfRange { index: 0, .. }));
     }
 
     proptest! {
