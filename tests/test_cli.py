@@ -1,18 +1,27 @@
-"""The ``gradwire`` command (gradwire_apps.cli): ``gradwire demo`` end to end, ``gradwire serve``, and
-what it says when the apps extra or the server is missing."""
+"""The ``gradwire`` command (gradwire_apps.cli): ``gradwire demo`` end to end, ``gradwire serve`` with every
+server setting, ``--version``, usage errors for wrong values, and what it says when the apps extra or the
+server is missing."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import typing
+from pathlib import Path
+
+import annotated_types
+from typer.testing import CliRunner
 
 from gradwire.client import GradwireClient
+from gradwire_apps.cli import build_app
 from gradwire_server.launcher import free_port
+from gradwire_server.settings import ServerSettings
 
 
 def _env(**extra):
@@ -53,10 +62,97 @@ def test_demo_refuses_an_unknown_run_with_a_usage_error(tmp_path):
     assert "unknown run" in proc.stderr and "adam" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _gradwire(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradwire_apps.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=_env(COLUMNS="200"))
+
+
+def test_version_names_both_distributions():
+    proc = _gradwire("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"gradwire {importlib.metadata.version('gradwire')}",
+                                        f"gradwire-server {importlib.metadata.version('gradwire-server')}"]
+
+
+def _flat(text: str) -> str:
+    """A usage error's words on one line: typer draws them in a box, wrapped to the terminal's width."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_demo_typos_are_usage_errors_before_anything_starts(tmp_path):
+    out = tmp_path / "out"
+    app, runner = build_app(), CliRunner()
+    model = runner.invoke(app, ["demo", "--model", "gpt", "--out", str(out)])
+    assert model.exit_code == 2, model.output
+    assert "'--model'" in _flat(model.output) and "'gpt' is not one of 'digits', 'transformer'" in _flat(model.output)
+    rule = runner.invoke(app, ["demo", "--aggregation", "avg", "--out", str(out)])
+    assert rule.exit_code == 2, rule.output
+    assert "unknown aggregation rule 'avg'" in _flat(rule.output) and "clipped_mean" in rule.output
+    command = runner.invoke(app, ["dmeo"])
+    assert command.exit_code == 2 and "No such command 'dmeo'" in command.output
+    for result in (model, rule, command):
+        assert isinstance(result.exception, SystemExit) and "server on" not in result.output
+    assert not out.exists()  # the demo makes its output directory first thing when it runs
+
+
+def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
+    """A valid value of a ServerSettings field other than its default, for any field type the settings use."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    kind = args[0] if typing.get_origin(annotation) is typing.Union and len(args) == 1 else annotation
+    if typing.get_origin(kind) is typing.Literal:
+        return next(c for c in typing.get_args(kind) if c != default)
+    if kind is bool:
+        return not default
+    if kind is Path:
+        return str(tmp_path / f"{name}-given")
+    if kind in (int, float):
+        low = max([m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
+                  + [m.gt + 1 for m in metadata if isinstance(m, annotated_types.Gt)] + [0])
+        value = kind(default + 1 if default is not None else max(low, 1))
+        high = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
+        return value if not high or value <= high[0] else kind(default - 1)
+    # Text settings: a non-default value each settings validator accepts here.
+    return {"host": "0.0.0.0", "device": "cpu:0"}.get(name, default)
+
+
+def test_every_server_setting_is_an_option_of_serve_or_a_secret_from_the_environment(tmp_path):
+    """Each ServerSettings field, set alone to a value other than its default on `gradwire serve`'s command
+    line (a secret in GRADWIRE_<NAME>: never on a command line), arrives in the settings the server would
+    run with (`--check` prints them)."""
+    app, runner = build_app(), CliRunner()
+    defaults = json.loads(runner.invoke(app, ["serve", "--check"]).stdout)
+    assert set(defaults) == set(ServerSettings.model_fields)
+    for name, field in ServerSettings.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        if "SecretStr" in repr(field.annotation):
+            given = runner.invoke(app, ["serve", "--check"], env={f"GRADWIRE_{name.upper()}": "from-the-environment"})
+            assert given.exit_code == 0, given.output
+            assert json.loads(given.stdout)[name] == "**********"  # set, and masked in the printout
+            assert runner.invoke(app, ["serve", "--check", option, "x"]).exit_code == 2  # no such option
+            continue
+        value = _other_value(name, field.annotation, field.get_default(call_default_factory=True), field.metadata,
+                             tmp_path)
+        argv = [option if value else f"--no-{option[2:]}"] if isinstance(value, bool) else [option, str(value)]
+        given = runner.invoke(app, ["serve", "--check", *argv])
+        assert given.exit_code == 0, (argv, given.output)
+        settings = json.loads(given.stdout)
+        assert settings[name] == value != defaults[name], (name, settings[name], value)
+        assert {k: v for k, v in settings.items() if k != name} == {k: v for k, v in defaults.items() if k != name}
+
+
+def test_serve_refuses_a_setting_the_server_refuses_with_a_usage_error():
+    result = CliRunner().invoke(build_app(), ["serve", "--check", "--port", "70000", "--log-level", "debug"])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--port'" in _flat(result.output) and "65535" in result.output
+    assert isinstance(result.exception, SystemExit)  # a usage error, not an exception
+
+
 def test_serve_command_runs_the_server_until_sigterm(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gradwire_apps.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        # Two of the settings `python -m gradwire_server` long had alone, on `gradwire serve` too.
+        [sys.executable, "-m", "gradwire_apps.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data"),
+         "--device", "cpu", "--checkpoint-every", "3"],
         env=_env(GRADWIRE_ADMIN_TOKEN="serve-admin"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

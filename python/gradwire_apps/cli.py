@@ -1,19 +1,30 @@
-"""The ``gradwire`` command: ``gradwire demo`` (the distributed demo) and ``gradwire serve``.
+"""The ``gradwire`` command: ``gradwire demo`` (the distributed demo), ``gradwire serve`` and ``--version``.
 
 Its dependencies come with the ``apps`` extra; without them :func:`main` says how to install them
-instead of failing with a traceback.
+instead of failing with a traceback. A wrong value is a usage error (exit status 2) before anything
+starts. ``gradwire serve``'s options are made from the fields of ``gradwire_server.settings.ServerSettings``
+(:func:`serve_options`), so every server setting is on the command line and none can drift from it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import inspect
+import json
 import sys
+import types
+import typing
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Literal, Optional
 
 from . import INSTALL_HINT
+from .demo.settings import MODELS
 
-__all__ = ["build_app", "main"]
+__all__ = ["build_app", "main", "serve_options", "versions"]
+
+#: ``--model``'s choices, as an annotation typer turns into a usage error for anything else.
+ModelName = Literal[MODELS]  # type: ignore[valid-type]
 
 #: What ``gradwire demo`` needs beyond the command line itself (import names).
 DEMO_MODULES = ("rich", "tqdm", "sklearn", "matplotlib", "gradwire_server")
@@ -27,17 +38,105 @@ def _server_hint() -> str:
     return f"{INSTALL_HINT} (gradwire-server is not on PyPI: from a gradwire checkout, pip install ./server)"
 
 
-def build_app():
-    """The typer application (needs typer, from the ``apps`` extra)."""
+def versions() -> str:
+    """``gradwire <version>``, and the installed gradwire-server's (read from the installed metadata:
+    nothing is imported, so ``--version`` answers at once)."""
+    lines = []
+    for dist in ("gradwire", "gradwire-server"):
+        try:
+            lines.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(f"{dist} not installed" if dist != "gradwire" else f"{dist} (not installed: a source tree)")
+    return "\n".join(lines)
+
+
+def _is_secret(annotation: Any) -> bool:
+    """A ``SecretStr`` field (or ``Optional[SecretStr]``): never an option, since argv shows in ``ps``."""
+    return any(getattr(a, "__name__", "") == "SecretStr" for a in (annotation, *typing.get_args(annotation)))
+
+
+def _option_type(annotation: Any) -> Any:
+    """The type typer parses an option as: ``Optional[X]`` unwrapped to ``X``; bool, int, float, str, Path
+    and ``Literal`` choices as they are; anything else read as text for pydantic to parse."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if annotation in (bool, int, float, str, Path) or typing.get_origin(annotation) is Literal:
+        return annotation
+    return str
+
+
+def serve_options(settings_cls: type) -> list[tuple[str, Any, str]]:
+    """``(field name, option type, help)`` for each field of ``settings_cls`` that ``gradwire serve`` offers as
+    ``--<field-name>``: every field but the secrets, which come from the environment (``GRADWIRE_<NAME>``)."""
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    options = []
+    for name, field in settings_cls.model_fields.items():
+        if _is_secret(field.annotation):
+            continue
+        default = field.get_default(call_default_factory=True)
+        shown = default if not isinstance(default, Path) else str(default)
+        help_text = f"{field.description or ''} [{prefix}{name.upper()}; default {shown}]".strip()
+        options.append((name, _option_type(field.annotation), help_text))
+    return options
+
+
+def _serve_command(run: Callable[..., None], settings_cls: type) -> Callable[..., None]:
+    """A function with one keyword parameter per option of :func:`serve_options` (default None: not given,
+    so the environment or the field's default applies) and ``check``, whose signature typer reads."""
+    import typer
+
+    params = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                          default=typer.Option(None, help=help_text, show_default=False))
+        for name, kind, help_text in serve_options(settings_cls)
+    ]
+    params.append(inspect.Parameter(
+        "check", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+        default=typer.Option(False, "--check", help="Check the settings, print them as JSON (secrets masked) and "
+                                                     "exit without serving."),
+    ))
+
+    def serve(**given: Any) -> None:
+        run(**given)
+
+    serve.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    serve.__annotations__ = {p.name: p.annotation for p in params}
+    serve.__doc__ = run.__doc__
+    return serve
+
+
+_SERVE_HELP = "Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C."
+
+
+def build_app(*, serve_settings: bool = True):
+    """The typer application (needs typer, from the ``apps`` extra).
+
+    ``serve_settings=False`` leaves ``serve``'s options out (it then takes any arguments and only says to
+    ask for them): reading ServerSettings imports torch, seconds that ``gradwire --version`` or
+    ``gradwire demo`` need not wait for. :func:`main` builds them whenever ``serve`` is on the command line.
+    """
     import typer
 
     from .demo.settings import DEFAULT_RUNS, RUNS, DemoSettings
 
     app = typer.Typer(add_completion=False, no_args_is_help=True, help="gradwire: compressed gradient transport.")
 
+    def show_version(value: bool) -> None:
+        if value:
+            typer.echo(versions())
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", is_eager=True, callback=show_version,
+                                     help="Print gradwire's version (and gradwire-server's) and exit."),
+    ) -> None:
+        """gradwire: compressed gradient transport."""
+
     @app.command()
     def demo(
-        model: str = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
+        model: ModelName = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
         workers: int = typer.Option(8, min=1, help="Worker processes (nodes) per run."),
         steps: int = typer.Option(320, min=1, help="Training steps per node in every run (a multiple of --sync-every)."),
         runs: str = typer.Option(",".join(DEFAULT_RUNS), help=f"Which runs, comma-separated, of: {', '.join(RUNS)}."),
@@ -53,7 +152,7 @@ def build_app():
         lr: float = typer.Option(1e-2, help="Dense AdamW's learning rate (on the server)."),
         batch_size: int = typer.Option(32, min=1, help="Examples per node per step."),
         hidden: Optional[int] = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
-        aggregation: str = typer.Option("mean", help="Aggregation rule: mean, clipped_mean, trimmed_mean or median."),
+        aggregation: str = typer.Option("mean", help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them)."),
         seed: int = typer.Option(0),
         out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
         url: Optional[str] = typer.Option(None, help="Use this running server instead of starting one on loopback."),
@@ -83,37 +182,61 @@ def build_app():
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        from gradwire.client import GradwireConnectionError, GradwireHTTPError
+
         from .demo.driver import run_demo
 
-        results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)
+        try:
+            results = run_demo(settings, url=url, admin_token=admin_token, progress=progress)
+        except (GradwireConnectionError, GradwireHTTPError) as exc:
+            # --url's server unreachable or refusing (a wrong admin token): one line, not a traceback.
+            typer.echo(f"gradwire demo: the server {url or 'on loopback'} failed: {exc}", err=True)
+            raise typer.Exit(code=1) from None
         if not all(r.in_sync for r in results):
             raise typer.Exit(code=1)
 
-    @app.command()
-    def serve(
-        host: Optional[str] = typer.Option(None, help="Address to listen on [GRADWIRE_HOST; default 127.0.0.1]."),
-        port: Optional[int] = typer.Option(None, help="TCP port [GRADWIRE_PORT; default 8470]."),
-        data_dir: Optional[Path] = typer.Option(None, help="SQLite and safetensors files [GRADWIRE_DATA_DIR]."),
-        max_frame_bytes: Optional[int] = typer.Option(None, help="Default per-run frame ceiling [GRADWIRE_MAX_FRAME_BYTES]."),
-        log_json: Optional[bool] = typer.Option(None, help="Structured JSON logs [GRADWIRE_LOG_JSON]."),
-        log_level: Optional[str] = typer.Option(None, help="debug, info, warning or error [GRADWIRE_LOG_LEVEL]."),
-    ) -> None:
-        """Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C.
-
-        Options fall back to GRADWIRE_* environment variables, then the server's defaults. The admin token
-        is read from GRADWIRE_ADMIN_TOKEN only, or generated into DATA_DIR/admin_token.
-        """
+    server_missing = None
+    if serve_settings:
         try:
-            import gradwire_server
             from gradwire_server.settings import ServerSettings
         except ImportError as exc:
-            typer.echo(f"gradwire serve needs the aggregation server package ({exc}): {_server_hint()}", err=True)
-            raise typer.Exit(code=2) from None
-        given = dict(host=host, port=port, data_dir=data_dir, max_frame_bytes=max_frame_bytes, log_json=log_json,
-                     log_level=log_level)
-        # Only what was given on this command line: pydantic-settings fills the rest from the environment.
-        settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+            server_missing = str(exc)
+    if not serve_settings or server_missing:
+
+        @app.command(help=_SERVE_HELP, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        def serve() -> None:
+            # Only reached without the server package (main builds the options whenever serve is asked for).
+            typer.echo(f"gradwire serve needs the aggregation server package ({server_missing}): {_server_hint()}",
+                       err=True)
+            raise typer.Exit(code=2)
+
+        return app
+
+    def run_server(check: bool = False, **given: Any) -> None:
+        """Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C.
+
+        Every server setting is an option here and a GRADWIRE_<NAME> environment variable; an option given
+        here wins over the environment, which wins over the default. Secrets (the admin token) are never
+        options, since a command line shows in `ps`: GRADWIRE_ADMIN_TOKEN, or one is generated into
+        DATA_DIR/admin_token.
+        """
+        from pydantic import ValidationError
+
+        try:
+            settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+        except ValidationError as exc:
+            errors = [(f"--{str(e['loc'][0]).replace('_', '-')}" if e["loc"] else None, e["msg"]) for e in exc.errors()]
+            if len(errors) == 1:
+                raise typer.BadParameter(errors[0][1], param_hint=f"'{errors[0][0]}'" if errors[0][0] else None) from None
+            raise typer.BadParameter("; ".join(f"{opt}: {msg}" if opt else msg for opt, msg in errors)) from None
+        if check:
+            typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
+            return
+        import gradwire_server
+
         gradwire_server.serve(settings)
+
+    app.command(name="serve")(_serve_command(run_server, ServerSettings))
 
     return app
 
@@ -125,7 +248,7 @@ def main() -> None:
 
         prefer_passive_openmp()  # before torch loads: `gradwire serve` closes rounds faster
     try:
-        app = build_app()
+        app = build_app(serve_settings="serve" in sys.argv[1:])
     except ModuleNotFoundError as exc:
         if exc.name not in ("typer", "click", "rich"):
             raise

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["DEFAULT_RUNS", "RUNS", "DemoSettings"]
+__all__ = ["DEFAULT_RUNS", "MODELS", "RUNS", "DemoSettings"]
 
+#: What ``gradwire demo --model`` can train (the keys of :data:`gradwire_apps.demo.tasks.TASKS`, named here
+#: so that the command line can offer them without importing the tasks' dependencies).
+MODELS = ("digits", "transformer")
 #: The runs ``gradwire demo`` can make, in the order the table shows them.
 RUNS = ("sparseloco", "demo", "dense", "panthalia")
 DEFAULT_RUNS = ("sparseloco", "demo", "dense")
@@ -42,6 +45,13 @@ class DemoSettings:
     out_dir: str = "demo_out"
 
     def __post_init__(self) -> None:
+        """Every value checked here, before a server or a worker starts (the command line turns a
+        ``ValueError`` into a usage error)."""
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
+        from gradwire.aggregation import check_rule  # imports torch: only once the demo is going to run
+
+        check_rule(self.aggregation)
         unknown = [r for r in self.runs if r not in RUNS]
         if unknown or not self.runs:
             raise ValueError(f"unknown run(s) {unknown}; choose from {', '.join(RUNS)}")
