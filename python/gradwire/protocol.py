@@ -13,6 +13,7 @@ import enum
 __all__ = [
     "API_PREFIX",
     "HASH_HEADER",
+    "LATEST_VERSION_HEADER",
     "MAX_WAIT_S",
     "OCTET_STREAM",
     "Reason",
@@ -25,6 +26,9 @@ API_PREFIX = "/v1"
 VERSION_HEADER = "X-Gradwire-Version"
 #: ``gradwire.state.state_hash`` of the master weights at that version.
 HASH_HEADER = "X-Gradwire-Weights-Hash"
+#: The run's current version, beside ``X-Gradwire-Version`` in a downlink answer: when a page of versions
+#: (``GET …/updates``) ends before it, the client asks again from where the page ended.
+LATEST_VERSION_HEADER = "X-Gradwire-Latest-Version"
 #: The media type of frames and safetensors bodies.
 OCTET_STREAM = "application/octet-stream"
 #: The server caps a long poll (``GET …/updates?wait=``) at this many seconds.
@@ -56,6 +60,9 @@ class Reason(str, enum.Enum):
     ROUND_NOT_OPEN = "round_not_open"
     ROUND_CLOSED = "round_closed"
     CONFLICTING_SUBMISSION = "conflicting_submission"
+    # the server's bounds (429: retry after the Retry-After seconds)
+    UPLOAD_IN_PROGRESS = "upload_in_progress"
+    BUSY = "busy"
     # the submitted frame
     FRAME_TOO_LARGE = "frame_too_large"
     BAD_FRAME = "bad_frame"

@@ -18,12 +18,14 @@ from typing import Any, Mapping, MutableMapping, Optional
 import blake3
 import torch
 from safetensors.torch import load as _st_load
+from safetensors.torch import load_file as _st_load_file
 from safetensors.torch import save as _st_save
 
 __all__ = [
     "apply_update",
     "pack_state_dict",
     "state_from_bytes",
+    "state_from_file",
     "state_hash",
     "state_to_bytes",
     "unpack_state_dict",
@@ -90,6 +92,14 @@ def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
     try:
         return dict(_st_load(bytes(data)))
     except Exception as exc:  # safetensors raises its own SafetensorError for malformed headers
+        raise ValueError(f"not a valid safetensors state: {exc}") from exc
+
+
+def state_from_file(path: "os.PathLike | str") -> dict[str, torch.Tensor]:
+    """Named tensors from a safetensors file (read without holding the file's bytes twice); never unpickles."""
+    try:
+        return dict(_st_load_file(os.fspath(path)))
+    except Exception as exc:  # SafetensorError for malformed headers, OSError for an unreadable file
         raise ValueError(f"not a valid safetensors state: {exc}") from exc
 
 

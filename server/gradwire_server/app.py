@@ -54,6 +54,13 @@ class ServerContext:
         log.warning("no admin token configured; generated one into %s", path)
         return token
 
+    def begin_shutdown(self) -> None:
+        """SIGTERM arrived (called by :mod:`.serving` before uvicorn waits for requests in flight): not ready
+        any more, and every long poll answers now rather than at the end of its wait."""
+        self.ready = False
+        if self.engine is not None:
+            self.engine.release_waiters()
+
     def _live_nodes(self) -> float:
         if self.store is None or not self.ready:
             return 0.0

@@ -37,6 +37,8 @@ STATUS: dict[Reason, int] = {
     Reason.ROUND_CLOSED: 410,
     Reason.TOO_FAR_BEHIND: 410,
     Reason.FRAME_TOO_LARGE: 413,
+    Reason.UPLOAD_IN_PROGRESS: 429,
+    Reason.BUSY: 429,
     Reason.STATE_TOO_LARGE: 413,
     Reason.INVALID_REQUEST: 422,
     Reason.VERSION_AHEAD: 422,

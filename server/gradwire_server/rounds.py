@@ -27,15 +27,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from gradwire.frame import MAX_NAME_BYTES
-from gradwire.state import pack_state_dict, state_from_bytes, state_hash, state_to_bytes
+from gradwire.state import pack_state_dict, state_from_bytes, state_from_file, state_hash, state_to_bytes
 
 from .aggregate import Update
 from .config import RunConfig
+from .downlink import CatchUpSlots, Page, open_page
 from .driver import Closed, RoundDriver
 from .errors import Reason, Rejected
 from .metrics import Metrics
@@ -63,6 +65,9 @@ class RoundEngine:
         self._recovery = Recovery(store, metrics, self.device)
         self._submissions = Submissions(store, metrics, settings)
         self._driver = RoundDriver(store, metrics, settings, self._recovery.reload)
+        self._catch_ups = CatchUpSlots(settings.max_catch_ups)
+        #: Set when the server shuts down: long polls stop waiting.
+        self.stopping = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -102,13 +107,19 @@ class RoundEngine:
         log.info("created run %s", run_id)
         return run_id
 
-    async def set_state(self, run_id: str, body: bytes) -> dict:
-        """Install the initial model (version 0) from safetensors bytes."""
+    async def require_not_started(self, run_id: str) -> None:
+        """409 ``already_started`` once the run accepted an update: its initial state is fixed."""
+        rt = self.runtime(run_id)
+        if rt.version > 0 or rt.pending or await asyncio.to_thread(self.store.any_submission, run_id):
+            raise Rejected(Reason.ALREADY_STARTED, "updates were already accepted; the initial state is fixed")
+
+    async def set_state(self, run_id: str, source: "bytes | Path") -> dict:
+        """Install the initial model (version 0) from safetensors bytes or a safetensors file."""
         rt = self.runtime(run_id)
         async with rt.lock:
-            if rt.version > 0 or rt.pending or await asyncio.to_thread(self.store.any_submission, run_id):
-                raise Rejected(Reason.ALREADY_STARTED, "updates were already accepted; the initial state is fixed")
-            master = await asyncio.to_thread(_parse_state, body)
+            await self.require_not_started(run_id)
+            master = await asyncio.to_thread(_parse_state, source)
+
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
             rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
@@ -162,31 +173,51 @@ class RoundEngine:
             data = await asyncio.to_thread(pack_state_dict, public)
         return data, version, h
 
-    async def updates_since(self, run_id: str, since: int, wait: float) -> tuple[bytes, int, str]:
-        """The diff frames publishing ``since+1 … current`` (long-polling up to ``wait`` seconds)."""
+    async def updates_since(self, run_id: str, since: int, wait: float) -> Page:
+        """The published versions from ``since+1`` on, as one open page of at most ``max_catch_up_bytes``
+        (:mod:`.downlink`), long-polling up to ``wait`` seconds for a version newer than ``since`` (a
+        shutdown ends the wait at once). An empty page when ``since`` is current."""
         rt = self.runtime(run_id)
         self._require_state(rt)
         if since > rt.version:
             raise Rejected(Reason.VERSION_AHEAD, f"version {since} is ahead of the run's {rt.version}")
-        if since == rt.version and wait > 0:
-            event = rt.published
-            try:
-                await asyncio.wait_for(event.wait(), timeout=wait)
-            except asyncio.TimeoutError:
-                pass
+        if since == rt.version and wait > 0 and not self.stopping.is_set():
+            await _first_of((rt.published, self.stopping), timeout=wait)
         version, h = rt.version, rt.weights_hash
         if since == version:
-            return b"", version, h
+            return Page(since + 1, since, version, h)
         oldest = self.store.oldest_diff(run_id, version, rt.config.keep_versions)
         if since + 1 < oldest:
             raise Rejected(Reason.TOO_FAR_BEHIND, f"diffs before version {oldest} are no longer kept; fetch the full state")
+        release = self._catch_ups.take() if since + 1 < version else None
         try:
-            data = await asyncio.to_thread(self.store.read_diffs, run_id, since + 1, version)
+            files, nbytes = await asyncio.to_thread(open_page, self.store, run_id, since + 1, version,
+                                                    self.settings.max_catch_up_bytes)
         except FileNotFoundError:
+            if release is not None:
+                release()
             raise Rejected(Reason.TOO_FAR_BEHIND, "those diffs were just pruned; fetch the full state") from None
-        return data, version, h
+        page = Page(since + 1, since + len(files), version, h, files, nbytes, release)
+        if page.last != version:
+            try:
+                page.weights_hash = await asyncio.to_thread(self.store.version_hash, run_id, page.last)
+            except BaseException:
+                page.close()
+                raise
+        return page
+
+    def release_waiters(self) -> None:
+        """Shutdown began: every long poll answers now (and none starts waiting)."""
+        self.stopping.set()
 
     # -- submissions and closing rounds (see .submissions and .driver) ----------------------------
+
+    def upload(self, run_id: str, node_id: int, round: int, declared: Optional[int]):
+        """The checks of an update that need no body, and the node's one upload slot while its body is read
+        and recorded (:meth:`.submissions.Submissions.upload`): ``async with engine.upload(…): …``."""
+        rt = self.runtime(run_id)
+        self._require_state(rt)
+        return self._submissions.upload(rt, node_id, round, declared)
 
     async def submit(self, run_id: str, node_id: int, round: int, body: bytes) -> dict:
         """Validate and durably record one update; the answer means it will be counted exactly once."""
@@ -209,10 +240,21 @@ class RoundEngine:
         await self._driver.checkpoint(rt)
 
 
-def _parse_state(body: bytes) -> dict[str, torch.Tensor]:
-    """Safetensors bytes → fp32 master weights, checked (never unpickled)."""
+async def _first_of(events: tuple[asyncio.Event, ...], timeout: float) -> None:
+    """Wait until any of ``events`` is set, or ``timeout`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        state = state_from_bytes(body)
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+def _parse_state(source: "bytes | Path") -> dict[str, torch.Tensor]:
+    """Safetensors bytes or file → fp32 master weights, checked (never unpickled)."""
+    try:
+        state = state_from_bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else state_from_file(source)
+
     except ValueError as exc:
         raise Rejected(Reason.BAD_STATE, str(exc)) from None
     if not state:

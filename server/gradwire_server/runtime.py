@@ -43,6 +43,8 @@ class RunRuntime:
     #: Updates validated and written, waiting for the next group commit, and the task committing them.
     staged: list["_Staged"] = field(default_factory=list)
     committer: Optional[asyncio.Task] = None
+    #: Nodes whose update body is being received or recorded now: one upload per node at a time.
+    uploading: set[int] = field(default_factory=set)
 
     @property
     def master(self) -> Optional[dict[str, torch.Tensor]]:

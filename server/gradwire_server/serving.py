@@ -1,26 +1,61 @@
-"""``serve``: the server under uvicorn until SIGINT/SIGTERM, with a graceful shutdown."""
+"""``serve``: the server under uvicorn until SIGINT/SIGTERM, with bounded connections and a bounded shutdown.
+
+Connections are bounded by :mod:`.connections` (a cap, header and body deadlines). On SIGTERM uvicorn stops
+accepting, closes idle connections and waits for requests in flight; the app is told first, so that long
+polls on ``…/updates`` answer at once instead of holding the shutdown for up to a minute; requests still
+running after ``shutdown_grace_s`` are cancelled; then the round drivers stop after any round close in
+flight (docs/SERVER.md, "Connections and deadlines").
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from typing import Callable, Optional
 
 import uvicorn
 
 from .app import create_app
+from .connections import ConnectionLimits, ensure_descriptors, guarded_protocol
 from .logs import logging_config
 from .settings import ServerSettings
 
 __all__ = ["serve"]
 
+log = logging.getLogger("gradwire_server")
+
+#: uvicorn's own bound on an idle keep-alive connection between two requests.
+KEEP_ALIVE_S = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app that shutdown began before it waits for the requests in flight."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]):
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
 
 def serve(settings: Optional[ServerSettings] = None) -> None:
-    """Run the server with uvicorn until SIGINT/SIGTERM (graceful shutdown)."""
+    """Run the server with uvicorn until SIGINT/SIGTERM (graceful shutdown within ``shutdown_grace_s``)."""
     settings = settings or ServerSettings()
-    uvicorn.run(
-        create_app(settings),
+    log_config = logging_config(settings.log_json, settings.log_level)
+    raised = ensure_descriptors(settings.max_connections)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
-        log_config=logging_config(settings.log_json, settings.log_level),
+        log_config=log_config,
         access_log=settings.log_level == "debug",
-        timeout_graceful_shutdown=30,
+        http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
+    if raised is not None:
+        log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d for max_connections %d",
+                 raised[0], raised[1], settings.max_connections)
+    _Server(config, on_shutdown=app.state.server.begin_shutdown).run()

@@ -38,6 +38,31 @@ class ServerSettings(BaseSettings):
                                    "this many bytes: writing it then costs about what the frame does. 0: never.")
     validate_threads: int = Field(
         0, ge=0, description="Worker threads that hash, validate and write submitted updates (0: one per CPU core).")
+    # Bounded connections (docs/SERVER.md, "Connections and deadlines"; gradwire_server.connections).
+    max_connections: int = Field(
+        512, ge=1, description="Open connections at most; beyond, the oldest one still waiting for its request "
+                               "headers is closed to make room (or the new one, when none waits).")
+    header_timeout_s: float = Field(
+        10.0, gt=0, allow_inf_nan=False,
+        description="A request's line and headers must arrive within this many seconds of the connection "
+                    "opening or the previous response ending; else the connection is closed.")
+    body_timeout_s: float = Field(
+        20.0, gt=0, allow_inf_nan=False,
+        description="Grace, in seconds, before a request body must keep up with min_body_rate; also how long a "
+                    "client may read nothing of a response before it is closed.")
+    min_body_rate: int = Field(
+        16 << 10, ge=1, description="Bytes per second a request body must average after body_timeout_s (time the "
+                                    "server itself is not reading is not counted); slower ones are closed.")
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, allow_inf_nan=False,
+        description="On SIGTERM: how long requests in flight may take to finish before they are cancelled "
+                    "(long polls are answered at once).")
+    max_catch_up_bytes: int = Field(
+        16 << 20, ge=1, description="Bytes of versions in one GET …/updates answer at most (always at least one "
+                                    "version); the client asks again from where it stopped.")
+    max_catch_ups: int = Field(
+        4, ge=1, description="GET …/updates answers of more than one version sent at once at most; beyond, "
+                             "429 busy with Retry-After.")
     device: str = Field(
         "cpu", description="Where each run's master weights, moments and round math live: cpu, cuda or cuda:<index>. "
                            "Only frames and checkpoints cross to the host.")

@@ -425,6 +425,13 @@ class Store:
         """The frames publishing versions ``first..last`` concatenated (each self-delimiting)."""
         return b"".join(self.diff_path(run_id, v).read_bytes() for v in range(first, last + 1))
 
+    def version_hash(self, run_id: str, version: int) -> str:
+        """The weights hash a published ``version`` of the run led to."""
+        row = self._one("SELECT weights_hash FROM versions WHERE run_id = ? AND version = ?", (run_id, version))
+        if row is None:
+            raise KeyError(f"run {run_id} has no version {version}")
+        return row[0]
+
     def oldest_diff(self, run_id: str, version: int, keep: int) -> int:
         """The oldest version whose diff is retained when the run is at ``version``."""
         return max(1, version - keep + 1)

@@ -14,6 +14,7 @@ then lost. Each answer comes only after the commit that holds its row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -84,6 +85,33 @@ class Submissions:
             # An update computed `s` versions ago counts with weight 1 / (1 + s) in the open round.
             return 1.0 / (1 + rt.version - round)
         raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed; the open round is {rt.version}")
+
+    @contextlib.asynccontextmanager
+    async def upload(self, rt: RunRuntime, node_id: int, round: int, declared: Optional[int]):
+        """Hold the node's one upload slot while its body is read and recorded, after the checks that need
+        no body: the round (409 ``round_not_open``, 410 ``round_closed``), an update already recorded for
+        this node and round with another size (409 ``conflicting_submission``; the same size needs the
+        bytes: a duplicate is answered 202), another upload of the node in progress (429
+        ``upload_in_progress``). ``declared``: the Content-Length, if any. Everything is checked again
+        with the body, under the run's lock."""
+        if node_id in rt.uploading:
+            raise Rejected(Reason.UPLOAD_IN_PROGRESS, f"node {node_id} is already uploading an update; retry "
+                                                      "when it is answered", headers={"Retry-After": "1"})
+        recorded = rt.pending.get((node_id, round))
+        size = len(recorded.raw) if recorded is not None and recorded.raw else None
+        if recorded is None and round < rt.version:
+            rec = await asyncio.to_thread(self.store.get_submission, rt.run_id, node_id, round)
+            size = None if rec is None else rec.nbytes
+        if size is None:
+            self._weight_for(rt, round)  # no update of this node and round yet: is the round open?
+        elif declared is not None and declared != size:
+            raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update "
+                                                          f"for round {round}")
+        rt.uploading.add(node_id)
+        try:
+            yield
+        finally:
+            rt.uploading.discard(node_id)
 
     async def submit(self, rt: RunRuntime, node_id: int, round: int, body: bytes) -> dict:
         """Validate and durably record one update of ``rt`` (a run with a state); the answer means it will

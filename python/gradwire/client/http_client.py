@@ -24,7 +24,7 @@ import torch
 
 from ..errors import FrameError
 from ..frame import SERVER_SENDER, Frame, Limits, frame_length, read_frame
-from ..protocol import API_PREFIX, HASH_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER
+from ..protocol import API_PREFIX, HASH_HEADER, LATEST_VERSION_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER
 from ..published import Published, read_published
 from ..state import state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
 from .errors import GradwireConnectionError, OutOfSyncError, ProtocolError, http_error
@@ -265,10 +265,8 @@ class GradwireClient:
         :class:`~gradwire.FrameError` for a body that is not valid frames and :class:`ProtocolError`
         when the frames do not produce versions ``since+1`` … current in order.
         """
-        response = self._updates_response(run_id, since, wait)
-        version = _header_int(response, VERSION_HEADER)
-        weights_hash = _header_str(response, HASH_HEADER)
-        parsed = _read_frames(response.content, limits)
+        body, version, weights_hash = self._updates_body(run_id, since, wait)
+        parsed = _read_frames(body, limits)
         frames = [chunk for chunk, _ in parsed]
         headers = [frame for _, frame in parsed]
         rounds = [h.round for h in headers]
@@ -281,15 +279,31 @@ class GradwireClient:
             raise ProtocolError("a downlink frame is not a bundle frame from the server (sender 0xFFFFFFFF)")
         return UpdateBatch(frames=frames, version=version, weights_hash=weights_hash)
 
-    def _updates_response(self, run_id: str, since: int, wait: Optional[float]) -> httpx.Response:
+    def _updates_body(self, run_id: str, since: int, wait: Optional[float]) -> tuple[bytes, int, str]:
+        """The downlink bytes publishing ``since+1`` … the run's version, with that version and its weights
+        hash. The server answers a long catch-up in pages (``X-Gradwire-Version`` where a page ends,
+        ``X-Gradwire-Latest-Version`` the run's version then): the pages are fetched in turn, from where
+        the last one ended, up to that version, and joined — the bytes one answer would have held."""
         params: dict[str, Any] = {"since": int(since)}
         extra = 0.0
         if wait is not None:
             wait = min(float(wait), MAX_WAIT_S)
             params["wait"] = wait
             extra = wait
-        return self._request("GET", f"{API_PREFIX}/runs/{run_id}/updates", idempotent=True, params=params,
-                             extra_timeout=extra)
+        path = f"{API_PREFIX}/runs/{run_id}/updates"
+        response = self._request("GET", path, idempotent=True, params=params, extra_timeout=extra)
+        version = _header_int(response, VERSION_HEADER)
+        weights_hash = _header_str(response, HASH_HEADER)
+        latest = _header_int(response, LATEST_VERSION_HEADER) if LATEST_VERSION_HEADER in response.headers else version
+        pages = [response.content]
+        while version < latest:
+            response = self._request("GET", path, idempotent=True, params={"since": version})
+            reached = _header_int(response, VERSION_HEADER)
+            if reached <= version or not response.content:
+                raise ProtocolError(f"a page of updates since {version} ends at version {reached}: no progress")
+            version, weights_hash = reached, _header_str(response, HASH_HEADER)
+            pages.append(response.content)
+        return b"".join(pages), version, weights_hash
 
     def published(
         self, run_id: str, since: int, *, wait: Optional[float] = None, limits: Optional[Limits] = None
@@ -299,16 +313,14 @@ class GradwireClient:
 
         Raises like :meth:`updates`; :class:`ProtocolError` when the versions are not ``since+1`` … current.
         """
-        response = self._updates_response(run_id, since, wait)
-        version = _header_int(response, VERSION_HEADER)
-        weights_hash = _header_str(response, HASH_HEADER)
-        versions = read_published(response.content, limits=limits)
+        body, version, weights_hash = self._updates_body(run_id, since, wait)
+        versions = read_published(body, limits=limits)
         got = [p.version for p in versions]
         if got != list(range(int(since) + 1, version + 1)):
             raise ProtocolError(f"updates since {since} at version {version} should publish versions "
                                 f"{since + 1}..{version}, the body publishes {got[:8]}")
         return PublishedBatch(versions=versions, version=version, weights_hash=weights_hash,
-                              nbytes=len(response.content))
+                              nbytes=len(body))
 
     def algorithm_state(self, run_id: str) -> tuple[dict[str, Any], int, str]:
         """``GET`` the algorithm's node-relevant state (SparseLoCo's outer momentum): ``(state, version, hash)``."""

@@ -9,7 +9,7 @@ from gradwire.protocol import API_PREFIX
 
 from ..auth import Principal, principal
 from ..errors import Reason
-from .common import ERROR, VERSION_HEADERS, octet_request, octet_response, read_body, server, versioned_octets
+from .common import ERROR, VERSION_HEADERS, declared_length, octet_request, octet_response, server, spool_body, versioned_octets
 
 router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}/state", tags=["state"])
 
@@ -19,15 +19,20 @@ class StateSet(BaseModel):
     weights_hash: str
 
 
-@router.put("", response_model=StateSet, summary="Set the initial model (admin): safetensors bytes",
+@router.put("", response_model=StateSet, summary="Set the initial model (admin): safetensors bytes, spooled to disk",
             openapi_extra=octet_request("The model's tensors as safetensors; stored as fp32 master weights."),
             responses={400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR})
 async def put_state(run_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
     who.require_admin()
     ctx = server(request)
     ctx.engine.runtime(run_id)
-    body = await read_body(request, ctx.settings.max_state_bytes, reason=Reason.STATE_TOO_LARGE)
-    return await ctx.engine.set_state(run_id, body)
+    declared_length(request, ctx.settings.max_state_bytes, Reason.STATE_TOO_LARGE)
+    await ctx.engine.require_not_started(run_id)  # before the body: it can be gigabytes
+    path = await spool_body(request, ctx.settings.max_state_bytes, ctx.store.run_dir(run_id), Reason.STATE_TOO_LARGE)
+    try:
+        return await ctx.engine.set_state(run_id, path)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @router.get("", response_class=Response, summary="The fp32 master weights at the current version",

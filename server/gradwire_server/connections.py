@@ -1,0 +1,317 @@
+"""Bounded connections: a cap on open connections, deadlines for a request's headers and body, a stall
+bound on responses, and a short linger after answering a request whose body was not read.
+
+uvicorn alone closes only idle keep-alive connections (``timeout_keep_alive``): a client that sends its
+headers or its body a byte at a time holds a socket, and a file descriptor, for as long as it likes, and
+``limit_concurrency`` answers 503 to everyone once such sockets fill it. :func:`guarded_protocol` makes
+uvicorn's httptools protocol with these additions, all on the event loop's timers (no thread, no polling):
+
+- **Header deadline.** The request line and headers must be complete within ``header_timeout_s`` of the
+  connection opening or of the previous response ending; else the connection is closed.
+- **Body rate.** After a grace of ``body_timeout_s`` a request body must have arrived at an average of at
+  least ``min_body_rate`` bytes/s (the time the server itself is not reading — flow control while the
+  route is busy — does not count); else the connection is closed.
+- **Response stall.** A client that reads nothing of a response for ``body_timeout_s`` is closed.
+- **Connection cap.** Beyond ``max_connections`` the oldest connection that is waiting for its request
+  headers (a slow client, an idle keep-alive one, or one lingering) is closed to make room; when none is,
+  the new connection is closed. Sockets that never send a request cost at most ``max_connections``
+  descriptors, and never keep out a client that sends its request promptly: that one is always the newest.
+- **Answered before the body.** The routes check what needs no body first (the token, the run, the round,
+  one upload per node); when a response completes while the request body is still coming, the write side
+  is shut after the response (so the client reads its answer, not a reset) and whatever the client still
+  sends is discarded, unparsed and unbuffered, for at most ``LINGER_S`` before the connection closes.
+
+Connections closed by these rules are counted by cause and logged as one summary line every
+``_LOG_EVERY_S`` at most (a thousand slow sockets do not flood the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["ConnectionGuard", "ConnectionLimits", "LINGER_S", "ensure_descriptors", "guarded_protocol"]
+
+log = logging.getLogger("gradwire_server.connections")
+
+#: How long a connection answered before its body was read keeps discarding what the client still sends.
+LINGER_S = 2.0
+#: Descriptors kept beside the connections: SQLite, the files of catch-ups and submissions, the pools.
+FD_RESERVE = 256
+_LOG_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of :mod:`.connections`, from ``ServerSettings`` (same names)."""
+
+    max_connections: int = 512
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 20.0
+    min_body_rate: int = 16 << 10
+
+    @classmethod
+    def from_settings(cls, settings) -> "ConnectionLimits":
+        return cls(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
+                   settings.min_body_rate)
+
+
+def ensure_descriptors(max_connections: int) -> Optional[tuple[int, int]]:
+    """Make sure the process may open ``max_connections`` sockets plus :data:`FD_RESERVE` descriptors.
+
+    Raises the soft ``RLIMIT_NOFILE`` only when it is below that (never above the hard limit); returns
+    ``(old, new)`` when it did, ``None`` when nothing was needed. ``ValueError`` when the hard limit is too
+    low, naming both numbers.
+    """
+    need = max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ValueError(f"max_connections {max_connections} needs {need} file descriptors, but RLIMIT_NOFILE "
+                         f"allows {hard} (hard limit): lower --max-connections or raise the limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    return soft, need
+
+
+class _Phase(enum.Enum):
+    HEADERS = "waiting for request headers"
+    BODY = "receiving a request body"
+    APP = "handling a request"
+    LINGER = "discarding an unread body"
+
+
+class ConnectionGuard:
+    """What the connections of one server share: the open ones, which of them may be closed to make room
+    (oldest first), and the counts of closes by cause."""
+
+    def __init__(self, limits: ConnectionLimits):
+        self.limits = limits
+        self.open: set["_GuardedProtocol"] = set()
+        # Insertion-ordered: the first is the one that has waited longest.
+        self._evictable: dict["_GuardedProtocol", None] = {}
+        self.closed: dict[str, int] = {}
+        self._unlogged: dict[str, int] = {}
+        self._flush: Optional[asyncio.TimerHandle] = None
+
+    def admit(self, conn: "_GuardedProtocol") -> None:
+        """A new connection: make room if the cap is reached (see the module's docstring)."""
+        self.open.add(conn)
+        self.evictable(conn)
+        while len(self.open) > self.limits.max_connections:
+            victim = next(iter(self._evictable), None)
+            if victim is None or victim is conn:
+                conn.close("refused at the cap")
+                return
+            victim.close("closed to make room")
+
+    def evictable(self, conn: "_GuardedProtocol") -> None:
+        self._evictable.pop(conn, None)
+        self._evictable[conn] = None
+
+    def busy(self, conn: "_GuardedProtocol") -> None:
+        self._evictable.pop(conn, None)
+
+    def forget(self, conn: "_GuardedProtocol") -> None:
+        self.open.discard(conn)
+        self._evictable.pop(conn, None)
+
+    def count(self, cause: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.closed[cause] = self.closed.get(cause, 0) + 1
+        self._unlogged[cause] = self._unlogged.get(cause, 0) + 1
+        if self._flush is None:
+            self._flush = loop.call_later(_LOG_EVERY_S, self._log)
+
+    def _log(self) -> None:
+        self._flush = None
+        counts, self._unlogged = self._unlogged, {}
+        log.warning("closed %d connection(s) in the last %.0f s: %s (%d open)", sum(counts.values()), _LOG_EVERY_S,
+                    ", ".join(f"{n} {cause}" for cause, n in sorted(counts.items())), len(self.open))
+
+
+class _ClockedFlowControl(FlowControl):
+    """uvicorn's flow control, also timing how long reading was paused (the server not reading: not the
+    client's fault, so not counted against its body rate)."""
+
+    def __init__(self, transport: asyncio.Transport, clock: Callable[[], float]):
+        super().__init__(transport)
+        self._clock = clock
+        self._paused_at = 0.0
+        self._paused_s = 0.0
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self._paused_at = self._clock()
+        super().pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self._paused_s += self._clock() - self._paused_at
+        super().resume_reading()
+
+    def paused_seconds(self) -> float:
+        return self._paused_s + (self._clock() - self._paused_at if self.read_paused else 0.0)
+
+    def restart_clock(self) -> None:
+        self._paused_s = 0.0
+        if self.read_paused:
+            self._paused_at = self._clock()
+
+
+def _expects_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            try:
+                return int(value) > 0
+            except ValueError:
+                return True  # the parser refuses it; the deadline still applies meanwhile
+    return False
+
+
+class _GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds of :mod:`.connections`; made by :func:`guarded_protocol`."""
+
+    guard: ConnectionGuard  # set on the subclass that guarded_protocol makes
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._phase = _Phase.HEADERS
+        self._deadline: Optional[asyncio.TimerHandle] = None
+        self._stall: Optional[asyncio.TimerHandle] = None
+        self._body_started = 0.0
+        self._body_bytes = 0
+
+    # -- the phases ---------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.flow = _ClockedFlowControl(transport, self.loop.time)
+        self._wait_for_headers()
+        self.guard.admit(self)
+
+    def _wait_for_headers(self) -> None:
+        self._phase = _Phase.HEADERS
+        self.guard.evictable(self)
+        self._arm(self.guard.limits.header_timeout_s, self._headers_late)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self.transport.is_closing() or self._phase is not _Phase.HEADERS:
+            return
+        self.guard.busy(self)
+        if _expects_body(self.headers):
+            self._phase = _Phase.BODY
+            self._body_started, self._body_bytes = self.loop.time(), 0
+            self.flow.restart_clock()
+            self._arm(self.guard.limits.body_timeout_s, self._check_body_rate)
+        else:
+            self._phase = _Phase.APP
+            self._disarm()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._phase is _Phase.BODY:
+            self._phase = _Phase.APP
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        if self._phase is _Phase.BODY and not self.transport.is_closing():
+            # Answered before the body was read: no keep-alive on a connection whose next bytes are body.
+            self.server_state.total_requests += 1
+            self._linger()
+            return
+        super().on_response_complete()
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self._wait_for_headers()
+
+    def _linger(self) -> None:
+        self._phase = _Phase.LINGER
+        self.guard.evictable(self)
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # sent once the response is flushed
+        self._arm(LINGER_S, lambda: self.close("answered before its body"))
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase is _Phase.LINGER:
+            return  # the rest of a body nobody reads: dropped, never parsed or kept
+        super().data_received(data)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        self.guard.forget(self)
+        super().connection_lost(exc)
+
+    # -- deadlines ----------------------------------------------------------------------------------
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        self.close(f"headers not complete within {self.guard.limits.header_timeout_s:g} s")
+
+    def _check_body_rate(self) -> None:
+        """Close if the body is behind ``min_body_rate``; else check again when it would be."""
+        limits = self.guard.limits
+        elapsed = self.loop.time() - self._body_started - self.flow.paused_seconds()
+        allowed = limits.body_timeout_s + self._body_bytes / limits.min_body_rate
+        if elapsed >= allowed and not self.flow.read_paused:
+            self.close(f"body slower than {limits.min_body_rate} B/s")
+            return
+        self._arm(max(0.05, allowed - elapsed), self._check_body_rate)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._stall = self.loop.call_later(self.guard.limits.body_timeout_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        self.close(f"read nothing of a response for {self.guard.limits.body_timeout_s:g} s")
+
+    def close(self, cause: str) -> None:
+        """Close this connection now, counting ``cause``."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.guard.count(cause, self.loop)
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        # uvicorn's graceful shutdown: a connection waiting for headers or lingering closes now.
+        if self._phase in (_Phase.HEADERS, _Phase.LINGER) and not self.transport.is_closing():
+            self.transport.close()
+            return
+        super().shutdown()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """A uvicorn HTTP protocol class (``uvicorn.Config(http=...)``) bounded by ``limits``; its connections
+    share one :class:`ConnectionGuard`, reachable as the class's ``guard``."""
+    return type("GuardedHttpToolsProtocol", (_GuardedProtocol,), {"guard": ConnectionGuard(limits)})
