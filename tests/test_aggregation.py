@@ -62,7 +62,8 @@ def _updates(frames, weights) -> list[server_agg.Update]:
 
 
 def test_the_rule_names_live_in_the_library_only():
-    assert aggregation.RULES == ("mean", "clipped_mean", "trimmed_mean", "median")
+    assert aggregation.RULES == ("bounded_mean", "mean", "clipped_mean", "trimmed_mean", "median")
+    assert aggregation.DEFAULT_RULE == "bounded_mean" == AggregationConfig().rule
     assert server_agg.RULES is aggregation.RULES
     # The run config's accepted names are the library's.
     assert typing.get_args(AggregationConfig.model_fields["rule"].annotation) == aggregation.RULES
@@ -185,7 +186,7 @@ def test_trimmed_mean_and_median_have_the_bits_of_the_brute_force_definition(n, 
 
 
 @pytest.mark.parametrize("kind", ["identity", "dct"])
-@pytest.mark.parametrize("rule", ["mean", "clipped_mean", "trimmed_mean", "median"])
+@pytest.mark.parametrize("rule", ["bounded_mean", "mean", "clipped_mean", "trimmed_mean", "median"])
 def test_the_servers_aggregate_is_the_librarys(kind, rule):
     frames = _frames(5, kind, seed=7, scales=[1.0, 2.0, 0.5, 30.0, 1.0])
     records = [f.entries for f in frames]
@@ -197,7 +198,7 @@ def test_the_servers_aggregate_is_the_librarys(kind, rule):
     assert list(got) == NAMES
     for name in NAMES:
         assert _same_bits(got[name], lib[name])
-    if rule in ("mean", "clipped_mean"):
+    if rule in ("bounded_mean", "mean", "clipped_mean"):
         # The fast path as it always was: one accumulator per tensor, the updates added in order.
         coeffs = aggregation.rule_weights(rule, weights, norms)
         assert server_agg.mean_weights(ups, rule) == coeffs

@@ -62,8 +62,9 @@ def test_create_run_defaults_and_invalid_config(server, client):
     assert st["version"] == 0 and st["open_round"] == 0 and st["weights_hash"] is None and st["nodes"] == 0
     cfg = st["config"]
     assert cfg["uplink"] == {"codec": "dct", "params": {"chunk_shape": [64, 64], "topk": 32}}
-    assert cfg["optimizer"]["betas"] == [0.9, 0.999] and cfg["aggregation"]["rule"] == "mean"
+    assert cfg["optimizer"]["betas"] == [0.9, 0.999] and cfg["aggregation"]["rule"] == "bounded_mean"
     assert cfg["quorum"] == 1 and cfg["late_policy"] == "reject" and cfg["keep_versions"] == 1000
+    assert st["warnings"] == []  # the default rule bounds one node's influence
     for bad in ({"quorum": 0}, {"aggregation": {"rule": "mode"}}, {"uplink": {"codec": "nope"}},
                 {"optimizer": {"schedule": "cosine"}}, {"unknown_field": 1}):
         r = client.post("/v1/runs", json=bad, headers=admin)

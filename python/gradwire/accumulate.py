@@ -104,4 +104,5 @@ def entry_norm(entry: Entry) -> float:
     fn = _NORMS.get(entry.codec)
     if fn is not None:
         return float(fn(entry))
-    return float(decode_entry(entry).to(torch.float32).norm())
+    # In float64: float32 squares overflow from |x| ≈ 1.8e19, so finite values would read as infinite.
+    return float(decode_entry(entry).to(torch.float32).to(torch.float64).norm())

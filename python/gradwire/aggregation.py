@@ -2,9 +2,17 @@
 name. The server (AdamW, DeMo and SparseLoCo runs), every node applying a published version
 (:mod:`gradwire.published`) and the torch.distributed optimizers all aggregate through this module.
 
-The rules (:data:`RULES`, the one list of their names):
+The rules (:data:`RULES`, the one list of their names; :data:`DEFAULT_RULE` is every run's default):
 
-- ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``.
+- ``bounded_mean`` (the default): each update first scaled by ``cᵢ = min(1, level / normᵢ)``, then the
+  weighted mean ``Σ wᵢ cᵢ uᵢ / Σ wᵢ``. The clip ``level`` is the round's *lower* median norm (of two
+  updates the smaller, so one node of two cannot raise it), capped at ``cap_factor`` × the median of
+  the clip levels of the run's last ``cap_rounds`` rounds (:class:`NormHistory`), so that even a round
+  made of one rogue update (``quorum`` 1) moves the weights no more than the recent rounds did. One
+  node's influence on a round is then at most one median update's, and a run's step size can grow by
+  at most ``cap_factor`` every few rounds.
+- ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``: no bound on what one node moves (a run
+  with it says so in its status).
 - ``clipped_mean``: each update first scaled by ``cᵢ = min(1, median_norm / normᵢ)`` (:func:`clip_factors`),
   the norms taken over the whole update (all tensors), then the weighted mean ``Σ wᵢ cᵢ uᵢ / Σ wᵢ``. A
   rogue update can then weigh no more than a median one.
@@ -59,16 +67,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .accumulate import make_accumulator
+from .accumulate import entry_norm, make_accumulator
 from .frame import Entry, decode_entry, weighted_sum_fused
 
 __all__ = [
+    "DEFAULT_RULE",
+    "MAX_UPDATE_NORM",
+    "NormHistory",
     "RULES",
+    "UNBOUNDED_RULES",
     "aggregate",
+    "bounded_level",
     "check_rule",
     "clip_factors",
     "exact_aggregate",
@@ -77,13 +90,21 @@ __all__ = [
     "rule_weights",
     "transform_domain_sum",
     "trim_count",
+    "update_norm",
     "weights_and_trim",
 ]
 
 #: Every aggregation rule's name; :func:`check_rule` is the one place a name is checked against it.
-RULES = ("mean", "clipped_mean", "trimmed_mean", "median")
+RULES = ("bounded_mean", "mean", "clipped_mean", "trimmed_mean", "median")
+#: The rule of a run that names none: it bounds one node's influence (module docstring).
+DEFAULT_RULE = "bounded_mean"
+#: The rules under which one node's update can move the aggregate without bound.
+UNBOUNDED_RULES = ("mean",)
 #: The rules that are a weighted mean of the senders' records (the others are coordinate-wise).
-_MEANS = ("mean", "clipped_mean")
+_MEANS = ("bounded_mean", "mean", "clipped_mean")
+#: The largest update L2 norm an aggregate takes: above it a sum of float32 values is no longer safely
+#: finite (10⁸ such updates still sum below float32's 3.4·10³⁸). No honest update comes near it.
+MAX_UPDATE_NORM = 1e30
 
 
 def check_rule(rule: str) -> str:
@@ -229,27 +250,91 @@ def exact_aggregate(
 # -- the rules' weights --------------------------------------------------------------------------
 
 
-def clip_factors(norms: Sequence[float]) -> list[float]:
-    """``min(1, median / norm)`` per update: every update is scaled to at most the median norm (an update
-    of norm 0 keeps factor 1)."""
+def clip_factors(norms: Sequence[float], level: Optional[float] = None) -> list[float]:
+    """``min(1, level / norm)`` per update: every update is scaled to at most ``level`` (default: the
+    median norm; an update of norm 0 keeps factor 1)."""
     if not norms:
         return []
-    med = statistics.median(norms)
-    return [1.0 if n <= med or n == 0.0 else med / n for n in norms]
+    if level is None:
+        level = statistics.median(norms)
+    return [1.0 if n <= level or n == 0.0 else level / n for n in norms]
 
 
-def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None) -> list[float]:
-    """Each sender's coefficient in the ``mean`` or ``clipped_mean``: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
-    (staleness) ``weights`` and, for ``clipped_mean``, their update ``norms`` (``cᵢ`` from
-    :func:`clip_factors`; 1 for ``mean``). ``ValueError`` for a coordinate-wise rule."""
+def bounded_level(norms: Sequence[float], cap: float = math.inf) -> float:
+    """``bounded_mean``'s clip level: the round's lower median norm (the smaller middle value when the
+    count is even, so half of a round cannot raise it), at most ``cap`` (:meth:`NormHistory.cap`)."""
+    if not norms:
+        raise ValueError("bounded_level needs at least one norm")
+    return min(statistics.median_low(norms), cap)
+
+
+def update_norm(entries: Iterable[Entry], record_norm: Callable[[Entry], float] = entry_norm) -> float:
+    """An update's L2 norm over all its records, ``√Σ record_norm(e)²`` in float64 (the server's
+    validation and its replays compute it here, so they agree to the bit). Float32 values cannot
+    overflow it: a non-finite norm means non-finite values."""
+    return math.sqrt(sum(_square(record_norm(e)) for e in entries))
+
+
+def _square(x: float) -> float:
+    return x * x
+
+
+class NormHistory:
+    """The clip levels of a run's last ``rounds`` rounds under ``bounded_mean``: the cap on the next
+    round's level is ``factor`` × their median (none before the first round).
+
+    The server keeps one per run, steps it once per closed round (:meth:`observe`, after the round's
+    weights were taken with :meth:`cap`), saves it with every checkpoint (:meth:`state_dict`) and
+    replays it with the versions since, so a restarted run clips exactly as an uninterrupted one.
+    A level of 0 (a round of all-zero updates) is not remembered: it would cap every later round to 0.
+    """
+
+    def __init__(self, factor: float, rounds: int, levels: Iterable[float] = ()):
+        if not (math.isfinite(factor) and factor >= 1.0):
+            raise ValueError(f"cap factor must be a finite number >= 1, got {factor!r}")
+        if rounds < 1:
+            raise ValueError(f"cap rounds must be >= 1, got {rounds!r}")
+        self.factor = float(factor)
+        self.rounds = int(rounds)
+        self.levels: list[float] = [float(x) for x in levels][-self.rounds:]
+
+    def cap(self) -> float:
+        """The highest clip level the next round may use (``inf`` while no level is remembered)."""
+        return self.factor * statistics.median(self.levels) if self.levels else math.inf
+
+    def observe(self, norms: Sequence[float]) -> float:
+        """Remember the clip level of a round with update ``norms`` (call after :meth:`cap` was used for
+        its weights); returns that level."""
+        level = bounded_level(norms, self.cap())
+        if level > 0.0 and math.isfinite(level):
+            self.levels = (self.levels + [level])[-self.rounds:]
+        return level
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"levels": torch.tensor(self.levels, dtype=torch.float64)}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        levels = state.get("levels")
+        self.levels = [] if levels is None else [float(x) for x in levels.reshape(-1).tolist()][-self.rounds:]
+
+    def __repr__(self) -> str:
+        return f"NormHistory(factor={self.factor}, rounds={self.rounds}, levels={self.levels})"
+
+
+def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None,
+                 cap: float = math.inf) -> list[float]:
+    """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
+    (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
+    (``cᵢ`` from :func:`clip_factors`: to the median norm, or to :func:`bounded_level` with ``cap``;
+    1 for ``mean``). ``ValueError`` for a coordinate-wise rule."""
     if check_rule(rule) not in _MEANS:
         raise ValueError(f"rule {rule!r} is no weighted mean")
-    if rule == "clipped_mean":
-        if norms is None or len(norms) != len(weights):
-            raise ValueError(f"clipped_mean needs one norm per sender ({len(weights)}), got {norms!r}")
-        clip = clip_factors(norms)
-    else:
+    if rule == "mean":
         clip = [1.0] * len(weights)
+    else:
+        if norms is None or len(norms) != len(weights):
+            raise ValueError(f"{rule} needs one norm per sender ({len(weights)}), got {norms!r}")
+        clip = clip_factors(norms, bounded_level(norms, cap) if rule == "bounded_mean" else None)
     total = sum(weights)
     return [w * c / total for w, c in zip(weights, clip)]
 
@@ -259,6 +344,7 @@ def weights_and_trim(
     weights: Sequence[float],
     norms: Optional[Sequence[float]] = None,
     trim_fraction: float = 0.0,
+    cap: float = math.inf,
 ) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version (DeMo, SparseLoCo; :func:`exact_aggregate` applies
     them): the weighted means put everything in the weights (:func:`rule_weights`, trim 0); the
@@ -266,7 +352,7 @@ def weights_and_trim(
     as the plain shares ``wᵢ / Σ wᵢ`` for the record."""
     trim = trim_count(rule, len(weights), trim_fraction)
     if rule in _MEANS:
-        return rule_weights(rule, weights, norms), trim
+        return rule_weights(rule, weights, norms, cap), trim
     total = sum(weights)
     return [w / total for w in weights], trim
 
@@ -296,13 +382,15 @@ def aggregate(
     norms: Optional[Sequence[float]] = None,
     trim_fraction: float = 0.0,
     device: Optional[torch.device] = None,
+    cap: float = math.inf,
 ) -> dict[str, torch.Tensor]:
     """``{name: aggregate}`` of the senders' ``records`` under ``rule``, for each of ``names`` in that
     order (the server's AdamW mode).
 
     ``records[i]`` holds sender ``i``'s records, at least one for each of ``names``; ``weights`` are the
-    senders' (staleness) weights (default 1 each) and ``norms`` their update norms (``clipped_mean``
-    only). ``mean`` and ``clipped_mean`` run :func:`transform_domain_sum` with :func:`rule_weights`;
+    senders' (staleness) weights (default 1 each) and ``norms`` their update norms (``clipped_mean`` and
+    ``bounded_mean``, whose level is at most ``cap``). The weighted means run :func:`transform_domain_sum`
+    with :func:`rule_weights`;
     ``trimmed_mean`` and ``median`` run :func:`exact_trimmed_mean` with :func:`trim_count`'s trim (the
     weights ignored). Senders are combined in the order given, so the caller fixes the result.
     """
@@ -316,7 +404,7 @@ def aggregate(
         raise ValueError(f"got {len(weights)} weights for {n} senders")
     picked = _pick(records, names)
     if rule in _MEANS:
-        coeffs = rule_weights(rule, weights, norms)
+        coeffs = rule_weights(rule, weights, norms, cap)
         return {
             name: transform_domain_sum([mine[j] for mine in picked], coeffs, device) for j, name in enumerate(names)
         }

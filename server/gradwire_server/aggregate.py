@@ -1,6 +1,6 @@
 """The server's view of the aggregation rules: a round's validated updates (:class:`Update`) handed to
-:mod:`gradwire.aggregation`, which holds every rule (``mean``, ``clipped_mean``, ``trimmed_mean``,
-``median``: docs/SERVER.md), their weights and both ways of computing them. Nothing here decides
+:mod:`gradwire.aggregation`, which holds every rule (``bounded_mean``, ``mean``, ``clipped_mean``,
+``trimmed_mean``, ``median``: docs/SERVER.md), their weights and both ways of computing them. Nothing here decides
 anything: each function below is one call into the library.
 
 - :func:`aggregate` (AdamW runs): the two means in the codec's domain
@@ -12,6 +12,7 @@ anything: each function below is one call into the library.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -50,9 +51,12 @@ def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
     return aggregation.rule_weights(rule, [u.weight for u in updates], [u.norm for u in updates])
 
 
-def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float) -> tuple[list[float], int]:
-    """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`)."""
-    return aggregation.weights_and_trim(rule, [u.weight for u in updates], [u.norm for u in updates], trim_fraction)
+def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float,
+                      cap: float = math.inf) -> tuple[list[float], int]:
+    """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
+    ``cap``: ``bounded_mean``'s cap on the clip level)."""
+    return aggregation.weights_and_trim(rule, [u.weight for u in updates], [u.norm for u in updates], trim_fraction,
+                                        cap)
 
 
 def aggregate(
@@ -61,8 +65,9 @@ def aggregate(
     rule: str = "mean",
     trim_fraction: float = 0.2,
     device: Optional[torch.device] = None,
+    cap: float = math.inf,
 ) -> dict[str, torch.Tensor]:
     """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``
     (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them)."""
     return aggregation.aggregate([u.frame.entries for u in updates], names, rule, [u.weight for u in updates],
-                                 [u.norm for u in updates], trim_fraction, device)
+                                 [u.norm for u in updates], trim_fraction, device, cap)

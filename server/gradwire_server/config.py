@@ -7,12 +7,13 @@ the registry: a new algorithm needs no change here.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
-from gradwire.aggregation import RULES
+from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES, NormHistory
 from gradwire.algorithms import DEFAULT_ALGORITHM, AdamWConfig, Algorithm, DeMoConfig, SparseLoCoConfig, algorithm_names, algorithms, \
     get_algorithm
 from gradwire.frame import MIN_FRAME_BYTES
@@ -52,12 +53,44 @@ class CodecConfig(BaseModel):
 
 
 class AggregationConfig(BaseModel):
-    """The rule that turns a round's updates into one gradient."""
+    """The rule that turns a round's updates into one gradient (docs/SERVER.md, "Rogue nodes")."""
 
     model_config = ConfigDict(extra="forbid")
 
-    rule: Literal[RULES] = "mean"  # type: ignore[valid-type]
+    rule: Literal[RULES] = Field(  # type: ignore[valid-type]
+        DEFAULT_RULE,
+        description="bounded_mean (the default): each update clipped to the round's lower median norm, capped "
+                    "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
+                    "node moves a round no more than a median update does. mean: no bound (the run's status "
+                    "says so). clipped_mean: clipped to the round's median norm. trimmed_mean, median: "
+                    "coordinate-wise.")
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
+    cap_factor: float = Field(3.0, ge=1.0, allow_inf_nan=False,
+                              description="bounded_mean: a round's clip level is at most this many times the "
+                                          "median clip level of the last cap_rounds rounds.")
+    cap_rounds: int = Field(8, ge=1, le=1024, description="bounded_mean: how many recent rounds' clip levels "
+                                                          "the cap looks at.")
+
+    def norm_history(self) -> Optional[NormHistory]:
+        """A fresh :class:`~gradwire.aggregation.NormHistory` for ``bounded_mean`` runs, else ``None``."""
+        return NormHistory(self.cap_factor, self.cap_rounds) if self.rule == "bounded_mean" else None
+
+    def warnings(self, quorum: int) -> list[str]:
+        """What this rule leaves unbounded, for a run's status and the log at its creation."""
+        if self.rule in UNBOUNDED_RULES:
+            return [f"aggregation rule {self.rule!r} does not bound one node's influence: a single node can move "
+                    "the weights arbitrarily far in one round (use 'bounded_mean', the default; docs/SERVER.md)"]
+        # The fewest updates a round needs before the rule drops or clips a rogue one.
+        if self.rule == "trimmed_mean":
+            least = math.ceil(1 / self.trim_fraction - 1e-9) if self.trim_fraction > 0 else math.inf
+            least = max(3, least)
+        else:
+            least = 3 if self.rule in ("clipped_mean", "median") else 1
+        if quorum < least:
+            return [f"aggregation rule {self.rule!r} bounds one node's influence only in rounds of {least} or more "
+                    f"updates, and quorum is {quorum}: smaller rounds are not bounded (use 'bounded_mean', the "
+                    "default; docs/SERVER.md)"]
+        return []
 
 
 class _RunConfigBase(BaseModel):
@@ -129,6 +162,11 @@ class _RunConfigBase(BaseModel):
     def reencodes(self) -> bool:
         """Whether the server re-encodes a ``"mean"`` version's aggregate (``publish='aggregate'``)."""
         return self.algorithm_spec.publication == "mean" and self.publish == "aggregate"
+
+    def warnings(self) -> list[str]:
+        """What this config leaves unsafe (an aggregation rule that does not bound one node's influence):
+        shown in the run's status and logged when the run is created."""
+        return self.aggregation.warnings(self.quorum)
 
     @model_validator(mode="after")
     def _check_model_record(self) -> "_RunConfigBase":

@@ -105,6 +105,8 @@ class RoundEngine:
         self.runs[run_id] = rt
         self._driver.start(rt)
         log.info("created run %s", run_id)
+        for warning in config.warnings():
+            log.warning("run %s: %s", run_id, warning)
         return run_id
 
     async def require_not_started(self, run_id: str) -> None:
@@ -143,6 +145,7 @@ class RoundEngine:
             "nodes": self.store.node_count(run_id),
             "deadline_in_s": None if deadline is None else max(0.0, deadline - time.time()),
             "config": rt.config.model_dump(mode="json"),
+            "warnings": rt.config.warnings(),
         }
 
     def _require_state(self, rt: RunRuntime) -> dict[str, torch.Tensor]:

@@ -29,6 +29,7 @@ case: they are the published frames applied).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -36,6 +37,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
+from gradwire.aggregation import NormHistory, update_norm
 from gradwire.algorithms import exact_aggregate
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
@@ -84,6 +86,8 @@ class RunState:
     master: dict[str, torch.Tensor]
     moments: Optional[AdamWState] = None
     downlink: Optional[ErrorFeedback] = None
+    #: ``bounded_mean``'s recent clip levels (its cap), stepped once per version; ``None`` for other rules.
+    norms: Optional[NormHistory] = None
     algorithm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -97,10 +101,14 @@ class RunState:
         state = cls(config, version, master)
         server_state = dict(server_state)
         downlink = server_state.pop("downlink", {})
+        norms = server_state.pop("aggregation", {})
         if state.publishes_diffs:
             state.moments = (AdamWState.zeros_like(master) if moments is None
                              else AdamWState.from_tensors(moments, step=version, device=device))
         state.algorithm_state = _to_device(server_state, device)
+        state.norms = config.aggregation.norm_history()
+        if state.norms is not None:
+            state.norms.load_state_dict(norms)
         if state.publishes_diffs or config.reencodes:
             state.downlink = ErrorFeedback(config.downlink.build())
             state.downlink.load_state_dict(_to_device(downlink, device))
@@ -150,7 +158,9 @@ class RunState:
         """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
-        grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction, device=self.device)
+        grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction, device=self.device,
+                          cap=self._cap())
+        self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         if not self._work:
             self._work = {n: torch.empty_like(t) for n, t in self.master.items()}
@@ -190,7 +200,8 @@ class RunState:
         """Round ``version`` closed from ``updates`` (sorted): the bytes of ``version + 1`` — the
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         agg = self.config.aggregation
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
+        self._observe([u.norm for u in updates])
         records = [u.frame.entries for u in updates]
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
@@ -222,7 +233,8 @@ class RunState:
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
         agg = self.config.aggregation
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction)
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
+        self._observe([u.norm for u in updates])
         ours, recon = self._reencoded_version([u.frame.entries for u in updates], weights, trim)
         if ours == published:
             self._apply_mean(recon)
@@ -238,7 +250,11 @@ class RunState:
         (version,) = read_published(published)
         if version.version != self.version + 1:
             raise ValueError(f"the logged frames publish version {version.version}, not {self.version + 1}")
-        self._average(version.records(), version.weights, version.trim)
+        records = version.records()
+        if self.norms is not None:
+            # The norms the server's validation computed for these frames, by the same function.
+            self._observe([update_norm(recs) for recs in records])
+        self._average(records, version.weights, version.trim)
 
     def _average(self, records: Sequence[Sequence], weights: Sequence[float], trim: int = 0) -> None:
         clock = _Clock(self.timings)
@@ -255,6 +271,15 @@ class RunState:
 
     # -- shared -----------------------------------------------------------------------------------
 
+    def _cap(self) -> float:
+        """``bounded_mean``'s cap on this round's clip level (``inf`` for other rules)."""
+        return math.inf if self.norms is None else self.norms.cap()
+
+    def _observe(self, norms: Sequence[float]) -> None:
+        """Step ``bounded_mean``'s clip-level history past this round (after its weights were taken)."""
+        if self.norms is not None:
+            self.norms.observe(norms)
+
     def _apply(self, update: Mapping[str, torch.Tensor]) -> None:
         clock = _Clock(self.timings)
         apply_update(self.master, update)  # the operation nodes run, in name order
@@ -269,6 +294,8 @@ class RunState:
         server_state = dict(self.algorithm_state)
         if self.downlink is not None:
             server_state["downlink"] = self.downlink.state_dict()
+        if self.norms is not None:
+            server_state["aggregation"] = self.norms.state_dict()
         return weights, moments, server_state
 
     def state_bytes(self) -> int:

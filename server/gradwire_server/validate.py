@@ -3,7 +3,8 @@
 Order: structure and CRC (:func:`gradwire.read_frame` with the run's limits) → bundle, sender and round
 → tensor names and shapes equal to the model's → every record decodes (in the codec's domain where it
 can: the DCT's norm parses and checks every section without a dense decode) → finite values → the
-update's L2 norm under the run's ceiling. Any failure raises :class:`Rejected` with the reason of
+update's L2 norm (float64, so finite values never read as infinite) under ``MAX_UPDATE_NORM`` (1e30, what
+a float32 sum holds safely) and the run's ceiling. Any failure raises :class:`Rejected` with the reason of
 docs/API.md; nothing here is ever unpickled.
 """
 
@@ -16,6 +17,7 @@ import torch
 
 from gradwire import FrameError, Limits, read_frame
 from gradwire.accumulate import entry_norm
+from gradwire.aggregation import MAX_UPDATE_NORM, update_norm
 from gradwire.frame import Entry, Frame
 
 from .errors import Reason, Rejected
@@ -25,20 +27,23 @@ __all__ = ["ModelSpec", "validate_update"]
 ModelSpec = Mapping[str, tuple[int, ...]]
 
 
-def _record_norm_sq(entry: Entry) -> float:
-    """Squared L2 norm of one record; raises Rejected for undecodable or non-finite records.
+def _record_norm(entry: Entry) -> float:
+    """L2 norm of one record; raises Rejected for undecodable or non-finite records.
 
     A codec with a registered norm (the DCT) validates every section and computes the norm in its own
     domain, without a dense decode; its values are finite by construction once its sections passed (a
-    NaN scale is a FrameError). Other codecs decode densely, and a NaN or infinity shows in the norm.
+    NaN scale is a FrameError), unless a finite scale times a level leaves float32's range. Other codecs
+    decode densely, and a NaN or infinity shows in the norm, which is summed in float64 so that finite
+    float32 values never overflow it.
     """
     try:
         n = entry_norm(entry)
     except FrameError as exc:
         raise Rejected(Reason.BAD_FRAME, str(exc)) from None
     if not math.isfinite(n):
-        raise Rejected(Reason.NON_FINITE, f"record {entry.name!r} holds NaN or infinite values")
-    return n * n
+        raise Rejected(Reason.NON_FINITE, f"record {entry.name!r} decodes to NaN or infinite values (or to values "
+                                          "beyond float32's range, about 3.4e38)")
+    return n
 
 
 def validate_update(
@@ -93,9 +98,14 @@ def validate_update(
         if wrong:
             parts.append("shape of " + ", ".join(f"{n!r} is {got[n]}, the model's {tuple(spec[n])}" for n in wrong[:5]))
         raise Rejected(Reason.TENSOR_MISMATCH, "; ".join(parts))
-    norm = math.sqrt(sum(_record_norm_sq(e) for e in frame.entries))
+    # The one norm function the server's replays use too (bounded_mean's clip levels depend on it).
+    norm = update_norm(frame.entries, _record_norm)
     if not math.isfinite(norm):
         raise Rejected(Reason.NON_FINITE, "the update's norm is not finite")
+    if norm >= MAX_UPDATE_NORM:
+        # Finite, but beyond what a float32 sum holds safely: refused for what it is, not as NaN.
+        raise Rejected(Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} is finite but at least {MAX_UPDATE_NORM:g}, "
+                                              "beyond what float32 aggregation holds safely")
     if max_update_norm is not None and norm > max_update_norm:
         raise Rejected(Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} exceeds the run's ceiling {max_update_norm:g}")
     return frame, norm

@@ -30,6 +30,9 @@ class RunStatus(BaseModel):
     nodes: int
     deadline_in_s: Optional[float]
     config: RunConfig
+    #: What the run's config leaves unsafe, e.g. an aggregation rule that does not bound one node's
+    #: influence (docs/SERVER.md, "Rogue nodes"); empty for a safe config.
+    warnings: list[str] = []
 
 
 @router.post("", status_code=201, response_model=RunCreated, summary="Create a run (admin)",
