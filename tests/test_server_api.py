@@ -276,11 +276,14 @@ def test_generated_admin_token_file_is_private(tmp_path):
     from gradwire_server.app import ServerContext
     from gradwire_server.settings import ServerSettings
 
+    from gradwire_server.auth import hash_token
+
     ctx = ServerContext(ServerSettings(data_dir=tmp_path, admin_token=None))
     path = tmp_path / "admin_token"
-    assert path.read_text().strip() == ctx.admin_token and len(ctx.admin_token) >= 43
+    token = path.read_text().strip()
+    assert len(token) >= 43 and ctx.admin_token_hash == hash_token(token)  # only the hash is kept in memory
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert ServerContext(ServerSettings(data_dir=tmp_path, admin_token=None)).admin_token == ctx.admin_token
+    assert ServerContext(ServerSettings(data_dir=tmp_path, admin_token=None)).admin_token_hash == ctx.admin_token_hash
 
 
 def test_graceful_shutdown_closes_the_store_and_logs_json(tmp_path):

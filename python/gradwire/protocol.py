@@ -50,6 +50,10 @@ class Reason(str, enum.Enum):
     FORBIDDEN = "forbidden"
     # runs and their state
     UNKNOWN_RUN = "unknown_run"
+    UNKNOWN_NODE = "unknown_node"
+    RUN_PAUSED = "run_paused"
+    RUN_FAILED = "run_failed"
+    LIMIT_REACHED = "limit_reached"
     ALREADY_STARTED = "already_started"
     STATE_NOT_SET = "state_not_set"
     BAD_STATE = "bad_state"
@@ -72,6 +76,9 @@ class Reason(str, enum.Enum):
     TENSOR_MISMATCH = "tensor_mismatch"
     NON_FINITE = "non_finite"
     NORM_TOO_LARGE = "norm_too_large"
+    # the server's storage (5xx: nothing wrong with the request; retry later)
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    INSUFFICIENT_STORAGE = "insufficient_storage"
 
     def __str__(self) -> str:
         return self.value

@@ -12,8 +12,12 @@ def main(argv: list[str] | None = None) -> None:
     from .serving import serve
     from .settings import ServerSettings
 
-    settings = ServerSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
-    serve(settings)
+    args = sys.argv[1:] if argv is None else argv
+    if any(a == "--admin-token" or a.startswith("--admin-token=") for a in args):
+        # Any user of the machine reads another's command line (ps, /proc/<pid>/cmdline).
+        print("gradwire-server: warning: --admin-token shows in `ps` to every user of this machine; pass it in "
+              "GRADWIRE_ADMIN_TOKEN or a file (--admin-token-file) instead", file=sys.stderr, flush=True)
+    serve(ServerSettings(_cli_parse_args=args))
 
 
 if __name__ == "__main__":

@@ -7,15 +7,18 @@ SIGTERM) the drivers stop after any round close in flight, and the store closes 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Optional
 
 from fastapi import FastAPI
 
+from .auth import hash_token
 from .version import __version__
 from .http_errors import install_error_handlers
 from .metrics import Metrics
@@ -28,6 +31,24 @@ __all__ = ["ServerContext", "create_app"]
 
 log = logging.getLogger("gradwire_server")
 
+#: While the store's writes fail, readiness probes it at most this often.
+_PROBE_EVERY_S = 1.0
+
+
+def _read_token_file(path: Path) -> str:
+    """The admin token from the first line of ``path`` (a mounted secret, say)."""
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError as exc:
+        raise ValueError(f"admin_token_file {path}: {exc.strerror or exc}") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"admin_token_file {path} is empty")
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        log.warning("admin_token_file %s is readable by other users (mode %o); chmod 600 it", path, mode & 0o777)
+    return token
+
 
 class ServerContext:
     """What every request handler reaches through ``request.app.state.server``."""
@@ -37,12 +58,35 @@ class ServerContext:
         self.ready = False
         self.store: Optional[Store] = None
         self.engine: Optional[RoundEngine] = None
-        self.metrics = Metrics(live_nodes=self._live_nodes)
-        self.admin_token = self._admin_token()
+        self.metrics = Metrics(
+            live_nodes=self._live_nodes, run_ids=settings.metrics_run_ids,
+            store_writable=lambda: float(self.store is None or self.store.write_failure is None),
+            stored_bytes=lambda: float(0 if self.store is None else self.store.stored_bytes()),
+            run_statuses=lambda: [] if self.engine is None else self.engine.statuses())
+        #: Only the admin token's hash is kept (auth compares hashes).
+        self.admin_token_hash = hash_token(self._admin_token())
+        self._probe_lock = asyncio.Lock()
+        self._probed_at = 0.0
+
+    async def store_writable(self) -> bool:
+        """Whether the store writes: at once while its writes work; after one failed, a small probe write
+        (at most one a second, whatever the number of callers), whose success wakes the round closes
+        waiting for a retry."""
+        store = self.store
+        if store is None or store.write_failure is None:
+            return store is not None
+        async with self._probe_lock:
+            if store.write_failure is not None and time.monotonic() - self._probed_at >= _PROBE_EVERY_S:
+                self._probed_at = time.monotonic()
+                if await asyncio.to_thread(store.probe) and self.engine is not None:
+                    self.engine.wake_all()
+        return store.write_failure is None
 
     def _admin_token(self) -> str:
         if self.settings.admin_token is not None:
             return self.settings.admin_token.get_secret_value()
+        if self.settings.admin_token_file is not None:
+            return _read_token_file(Path(self.settings.admin_token_file))
         path = Path(self.settings.data_dir) / "admin_token"
         if path.exists():
             return path.read_text().strip()
@@ -74,7 +118,7 @@ def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        ctx.store = Store(settings.data_dir)
+        ctx.store = Store(settings.data_dir, max_stored_bytes=settings.max_stored_bytes)
         ctx.engine = RoundEngine(ctx.store, ctx.metrics, settings)
         await ctx.engine.start()
         ctx.ready = True

@@ -1,4 +1,10 @@
-"""Bearer tokens: one admin token, and one token per node stored only as its SHA-256 hash."""
+"""Bearer tokens: one admin token, and one token per node stored only as its SHA-256 hash.
+
+The admin token is compared by its hash too (in constant time, ``hmac.compare_digest``): the server keeps
+no token in the clear. A node's token is found by its hash in a map; a token is 32 random bytes, so what
+a lookup's timing could reveal (bits of a SHA-256 of it) is no help in guessing one. A revoked or deleted
+node's token has no entry: it is answered 401 ``invalid_token`` like any unknown token.
+"""
 
 from __future__ import annotations
 
@@ -67,9 +73,10 @@ async def principal(request: Request) -> Principal:
     """FastAPI dependency: authenticate the bearer token (401 ``missing_token`` / ``invalid_token``)."""
     token = _bearer(request)
     server = request.app.state.server
-    if hmac.compare_digest(token.encode(), server.admin_token.encode()):
+    token_hash = hash_token(token)
+    if hmac.compare_digest(token_hash, server.admin_token_hash):
         return Principal(admin=True)
-    node = server.store.node_by_token_hash(hash_token(token))
+    node = server.store.node_by_token_hash(token_hash)
     if node is None:
         raise Rejected(Reason.INVALID_TOKEN, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
     return Principal(admin=False, run_id=node.run_id, node_id=node.node_id)

@@ -17,6 +17,13 @@ Checkpoints: the full state goes to disk every ``checkpoint_every`` versions (in
 version is published, so no round waits for it) and, for states up to
 ``checkpoint_every_version_below_bytes``, with every version. Closing a round holds the run's lock, as
 recording an update does; heavy work runs in worker threads, the event loop only schedules.
+
+A failed close is retried with exponential backoff (``close_retry_initial_s`` doubling up to
+``close_retry_max_s``), with one log line when closes start failing or fail another way (a traceback only
+for an error that is not the storage's) and one when a close succeeds again. A full or failing disk is
+retried for as long as it lasts (space may come back); any other cause that repeats
+``close_failures_before_failed`` times in a row marks the run ``failed``, with the cause, until the admin
+resumes or deletes it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from .aggregate import Update
+from .errors import StorageFailed
 from .metrics import Metrics
 from .runtime import RunRuntime
 from .settings import ServerSettings
@@ -81,8 +89,18 @@ class RoundDriver:
         for task in tasks:
             task.cancel()
 
+    async def stop_run(self, rt: RunRuntime) -> None:
+        """Stop ``rt``'s driver (marked ``deleted`` by the caller) after any round close in flight."""
+        task = self._drivers.pop(rt.run_id, None)
+        rt.wake.set()
+        if task is not None:
+            await asyncio.wait([task], timeout=60)
+            task.cancel()
+
     def _ready(self, rt: RunRuntime, now: float) -> bool:
-        if rt.state is None or not rt.pending:
+        if rt.state is None or not rt.pending or rt.status != "active" or rt.deleted:
+            return False
+        if rt.retry_at is not None and now < rt.retry_at:
             return False
         if rt.distinct_nodes() >= rt.config.quorum:
             return True
@@ -90,24 +108,58 @@ class RoundDriver:
         return deadline is not None and now >= deadline and len(rt.pending) >= rt.config.min_updates
 
     async def _drive(self, rt: RunRuntime) -> None:
-        backoff = 0.0
-        while not self._stopping:
+        while not self._stopping and not rt.deleted:
             rt.wake.clear()
             now = time.time()
-            if backoff == 0.0 and self._ready(rt, now):
+            if self._ready(rt, now):
                 try:
                     await self.close_round(rt)
-                except Exception:
-                    log.exception("run %s: closing round %d failed; retrying", rt.run_id, rt.version)
-                    backoff = 1.0
+                except Exception as exc:
+                    await self._close_failed(rt, exc)
+                else:
+                    if rt.close_failures:
+                        log.warning("run %s: round %d closed after %d failed attempt(s)", rt.run_id, rt.version - 1,
+                                    rt.close_failures)
+                    rt.reset_retries()
                 continue
-            deadline = rt.deadline()
-            timeout = backoff or (None if deadline is None or deadline <= now else deadline - now)
+            waits = [t - now for t in (rt.deadline(), rt.retry_at) if t is not None and t > now]
             try:
-                await asyncio.wait_for(rt.wake.wait(), timeout=timeout)
+                await asyncio.wait_for(rt.wake.wait(), timeout=min(waits) if waits else None)
             except asyncio.TimeoutError:
                 pass
-            backoff = 0.0
+
+    async def _close_failed(self, rt: RunRuntime, exc: Exception) -> None:
+        """Count a failed close, log it if it is news, and schedule the retry or mark the run failed."""
+        storage = isinstance(exc, StorageFailed)
+        cause = exc.cause if storage else f"{type(exc).__name__}: {exc}"
+        self.metrics.close_failures.labels(cause="storage" if storage else "error").inc()
+        same = cause == rt.close_cause
+        rt.close_failures += 1
+        rt.close_same = rt.close_same + 1 if same else 1
+        rt.close_cause = cause
+        s = self.settings
+        delay = min(s.close_retry_max_s, s.close_retry_initial_s * 2.0 ** min(rt.close_failures - 1, 60))
+        rt.retry_at = time.time() + delay
+        limit = s.close_failures_before_failed
+        if not storage and limit and rt.close_same >= limit:
+            rt.status = "failed"
+            rt.status_detail = f"closing round {rt.version} failed {rt.close_same} times in a row: {cause}"
+            log.error("run %s marked failed: %s. Updates are refused (409 run_failed) until the admin resumes it "
+                      "(POST /v1/runs/%s/resume) or deletes it", rt.run_id, rt.status_detail, rt.run_id)
+            try:
+                await asyncio.to_thread(self.store.set_run_status, rt.run_id, rt.status, rt.status_detail)
+            except Exception as persist:  # the store logs a storage failure itself
+                log.warning("run %s: its failed status is kept in memory only (%s)", rt.run_id, persist)
+            return
+        if same:
+            log.debug("run %s: closing round %d failed again (%d in a row): %s", rt.run_id, rt.version,
+                      rt.close_failures, cause)
+            return
+        retry = (f"retrying in {delay:g} s, then with backoff up to {s.close_retry_max_s:g} s"
+                 + ("" if storage else f"; the run is marked failed after {limit} such failures in a row" if limit else ""))
+        # A traceback for a failure that is news and not the storage's (whose cause says it all).
+        log.error("run %s: closing round %d failed: %s; %s", rt.run_id, rt.version, cause, retry,
+                  exc_info=None if storage else exc)
 
     async def close_round(self, rt: RunRuntime) -> Optional[Closed]:
         """Aggregate the open round, step, publish the next version (``None`` if nothing is pending); then
@@ -137,7 +189,7 @@ class RoundDriver:
         m.aggregate_seconds.observe(closed.timings.aggregate)
         if opened_before is not None:
             m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
-        m.version.labels(run=rt.run_id).set(rt.version)
+        m.set_version(rt.run_id, rt.version)
         log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s",
                  rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash)
         if rt.version - rt.checkpoint >= self.settings.checkpoint_every:

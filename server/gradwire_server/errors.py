@@ -11,7 +11,7 @@ from typing import Optional
 
 from gradwire.protocol import Reason
 
-__all__ = ["Reason", "Rejected"]
+__all__ = ["Reason", "Rejected", "STORAGE_RETRY_AFTER_S", "StorageFailed"]
 
 
 class Rejected(Exception):
@@ -22,3 +22,22 @@ class Rejected(Exception):
         self.reason = Reason(reason)
         self.detail = detail
         self.headers = headers
+
+
+#: Seconds a client is asked to wait (``Retry-After``) before trying a write again on failing storage.
+STORAGE_RETRY_AFTER_S = 10
+
+
+class StorageFailed(Rejected):
+    """A write the store could not make: the disk is full (``full``: 507 ``insufficient_storage``: no space,
+    a quota, SQLite's page limit) or failing (503 ``storage_unavailable``: an I/O error, a read-only file
+    system). ``what`` names the write, ``cause`` is the operating system's or SQLite's own words."""
+
+    def __init__(self, full: bool, what: str, cause: str):
+        reason = Reason.INSUFFICIENT_STORAGE if full else Reason.STORAGE_UNAVAILABLE
+        state = "full" if full else "failing"
+        super().__init__(reason, f"{what}: the server's storage is {state} ({cause}); nothing was recorded, "
+                                 f"retry later", headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)})
+        self.full = full
+        self.what = what
+        self.cause = cause

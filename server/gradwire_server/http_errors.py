@@ -1,7 +1,8 @@
 """The one place where refusals become HTTP answers: the status of every reason and the app's handlers.
 
 Every refusal is answered ``{"error": reason, "detail": message}`` with the status below (docs/API.md)
-and counted by reason in the rejection metrics.
+and counted by reason in the rejection metrics. All are 4xx but the two storage reasons: a full disk is
+507 ``insufficient_storage`` and a failing one 503 ``storage_unavailable`` (the request was fine; retry).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ STATUS: dict[Reason, int] = {
     Reason.FORBIDDEN: 403,
     Reason.NOT_FOUND: 404,
     Reason.UNKNOWN_RUN: 404,
+    Reason.UNKNOWN_NODE: 404,
     Reason.METHOD_NOT_ALLOWED: 405,
     Reason.ALREADY_STARTED: 409,
     Reason.STATE_NOT_SET: 409,
     Reason.ROUND_NOT_OPEN: 409,
     Reason.CONFLICTING_SUBMISSION: 409,
+    Reason.RUN_PAUSED: 409,
+    Reason.RUN_FAILED: 409,
+    Reason.LIMIT_REACHED: 409,
     Reason.ROUND_CLOSED: 410,
     Reason.TOO_FAR_BEHIND: 410,
     Reason.FRAME_TOO_LARGE: 413,
@@ -48,6 +53,8 @@ STATUS: dict[Reason, int] = {
     Reason.TENSOR_MISMATCH: 422,
     Reason.NON_FINITE: 422,
     Reason.NORM_TOO_LARGE: 422,
+    Reason.STORAGE_UNAVAILABLE: 503,
+    Reason.INSUFFICIENT_STORAGE: 507,
 }
 
 

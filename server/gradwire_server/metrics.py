@@ -1,8 +1,12 @@
-"""The server's Prometheus metrics, in a registry of their own (one per app, so apps never collide)."""
+"""The server's Prometheus metrics, in a registry of their own (one per app, so apps never collide).
+
+``/metrics`` needs no token, so no metric names a run unless the operator asks (``run_ids``, the setting
+``metrics_run_ids``): run ids are what a node token is scoped to, and a list of them maps the server.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -16,7 +20,10 @@ _ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 
 class Metrics:
     """Counters, gauges and histograms exposed at ``GET /metrics``."""
 
-    def __init__(self, live_nodes: Callable[[], float]):
+    def __init__(self, live_nodes: Callable[[], float], run_ids: bool = False,
+                 store_writable: Optional[Callable[[], float]] = None,
+                 stored_bytes: Optional[Callable[[], float]] = None,
+                 run_statuses: Optional[Callable[[], list[str]]] = None):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.updates_accepted = Counter(
@@ -46,7 +53,35 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=r)
         self.live_nodes = Gauge("gradwire_live_nodes", "Nodes that submitted in the last N rounds.", registry=r)
         self.live_nodes.set_function(live_nodes)
-        self.version = Gauge("gradwire_version", "Current published version, by run.", ["run"], registry=r)
+        self.runs = Gauge("gradwire_runs", "Runs by status: active, paused (by the admin), failed (round close kept "
+                          "failing; the cause is in the run's status).", ["status"], registry=r)
+        statuses = run_statuses or (lambda: [])
+        for status in ("active", "paused", "failed"):
+            self.runs.labels(status=status).set_function(lambda status=status: float(statuses().count(status)))
+        self.close_failures = Counter(
+            "gradwire_round_close_failures", "Failed round closes (each retried with backoff), by cause: storage "
+            "(full or failing disk) or error (anything else).", ["cause"], registry=r)
+        self.store_writable = Gauge("gradwire_store_writable", "1 while the store's writes succeed, 0 after one "
+                                    "failed for want of storage (until one succeeds).", registry=r)
+        self.store_writable.set_function(store_writable or (lambda: 1.0))
+        self.stored_bytes = Gauge("gradwire_stored_bytes", "Bytes of the runs' files and the database.", registry=r)
+        self.stored_bytes.set_function(stored_bytes or (lambda: 0.0))
+        self.run_ids = run_ids
+        self.version = (Gauge("gradwire_version", "Current published version, by run.", ["run"], registry=r)
+                        if run_ids else None)
+
+    def set_version(self, run_id: str, version: int) -> None:
+        """``gradwire_version{run}``, when run ids are exposed."""
+        if self.version is not None:
+            self.version.labels(run=run_id).set(version)
+
+    def forget_run(self, run_id: str) -> None:
+        """A deleted run's samples go."""
+        if self.version is not None:
+            try:
+                self.version.remove(run_id)
+            except KeyError:
+                pass
 
     def reject(self, reason: str, *, update: bool) -> None:
         (self.updates_rejected if update else self.requests_rejected).labels(reason=reason).inc()

@@ -49,7 +49,8 @@ class Recovery:
         rec = self.store.get_run(run_id)
         assert rec is not None
         rt = RunRuntime(run_id=run_id, config=RunConfig.model_validate(rec.config), version=rec.version,
-                        weights_hash=rec.weights_hash, opened_at=rec.round_opened_at)
+                        weights_hash=rec.weights_hash, opened_at=rec.round_opened_at, status=rec.status,
+                        status_detail=rec.status_detail)
         if not rec.has_state:
             return rt
         rt.state = self._load_state(rec, rt.config)
@@ -57,7 +58,7 @@ class Recovery:
         self.store.prune(run_id, rec.version, rt.config.keep_versions, rt.checkpoint, rt.keep_submissions_from())
         rt.dropped_to = rt.keep_submissions_from()
         rt.pending = {(u.node_id, sub.round): u for sub, u in self._logged_updates(run_id, rec.version)}
-        self.metrics.version.labels(run=run_id).set(rt.version)
+        self.metrics.set_version(run_id, rt.version)
         return rt
 
     def _logged_updates(self, run_id: str, target_round: int) -> list[tuple[SubmissionRecord, Update]]:

@@ -73,12 +73,16 @@ class RoundEngine:
 
     async def start(self) -> None:
         """Recover every run from the store and start its driver."""
+        for orphan in await asyncio.to_thread(self.store.remove_orphans):
+            log.warning("removed the files of run %s, deleted before the server stopped", orphan)
         for rec in await asyncio.to_thread(self.store.list_runs):
             rt = await asyncio.to_thread(self._recovery.recover, rec.run_id)
             self.runs[rt.run_id] = rt
             self._driver.start(rt)
             log.info("recovered run %s at version %d with %d acknowledged update(s) in round %d",
                      rt.run_id, rt.version, len(rt.pending), rt.version)
+            if rt.status != "active":
+                log.warning("run %s is %s%s", rt.run_id, rt.status, f": {rt.status_detail}" if rt.status_detail else "")
 
     async def stop(self) -> None:
         """Stop the drivers after any round close in flight has finished (its commit is never cut)."""
@@ -100,7 +104,7 @@ class RoundEngine:
             raise Rejected(Reason.UNKNOWN_RUN, f"no run {run_id!r}") from None
 
     async def create_run(self, config: RunConfig) -> str:
-        run_id = await asyncio.to_thread(self.store.create_run, config.model_dump(mode="json"))
+        run_id = await asyncio.to_thread(self.store.create_run, config.model_dump(mode="json"), self.settings.max_runs)
         rt = RunRuntime(run_id=run_id, config=config)
         self.runs[run_id] = rt
         self._driver.start(rt)
@@ -126,7 +130,7 @@ class RoundEngine:
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
             rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
             rt.weights_hash, rt.opened_at, rt.checkpoint, rt.dropped_to = h, opened, 0, 0
-            self.metrics.version.labels(run=run_id).set(0)
+            self.metrics.set_version(run_id, 0)
         rt.wake.set()
         log.info("run %s: initial state of %d tensors, %d parameters", run_id, len(master),
                  sum(t.numel() for t in master.values()))
@@ -140,6 +144,8 @@ class RoundEngine:
             "version": rt.version,
             "open_round": rt.version,
             "weights_hash": rt.weights_hash,
+            "status": rt.status,
+            "status_detail": rt.status_detail,
             "submitted": len(rt.pending),
             "quorum": rt.config.quorum,
             "nodes": self.store.node_count(run_id),
@@ -213,6 +219,65 @@ class RoundEngine:
         """Shutdown began: every long poll answers now (and none starts waiting)."""
         self.stopping.set()
 
+    # -- the admin's hold on runs: pause, resume, delete ------------------------------------------
+
+    def require_accepting(self, rt: RunRuntime) -> None:
+        """409 ``run_paused`` / ``run_failed`` unless the run takes updates (a check cheap enough to make
+        before a body is read)."""
+        if rt.status == "paused":
+            raise Rejected(Reason.RUN_PAUSED, f"run {rt.run_id} is paused by the admin; updates are refused until "
+                                              "it is resumed")
+        if rt.status == "failed":
+            raise Rejected(Reason.RUN_FAILED, f"run {rt.run_id} failed ({rt.status_detail}); updates are refused "
+                                              "until the admin resumes it")
+
+    async def set_status(self, run_id: str, status: str) -> dict:
+        """Pause (``paused``: no round closes, updates refused, reads go on) or resume (``active``: a failed
+        run's round close is tried again at once) a run; persisted, so a restart keeps it."""
+        assert status in ("active", "paused")
+        rt = self.runtime(run_id)
+        async with rt.lock:  # after a round close in flight
+            before, detail = rt.status, rt.status_detail
+            await asyncio.to_thread(self.store.set_run_status, run_id, status, None)
+            rt.status, rt.status_detail = status, None
+            rt.reset_retries()
+        rt.wake.set()
+        if before != status:
+            log.warning("run %s: %s by the admin (was %s%s)", run_id, "resumed" if status == "active" else "paused",
+                        before, f": {detail}" if detail else "")
+        return self.status(run_id)
+
+    async def delete_run(self, run_id: str) -> None:
+        """Remove a run, its nodes (their tokens stop working) and its files; requests waiting on it end."""
+        rt = self.runtime(run_id)
+        rt.deleted = True
+        await self._driver.stop_run(rt)
+        async with rt.lock:
+            try:
+                await asyncio.to_thread(self.store.delete_run, run_id)
+            except BaseException:
+                rt.deleted = False
+                self._driver.start(rt)
+                raise
+            self.runs.pop(run_id, None)
+        rt.published.set()
+        self.metrics.forget_run(run_id)
+        log.warning("run %s deleted by the admin at version %d", run_id, rt.version)
+
+    def wake_all(self) -> None:
+        """The storage writes again: every run whose close waits for a retry tries at once."""
+        for rt in self.runs.values():
+            if rt.retry_at is not None:
+                rt.retry_at = None
+                rt.wake.set()
+
+    def statuses(self) -> list[str]:
+        return [rt.status for rt in self.runs.values()]
+
+    def failed_runs(self) -> dict[str, Optional[str]]:
+        """Each failed run's id and cause."""
+        return {rt.run_id: rt.status_detail for rt in self.runs.values() if rt.status == "failed"}
+
     # -- submissions and closing rounds (see .submissions and .driver) ----------------------------
 
     def upload(self, run_id: str, node_id: int, round: int, declared: Optional[int]):
@@ -225,6 +290,7 @@ class RoundEngine:
     async def submit(self, run_id: str, node_id: int, round: int, body: bytes) -> dict:
         """Validate and durably record one update; the answer means it will be counted exactly once."""
         rt = self.runtime(run_id)
+        self.require_accepting(rt)
         self._require_state(rt)
         return await self._submissions.submit(rt, node_id, round, body)
 

@@ -45,6 +45,23 @@ class RunRuntime:
     committer: Optional[asyncio.Task] = None
     #: Nodes whose update body is being received or recorded now: one upload per node at a time.
     uploading: set[int] = field(default_factory=set)
+    #: ``active``; ``paused`` by the admin (no round closes, updates refused); ``failed``: its round close
+    #: failed ``close_failures_before_failed`` times the same way (``status_detail`` says how), until the
+    #: admin resumes it. ``deleted`` once the admin deleted it (whoever still holds it lets go).
+    status: str = "active"
+    status_detail: Optional[str] = None
+    deleted: bool = False
+    #: The driver's retry state: failed round closes in a row, how many of the last ones failed the same
+    #: way (``close_cause``), and when to try again (``None``: as soon as the round is ready).
+    close_failures: int = 0
+    close_same: int = 0
+    close_cause: Optional[str] = None
+    retry_at: Optional[float] = None
+
+    def reset_retries(self) -> None:
+        """Forget failed closes: the next one is tried as soon as the round is ready."""
+        self.close_failures = self.close_same = 0
+        self.close_cause = self.retry_at = None
 
     @property
     def master(self) -> Optional[dict[str, torch.Tensor]]:

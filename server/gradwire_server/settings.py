@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import torch
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gradwire.frame import MIN_FRAME_BYTES
@@ -23,8 +23,27 @@ class ServerSettings(BaseSettings):
     port: int = Field(8470, ge=0, le=65535, description="TCP port (0: any free port).")
     data_dir: Path = Field(Path("gradwire-data"), description="SQLite database and safetensors/frame files.")
     admin_token: Optional[SecretStr] = Field(
-        None, description="Admin bearer token; if unset one is generated into <data_dir>/admin_token (mode 0600)."
-    )
+        None, description="Admin bearer token. Prefer the environment (GRADWIRE_ADMIN_TOKEN) or admin_token_file: "
+                          "a --admin-token flag shows in `ps`. If none is set one is generated into "
+                          "<data_dir>/admin_token (mode 0600).")
+    admin_token_file: Optional[Path] = Field(
+        None, description="A file holding the admin bearer token (its first line), e.g. a mounted secret.")
+    metrics_run_ids: bool = Field(
+        False, description="Label per-run metrics (gradwire_version) with run ids; /metrics needs no token, so off "
+                           "by default.")
+    max_runs: int = Field(1000, ge=1, description="Cap on the runs the server holds (409 limit_reached beyond).")
+    max_nodes_per_run: int = Field(
+        4096, ge=1, description="Cap on the registered nodes of one run (409 limit_reached beyond).")
+    max_stored_bytes: Optional[int] = Field(
+        None, ge=1, description="Cap on the bytes of the runs' files and the database (409 limit_reached for a "
+                                "write that would pass it); unset: none.")
+    close_retry_initial_s: float = Field(
+        1.0, gt=0, le=3600, description="A failed round close is retried after this long, then twice as long each "
+                                        "time, up to close_retry_max_s.")
+    close_retry_max_s: float = Field(60.0, gt=0, le=3600, description="The longest wait between round close retries.")
+    close_failures_before_failed: int = Field(
+        5, ge=0, description="A run whose round close fails this many times in a row the same way (not for want "
+                             "of storage) is marked failed until the admin resumes it; 0: never.")
     max_frame_bytes: int = Field(64 << 20, ge=MIN_FRAME_BYTES, description="Default per-run ceiling on a submitted frame.")
     max_state_bytes: int = Field(4 << 30, ge=1, description="Ceiling on an initial-state upload (PUT state).")
     live_window_rounds: int = Field(5, ge=1, description="A node is live if it submitted in this many last rounds.")
@@ -66,6 +85,12 @@ class ServerSettings(BaseSettings):
     device: str = Field(
         "cpu", description="Where each run's master weights, moments and round math live: cpu, cuda or cuda:<index>. "
                            "Only frames and checkpoints cross to the host.")
+
+    @model_validator(mode="after")
+    def _one_admin_token(self) -> "ServerSettings":
+        if self.admin_token is not None and self.admin_token_file is not None:
+            raise ValueError("set either admin_token or admin_token_file, not both")
+        return self
 
     @field_validator("device")
     @classmethod

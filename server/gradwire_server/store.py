@@ -27,14 +27,33 @@ files) first and then commits one SQLite transaction that moves the run's versio
 only point at which a version exists, so a crash at any moment leaves either the old version (whose files
 were never touched) or the new one. A checkpoint written after its version's commit counts once a second
 commit records it; until then the previous one serves.
+
+**A full or failing disk.** Every write is made inside :meth:`Store._writing`: an ``OSError`` or SQLite
+error that says the storage is full (ENOSPC, EDQUOT, EFBIG, ``SQLITE_FULL``) or failing (EIO, EROFS,
+``SQLITE_IOERR``, ``SQLITE_READONLY``, ``SQLITE_CANTOPEN``) becomes :class:`~.errors.StorageFailed` (507
+or 503, nothing recorded), and the store remembers the cause (``write_failure``) until a write of a file
+and a commit together succeeds (:meth:`Store.probe`, a publish): the cause is logged once when writes
+start failing or fail differently, and once when they work again.
+A transaction SQLite already rolled back by itself (it does on ``SQLITE_FULL``) is not rolled back a
+second time, which would raise "cannot rollback - no transaction is active" in place of the real cause.
+
+**Runs and nodes are removed** by the admin: a deleted run's rows go in one transaction, then its
+directory (a directory without a row, left by a crash in between, is removed at the next start); a
+deleted node keeps its row (its id is never given again: frames name their sender by it) without a
+token. Tokens are kept only as SHA-256 hashes (a token is 32 random bytes: its hash reveals nothing
+usable), in SQLite and in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import re
 import secrets
+import shutil
 import sqlite3
 import threading
 import time
@@ -48,7 +67,11 @@ from safetensors.torch import save as st_save
 
 from gradwire.state import pack_state_dict, unpack_state_dict
 
-__all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write"]
+from .errors import Reason, Rejected, StorageFailed
+
+__all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write", "storage_failure"]
+
+log = logging.getLogger("gradwire_server.store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -60,15 +83,23 @@ CREATE TABLE IF NOT EXISTS runs (
     has_state       INTEGER NOT NULL DEFAULT 0,
     round_opened_at REAL,
     checkpoint_version INTEGER NOT NULL DEFAULT 0,
-    checkpoint_hash TEXT
+    checkpoint_hash TEXT,
+    status          TEXT NOT NULL DEFAULT 'active',
+    status_detail   TEXT
 );
 CREATE TABLE IF NOT EXISTS nodes (
     run_id      TEXT NOT NULL REFERENCES runs(run_id),
     node_id     INTEGER NOT NULL,
     name        TEXT,
-    token_hash  TEXT NOT NULL UNIQUE,
+    token_hash  TEXT UNIQUE,
     created_at  REAL NOT NULL,
+    revoked_at  REAL,
+    deleted_at  REAL,
     PRIMARY KEY (run_id, node_id)
+);
+CREATE TABLE IF NOT EXISTS write_probe (
+    id   INTEGER PRIMARY KEY,
+    pad  BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS submissions (
     run_id       TEXT NOT NULL REFERENCES runs(run_id),
@@ -96,6 +127,59 @@ CREATE TABLE IF NOT EXISTS versions (
 
 _VERSIONED = re.compile(r"^v(\d+)\.(safetensors|gwf)$")
 _SUBMISSION = re.compile(r"^r(\d+)-n(\d+)-([0-9a-f]{32})\.gwf$")
+
+#: errno values that mean "no room": the disk, a quota, a file size limit.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: errno values of storage that fails otherwise.
+_FAILING_ERRNOS = frozenset({errno.EIO, errno.EROFS})
+#: SQLite's primary result codes (the low byte of an extended code).
+_SQLITE_FULL = 13
+_SQLITE_FAILING = frozenset({8, 10, 14})  # SQLITE_READONLY, SQLITE_IOERR, SQLITE_CANTOPEN
+#: The readiness probe writes (and fsyncs) this many bytes: room for at least a small write.
+_PROBE_BYTES = 64 << 10
+
+
+def storage_failure(exc: BaseException) -> Optional[bool]:
+    """``True`` if ``exc`` says the storage is full, ``False`` if it says the storage fails otherwise,
+    ``None`` if it is not about the storage at all (a bug, a missing file)."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is None:
+            return None
+        if code & 0xFF == _SQLITE_FULL:
+            return True
+        return False if code & 0xFF in _SQLITE_FAILING else None
+    if isinstance(exc, OSError):
+        if exc.errno in _FULL_ERRNOS:
+            return True
+        if exc.errno in _FAILING_ERRNOS:
+            return False
+    return None
+
+
+def _cause(exc: BaseException) -> str:
+    """The failure in the operating system's or SQLite's words, without a file name: the same failure
+    reads the same on every file, so a change of cause is a real change."""
+    if isinstance(exc, sqlite3.Error):
+        return f"{exc} ({getattr(exc, 'sqlite_errorname', 'SQLITE_ERROR')})"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{exc.strerror or os.strerror(exc.errno)} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return str(exc)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            total += _size(Path(folder) / name)
+    return total
 
 
 def _fsync_dir(path: Path) -> None:
@@ -144,6 +228,9 @@ class RunRecord:
     #: The last version whose full state is on disk, and its weights hash.
     checkpoint_version: int = 0
     checkpoint_hash: Optional[str] = None
+    #: ``active``, ``paused`` (by the admin) or ``failed`` (its round close kept failing), and why.
+    status: str = "active"
+    status_detail: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +238,9 @@ class NodeRecord:
     run_id: str
     node_id: int
     name: Optional[str]
+    created_at: float = 0.0
+    #: When its token was revoked (``None``: the token works).
+    revoked_at: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -167,55 +257,181 @@ class SubmissionRecord:
 
 
 class Store:
-    """SQLite plus files under ``data_dir``. Thread-safe: one connection behind a lock."""
+    """SQLite plus files under ``data_dir``. Thread-safe: one connection behind a lock.
 
-    def __init__(self, data_dir: os.PathLike | str):
+    ``max_stored_bytes``: a cap on the bytes of the runs' files and the database together (``None``: no
+    cap); a write that would pass it is refused with 409 ``limit_reached``.
+    """
+
+    def __init__(self, data_dir: os.PathLike | str, max_stored_bytes: Optional[int] = None):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.max_stored_bytes = max_stored_bytes
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.data_dir / "gradwire.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db_path = self.data_dir / "gradwire.sqlite3"
+        self._db = sqlite3.connect(self._db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before it returns, which a 202 promises.
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        #: The cause while writes fail (``None`` while they work): set by every write, and the probe.
+        self.write_failure: Optional[str] = None
+        self._failure_lock = threading.Lock()
         with self._lock:
             self._db.executescript(_SCHEMA)
             self._migrate()
-            rows = self._db.execute("SELECT token_hash, run_id, node_id, name FROM nodes").fetchall()
+            rows = self._db.execute("SELECT token_hash, run_id, node_id, name, created_at FROM nodes "
+                                    "WHERE token_hash IS NOT NULL").fetchall()
         self._nodes_by_token: dict[str, NodeRecord] = {h: NodeRecord(*rest) for h, *rest in rows}
+        self._token_of: dict[tuple[str, int], str] = {(n.run_id, n.node_id): h for h, n in self._nodes_by_token.items()}
+        # The runs' files, counted once here and then kept up to date by every write and removal.
+        self._file_bytes = _tree_bytes(self.data_dir / "runs")
+        self._bytes_lock = threading.Lock()
 
     def _migrate(self) -> None:
-        """Stores written before checkpoints held the full state of every version: their checkpoint is
-        their version."""
+        """Bring a store written by an older server to this schema (in place, once)."""
         cols = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         if "checkpoint_version" not in cols:
+            # Stores written before checkpoints held the full state of every version: their checkpoint is
+            # their version.
             self._tx([("ALTER TABLE runs ADD COLUMN checkpoint_version INTEGER NOT NULL DEFAULT 0", ()),
                       ("ALTER TABLE runs ADD COLUMN checkpoint_hash TEXT", ()),
                       ("UPDATE runs SET checkpoint_version = version, checkpoint_hash = weights_hash", ())])
+        if "status" not in cols:
+            self._tx([("ALTER TABLE runs ADD COLUMN status TEXT NOT NULL DEFAULT 'active'", ()),
+                      ("ALTER TABLE runs ADD COLUMN status_detail TEXT", ())])
+        node_cols = {row[1] for row in self._db.execute("PRAGMA table_info(nodes)")}
+        if "revoked_at" not in node_cols:
+            # Revocation clears a node's token hash: the column loses NOT NULL, which SQLite changes only by
+            # copying the table (the hashes are copied as they are: node tokens were always stored hashed).
+            self._tx([
+                ("CREATE TABLE nodes_v2 (run_id TEXT NOT NULL REFERENCES runs(run_id), node_id INTEGER NOT NULL, "
+                 "name TEXT, token_hash TEXT UNIQUE, created_at REAL NOT NULL, revoked_at REAL, deleted_at REAL, "
+                 "PRIMARY KEY (run_id, node_id))", ()),
+                ("INSERT INTO nodes_v2 (run_id, node_id, name, token_hash, created_at) "
+                 "SELECT run_id, node_id, name, token_hash, created_at FROM nodes", ()),
+                ("DROP TABLE nodes", ()),
+                ("ALTER TABLE nodes_v2 RENAME TO nodes", ()),
+            ])
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    # -- transactions -----------------------------------------------------------------------------
+    # -- transactions and the storage's health ----------------------------------------------------
 
-    def _tx(self, statements: Iterable[tuple], expect_one: bool = False) -> list[int]:
-        """Run statements in one transaction; with ``expect_one`` each must change exactly one row."""
+    def _transaction(self, body):
+        """``body(cursor)`` in one transaction, committed if it returns, rolled back if it raises."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                out = []
-                for sql, args in statements:
-                    n = cur.execute(sql, args).rowcount
-                    if expect_one and n != 1:
-                        raise RuntimeError(f"expected one row changed, got {n}: {sql.split()[0]} ...")
-                    out.append(n)
+                out = body(cur)
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (SQLITE_FULL among them): a second ROLLBACK
+                # would raise "no transaction is active" and hide the real cause.
+                if self._db.in_transaction:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except sqlite3.Error as exc:
+                        log.debug("rollback after a failed transaction also failed: %s", exc)
                 raise
             return out
+
+    def _tx(self, statements: Iterable[tuple], expect_one: bool = False) -> list[int]:
+        """Run statements in one transaction; with ``expect_one`` each must change exactly one row."""
+        statements = list(statements)
+
+        def body(cur) -> list[int]:
+            out = []
+            for sql, args in statements:
+                n = cur.execute(sql, args).rowcount
+                if expect_one and n != 1:
+                    raise RuntimeError(f"expected one row changed, got {n}: {sql.split()[0]} ...")
+                out.append(n)
+            return out
+
+        return self._transaction(body)
+
+    @contextlib.contextmanager
+    def _writing(self, what: str, *, clears: bool = False):
+        """Around every write: a full or failing storage becomes :class:`StorageFailed` (and is remembered);
+        other errors pass unchanged. Only a write of both a file and a SQLite commit (``clears``: the probe,
+        a publish, an initial state) clears a remembered failure when it succeeds: on a full disk a small
+        commit may still fit in SQLite's free pages, or a small file in the last free blocks, and readiness
+        must not flap with each."""
+        try:
+            yield
+        except (OSError, sqlite3.Error) as exc:
+            full = storage_failure(exc)
+            if full is None:
+                raise
+            cause = _cause(exc)
+            self._set_write_failure(cause, what)
+            raise StorageFailed(full, what, cause) from exc
+        if clears:
+            self._set_write_failure(None, what)
+
+    def _set_write_failure(self, cause: Optional[str], what: str) -> None:
+        """One log line when writes start failing, fail another way, or work again; none otherwise."""
+        with self._failure_lock:
+            before, self.write_failure = self.write_failure, cause
+        if cause is not None and before is None:
+            log.error("storage cannot write: %s (first seen writing %s); writes are answered 507/503 and /readyz "
+                      "is 503 until one succeeds", cause, what)
+        elif cause is not None and cause != before:
+            log.error("storage still cannot write, now: %s (writing %s)", cause, what)
+        elif cause is None and before is not None:
+            log.warning("storage writes again (%s succeeded) after: %s", what, before)
+
+    def probe(self) -> bool:
+        """Whether the storage takes a small write now: a fsynced file of 64 KiB, and a SQLite commit that
+        needs new pages (a row of 16 KiB, deleted in the same transaction) (the readiness check while writes
+        fail). A success clears ``write_failure``."""
+        try:
+            with self._writing("the write probe", clears=True):
+                path = self.data_dir / ".write-probe"
+                try:
+                    atomic_write(path, bytes(_PROBE_BYTES), sync_dir=False)
+                finally:
+                    path.unlink(missing_ok=True)
+                self._tx([("INSERT INTO write_probe (pad) VALUES (zeroblob(?))", (16 << 10,)),
+                          ("DELETE FROM write_probe", ())])
+        except StorageFailed:
+            return False
+        return True
+
+    # -- stored bytes -----------------------------------------------------------------------------
+
+    def _write(self, path: Path, data: bytes | memoryview, *, sync_dir: bool = True) -> None:
+        """:func:`atomic_write`, counted in the stored bytes."""
+        old = _size(path)
+        atomic_write(path, data, sync_dir=sync_dir)
+        with self._bytes_lock:
+            self._file_bytes += memoryview(data).nbytes - old
+
+    def _remove(self, path: Path) -> None:
+        size = _size(path)
+        path.unlink(missing_ok=True)
+        with self._bytes_lock:
+            self._file_bytes -= size
+
+    def stored_bytes(self) -> int:
+        """The runs' files and the database (with its write-ahead log) on disk, in bytes."""
+        db = sum(_size(self._db_path.with_name(self._db_path.name + suffix)) for suffix in ("", "-wal", "-shm"))
+        return max(0, self._file_bytes) + db
+
+    def check_room(self, nbytes: int, what: str) -> None:
+        """Refuse (409 ``limit_reached``) a write of ``nbytes`` that would pass ``max_stored_bytes``."""
+        cap = self.max_stored_bytes
+        if cap is None:
+            return
+        stored = self.stored_bytes()
+        if stored + nbytes > cap:
+            raise Rejected(Reason.LIMIT_REACHED,
+                           f"{what} ({nbytes} bytes) would take the stored bytes from {stored} past the cap "
+                           f"max_stored_bytes={cap}: delete runs, or raise GRADWIRE_MAX_STORED_BYTES")
 
     def _one(self, sql: str, args: tuple = ()):
         with self._lock:
@@ -244,18 +460,31 @@ class Store:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def create_run(self, config: dict) -> str:
+    def create_run(self, config: dict, max_runs: Optional[int] = None) -> str:
+        """A new run's row; 409 ``limit_reached`` when ``max_runs`` runs exist already."""
+        self.check_room(0, "a new run")
         run_id = secrets.token_hex(8)
-        self._tx([("INSERT INTO runs (run_id, config, created_at) VALUES (?, ?, ?)",
-                   (run_id, json.dumps(config), time.time()))])
+
+        def insert(cur) -> None:
+            if max_runs is not None:
+                (count,) = cur.execute("SELECT COUNT(*) FROM runs").fetchone()
+                if count >= max_runs:
+                    raise Rejected(Reason.LIMIT_REACHED, f"the server holds {count} runs, its cap max_runs={max_runs}: "
+                                                         "delete a run, or raise GRADWIRE_MAX_RUNS")
+            cur.execute("INSERT INTO runs (run_id, config, created_at) VALUES (?, ?, ?)",
+                        (run_id, json.dumps(config), time.time()))
+
+        with self._writing("creating a run"):
+            self._transaction(insert)
         return run_id
 
     _RUN_COLS = ("run_id, config, created_at, version, weights_hash, has_state, round_opened_at, "
-                 "checkpoint_version, checkpoint_hash")
+                 "checkpoint_version, checkpoint_hash, status, status_detail")
 
     @staticmethod
     def _run(row) -> RunRecord:
-        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6], row[7], row[8])
+        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6], row[7], row[8],
+                         row[9], row[10])
 
     def get_run(self, run_id: str) -> Optional[RunRecord]:
         row = self._one(f"SELECT {self._RUN_COLS} FROM runs WHERE run_id = ?", (run_id,))
@@ -265,13 +494,50 @@ class Store:
         rows = self._all(f"SELECT {self._RUN_COLS} FROM runs ORDER BY created_at")
         return [self._run(r) for r in rows]
 
+    def set_run_status(self, run_id: str, status: str, detail: Optional[str]) -> None:
+        """Record a run as ``active``, ``paused`` or ``failed`` (with why), so a restart keeps it so."""
+        with self._writing(f"marking run {run_id} {status}"):
+            self._tx([("UPDATE runs SET status = ?, status_detail = ? WHERE run_id = ?", (status, detail, run_id))])
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove a run: its rows in one transaction (its nodes' tokens stop working with it), then its files."""
+        with self._writing(f"deleting run {run_id}"):
+            self._tx([(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                      for table in ("submissions", "versions", "nodes", "runs")])
+        with self._lock:
+            for key in [k for k in self._token_of if k[0] == run_id]:
+                self._nodes_by_token.pop(self._token_of.pop(key), None)
+        self._remove_tree(self.run_dir(run_id))
+
+    def remove_orphans(self) -> list[str]:
+        """Remove run directories without a row (a crash between a deletion's commit and its files); returns
+        their run ids."""
+        root = self.data_dir / "runs"
+        if not root.is_dir():
+            return []
+        known = {r[0] for r in self._all("SELECT run_id FROM runs")}
+        orphans = [d.name for d in root.iterdir() if d.is_dir() and d.name not in known]
+        for run_id in orphans:
+            self._remove_tree(root / run_id)
+        return orphans
+
+    def _remove_tree(self, path: Path) -> None:
+        size = _tree_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+        with self._bytes_lock:
+            self._file_bytes -= size - _tree_bytes(path)
+
     def set_initial_state(self, run_id: str, weights: Mapping[str, torch.Tensor], weights_hash: str) -> float:
         """Store version 0's weights (the first checkpoint); fails (returns nothing new) if any update was
         already recorded."""
-        atomic_write(self._versioned(run_id, "weights", 0), st_save(dict(weights)))
-        opened = time.time()
-        self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ?, checkpoint_version = 0, "
-                   "checkpoint_hash = ? WHERE run_id = ? AND version = 0", (weights_hash, opened, weights_hash, run_id))])
+        data = st_save(dict(weights))
+        self.check_room(len(data), "the initial state")
+        with self._writing(f"the initial state of run {run_id}", clears=True):
+            self._write(self._versioned(run_id, "weights", 0), data)
+            opened = time.time()
+            self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ?, checkpoint_version = 0, "
+                       "checkpoint_hash = ? WHERE run_id = ? AND version = 0",
+                       (weights_hash, opened, weights_hash, run_id))])
         return opened
 
     def any_submission(self, run_id: str) -> bool:
@@ -279,32 +545,75 @@ class Store:
 
     # -- nodes ------------------------------------------------------------------------------------
 
-    def add_node(self, run_id: str, name: Optional[str], token_hash: str) -> int:
+    def add_node(self, run_id: str, name: Optional[str], token_hash: str, max_nodes: Optional[int] = None) -> int:
+        """Register a node (the next id of the run: ids of deleted nodes are never given again); 409
+        ``limit_reached`` when the run has ``max_nodes`` nodes already."""
+        self.check_room(0, "a new node")
+        now = time.time()
+
+        def insert(cur) -> int:
+            (last, live) = cur.execute("SELECT COALESCE(MAX(node_id), 0), COUNT(*) - COUNT(deleted_at) FROM nodes "
+                                       "WHERE run_id = ?", (run_id,)).fetchone()
+            if max_nodes is not None and live >= max_nodes:
+                raise Rejected(Reason.LIMIT_REACHED, f"run {run_id} has {live} nodes, the cap max_nodes_per_run="
+                                                     f"{max_nodes}: delete a node, or raise GRADWIRE_MAX_NODES_PER_RUN")
+            cur.execute("INSERT INTO nodes (run_id, node_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+                        (run_id, last + 1, name, token_hash, now))
+            return last + 1
+
         with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                (last,) = cur.execute("SELECT COALESCE(MAX(node_id), 0) FROM nodes WHERE run_id = ?",
-                                      (run_id,)).fetchone()
-                node_id = last + 1
-                cur.execute("INSERT INTO nodes (run_id, node_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
-                            (run_id, node_id, name, token_hash, time.time()))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            self._nodes_by_token[token_hash] = NodeRecord(run_id, node_id, name)
+            with self._writing(f"registering a node of run {run_id}"):
+                node_id = self._transaction(insert)
+            self._nodes_by_token[token_hash] = NodeRecord(run_id, node_id, name, now)
+            self._token_of[(run_id, node_id)] = token_hash
         return node_id
 
     def node_by_token_hash(self, token_hash: str) -> Optional[NodeRecord]:
         """The node holding this token, from memory: every request authenticates, and on the event loop,
         where waiting for the store's lock behind a commit's fsync would stall every request. The map is
-        loaded when the store opens and extended by :meth:`add_node` (one server owns a data directory;
-        a node's row is never changed or deleted)."""
+        loaded when the store opens and changed with the rows (:meth:`add_node`, :meth:`set_node_token`,
+        :meth:`delete_node`, :meth:`delete_run`): one server owns a data directory."""
         return self._nodes_by_token.get(token_hash)
 
+    def set_node_token(self, run_id: str, node_id: int, token_hash: Optional[str]) -> bool:
+        """Give a node a new token (``token_hash``) or none (revoked): its old token stops working at once.
+        ``False`` if the run has no such node (or it was deleted)."""
+        revoked = time.time() if token_hash is None else None
+        with self._lock:
+            with self._writing(f"the token of node {node_id} of run {run_id}"):
+                (n,) = self._tx([("UPDATE nodes SET token_hash = ?, revoked_at = ? WHERE run_id = ? AND node_id = ? "
+                                  "AND deleted_at IS NULL", (token_hash, revoked, run_id, node_id))])
+            if n != 1:
+                return False
+            old = self._token_of.pop((run_id, node_id), None)
+            node = self._nodes_by_token.pop(old, None) if old is not None else None
+            if token_hash is not None:
+                name = node.name if node is not None else self._one(
+                    "SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", (run_id, node_id))[0]
+                self._nodes_by_token[token_hash] = NodeRecord(run_id, node_id, name)
+                self._token_of[(run_id, node_id)] = token_hash
+        return True
+
+    def delete_node(self, run_id: str, node_id: int) -> bool:
+        """Remove a node: no token, not counted or listed; its row stays so its id is never given again, and
+        the updates it had acknowledged stay counted. ``False`` if there is no such node."""
+        with self._lock:
+            with self._writing(f"deleting node {node_id} of run {run_id}"):
+                (n,) = self._tx([("UPDATE nodes SET token_hash = NULL, deleted_at = ? WHERE run_id = ? AND node_id = ? "
+                                  "AND deleted_at IS NULL", (time.time(), run_id, node_id))])
+            old = self._token_of.pop((run_id, node_id), None)
+            if old is not None:
+                self._nodes_by_token.pop(old, None)
+        return n == 1
+
+    def list_nodes(self, run_id: str) -> list[NodeRecord]:
+        """The run's nodes (deleted ones left out), by id."""
+        rows = self._all("SELECT run_id, node_id, name, created_at, revoked_at FROM nodes WHERE run_id = ? "
+                         "AND deleted_at IS NULL ORDER BY node_id", (run_id,))
+        return [NodeRecord(*r) for r in rows]
+
     def node_count(self, run_id: str) -> int:
-        return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ?", (run_id,))[0]
+        return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ? AND deleted_at IS NULL", (run_id,))[0]
 
     # -- submissions ------------------------------------------------------------------------------
 
@@ -318,17 +627,20 @@ class Store:
     def write_submission(self, run_id: str, round: int, node_id: int, sha256: str, frame: bytes | memoryview) -> None:
         """Write an update's frame and fsync it (the first half of recording it; no row yet). Its name
         becomes durable in :meth:`commit_submissions`, with one directory fsync for a whole group."""
-        atomic_write(self.submission_path(run_id, round, node_id, sha256), frame, sync_dir=False)
+        self.check_room(memoryview(frame).nbytes, "an update")
+        with self._writing(f"an update of run {run_id}"):
+            self._write(self.submission_path(run_id, round, node_id, sha256), frame, sync_dir=False)
 
     def commit_submissions(self, recs: Sequence[SubmissionRecord]) -> None:
         """The second half, for a group of updates at once (group commit): one fsync of each directory
         their frames were written to, then all their rows in one transaction. Only after it may the server
         answer 202 to any of them; a crash before the commit leaves none of them recorded."""
-        for directory in sorted({self.submission_path(r.run_id, r.round, r.node_id, r.sha256).parent for r in recs}):
-            _fsync_dir(directory)
-        self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
-                    rec.norm, rec.received_at)) for rec in recs])
+        with self._writing("recording updates"):
+            for directory in sorted({self.submission_path(r.run_id, r.round, r.node_id, r.sha256).parent for r in recs}):
+                _fsync_dir(directory)
+            self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
+                        rec.norm, rec.received_at)) for rec in recs])
 
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
         """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
@@ -370,15 +682,16 @@ class Store:
         the same commit makes them the run's checkpoint. The SQLite transaction at the end is the commit
         point: before it, recovery ignores (and removes) the new files; after it, the new version is the run's.
         """
-        atomic_write(self.diff_path(run_id, version), frame)
         set_checkpoint = ", checkpoint_version = ?, checkpoint_hash = ?" if checkpoint else ""
         args = (version, weights_hash) if checkpoint else ()
-        self._tx([
-            (f"UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ?{set_checkpoint} "
-             "WHERE run_id = ? AND version = ?", (version, weights_hash, opened_at, *args, run_id, version - 1)),
-            ("INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
-             "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
-        ], expect_one=True)
+        with self._writing(f"publishing version {version} of run {run_id}", clears=True):
+            self._write(self.diff_path(run_id, version), frame)
+            self._tx([
+                (f"UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ?{set_checkpoint} "
+                 "WHERE run_id = ? AND version = ?", (version, weights_hash, opened_at, *args, run_id, version - 1)),
+                ("INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
+            ], expect_one=True)
 
     def write_checkpoint(
         self,
@@ -390,16 +703,18 @@ class Store:
     ) -> None:
         """Write the full state of ``version`` (files only: it counts once a commit names it, through
         :meth:`publish` or :meth:`record_checkpoint`)."""
-        atomic_write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
-        if moments:
-            atomic_write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
-        atomic_write(self._versioned(run_id, "server_state", version), pack_state_dict(server_state))
+        with self._writing(f"the checkpoint of version {version} of run {run_id}"):
+            self._write(self._versioned(run_id, "weights", version), st_save(dict(weights)))
+            if moments:
+                self._write(self._versioned(run_id, "moments", version), st_save(dict(moments), {"step": str(version)}))
+            self._write(self._versioned(run_id, "server_state", version), pack_state_dict(server_state))
 
     def record_checkpoint(self, run_id: str, version: int, weights_hash: str) -> None:
         """Make the state files of the committed ``version`` (:meth:`write_checkpoint`) the run's checkpoint."""
-        self._tx([("UPDATE runs SET checkpoint_version = ?, checkpoint_hash = ? "
-                   "WHERE run_id = ? AND version >= ? AND checkpoint_version < ?",
-                   (version, weights_hash, run_id, version, version))], expect_one=True)
+        with self._writing(f"recording the checkpoint of version {version} of run {run_id}"):
+            self._tx([("UPDATE runs SET checkpoint_version = ?, checkpoint_hash = ? "
+                       "WHERE run_id = ? AND version >= ? AND checkpoint_version < ?",
+                       (version, weights_hash, run_id, version, version))], expect_one=True)
 
     def load_tensors(self, run_id: str, kind: str, version: int) -> Optional[dict[str, torch.Tensor]]:
         """``kind`` in weights/moments; ``None`` if that file does not exist."""
@@ -454,7 +769,7 @@ class Store:
             for path in folder.iterdir():
                 m = _SUBMISSION.match(path.name)
                 if m is None or (int(m.group(1)), int(m.group(2)), m.group(3)) not in kept:
-                    path.unlink(missing_ok=True)
+                    self._remove(path)
 
     def prune_versions(self, run_id: str, version: int, keep_versions: int, checkpoint: int) -> None:
         """The state files and diffs of :meth:`prune` (safe while submissions are being recorded; not
@@ -467,7 +782,7 @@ class Store:
                 continue
             for path in folder.iterdir():
                 if path.name.endswith(".tmp"):
-                    path.unlink(missing_ok=True)
+                    self._remove(path)
                     continue
                 m = _VERSIONED.match(path.name)
                 if m is None:
@@ -475,10 +790,10 @@ class Store:
                 v = int(m.group(1))
                 stale = v > version or (v < oldest_diff if kind == "diffs" else v != checkpoint)
                 if stale:
-                    path.unlink(missing_ok=True)
+                    self._remove(path)
 
     def drop_submissions(self, run_id: str, first: int, end: int) -> None:
         """Delete the frames of the updates counted in rounds ``first ≤ target_round < end`` (by their rows,
         so a submission being recorded, whose row is not committed yet, is never touched)."""
         for rec in self.submissions_between(run_id, first, end):
-            self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256).unlink(missing_ok=True)
+            self._remove(self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256))

@@ -198,11 +198,15 @@ class Submissions:
         if recs:
             self.metrics.commit_group_size.observe(len(recs))
             try:
+                if rt.deleted:
+                    raise Rejected(Reason.UNKNOWN_RUN, f"run {rt.run_id} was deleted")
                 await asyncio.to_thread(self.store.commit_submissions, recs)
             except BaseException as exc:
-                # None of the group is recorded (one transaction): each request gets the error (a 500; the
-                # client may retry), and the next group is committed as usual.
-                log.exception("run %s: committing %d update(s) failed", rt.run_id, len(recs))
+                # None of the group is recorded (one transaction): each request gets the error (507/503 for
+                # the storage, which logs that itself; else a 500; the client may retry), and the next group
+                # is committed as usual.
+                if not isinstance(exc, Rejected):
+                    log.exception("run %s: committing %d update(s) failed", rt.run_id, len(recs))
                 for s in [*accepted.values(), *duplicates]:
                     s.answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError("commit interrupted"))
                 if not isinstance(exc, Exception):

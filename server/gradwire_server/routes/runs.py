@@ -1,11 +1,12 @@
-"""``POST /v1/runs`` (create, admin) and ``GET /v1/runs/{run_id}`` (status)."""
+"""``POST /v1/runs`` (create, admin), ``GET /v1/runs/{run_id}`` (status), and the admin's hold on a run:
+``POST …/pause``, ``POST …/resume``, ``DELETE /v1/runs/{run_id}``."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
-from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, Field
 
 from gradwire.protocol import API_PREFIX
 
@@ -25,6 +26,11 @@ class RunStatus(BaseModel):
     version: int
     open_round: int
     weights_hash: Optional[str]
+    status: Literal["active", "paused", "failed"] = Field(
+        description="active; paused by the admin (no round closes, updates refused with 409 run_paused); failed: "
+                    "its round close failed the same way close_failures_before_failed times in a row (updates "
+                    "refused with 409 run_failed) until the admin resumes it")
+    status_detail: Optional[str] = Field(description="Why a run failed (the cause of its last failed close).")
     submitted: int
     quorum: int
     nodes: int
@@ -36,7 +42,7 @@ class RunStatus(BaseModel):
 
 
 @router.post("", status_code=201, response_model=RunCreated, summary="Create a run (admin)",
-             responses={401: ERROR, 403: ERROR, 422: ERROR})
+             responses={401: ERROR, 403: ERROR, 409: ERROR, 422: ERROR, 503: ERROR, 507: ERROR})
 async def create_run(request: Request, config: Optional[RunConfig] = None,
                      who: Principal = Depends(principal)) -> RunCreated:
     who.require_admin()
@@ -54,3 +60,34 @@ async def run_status(run_id: str, request: Request, who: Principal = Depends(pri
     engine.runtime(run_id)
     who.require_member(run_id)
     return engine.status(run_id)
+
+
+@router.post("/{run_id}/pause", response_model=RunStatus, summary="Pause a run (admin): no round closes, updates "
+             "refused (409 run_paused); catch-ups and state reads go on",
+             responses={401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR, 507: ERROR})
+async def pause_run(run_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+    engine = server(request).engine
+    engine.runtime(run_id)
+    who.require_admin()
+    return await engine.set_status(run_id, "paused")
+
+
+@router.post("/{run_id}/resume", response_model=RunStatus, summary="Resume a paused or failed run (admin): its "
+             "round close is tried again at once",
+             responses={401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR, 507: ERROR})
+async def resume_run(run_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+    engine = server(request).engine
+    engine.runtime(run_id)
+    who.require_admin()
+    return await engine.set_status(run_id, "active")
+
+
+@router.delete("/{run_id}", status_code=204, response_class=Response,
+               summary="Delete a run (admin): its versions, updates, nodes (their tokens stop working) and files",
+               responses={401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR, 507: ERROR})
+async def delete_run(run_id: str, request: Request, who: Principal = Depends(principal)) -> Response:
+    engine = server(request).engine
+    engine.runtime(run_id)
+    who.require_admin()
+    await engine.delete_run(run_id)
+    return Response(status_code=204)
