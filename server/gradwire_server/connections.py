@@ -302,6 +302,8 @@ class _GuardedProtocol(HttpToolsProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.guard.count(cause, self.loop)
             self.transport.close()
+        # Off the books now: connection_lost comes on a later turn of the loop.
+        self.guard.forget(self)
 
     def shutdown(self) -> None:
         # uvicorn's graceful shutdown: a connection waiting for headers or lingering closes now.
