@@ -30,6 +30,11 @@ other owners and its re-encoded frame (once, as the all-gather path counts its f
 
 Without an initialized process group (and no ``process_group``) both run as a group of one: the frame
 is still written, read back and applied, so single-process code behaves as rank 0 of one.
+
+Parameters may be FSDP2 ``DTensor`` s (``fully_shard``): each rank encodes, exchanges and updates its own
+shard (:mod:`gradwire.torch.dtensor`), and ``process_group`` must join the replicas of that shard, e.g.
+the replicate group of a ``(replicate, shard)`` mesh whose shard dimension FSDP runs over (checked when
+the optimizer is built; docs/DISTRIBUTED.md, "Sharded models").
 """
 
 from __future__ import annotations
