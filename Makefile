@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-rust test-python wheel install dev bench reliability clean
+.PHONY: demo test test-rust test-python wheel install dev bench reliability wan clean
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -59,6 +59,11 @@ bench: install
 # About 30 minutes here: every reliability probe at full size, and docs/reliability.md rewritten from the results.
 reliability: install
 	$(PY) -m bench.reliability
+
+# Time to loss over an emulated WAN (needs root: network namespaces, tc, a TUN delay line); about an hour on
+# 2 shared cores. Writes docs/wan.md and docs/wan.png.
+wan: install
+	$(PY) bench/wan.py
 
 clean:
 	rm -rf $(VENV) dist target
