@@ -4,7 +4,9 @@
   rank order, averaged; every rank ends bit-identical).
 - :func:`powersgd_hook` / :class:`PowerSGDState` — PowerSGD's collective form (factors all-reduced).
 - :class:`DeMo` / :class:`SparseLoCo` — the two algorithms of :mod:`gradwire.algorithms` as optimizers
-  (frames all-gathered, averaged exactly; every rank ends bit-identical).
+  (frames all-gathered, averaged exactly; every rank ends bit-identical); under DDP, its comm hook must
+  be :func:`local_gradients_hook` (:func:`skip_ddp_all_reduce`), else :class:`DenseAllReduceError`;
+  :func:`average_buffers` for BatchNorm's running statistics.
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
 - :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
 - :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
@@ -15,7 +17,9 @@ Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook`
 
 from __future__ import annotations
 
+from .buffers import average_buffers
 from .collectives import all_gather_bytes, exchange_bytes
+from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_reduce
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
@@ -25,20 +29,24 @@ from .powersgd import PowerSGDState, powersgd_hook
 
 __all__ = [
     "DeMo",
+    "DenseAllReduceError",
     "GradwireHookState",
     "LowPrecisionDecentralized",
     "PowerSGDState",
     "RegisteredHook",
     "SparseLoCo",
     "all_gather_bytes",
+    "average_buffers",
     "ddp_hook",
     "default_backend",
     "exchange_bytes",
     "gradwire_hook",
     "hook_names",
     "init_from_env",
+    "local_gradients_hook",
     "powersgd_hook",
     "register_hook",
     "ring_peers",
+    "skip_ddp_all_reduce",
     "spawn",
 ]

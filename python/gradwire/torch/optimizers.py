@@ -20,7 +20,13 @@ by broadcasting them).
 
 Parameters are named by position, ``"g<group>.p<index>"`` (``"g0.p3"``: the fourth parameter of the
 first group), so frames are the same whatever the modules are called; every rank must build its
-optimizer over the same parameter list.
+optimizer over the same parameter list. Given ``model.named_parameters()`` (as torch's optimizers
+accept it), errors name a parameter by its module path too: ``"h.0.attn.weight (g0.p3)"``.
+
+Under ``DistributedDataParallel`` (the HF Trainer, Accelerate and Lightning wrap the model in it) the
+first distributed step raises :class:`~gradwire.torch.ddp_guard.DenseAllReduceError` unless the DDP
+module's comm hook is :func:`~gradwire.torch.ddp_guard.local_gradients_hook`: DDP's dense all-reduce
+would otherwise run beside these frames and spend every byte they save (docs/RECIPES.md).
 
 Counters (cumulative, frame bytes only — the length words and padding of the collectives are not
 counted): ``bytes_sent`` is the length of this rank's own frames, ``bytes_received`` the total length of
@@ -40,6 +46,8 @@ the optimizer is built; docs/DISTRIBUTED.md, "Sharded models").
 from __future__ import annotations
 
 import copy
+import functools
+import re
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -60,6 +68,7 @@ from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
 from .collectives import GroupMember, all_gather_bytes, comm_device
+from .ddp_guard import check_not_all_reduced
 from .dtensor import ShardLayout, local_grad, local_tensor
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
 
@@ -105,7 +114,7 @@ class _Exchange(GroupMember):
         return out
 
     def state_dict(self) -> dict[str, int]:
-        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received, "world": self.world()}
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("exchange", "all_gather")
@@ -113,6 +122,13 @@ class _Exchange(GroupMember):
             raise ValueError(
                 f"this checkpoint was saved with exchange={saved!r}; this optimizer uses exchange='all_gather' "
                 f"(build it with exchange={saved!r} to resume it)"
+            )
+        world = self.world()
+        if int(state.get("world", world)) != world:
+            raise ValueError(
+                f"this checkpoint was saved by a group of {int(state['world'])} ranks, this group has {world}: the "
+                "momenta and error buffers it holds are one rank's share of that group's exchange (resume in a "
+                "group of the same size, each rank from its own checkpoint)"
             )
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_received = int(state["bytes_received"])
@@ -126,6 +142,42 @@ def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
             if p.requires_grad:
                 out.append((f"g{gi}.p{pi}", p, group))
     return out
+
+
+def _positions(param_groups) -> dict[str, torch.Tensor]:
+    """``{"g<group>.p<index>": parameter}`` for every parameter, trainable or frozen."""
+    return {f"g{gi}.p{pi}": p for gi, group in enumerate(param_groups) for pi, p in enumerate(group["params"])}
+
+
+def _module_paths(*groups_lists) -> dict[int, str]:
+    """``{id(parameter): module path}`` from the ``param_names`` torch keeps in a group built from
+    ``named_parameters()``."""
+    out: dict[int, str] = {}
+    for param_groups in groups_lists:
+        for group in param_groups:
+            for p, name in zip(group["params"], group.get("param_names", ())):
+                out.setdefault(id(p), name)
+    return out
+
+
+_POSITION = re.compile(r"\bg(\d+)\.p(\d+)\b")
+
+
+def _names_parameters(method):
+    """Re-raise a ``ValueError`` or ``TypeError`` of ``method`` with each position it names (``g0.p3``)
+    followed by the parameter's module path, where the optimizer knows it; the exception keeps its type
+    (and a ``FrameError`` its ``kind``)."""
+
+    @functools.wraps(method)
+    def named(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (ValueError, TypeError) as e:
+            if e.args and isinstance(e.args[0], str):
+                e.args = (self._describe(e.args[0]),) + e.args[1:]
+            raise
+
+    return named
 
 
 class _ModelRecord:
@@ -149,12 +201,80 @@ class _ModelRecord:
 
 
 class _ExchangesFrames:
-    """What both optimizers report: their codec, process group and cumulative frame bytes; and how they
-    set up their exchange."""
+    """What both optimizers report: their codec, process group and cumulative frame bytes; how they set
+    up their exchange; the checks of their first step and of a checkpoint; how errors name parameters."""
 
     node: Any
     _exchange: Any
     _pieces: Optional[Pieces] = None
+    _paths: dict[int, str]
+    _ddp_checked = False
+
+    def _describe(self, message: str) -> str:
+        """``message`` with each position followed by its module path: ``"g0.p3"`` → ``"g0.p3 (h.0.attn.weight)"``."""
+        positions = _positions(self.param_groups)
+
+        def label(m: re.Match) -> str:
+            p = positions.get(m.group(0))
+            path = self._paths.get(id(p)) if p is not None else None
+            return f"{m.group(0)} ({path})" if path and f"({path})" not in message else m.group(0)
+
+        return _POSITION.sub(label, message)
+
+    def _label(self, position: str) -> str:
+        return self._describe(position)
+
+    def _first_step_checks(self) -> None:
+        """Once, at the first step in a group of more than one rank: no DDP all-reduces these gradients."""
+        if self._ddp_checked:
+            return
+        self._ddp_checked = True
+        if self._exchange.world() > 1:
+            params = [p for _, p, _ in _named(self.param_groups)]
+            labels = {id(p): self._label(n) for n, p, _ in _named(self.param_groups)}
+            check_not_all_reduced(params, labels, type(self).__name__)
+
+    def _fixed_exchange(self) -> bool:
+        """Whether the set of exchanged tensors is fixed at construction (sharded pieces, a model record)."""
+        return self._pieces is not None or self.model_record is not None
+
+    def _changed_trainable(self, exchanged) -> tuple[list[str], list[str]]:
+        """The parameters that require a gradient now but are not exchanged, and the reverse."""
+        trainable = [n for n, _, _ in _named(self.param_groups)]
+        return [n for n in trainable if n not in exchanged], [n for n in exchanged if n not in set(trainable)]
+
+    def _refuse_changed_trainable(self, added: list[str], removed: list[str], rebuild: str) -> None:
+        what = []
+        if added:
+            what.append(f"{', '.join(map(self._label, added[:3]))} now require{'s' if len(added) == 1 else ''} a gradient")
+        if removed:
+            what.append(f"{', '.join(map(self._label, removed[:3]))} no longer require{'s' if len(removed) == 1 else ''} one")
+        mode = "exchange='sharded'" if self._pieces is not None else "model_record=True"
+        raise ValueError(
+            f"{type(self).__name__}: {' and '.join(what)}; with {mode} the tensors exchanged are fixed when the "
+            f"optimizer is built: {rebuild}, or build it with exchange='all_gather' and model_record=False, "
+            "which follow requires_grad as it changes"
+        )
+
+    def _model_shapes(self) -> dict[str, list[int]]:
+        return {n: list(p.shape) for n, p in _positions(self.param_groups).items()}
+
+    def _check_model_shapes(self, mine: dict) -> None:
+        """A checkpoint of another model (other parameter count or shapes) is refused, naming the first difference."""
+        saved = mine.get("shapes")
+        if saved is None:
+            return  # a checkpoint from before the shapes were saved
+        here = self._model_shapes()
+        if list(saved) != list(here):
+            raise ValueError(
+                f"this checkpoint is of another model: it holds {len(saved)} parameters, this optimizer has {len(here)}"
+            )
+        for n, shape in here.items():
+            if [int(d) for d in saved[n]] != shape:
+                raise ValueError(
+                    f"this checkpoint is of another model: {self._label(n)} has shape {tuple(saved[n])} in it, "
+                    f"{tuple(shape)} here"
+                )
 
     def _setup_exchange(self, exchange: str, codec: Codec, downlink_codec: Optional[Codec], default_downlink,
                         process_group, limits, model_record: bool, piece_numel: int) -> None:
@@ -270,6 +390,8 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         if weight_decay < 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self._paths = _module_paths(self.param_groups)
+        self._exchanged = [n for n, _, _ in _named(self.param_groups)]
         uplink = codec if codec is not None else default_demo_codec()
         self.node = DeMoState(model_record_codec(uplink) if model_record else uplink, beta=beta)
         self.steps = 0
@@ -277,12 +399,18 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         self._setup_exchange(exchange, codec, downlink_codec, default_demo_codec, process_group, limits,
                              model_record, piece_numel)
 
+    @_names_parameters
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._first_step_checks()
+        if self._fixed_exchange():
+            added, removed = self._changed_trainable(self._exchanged)
+            if added or removed:
+                self._refuse_changed_trainable(added, removed, "build a new DeMo after changing requires_grad")
         named = _named(self.param_groups)
         device = named[0][1].device if named else None
         entries: list[Entry] = []
@@ -323,13 +451,18 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
         step counter and the byte counters; sharded, also the group's size, this rank and the owner's
         error feedback (a sharded checkpoint resumes only in a group of the same size, on the same rank)."""
         out = super().state_dict()
-        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, **self._shards.state_dict(),
+        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, "shapes": self._model_shapes(),
+                           **self._shards.state_dict(),
                            **self._exchange.state_dict()}
         return out
 
+    @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another model (parameter
+        count or shapes), group size, rank (sharded) or exchange."""
         state_dict = dict(state_dict)
         mine = state_dict.pop(_STATE_KEY)
+        self._check_model_shapes(mine)
         named = _named(self.param_groups)
         devices = {n: p.device for n, p, _ in named}
         first = named[0][1].device if named else None
@@ -390,6 +523,11 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         theirs = [id(p) for g in inner.param_groups for p in g["params"]]
         if sorted(mine) != sorted(theirs):
             raise ValueError("inner must optimize exactly the parameters given to SparseLoCo")
+        self._paths = _module_paths(self.param_groups, inner.param_groups)
+        # The param groups are the inner optimizer's own dicts: an lr scheduler given SparseLoCo (as the HF
+        # Trainer gives it the optimizer) sets the lr, and any group's hyperparameters, the inner steps use.
+        self.param_groups = inner.param_groups
+        self.defaults = inner.defaults
         self.inner = inner
         self.sync_every = sync_every
         uplink = codec if codec is not None else default_sparseloco_codec(sync_every)
@@ -405,7 +543,10 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_downlink(sync_every),
                              process_group, limits, model_record, piece_numel)
 
+    @_names_parameters
     def step(self, closure: Optional[Callable[[], Any]] = None):
+        self._first_step_checks()
+        self._follow_requires_grad()
         loss = self.inner.step(closure)
         self.local_steps += 1
         if self.local_steps % self.sync_every == 0:
@@ -413,11 +554,27 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
+    def _follow_requires_grad(self) -> None:
+        """A parameter unfrozen since the last step joins the exchange with its weights now as its anchor
+        (its weights at the last sync: the inner optimizer has not stepped it since); one frozen since
+        stays in the exchange, so its local steps before freezing are synced like any other's."""
+        added, _ = self._changed_trainable(self.anchor)
+        if not added:
+            return
+        if self._fixed_exchange():
+            self._refuse_changed_trainable(added, [], "build SparseLoCo and its inner optimizer after unfreezing")
+        positions = _positions(self.param_groups)
+        for n in added:
+            self.anchor[n] = local_tensor(positions[n]).detach().to(torch.float32).clone()
+
+    @_names_parameters
+    @torch.no_grad()
     def sync(self) -> None:
         """The outer step now (``step`` calls it every ``sync_every`` local steps)."""
-        named = _named(self.param_groups)
-        current = {n: local_tensor(p) for n, p, _ in named}
-        device = named[0][1].device if named else None
+        # Every anchored parameter: those that trained since the optimizer was built, frozen since or not.
+        positions = _positions(self.param_groups)
+        current = {n: local_tensor(positions[n]) for n in self.anchor}
+        device = next(iter(current.values())).device if current else None
         pieces = self._pieces
         if pieces is not None:
             # Sharded: the node's error buffers are the pieces'; the exchange hands back each tensor's mean.
@@ -453,20 +610,27 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             "outer": self.outer.state_dict(),
             "local_steps": self.local_steps,
             "syncs": self.syncs,
+            "shapes": self._model_shapes(),
             **self._shards.state_dict(),
             **self._exchange.state_dict(),
         }
         return out
 
+    @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another model (parameter
+        count or shapes), group size, rank (sharded) or exchange."""
         state_dict = dict(state_dict)
         mine = state_dict.pop(_STATE_KEY)
-        devices = {n: p.device for n, p, _ in _named(self.param_groups)}
+        self._check_model_shapes(mine)
+        devices = {n: p.device for n, p in _positions(self.param_groups).items()}
+        unknown = [n for n in mine["anchor"] if n not in devices]
+        if unknown:
+            raise ValueError(f"the saved anchor names parameters this optimizer does not have: {unknown[:5]}")
         self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
         super().load_state_dict(state_dict)
         self.inner.load_state_dict(mine["inner"])
-        if set(mine["anchor"]) != set(devices):
-            raise ValueError("the saved anchor names other parameters than this optimizer's")
+        self.param_groups = self.inner.param_groups  # load_state_dict made new group dicts on both: one again
         self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in mine["anchor"].items()}
         self.node.load_state_dict(mine["node"])
         first = next(iter(devices.values()), None)
