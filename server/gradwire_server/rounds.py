@@ -284,6 +284,7 @@ class RoundEngine:
         """The checks of an update that need no body, and the node's one upload slot while its body is read
         and recorded (:meth:`.submissions.Submissions.upload`): ``async with engine.upload(…): …``."""
         rt = self.runtime(run_id)
+        self.require_accepting(rt)
         self._require_state(rt)
         return self._submissions.upload(rt, node_id, round, declared)
 

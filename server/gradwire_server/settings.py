@@ -17,7 +17,9 @@ __all__ = ["ServerSettings"]
 class ServerSettings(BaseSettings):
     """Everything the server process needs; each field is ``GRADWIRE_<NAME>`` or ``--<name>``."""
 
-    model_config = SettingsConfigDict(env_prefix="GRADWIRE_", cli_kebab_case=True, cli_prog_name="gradwire-server")
+    # An empty variable is unset (GRADWIRE_ADMIN_TOKEN= beside --admin-token-file, say).
+    model_config = SettingsConfigDict(env_prefix="GRADWIRE_", cli_kebab_case=True, cli_prog_name="gradwire-server",
+                                      env_ignore_empty=True)
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8470, ge=0, le=65535, description="TCP port (0: any free port).")
