@@ -21,12 +21,12 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gradwire.state import state_from_bytes, state_hash
+from gradwire.state import state_from_bytes, state_hash, state_to_bytes
 from gradwire_server.app import create_app
 from gradwire_server.launcher import LoopbackServer
 from gradwire_server.settings import ServerSettings
 
-from server_helpers import bearer, dense_frame, make_run, metric, random_grads
+from server_helpers import bearer, dense_frame, make_run, metric, random_grads, tiny_state
 
 ADMIN = "disk-admin"
 #: Fast retries, so that a test sees several failed closes in a second or two.
@@ -161,9 +161,13 @@ def test_a_full_tmpfs_is_507_then_recovers(tmpfs, tmp_path):
         r = run.submit(run.nodes[1], 0, frames[2])
         assert _is_json_507(r) and "No space left on device" in r.json()["detail"], r.text
         # The others: what still fits in SQLite's free space may succeed; none is a 500.
-        for r in (client.post("/v1/runs", json={}, headers=bearer(ADMIN)),
-                  client.post(run.url("/nodes"), json={}, headers=bearer(ADMIN))):
+        created = client.post("/v1/runs", json={}, headers=bearer(ADMIN))
+        for r in (created, client.post(run.url("/nodes"), json={}, headers=bearer(ADMIN))):
             assert r.status_code == 201 or _is_json_507(r), (r.status_code, r.text)
+        if created.status_code == 201:  # its initial state does not fit
+            r = client.put(f"/v1/runs/{created.json()['run_id']}/state", content=state_to_bytes(tiny_state()),
+                           headers=bearer(ADMIN))
+            assert _is_json_507(r), (r.status_code, r.text)
         assert client.get("/readyz").status_code == 503
         os.unlink(filler)
         assert _wait(lambda: client.get("/readyz").status_code == 200, timeout=5)

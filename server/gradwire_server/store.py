@@ -373,6 +373,10 @@ class Store:
         if clears:
             self._set_write_failure(None, what)
 
+    def writing(self, what: str):
+        """:meth:`_writing` for a write made outside the store (a request body spooled into a run's folder)."""
+        return self._writing(what)
+
     def _set_write_failure(self, cause: Optional[str], what: str) -> None:
         """One log line when writes start failing, fail another way, or work again; none otherwise."""
         with self._failure_lock:

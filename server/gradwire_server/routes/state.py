@@ -21,14 +21,16 @@ class StateSet(BaseModel):
 
 @router.put("", response_model=StateSet, summary="Set the initial model (admin): safetensors bytes, spooled to disk",
             openapi_extra=octet_request("The model's tensors as safetensors; stored as fp32 master weights."),
-            responses={400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR})
+            responses={400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 413: ERROR, 503: ERROR, 507: ERROR})
 async def put_state(run_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
     who.require_admin()
     ctx = server(request)
     ctx.engine.runtime(run_id)
     declared_length(request, ctx.settings.max_state_bytes, Reason.STATE_TOO_LARGE)
     await ctx.engine.require_not_started(run_id)  # before the body: it can be gigabytes
-    path = await spool_body(request, ctx.settings.max_state_bytes, ctx.store.run_dir(run_id), Reason.STATE_TOO_LARGE)
+    with ctx.store.writing(f"the initial state upload of run {run_id}"):  # a full disk: 507, not a 500
+        path = await spool_body(request, ctx.settings.max_state_bytes, ctx.store.run_dir(run_id),
+                                Reason.STATE_TOO_LARGE)
     try:
         return await ctx.engine.set_state(run_id, path)
     finally:

@@ -30,7 +30,7 @@ class Accepted(BaseModel):
     openapi_extra=octet_request("A BUNDLE frame (docs/FORMAT.md) whose sender is the token's node and whose "
                                 "round is {round}, holding every parameter of the run's model."),
     responses={400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 410: ERROR, 413: ERROR, 422: ERROR,
-               429: ERROR},
+               429: ERROR, 503: ERROR, 507: ERROR},
 )
 async def submit_update(request: Request, run_id: str, round: int = Path(ge=0),
                         who: Principal = Depends(principal)) -> dict:
