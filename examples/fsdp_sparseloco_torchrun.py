@@ -1,6 +1,7 @@
 """Train a small causal transformer with FSDP2 inside each replica group and SparseLoCo across them (HSDP).
 
     torchrun --nproc-per-node 4 examples/fsdp_sparseloco_torchrun.py                 # 2 replicas x 2 shards
+    python examples/fsdp_sparseloco_torchrun.py --spawn 4                            # the same, no torchrun
     torchrun --nproc-per-node 8 examples/fsdp_sparseloco_torchrun.py --replicas 4    # 4 replicas x 2 shards
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
         examples/fsdp_sparseloco_torchrun.py --replicas 2                            # a replica per machine
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -90,13 +92,28 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
+    ap.add_argument("--spawn", type=int, default=0, help="start this many local ranks (0: joined by torchrun)")
     args = ap.parse_args()
     if args.steps % args.sync_every:
         raise SystemExit("--steps must be a multiple of --sync-every (replicas agree after a sync)")
-
-    rank, world = gt.init_from_env()
+    world = args.spawn or int(os.environ.get("WORLD_SIZE", "1"))
     if world % args.replicas:
         raise SystemExit(f"the world size {world} is not a multiple of --replicas {args.replicas}")
+
+    if args.spawn:
+        agree = all(gt.spawn(train, args.spawn, (args,), timeout_s=600))
+    else:
+        rank, world = gt.init_from_env()
+        agree = train(rank, world, args)
+        # Every rank leaves the last collective before any tears the group down (else one can abort at exit).
+        dist.barrier()
+        dist.destroy_process_group()
+    if not agree:
+        raise SystemExit("replicas differ")
+
+
+def train(rank: int, world: int, args: argparse.Namespace) -> bool:
+    """One rank's run; whether every rank gathered the same weights at the end."""
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     mesh = init_device_mesh(device_type, (args.replicas, world // args.replicas),
@@ -137,12 +154,9 @@ def main() -> None:
         print(f"bytes sent by rank 0: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
               f"received: {opt.bytes_received}")
         print(f"compression ratio vs fp32 per local step: {dense / max(1, opt.bytes_sent):.1f}x")
-        print(f"replicas bit-identical: {agree}")
-    # Every rank leaves the last collective before any tears the group down (else one can abort at exit).
+        print(f"replicas bit-identical: {agree}", flush=True)
     dist.barrier()
-    dist.destroy_process_group()
-    if not agree:
-        raise SystemExit("replicas differ")
+    return agree
 
 
 if __name__ == "__main__":

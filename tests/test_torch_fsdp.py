@@ -13,6 +13,9 @@ replicas, each computing the gradient over its group's two micro-batches, run in
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -231,3 +234,17 @@ def test_exchange_group_must_join_the_replicas_of_one_shard(tmp_path):
         assert "hold other shards" in r["across"], r["across"]
         assert "other shards than this rank holds" in r["other_shard"], r["other_shard"]
         assert "of unsharded parameters" in r["unsharded"], r["unsharded"]
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                       "fsdp_sparseloco_torchrun.py")
+
+
+def test_the_example_trains_and_ends_with_bit_identical_replicas():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, EXAMPLE, "--spawn", "4", "--steps", "4", "--sync-every", "2", "--width", "64", "--layers", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mesh: 2 replicas x 2 shards" in done.stdout and "replicas bit-identical: True" in done.stdout, done.stdout
+    losses = [float(v) for v in re.findall(r"loss (?:before sync )?([0-9.]+)", done.stdout)]
+    assert len(losses) == 3 and losses[-1] < losses[0], done.stdout
