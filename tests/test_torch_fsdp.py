@@ -242,7 +242,8 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_the_example_trains_and_ends_with_bit_identical_replicas():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, EXAMPLE, "--spawn", "4", "--steps", "4", "--sync-every", "2", "--width", "64", "--layers", "1"]
+    cmd = [sys.executable, EXAMPLE, "--spawn", "4", "--steps", "4", "--sync-every", "2", "--width", "64",
+           "--layers", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mesh: 2 replicas x 2 shards" in done.stdout and "replicas bit-identical: True" in done.stdout, done.stdout
