@@ -99,8 +99,9 @@ class ShardLayout:
             return
         group = set(_ranks(process_group))
         me = dist.get_rank()
+        label = "process_group" if process_group is not None else "the default group (no process_group was given)"
         for n, p in self.sharded:
-            self._check_mesh(n, p, group, me)
+            self._check_mesh(n, p, group, me, label)
         self._check_replicas(process_group)
 
     @staticmethod
@@ -113,7 +114,7 @@ class ShardLayout:
         return [name, list(p.shape), [str(pl) for pl in p.placements], list(mesh.mesh.shape), at]
 
     @staticmethod
-    def _check_mesh(name: str, p, group: set[int], me: int) -> None:
+    def _check_mesh(name: str, p, group: set[int], me: int, label: str) -> None:
         mesh = p.device_mesh
         for dim, placement in enumerate(p.placements):
             if mesh.size(dim) == 1:
@@ -127,11 +128,11 @@ class ShardLayout:
                 raise ValueError(
                     f"parameter {name} is replicated by FSDP over mesh {dim_name!r} (native HSDP), so FSDP "
                     f"all-reduces its dense gradient with ranks {sorted(along)}, which are also in "
-                    f"process_group: gradwire would only add to that traffic. {_HOW}"
+                    f"{label}: gradwire would only add to that traffic. {_HOW}"
                 )
             raise ValueError(
                 f"parameter {name} is {placement} over mesh {dim_name!r}, so ranks {sorted(along)} of "
-                f"process_group hold other parts of it: process_group must join only replicas of the "
+                f"{label} hold other parts of it: the exchange's group must join only replicas of the "
                 f"same shard. {_HOW}"
             )
 
