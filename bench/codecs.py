@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 from rich.console import Console
 from rich.table import Table
-from tqdm.auto import tqdm
+from gradwire_apps.progress import progress as progress_bar
 
 import gradwire
 from gradwire import (
@@ -250,7 +250,7 @@ def main() -> None:
         steps = collect_gradients(model, args.steps, record_every=args.record_every, device=device)
         params = sum(t.numel() for t in steps[0].values())
         results = []
-        for row in tqdm(BASELINES + rows, desc=f"codecs on {model}", leave=False):
+        for row in progress_bar(BASELINES + rows, desc=f"codecs on {model}", leave=False):
             results.append(measure(row, steps, args.repeat, device))
         title = f"{model}: {params:,} parameters, {len(steps)} recorded steps, {device.type}"
         table, md = _table(title, results, params)

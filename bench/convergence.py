@@ -871,21 +871,19 @@ def _worker_run(job: tuple) -> tuple[str, dict]:
 def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict:
     """Train every plan not in the cache (``jobs`` worker processes; each run is single-threaded and
     deterministic, so the results do not depend on ``jobs``), saving the cache after every run."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from gradwire_apps.progress import progress as progress_bar
 
     cache = _cache_load()
     todo = [p for p in plans if p.key not in cache]
     total = sum(p.scale.steps for p in todo)
     console.print(f"{len(plans)} runs, {len(plans) - len(todo)} cached, {len(todo)} to train ({total:,} steps,"
                   f" {jobs} process{'es' if jobs > 1 else ''})")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, transient=False) as prog:
-        bar = prog.add_task("sweep", total=total)
+    # A bar on a terminal, a line per tenth of the steps in a log (gradwire_apps.progress).
+    with progress_bar(total=total, desc="sweep", unit="step") as bar:
         if jobs <= 1:
             for p in todo:
-                prog.update(bar, description=f"{p.task.name:7s} {p.row.label:22s} {p.hp:22s} seed {p.seed}")
-                r = run_one(p.task, p.row, p.lr, p.extra, p.seed, p.scale.steps, settings, p.calib,
-                            tick=lambda d: prog.advance(bar, d))
+                bar.set_description(f"{p.task.name:7s} {p.row.label:22s} {p.hp:22s} seed {p.seed}")
+                r = run_one(p.task, p.row, p.lr, p.extra, p.seed, p.scale.steps, settings, p.calib, tick=bar.update)
                 r.hp = p.hp
                 cache[p.key] = asdict(r)
                 _cache_save(cache)
@@ -901,8 +899,8 @@ def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict
                     key, r = f.result()
                     cache[key] = r
                     _cache_save(cache)
-                    prog.update(bar, advance=steps[key],
-                                description=f"{r['task']:7s} {r['row']:16s} {r['hp']:22s} seed {r['seed']}")
+                    bar.set_description(f"{r['task']:7s} {r['row']:16s} {r['hp']:22s} seed {r['seed']}")
+                    bar.update(steps[key])
     return {p.key: cache[p.key] for p in plans}
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
-from tqdm.auto import tqdm
+from gradwire_apps.progress import progress as progress_bar
 
 from gradwire import DCTCodec, wire
 from gradwire.codecs.dct import unpack_params
@@ -76,7 +76,7 @@ def main() -> None:
     for col in ("k/C", "k", "floor log2(C choose k)/k", "Rice, uniform", "Rice / floor", "Rice param",
                 "Rice, real grads", "real / floor", "fixed", "DeMo int64"):
         t.add_column(col, justify="right")
-    for ratio in tqdm(RATIOS, desc="bits per index", leave=False):
+    for ratio in progress_bar(RATIOS, desc="bits per index", leave=False):
         k = C // ratio
         chunks = max(64, 32768 // k)
         noise = torch.randn((chunks * 64, 64), generator=torch.Generator().manual_seed(ratio))
@@ -100,7 +100,7 @@ def main() -> None:
     for col in ("kernel", "k", "GB/s", "× memcpy", "stream bytes / index"):
         t2.add_column(col, justify="right")
     t2.add_row("memcpy (numpy copyto)", "—", f"{n_bytes / t_copy / 1e9:.2f}", "1.00", "—")
-    for k in tqdm((4, 32, 256), desc="index stream speed", leave=False):
+    for k in progress_bar((4, 32, 256), desc="index stream speed", leave=False):
         idx = index_sets(n_bytes, k, rng)
         nbytes = idx.nbytes
         param, _ = wire.rice_param(idx, C, set_len=k)

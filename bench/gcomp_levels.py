@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+from gradwire_apps.progress import progress as progress_bar  # noqa: E402
 import zstandard  # noqa: E402
 
 import gradwire  # noqa: E402
@@ -223,7 +223,7 @@ def speed_table(args, console) -> None:
             model, loss_fn = char_task(args.seed, d_model=width)
             opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
             g = torch.Generator().manual_seed(args.seed + 1)
-            for _ in tqdm(range(args.speed_steps), desc=f"char transformer d{width} / AdamW", leave=False):
+            for _ in progress_bar(range(args.speed_steps), desc=f"char transformer d{width} / AdamW", leave=False):
                 opt.zero_grad(set_to_none=True)
                 loss_fn(g).backward()
                 opt.step()
@@ -239,7 +239,7 @@ def speed_table(args, console) -> None:
         for col in ("gradient", "GComp mode", "params", "GComp bytes", "zstd-3 bytes", "fp32 bytes",
                     "enc ms/M", "zstd-3 enc ms/M", "enc × zstd-3", "dec ms/M", "zstd-3 dec ms/M", "dec × zstd-3"):
             table.add_column(col, justify="right")
-        for label, m, o in tqdm(cases, desc="against zstd-3", leave=False):
+        for label, m, o in progress_bar(cases, desc="against zstd-3", leave=False):
             for r in against_zstd(m, o, args.speed_repeat, args.block):
                 mode, numel, gb, zb, fb, ge, ze, ex, gd, zd, dx = r
                 table.add_row(label, mode, f"{numel:,}", f"{gb:,}", f"{zb:,}", f"{fb:,}", f"{ge:.2f}", f"{ze:.2f}",
@@ -281,7 +281,7 @@ def main() -> None:
         model, loss_fn = task(args.seed)
         opt = make_opt(model.parameters())
         g = torch.Generator().manual_seed(args.seed + 1)
-        for step in tqdm(range(1, args.steps + 1), desc=f"{model_name} / {opt_name}", leave=False):
+        for step in progress_bar(range(1, args.steps + 1), desc=f"{model_name} / {opt_name}", leave=False):
             opt.zero_grad(set_to_none=True)
             loss_fn(g).backward()
             if step in args.at:

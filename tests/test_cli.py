@@ -8,6 +8,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,8 +34,7 @@ def test_demo_command_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         # The transformer here; the digits MLP (the default) runs through the same workers in test_end_to_end.py.
         [sys.executable, "-m", "gradwire_apps.cli", "demo", "--model", "transformer", "--hidden", "32", "--batch-size", "4",
-         "--steps", "4", "--sync-every", "2", "--sparseloco-topk", "8", "--workers", "2", "--out", str(out),
-         "--no-progress"],
+         "--steps", "4", "--sync-every", "2", "--sparseloco-topk", "8", "--workers", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=_env(COLUMNS="200"), cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,6 +47,18 @@ def test_demo_command_runs_end_to_end(tmp_path):
     assert [r["label"] for r in results] == ["SparseLoCo H=2 k=8", "DeMo k=4", "dense AdamW"]
     assert all(r["in_sync"] and r["steps"] == 4 for r in results)
     assert [r["rounds"] for r in results] == [2, 4, 4]  # SparseLoCo publishes a version every 2 steps
+    # stderr is a pipe: plain progress lines (gradwire_apps.progress), at most one per tenth, the last at 100%.
+    assert "\r" not in proc.stderr
+    line = re.compile(r"(.+): (\d+)/(\d+) version \(\d+%\), \d+:\d\d elapsed(, about \d+:\d\d left)?"
+                      r"(, train loss \d+\.\d{4})?")
+    shown: dict[str, list[tuple[int, int]]] = {}
+    for text in proc.stderr.splitlines():
+        m = line.fullmatch(text)
+        if m:
+            shown.setdefault(m[1], []).append((int(m[2]), int(m[3])))
+    assert {label: lines[-1] for label, lines in shown.items()} == {
+        "SparseLoCo H=2 k=8": (2, 2), "DeMo k=4": (4, 4), "dense AdamW": (4, 4)}, proc.stderr
+    assert all(len(lines) <= 10 for lines in shown.values())
     sparseloco, demo, dense = results
     assert dense["up_ratio"] < 1.01 and dense["down_ratio"] < 1.01
     # Both ways compressed: the re-encoded aggregate down is about one node's frame up.
@@ -56,10 +68,10 @@ def test_demo_command_runs_end_to_end(tmp_path):
 
 
 def test_demo_refuses_an_unknown_run_with_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gradwire_apps.cli", "demo", "--runs", "dense,adam", "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60, env=_env())
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "unknown run" in proc.stderr and "adam" in proc.stderr and "Traceback" not in proc.stderr
+    result = CliRunner().invoke(build_app(), ["demo", "--runs", "dense,adam", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "unknown run" in result.output and "adam" in result.output
+    assert isinstance(result.exception, SystemExit)  # a usage error, not a traceback
 
 
 def _gradwire(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:

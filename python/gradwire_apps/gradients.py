@@ -15,9 +15,9 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .demo.tasks import CharTransformer, CharVocab, char_batch, digits_mlp, load_digits, load_pydoc_text
+from .progress import progress as progress_bar
 
 __all__ = ["MODELS", "collect_gradients"]
 
@@ -82,7 +82,7 @@ def collect_gradients(
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed + 1)
     recorded: list[dict[str, torch.Tensor]] = []
-    bar = tqdm(range(steps), desc=f"gradients of {model_name}", disable=not progress, leave=False)
+    bar = progress_bar(range(steps), desc=f"gradients of {model_name}", unit="step", enabled=progress, leave=False)
     for step in bar:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(g, dev)
@@ -92,5 +92,5 @@ def collect_gradients(
                 {n: p.grad.detach().to(torch.float32).clone() for n, p in model.named_parameters() if p.grad is not None}
             )
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix_str(f"train loss {loss.item():.3f}")  # this batch's
     return recorded

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
-
 from gradwire.client import GradwireClient
 
+from ..progress import progress as progress_bar
 from .tasks import DigitsTask
 
 __all__ = ["DistributedResult", "codec_spec", "run_distributed"]
@@ -227,7 +226,9 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
     down: dict[int, int] = {}
     open_streams = set(procs)
     deadline = time.monotonic() + timeout
-    with _progress(result, enabled=progress) as bar:
+    # On a terminal a bar, in a log a line per tenth (gradwire_apps.progress). Its loss is the training loss
+    # (the nodes' mean at the last step every node reported), labelled so: the table shows held-out loss.
+    with progress_bar(total=result.rounds, desc=result.label, unit="version", enabled=progress) as bar:
         while open_streams:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -245,10 +246,14 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
                     raise RuntimeError(f"{result.label}: worker of node {node_id} exited with {code} before finishing:\n{tail}")
                 continue
             if event["event"] == "round":
+                if not losses:
+                    bar.unpause()  # the time left is measured from the first step on, without the start-up
                 s = int(event.get("step", event["round"]))
                 losses.setdefault(s, []).append(float(event["loss"]))
                 up[s] = up.get(s, 0) + int(event["up"])
                 down[s] = down.get(s, 0) + int(event["down"])  # the worker's sync() came before its first step
+                if len(losses[s]) == result.workers:
+                    bar.set_postfix_str(f"train loss {sum(losses[s]) / len(losses[s]):.4f}")
                 if event["version"] > bar.n:
                     bar.update(min(result.rounds, event["version"]) - bar.n)
             elif event["event"] == "joined":
@@ -261,35 +266,6 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
         result.losses.append(sum(losses[r]) / len(losses[r]))
         result.up_bytes.append(up[r])
         result.down_bytes.append(down[r])
-
-
-class _PlainProgress:
-    """Progress for a log file or a pipe: a line at every tenth of the versions, no carriage returns."""
-
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.n, self._shown = label, total, 0, 0
-        self._t0 = time.monotonic()
-
-    def update(self, k: int) -> None:
-        self.n += k
-        tenth = 10 * self.n // max(1, self.total)
-        if tenth > self._shown:
-            self._shown = tenth
-            print(f"{self.label}: version {self.n}/{self.total} ({time.monotonic() - self._t0:.0f} s)",
-                  file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "_PlainProgress":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def _progress(result: DistributedResult, *, enabled: bool):
-    """A progress bar per published version on a terminal, plain lines otherwise, nothing if disabled."""
-    if enabled and not sys.stderr.isatty():
-        return _PlainProgress(result.label, result.rounds)
-    return tqdm(total=result.rounds, desc=result.label, unit="version", disable=not enabled, leave=True)
 
 
 def _terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
