@@ -4,6 +4,7 @@ refuses updates until the admin resumes it; the admin pauses, resumes and delete
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from starlette.testclient import TestClient
@@ -82,9 +83,18 @@ def test_pause_resume_and_delete_a_run(tmp_path):
         run.wait_version(1)
         assert f'gradwire_version{{run="{run.run_id}"}}' in client.get("/metrics").text
 
-        # Deleted: its tokens, its rows, its files and its metric go; the other run is untouched.
+        # Deleted: its tokens, its rows, its files and its metric go, a long poll on it ends; the other run is
+        # untouched.
+        polled: list = []
+        poll = threading.Thread(target=lambda: polled.append(client.get(
+            run.url("/updates"), params={"since": 1, "wait": 30}, headers=run.nodes[0].headers)))
+        poll.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
         r = client.delete(run.url(), headers=run.admin)
         assert r.status_code == 204
+        poll.join(timeout=10)
+        assert time.monotonic() - t0 < 5 and polled[0].json()["error"] == "unknown_run"
         assert client.get(run.url(), headers=run.admin).json()["error"] == "unknown_run"
         assert client.get(run.url(), headers=run.nodes[0].headers).json()["error"] == "invalid_token"
         assert not (tmp_path / "runs" / run.run_id).exists()

@@ -192,6 +192,8 @@ class RoundEngine:
             raise Rejected(Reason.VERSION_AHEAD, f"version {since} is ahead of the run's {rt.version}")
         if since == rt.version and wait > 0 and not self.stopping.is_set():
             await _first_of((rt.published, self.stopping), timeout=wait)
+        if rt.deleted:  # by the admin, while this request waited
+            raise Rejected(Reason.UNKNOWN_RUN, f"run {run_id} was deleted")
         version, h = rt.version, rt.weights_hash
         if since == version:
             return Page(since + 1, since, version, h)
