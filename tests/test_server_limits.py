@@ -123,3 +123,34 @@ def test_an_admin_token_in_argv_is_warned_about(capsys):
     with pytest.raises(Exception):  # an invalid port: the settings fail after the warning, nothing starts
         server_main(["--admin-token", "in-plain-sight", "--port", "-1"])
     assert "--admin-token shows in `ps`" in capsys.readouterr().err
+
+
+def test_a_store_of_the_previous_schema_is_migrated_in_place(tmp_path):
+    import sqlite3
+
+    from gradwire_server.auth import hash_token
+    from gradwire_server.store import Store
+
+    # The tables as the previous server wrote them: no run status, a node's token hash NOT NULL.
+    db = sqlite3.connect(tmp_path / "gradwire.sqlite3")
+    db.executescript("""
+        CREATE TABLE runs (run_id TEXT PRIMARY KEY, config TEXT NOT NULL, created_at REAL NOT NULL,
+            version INTEGER NOT NULL DEFAULT 0, weights_hash TEXT, has_state INTEGER NOT NULL DEFAULT 0,
+            round_opened_at REAL, checkpoint_version INTEGER NOT NULL DEFAULT 0, checkpoint_hash TEXT);
+        CREATE TABLE nodes (run_id TEXT NOT NULL REFERENCES runs(run_id), node_id INTEGER NOT NULL, name TEXT,
+            token_hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL, PRIMARY KEY (run_id, node_id));
+        INSERT INTO runs (run_id, config, created_at) VALUES ('r1', '{}', 0);
+    """)
+    db.execute("INSERT INTO nodes VALUES ('r1', 1, 'old', ?, 0)", (hash_token("old-token"),))
+    db.commit()
+    db.close()
+    store = Store(tmp_path)
+    assert store.get_run("r1").status == "active"
+    assert store.node_by_token_hash(hash_token("old-token")).node_id == 1
+    assert store.set_node_token("r1", 1, None)  # revocable: the hash column lost its NOT NULL
+    assert store.node_by_token_hash(hash_token("old-token")) is None
+    assert store.add_node("r1", "new", hash_token("new-token")) == 2
+    store.close()
+    reopened = Store(tmp_path)  # migrated once: opening again changes nothing
+    assert [(n.node_id, n.revoked_at is not None) for n in reopened.list_nodes("r1")] == [(1, True), (2, False)]
+    reopened.close()
