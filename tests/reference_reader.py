@@ -348,3 +348,29 @@ def split_model(frame: dict, spec: list[dict]) -> dict[str, list[float]]:
         out[t["name"]] = flat[start:start + n]
         start += n
     return out
+
+
+# -- §11: run binding -------------------------------------------------------------------------------
+
+RUN_PREFIX = "@run:"
+
+
+def run_binding(run_id: str, round_: int) -> str:
+    """§11: BLAKE2b-128, personalization ``gradwire-run-v1``, of the run id, a zero byte and the round (u64)."""
+    data = run_id.encode("utf-8") + b"\0" + struct.pack("<Q", round_)
+    return hashlib.blake2b(data, digest_size=16, person=b"gradwire-run-v1").hexdigest()
+
+
+def frame_binding(frame: dict) -> "str | None":
+    """§11: the hex digits of a parsed frame's run-binding record, or None; ValueError for a malformed one."""
+    found = None
+    for e in frame["entries"]:
+        if not e["name"].startswith(RUN_PREFIX):
+            continue
+        digits = e["name"][len(RUN_PREFIX):]
+        if found is not None or len(digits) != 32 or set(digits) - set("0123456789abcdef"):
+            raise ValueError("not a run binding")
+        if e["codec"] != 0 or e["dtype"] != DTYPE_CODES["f32"] or e["shape"] != [0]:
+            raise ValueError("a run binding is an empty f32 identity record of shape (0)")
+        found = digits
+    return found

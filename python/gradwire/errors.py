@@ -39,6 +39,9 @@ PYTHON_KINDS: Mapping[str, type[WireError]] = MappingProxyType(
         # A frame that breaks a rule of whole-model records: not one record in a bundle, a name that is
         # not "@model:" and 32 lowercase hex digits, a record that is not 1-D f32 of the spec's length.
         "invalid_model_record": FrameError,
+        # A run-binding record (FORMAT.md section 10) that is not one empty float32 identity record named
+        # "@run:" and 32 lowercase hex digits.
+        "invalid_run_binding": FrameError,
     }
 )
 

@@ -73,6 +73,8 @@ class Reason(str, enum.Enum):
     NOT_A_BUNDLE = "not_a_bundle"
     SENDER_MISMATCH = "sender_mismatch"
     ROUND_MISMATCH = "round_mismatch"
+    RUN_BINDING_MISMATCH = "run_binding_mismatch"
+    RUN_BINDING_MISSING = "run_binding_missing"
     TENSOR_MISMATCH = "tensor_mismatch"
     NON_FINITE = "non_finite"
     NORM_TOO_LARGE = "norm_too_large"

@@ -37,6 +37,7 @@ from typing import Any, Mapping, MutableMapping, Optional, Sequence
 import torch
 
 from .aggregation import exact_aggregate
+from .binding import strip_binding
 from .algorithms import get_algorithm
 from .codecs.identity import IdentityCodec
 from .errors import FrameError
@@ -186,7 +187,8 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
             if frame.sender == SERVER_SENDER or not frame.bundle:
                 raise FrameError(f"version {header.round}: node frame {i} must be a bundle from a node, "
                                  f"got sender {frame.sender:#x}, bundle={frame.bundle}")
-            frames.append(frame)
+            # A node frame's run binding (FORMAT.md section 10) is the server's to check, not part of the mean.
+            frames.append(strip_binding(frame))
             total += n
         out.append(Published(header.round, frames, weights, total, trim))
     return out

@@ -119,6 +119,10 @@ class _RunConfigBase(BaseModel):
     round_deadline_s: float = Field(30.0, gt=0, description="Seconds from the moment a round opens.")
     max_frame_bytes: int = Field(64 << 20, ge=MIN_FRAME_BYTES)
     max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
+    require_run_binding: bool = Field(
+        False, description="Refuse update frames without a run-binding record (422 run_binding_missing). A frame "
+                           "that carries one is always checked: bound to another run or round, it is refused (422 "
+                           "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).")
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(

@@ -50,6 +50,8 @@ STATUS: dict[Reason, int] = {
     Reason.NOT_A_BUNDLE: 422,
     Reason.SENDER_MISMATCH: 422,
     Reason.ROUND_MISMATCH: 422,
+    Reason.RUN_BINDING_MISMATCH: 422,
+    Reason.RUN_BINDING_MISSING: 422,
     Reason.TENSOR_MISMATCH: 422,
     Reason.NON_FINITE: 422,
     Reason.NORM_TOO_LARGE: 422,

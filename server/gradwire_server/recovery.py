@@ -21,6 +21,7 @@ import time
 import torch
 
 from gradwire import read_frame
+from gradwire.binding import strip_binding
 from gradwire.state import state_hash
 
 from .aggregate import Update
@@ -67,7 +68,9 @@ class Recovery:
         out = []
         for sub in self.store.submissions_for(run_id, target_round):
             raw = self.store.read_submission(sub)
-            out.append((sub, Update(read_frame(raw), sub.weight, sub.norm, sub.node_id, raw, sub.sha256)))
+            # Without its run binding, as validation recorded it (docs/FORMAT.md section 10).
+            frame = strip_binding(read_frame(raw))
+            out.append((sub, Update(frame, sub.weight, sub.norm, sub.node_id, raw, sub.sha256)))
         return out
 
     def _load_state(self, rec: RunRecord, config: RunConfig) -> RunState:

@@ -144,7 +144,8 @@ class Submissions:
         t0 = time.perf_counter()
         frame, norm = validate_update(body, spec, node_id=node_id, round=round,
                                       max_frame_bytes=rt.config.max_frame_bytes,
-                                      max_update_norm=rt.config.max_update_norm, model_record=record)
+                                      max_update_norm=rt.config.max_update_norm, model_record=record,
+                                      run_id=rt.run_id, require_binding=rt.config.require_run_binding)
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)

@@ -1,7 +1,7 @@
 """Checking a submitted update frame completely before it may touch any aggregate.
 
 Order: structure and CRC (:func:`gradwire.read_frame` with the run's limits) → bundle, sender and round
-→ tensor names and shapes equal to the model's → every record decodes (in the codec's domain where it
+→ the run binding (docs/FORMAT.md section 10) → tensor names and shapes equal to the model's → every record decodes (in the codec's domain where it
 can: the DCT's norm parses and checks every section without a dense decode) → finite values → the
 update's L2 norm (float64, so finite values never read as infinite) under ``MAX_UPDATE_NORM`` (1e30, what
 a float32 sum holds safely) and the run's ceiling. Any failure raises :class:`Rejected` with the reason of
@@ -18,6 +18,7 @@ import torch
 from gradwire import FrameError, Limits, read_frame
 from gradwire.accumulate import entry_norm
 from gradwire.aggregation import MAX_UPDATE_NORM, update_norm
+from gradwire.binding import run_binding, split_binding
 from gradwire.frame import Entry, Frame
 
 from .errors import Reason, Rejected
@@ -46,6 +47,24 @@ def _record_norm(entry: Entry) -> float:
     return n
 
 
+def _check_binding(frame: Frame, run_id: Optional[str], round: int, required: bool) -> Frame:
+    """``frame`` without its run-binding record, once the binding is checked against ``run_id`` and ``round``."""
+    try:
+        rest, binding = split_binding(frame.entries)
+    except FrameError as exc:
+        raise Rejected(Reason.BAD_FRAME, str(exc)) from None
+    if binding is None:
+        if required and run_id is not None:
+            raise Rejected(Reason.RUN_BINDING_MISSING, "this run takes only frames bound to it: add the record "
+                                                       "'@run:<binding>' (docs/FORMAT.md section 10)")
+        return frame
+    if run_id is not None and binding != run_binding(run_id, round):
+        raise Rejected(Reason.RUN_BINDING_MISMATCH, f"the frame is bound to another run or round (@run:{binding}), "
+                                                    f"not to run {run_id!r} round {round}: a frame is taken only by "
+                                                    "the run and round it was made for")
+    return Frame(round=frame.round, sender=frame.sender, bundle=frame.bundle, entries=rest)
+
+
 def validate_update(
     body: bytes,
     spec: ModelSpec,
@@ -55,16 +74,23 @@ def validate_update(
     max_frame_bytes: int,
     max_update_norm: Optional[float],
     model_record: Optional[str] = None,
+    run_id: Optional[str] = None,
+    require_binding: bool = False,
 ) -> tuple[Frame, float]:
     """The parsed frame and its L2 norm, or :class:`Rejected` naming what is wrong.
 
     ``model_record``: the name of the run's model record (runs with ``model_record``); the frame must then
     hold exactly that one record, 1-D float32 of the model's element count, instead of a record per tensor.
+
+    ``run_id``: the run the frame was sent to. A frame's run-binding record (docs/FORMAT.md section 10) must
+    name this run and ``round`` (``run_binding_mismatch``); a frame without one is refused only with
+    ``require_binding`` (``run_binding_missing``). The frame returned holds the tensor records only.
     """
     max_elems = max((math.prod(s) for s in spec.values()), default=1)
     if model_record is not None:
         max_elems = sum(math.prod(s) for s in spec.values())
-    limits = Limits(max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)),
+    # One record more than the model's tensors: the run binding.
+    limits = Limits(max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)) + 1,
                     max_tensor_elements=max(1, max_elems))
     try:
         frame = read_frame(body, limits=limits)
@@ -76,6 +102,7 @@ def validate_update(
         raise Rejected(Reason.SENDER_MISMATCH, f"frame sender {frame.sender} is not this token's node {node_id}")
     if frame.round != round:
         raise Rejected(Reason.ROUND_MISMATCH, f"frame round {frame.round} differs from the URL's round {round}")
+    frame = _check_binding(frame, run_id, round, require_binding)
     got = {e.name: tuple(e.shape) for e in frame.entries}
     if model_record is not None:
         want = {model_record: (max_elems,)}

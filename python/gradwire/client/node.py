@@ -17,7 +17,8 @@ import torch
 
 from ..algorithms import DEFAULT_ALGORITHM, Algorithm, NodeSide, get_algorithm
 from ..codecs.base import Codec
-from ..frame import decode_bundle, write_frame
+from ..binding import binding_entry, strip_binding
+from ..frame import decode_bundle, read_frame, write_frame
 from ..model_record import ModelSpec, model_record_codec, run_spec
 from ..protocol import Reason
 from ..published import apply_mean
@@ -220,7 +221,9 @@ class Node:
         records = self.side.records(grads)
         if records is None:  # a step that sends nothing (SparseLoCo's local steps)
             return self.version
-        frame = write_frame(records, round=round_, sender=self.node_id, bundle=True)
+        # Bound to this run and round (docs/FORMAT.md section 10): no other run, or round, takes it verbatim.
+        frame = write_frame([*records, binding_entry(self.run_id, round_)], round=round_, sender=self.node_id,
+                            bundle=True)
         return self._submit_and_advance(round_, frame)
 
     def _submit_and_advance(self, round_: int, frame: bytes) -> int:
@@ -235,7 +238,7 @@ class Node:
             if isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
                 raise
             self.rounds_missed += 1
-            self.side.take_back(decode_bundle(frame))
+            self.side.take_back(decode_bundle(strip_binding(read_frame(frame))))
         self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:

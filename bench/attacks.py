@@ -1,0 +1,349 @@
+"""Rogue nodes against every training mode, through a real server: held-out loss against the clean run.
+
+``python -m bench.attacks [--rounds 30] [--modes ...] [--attacks ...] [--rules bounded_mean mean ...]``
+
+A real ``gradwire_server`` on loopback (:class:`gradwire_server.launcher.LoopbackServer`) and four real
+:class:`gradwire.client.Node` clients on threads train a small MLP on a regression task, each node on its
+own data stream. One node of the four (25 %) is rogue: it trains like the others (its replica follows the
+published versions and passes the weights-hash check), but what it submits is replaced by an attack on
+the frame it would have sent:
+
+- ``x1000``, ``x1e15``: its update scaled by 1000 or 1e15 (decoded, scaled, re-encoded with the run's
+  uplink codec: finite values, a valid frame);
+- ``flip``: its update with the sign flipped; ``flip_x1e15``: flipped and scaled by 1e15;
+- ``ef_poison``: ±1e6 times its update, alternating each round (what a server-side error feedback would
+  remember, and a momentum would carry);
+- ``copy``: an honest node's frame of the same round, resubmitted as its own (header rewritten: the
+  verbatim frame is refused as ``sender_mismatch``; its run binding is that of this run and round);
+- ``replay``: an honest node's frame of the previous round, resubmitted as its own in this one, header
+  rewritten and bound again to this round (as only a token holder of the run can);
+- ``other_run``: the frame its own node id sent in the same round of another run (same mode and rule,
+  trained on the opposite task), verbatim: refused (``run_binding_mismatch``: docs/FORMAT.md section 10).
+
+A refused frame is counted, and the node then submits its honest frame so the round still closes.
+
+Modes: ``adamw`` (the server's AdamW, compressed diff published), ``demo`` and ``sparseloco`` publishing
+the node frames verbatim (``publish="frames"``), and ``demo/agg`` and ``sparseloco/agg``: the re-encoded
+downlink (``publish="aggregate"``, the server's error feedback). Each row: the held-out loss of the run's
+final weights (the server's), the clean run's (same mode, same rule), their ratio, and the largest
+|value| any published version carried (for ``adamw`` the decoded weight diff, for the others the
+aggregate every node applies), against the clean run's. The rule ``default`` is the run's default rule
+(``bounded_mean``).
+
+The whole default table (5 modes × 8 attacks × 2 rules, 30 rounds) runs in a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+import gradwire
+from gradwire.client import GradwireClient, Node
+from gradwire.client.errors import GradwireHTTPError
+from gradwire.binding import binding_entry, strip_binding
+from gradwire.frame import decode_bundle, read_frame, write_frame
+from gradwire_server.launcher import LoopbackServer
+
+#: The uplink codec of every mode: a DCT top-k on flat chunks of 64, small enough for this model.
+CODEC = {"chunk_shape": [64], "topk": 16}
+N_NODES = 4
+ROGUE = N_NODES  # node ids count from 1: the last node is the rogue one (25 %)
+HONEST_SOURCE = 1  # whose frames ``copy`` and ``replay`` resubmit
+
+#: Each mode's run config (the rule is added per row); quorum = every node, so every round has the rogue.
+MODES: dict[str, dict] = {
+    "adamw": {"algorithm": "adamw", "optimizer": {"lr": 1e-2, "weight_decay": 0.0},
+              "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 32}}},
+    "demo": {"algorithm": "demo", "publish": "frames", "demo": {"lr": 1e-2, "beta": 0.9}},
+    "demo/agg": {"algorithm": "demo", "publish": "aggregate", "demo": {"lr": 1e-2, "beta": 0.9},
+                 "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}}},
+    "sparseloco": {"algorithm": "sparseloco", "publish": "frames",
+                   "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}}},
+    "sparseloco/agg": {"algorithm": "sparseloco", "publish": "aggregate",
+                       "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}},
+                       "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}}},
+}
+ATTACKS = ("clean", "x1000", "x1e15", "flip", "flip_x1e15", "ef_poison", "copy", "replay", "other_run")
+
+
+def model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def batch(stream: int, step: int, size: int = 128, task: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A regression batch: ``y`` a fixed nonlinear function of ``x`` (times ``task``: ``-1`` is the other
+    run's task, whose frames ``other_run`` replays); streams are seeded apart."""
+    g = torch.Generator().manual_seed(7919 * stream + step)
+    x = torch.randn(size, 16, generator=g)
+    return x, task * (torch.tanh(x[:, :4]) * 0.8 - 0.5 * x[:, 4:8])
+
+
+HELD_OUT = batch(10_000, 0, size=1024)
+
+
+def held_out_loss(state: dict[str, torch.Tensor]) -> float:
+    m = model()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(state[name])
+        x, y = HELD_OUT
+        return float(((m(x) - y) ** 2).mean())
+
+
+# -- the rogue node ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Frames:
+    """Every frame a run's nodes submitted, by (round, node id), for ``copy``, ``replay`` and ``other_run``."""
+
+    by_key: dict[tuple[int, int], tuple[bytes, dict]] = field(default_factory=dict)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def put(self, round_: int, node_id: int, frame: bytes, headers: dict) -> None:
+        with self.cond:
+            self.by_key[(round_, node_id)] = (frame, headers)
+            self.cond.notify_all()
+
+    def wait(self, round_: int, node_id: int, timeout: float = 30.0) -> Optional[bytes]:
+        with self.cond:
+            self.cond.wait_for(lambda: (round_, node_id) in self.by_key, timeout=timeout)
+            got = self.by_key.get((round_, node_id))
+            return None if got is None else got[0]
+
+
+def rewrite(frame: bytes, round_: int, sender: int, rebind: Optional[str] = None) -> bytes:
+    """``frame``'s records under a new header (round, sender) and a fresh CRC: a valid frame. Its run
+    binding is kept, or with ``rebind`` (a run id) replaced by that run's binding for ``round_``."""
+    f = read_frame(frame)
+    entries = f.entries if rebind is None else [*strip_binding(f).entries, binding_entry(rebind, round_)]
+    return write_frame(entries, round=round_, sender=sender, bundle=True)
+
+
+def scaled(frame: bytes, factor: float, round_: int, sender: int, run_id: str) -> bytes:
+    """``frame`` decoded, multiplied by ``factor``, re-encoded with the uplink codec (finite values) and
+    bound to ``run_id`` (the rogue holds a token of the run: it binds its frames as a node does)."""
+    update = decode_bundle(strip_binding(read_frame(frame)))
+    entries = [gradwire.DCTCodec(**CODEC).compress(t * factor, n)[0] for n, t in update.items()]
+    return write_frame([*entries, binding_entry(run_id, round_)], round=round_, sender=sender, bundle=True)
+
+
+class RunNode(Node):
+    """A real :class:`Node` whose submitted frame goes through ``attack`` (the rogue) or is only recorded
+    (the honest nodes)."""
+
+    def __init__(self, *args, frames: Frames, attack: Optional[Callable[["RunNode", int, bytes], bytes]] = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.frames = frames
+        self.attack = attack
+        self.refused: list[str] = []
+
+    def _submit_and_advance(self, round_: int, frame: bytes) -> int:
+        self.frames.put(round_, self.node_id, frame, {})
+        if self.attack is not None:
+            bad = self.attack(self, round_, frame)
+            if bad is not None and bad is not frame:
+                try:
+                    self._submit_raw(round_, bad)
+                except GradwireHTTPError as exc:  # refused: count it, and send the honest frame instead
+                    self.refused.append(getattr(exc, "error", None) or str(exc.status_code))
+                else:
+                    return self._advance(round_)
+        return super()._submit_and_advance(round_, frame)
+
+    def _submit_raw(self, round_: int, frame: bytes, headers: Optional[dict] = None) -> None:
+        self.client.submit(self.run_id, round_, frame)
+
+    def _advance(self, round_: int) -> int:
+        deadline = time.monotonic() + 120
+        while self.version <= round_:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"round {round_} not published")
+            self.catch_up(wait=10)
+        return self.version
+
+
+def attack_fn(name: str, donor: Optional[Frames]) -> Optional[Callable[[RunNode, int, bytes], Optional[bytes]]]:
+    """The rogue node's frame for ``name`` (``None``: no rogue)."""
+    if name == "clean":
+        return None
+    if name in ("x1000", "x1e15", "flip", "flip_x1e15"):
+        factor = {"x1000": 1e3, "x1e15": 1e15, "flip": -1.0, "flip_x1e15": -1e15}[name]
+        return lambda node, rnd, frame: scaled(frame, factor, rnd, node.node_id, node.run_id)
+    if name == "ef_poison":
+        return lambda node, rnd, frame: scaled(frame, 1e6 if rnd % 2 == 0 else -1e6, rnd, node.node_id, node.run_id)
+    if name == "copy":
+        def copy(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+            theirs = node.frames.wait(rnd, HONEST_SOURCE)
+            return None if theirs is None else rewrite(theirs, rnd, node.node_id)
+        return copy
+    if name == "replay":
+        def replay(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+            old = node.frames.by_key.get((rnd - 1, HONEST_SOURCE))
+            return None if old is None else rewrite(old[0], rnd, node.node_id, rebind=node.run_id)
+        return replay
+    if name == "other_run":
+        def other_run(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+            if donor is None:
+                return None
+            got = donor.by_key.get((rnd, node.node_id))
+            return None if got is None else got[0]
+        return other_run
+    raise ValueError(f"unknown attack {name!r}; known: {', '.join(ATTACKS)}")
+
+
+# -- one run ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    mode: str
+    attack: str
+    rule: str
+    held_out: float
+    max_published: float
+    max_weight: float
+    versions: int
+    refused: list[str]
+    frames: Frames
+    warnings: list[str]
+    seconds: float
+
+
+def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
+    """The largest |value| any version of the run published (non-finite values read as ``inf``)."""
+    worst = 0.0
+    if diff:
+        tensors = [decode_bundle(f) for f in admin.updates(run_id, 0).frames]
+    else:
+        tensors = [v.mean() for v in admin.published(run_id, 0).versions]
+    for update in tensors:
+        for t in update.values():
+            if not bool(torch.isfinite(t).all()):
+                return math.inf
+            worst = max(worst, float(t.abs().max()) if t.numel() else 0.0)
+    return worst
+
+
+def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: int,
+            donor: Optional[Frames] = None, task: float = 1.0) -> Outcome:
+    """One run of ``mode`` under ``rule`` (``"default"``: the run's default) with ``attack``, ``rounds``
+    versions long; the rogue is node :data:`ROGUE`."""
+    t0 = time.perf_counter()
+    config = dict(MODES[mode], quorum=N_NODES, uplink={"codec": "dct", "params": CODEC})
+    if rule != "default":
+        config["aggregation"] = {"rule": rule}
+    admin = GradwireClient(server.url, server.admin_token, timeout=60)
+    run_id = admin.create_run(config)
+    admin.put_state(run_id, {n: p.detach() for n, p in model().named_parameters()})
+    frames = Frames()
+    nodes: list[RunNode] = []
+    for _ in range(N_NODES):
+        node_id, token = admin.register_node(run_id)
+        fn = attack_fn(attack, donor) if node_id == ROGUE else None
+        nodes.append(RunNode(GradwireClient(server.url, token, timeout=60), run_id, model(), gradwire.DCTCodec(**CODEC),
+                             node_id, wait=10, frames=frames, attack=fn))
+    sync_every = MODES[mode].get("sparseloco", {}).get("sync_every", 1)
+    steps = rounds * sync_every
+    errors: list[BaseException] = []
+
+    def train(node: RunNode) -> None:
+        try:
+            for step in range(steps):
+                node.module.zero_grad()
+                x, y = batch(node.node_id, step, task=task)
+                ((node.module(x) - y) ** 2).mean().backward()
+                node.step()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=train, args=(n,), daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    if errors:
+        raise RuntimeError(f"{mode}/{attack}/{rule}: a node failed: {errors[0]!r}") from errors[0]
+    state, version, _ = admin.state(run_id)
+    status = admin.status(run_id)
+    diff = MODES[mode]["algorithm"] == "adamw"
+    out = Outcome(mode, attack, rule, held_out_loss(state), published_max(admin, run_id, diff),
+                  max(float(t.abs().max()) for t in state.values()), version,
+                  [r for n in nodes for r in n.refused], frames, status.get("warnings", []),
+                  time.perf_counter() - t0)
+    for n in nodes:
+        n.client.close()
+    admin.close()
+    return out
+
+
+def run_table(modes: Sequence[str], attacks: Sequence[str], rules: Sequence[str], rounds: int,
+              server: Optional[LoopbackServer] = None,
+              report: Optional[Callable[[Outcome, Outcome], None]] = None) -> list[tuple[Outcome, Outcome]]:
+    """Every (mode, rule, attack): ``(attacked, clean)`` outcomes. The clean run of each mode and rule runs
+    first, and, for ``other_run``, a clean run of the opposite task (the donor of its frames)."""
+    own = server is None
+    server = server or LoopbackServer()
+    out: list[tuple[Outcome, Outcome]] = []
+    try:
+        server.start()
+        for mode in modes:
+            for rule in rules:
+                clean = run_one(server, mode, "clean", rule, rounds)
+                donor = run_one(server, mode, "clean", rule, rounds, task=-1.0) if "other_run" in attacks else None
+                for attack in attacks:
+                    got = clean if attack == "clean" else run_one(server, mode, attack, rule, rounds,
+                                                                  donor=None if donor is None else donor.frames)
+                    out.append((got, clean))
+                    if report is not None:
+                        report(got, clean)
+    finally:
+        if own:
+            server.close()
+    return out
+
+
+def ratio(got: Outcome, clean: Outcome) -> float:
+    return got.held_out / clean.held_out if clean.held_out > 0 else math.inf
+
+
+def row_text(got: Outcome, clean: Outcome) -> str:
+    pub = got.max_published / clean.max_published if clean.max_published > 0 else math.inf
+    refused = f"{len(got.refused)} ({', '.join(sorted(set(got.refused)))})" if got.refused else "0"
+    return (f"| {got.mode} | {got.rule} | {got.attack} | {got.held_out:.4f} | {clean.held_out:.4f} | "
+            f"{ratio(got, clean):.3f} | {got.max_published:.3g} | {pub:.3g} | {refused} | {got.seconds:.1f} |")
+
+
+HEADER = ("| mode | rule | attack | held-out loss | clean | ratio | max abs published | vs clean | refused | s |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=30, help="versions per run")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    p.add_argument("--rules", nargs="+", default=["default", "mean"],
+                   help="'default' (the run's default, bounded_mean) and/or rule names")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    print(f"{N_NODES} nodes, 1 rogue (node {ROGUE}), {args.rounds} versions per run, quorum {N_NODES}; "
+          f"ratio = held-out loss / the clean run's (same mode and rule); the bound: ratio <= 1.05\n")
+    print(HEADER, flush=True)
+    run_table(args.modes, args.attacks, args.rules, args.rounds,
+              report=lambda got, clean: print(row_text(got, clean), flush=True))
+    print(f"\n{time.perf_counter() - t0:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
