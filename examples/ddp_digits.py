@@ -31,10 +31,10 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 import gradwire.torch as gt
 from gradwire_apps.demo.tasks import digits_mlp, evaluate, load_digits
+from gradwire_apps.progress import progress
 
 app = typer.Typer(add_completion=False)
 
@@ -115,7 +115,7 @@ def train(rank: int, world: int, cfg: dict) -> dict:
     g = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
     losses = []
     start = time.perf_counter()
-    for _ in tqdm(range(cfg["steps"]), desc=f"{cfg['label']} rank {rank}", disable=rank != 0, leave=False):
+    for _ in progress(range(cfg["steps"]), desc=f"{cfg['label']} rank {rank}", unit="step", enabled=rank == 0, leave=False):
         loss = task.loss(net, cfg["batch_size"], g)
         opt.zero_grad()
         loss.backward()
