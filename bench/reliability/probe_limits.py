@@ -54,12 +54,15 @@ def probes(quick: bool) -> list[Row]:
             base = _metric(c, "gradwire_stored_bytes")
             t0 = time.perf_counter()
             made = []
+            tiny = state_to_bytes({"w": torch.zeros(64, 64)})  # each run gets files: a 16 KiB state
             while True:
                 r = c.post("/v1/runs", json={}, headers=admin)
                 if r.status_code != 201:
                     break
                 made.append(r.json()["run_id"])
+                c.put(f"/v1/runs/{made[-1]}/state", content=tiny, headers=admin)
             grown = _metric(c, "gradwire_stored_bytes") - base
+            runs_dir = Path(tmp) / "data" / "runs"
             rows.append(Row(f"create runs until refused (max_runs={runs_cap})",
                             f"{runs_cap} created, then 409 limit_reached naming max_runs",
                             f"{len(made)} created in {time.perf_counter() - t0:.1f} s (+{grown / 1e6:.2f} MB stored), "
@@ -68,10 +71,12 @@ def probes(quick: bool) -> list[Row]:
             t0 = time.perf_counter()
             deleted = sum(c.delete(f"/v1/runs/{run}", headers=admin).status_code == 204 for run in made[1:])
             left = _metric(c, "gradwire_stored_bytes") - base
-            rows.append(Row(f"delete {len(made) - 1} runs (admin)", "every one 204, their bytes back (runs' files "
-                            "and rows; SQLite keeps its freed pages)", f"{deleted} deleted in "
-                            f"{time.perf_counter() - t0:.1f} s, stored bytes +{left / 1e6:.2f} MB over the start",
-                            deleted == len(made) - 1))
+            dirs = sorted(d.name for d in runs_dir.iterdir())
+            rows.append(Row(f"delete {len(made) - 1} runs (admin)", "every one 204, their directories gone (the "
+                            "database keeps its freed pages for reuse)", f"{deleted} deleted in "
+                            f"{time.perf_counter() - t0:.1f} s, {len(dirs)} run directory left; stored bytes "
+                            f"+{left / 1e6:.2f} MB over the start (database and WAL)",
+                            deleted == len(made) - 1 and dirs == [made[0]]))
 
             run = made[0]
             tokens = []
