@@ -154,3 +154,32 @@ def test_a_store_of_the_previous_schema_is_migrated_in_place(tmp_path):
     reopened = Store(tmp_path)  # migrated once: opening again changes nothing
     assert [(n.node_id, n.revoked_at is not None) for n in reopened.list_nodes("r1")] == [(1, True), (2, False)]
     reopened.close()
+
+
+def test_the_client_speaks_the_admin_endpoints(capped):
+    from gradwire.client import AuthError, ConflictError, GradwireClient, NotFoundError
+
+    server, _ = capped
+    with GradwireClient(server.url, server.admin_token) as admin:
+        run_id = admin.create_run({"quorum": 1})
+        admin.put_state(run_id, {"w": torch.zeros(4, 4)})
+        node_id, token = admin.register_node(run_id, "n")
+        assert admin.pause_run(run_id)["status"] == "paused"
+        with GradwireClient(server.url, token, retries=0) as node:
+            with pytest.raises(ConflictError, match="run_paused"):
+                node.submit(run_id, 0, dense_frame({"w": torch.ones(4, 4)}, 0, node_id))
+        assert admin.resume_run(run_id)["status"] == "active"
+        new = admin.replace_token(run_id, node_id)
+        with GradwireClient(server.url, token, retries=0) as old:
+            with pytest.raises(AuthError, match="invalid_token"):
+                old.status(run_id)
+        admin.revoke_token(run_id, node_id)
+        assert [(n["node_id"], n["name"], n["token"]) for n in admin.nodes(run_id)] == [(node_id, "n", "revoked")]
+        with GradwireClient(server.url, new, retries=0) as revoked:
+            with pytest.raises(AuthError):
+                revoked.status(run_id)
+        admin.delete_node(run_id, node_id)
+        assert admin.nodes(run_id) == []
+        admin.delete_run(run_id)
+        with pytest.raises(NotFoundError, match="unknown_run"):
+            admin.status(run_id)

@@ -234,8 +234,37 @@ class GradwireClient:
         return int(body["node_id"]), str(body["token"])
 
     def status(self, run_id: str) -> dict:
-        """``GET /v1/runs/{run_id}``: version, open round, weights hash, submissions, config."""
+        """``GET /v1/runs/{run_id}``: version, open round, weights hash, status, submissions, config."""
         return self._request("GET", f"{API_PREFIX}/runs/{run_id}", idempotent=True).json()
+
+    def pause_run(self, run_id: str) -> dict:
+        """``POST /v1/runs/{run_id}/pause``: no round closes, updates refused; returns the run's status."""
+        return self._request("POST", f"{API_PREFIX}/runs/{run_id}/pause", idempotent=True).json()
+
+    def resume_run(self, run_id: str) -> dict:
+        """``POST /v1/runs/{run_id}/resume``: a paused or failed run takes updates again; returns its status."""
+        return self._request("POST", f"{API_PREFIX}/runs/{run_id}/resume", idempotent=True).json()
+
+    def delete_run(self, run_id: str) -> None:
+        """``DELETE /v1/runs/{run_id}``: the run, its nodes and its files."""
+        self._request("DELETE", f"{API_PREFIX}/runs/{run_id}", idempotent=False)
+
+    def nodes(self, run_id: str) -> list[dict]:
+        """``GET /v1/runs/{run_id}/nodes``: ``[{"node_id", "name", "created_at", "token": "active" | "revoked"}]``."""
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=True).json()
+
+    def replace_token(self, run_id: str, node_id: int) -> str:
+        """``POST /v1/runs/{run_id}/nodes/{node_id}/token``: a new token (shown once); the old one stops working."""
+        body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes/{int(node_id)}/token", idempotent=False).json()
+        return str(body["token"])
+
+    def revoke_token(self, run_id: str, node_id: int) -> None:
+        """``DELETE /v1/runs/{run_id}/nodes/{node_id}/token``: the node's token stops working."""
+        self._request("DELETE", f"{API_PREFIX}/runs/{run_id}/nodes/{int(node_id)}/token", idempotent=True)
+
+    def delete_node(self, run_id: str, node_id: int) -> None:
+        """``DELETE /v1/runs/{run_id}/nodes/{node_id}``: the node goes; its id is never given again."""
+        self._request("DELETE", f"{API_PREFIX}/runs/{run_id}/nodes/{int(node_id)}", idempotent=False)
 
     # -- rounds (node) ---------------------------------------------------------------------------
 
