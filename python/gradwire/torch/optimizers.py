@@ -349,7 +349,10 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
 
     After ``backward()``, :meth:`step` adds ``lr·grad`` to each parameter's decayed momentum
     (``beta``), encodes the momenta with ``codec`` (default :func:`gradwire.algorithms.default_demo_codec`:
-    ≥ 300× fewer bytes than fp32 per step on large 2-D weights), subtracts what it sent, all-gathers
+    32 coefficients per chunk, ≥ 300× fewer bytes than fp32 per step on 2-D weights cut into full 64×64
+    tiles; a model whose chunks are smaller gets less — GPT-2's 50,257-row embedding has 29×64 tiles and
+    the 6.8 M model ≈ 190× per tensor, ≈ 335× with ``model_record=True``: bench/gpt2_bytes.py,
+    docs/RECIPES.md), subtracts what it sent, all-gathers
     the frames, averages them exactly and applies ``−lr·sign(mean)`` plus decoupled weight decay
     (``p *= 1 − lr·weight_decay``). ``lr`` and ``weight_decay`` are read from each param group at every
     step, so LR schedulers work. A parameter whose ``grad`` is ``None`` counts as a zero gradient (every
