@@ -93,6 +93,8 @@ def test_a_full_database_is_507_logged_once_and_recovers(tmp_path, caplog):
                 assert _is_json_507(r), (r.status_code, r.text)
                 assert "database or disk is full" in r.json()["detail"]
             assert run.status()["submitted"] == 1 and run.status()["nodes"] == 2
+            # The refused update's frame, written before its commit failed, is gone: its space is wanted.
+            assert len(list((tmp_path / "runs" / run.run_id / "submissions").iterdir())) == 1
             r = client.get("/readyz")
             assert r.status_code == 503 and r.json()["status"] == "storage_failing"
             assert metric(client, "gradwire_store_writable") == 0

@@ -646,6 +646,11 @@ class Store:
                        (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
                         rec.norm, rec.received_at)) for rec in recs])
 
+    def discard_submissions(self, recs: Sequence[SubmissionRecord]) -> None:
+        """Remove the frames of updates whose commit failed (they have no row; a restart would prune them)."""
+        for rec in recs:
+            self._remove(self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256))
+
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
         """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
         aggregated in."""

@@ -26,7 +26,7 @@ from typing import Optional
 from gradwire.model_record import run_spec
 
 from .aggregate import Update
-from .errors import Reason, Rejected
+from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
@@ -208,6 +208,9 @@ class Submissions:
                 # is committed as usual.
                 if not isinstance(exc, Rejected):
                     log.exception("run %s: committing %d update(s) failed", rt.run_id, len(recs))
+                if isinstance(exc, StorageFailed):
+                    # Their frames have no row and never will: on a full disk their space is wanted now.
+                    await asyncio.to_thread(self.store.discard_submissions, recs)
                 for s in [*accepted.values(), *duplicates]:
                     s.answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError("commit interrupted"))
                 if not isinstance(exc, Exception):
