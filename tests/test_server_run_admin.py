@@ -110,3 +110,28 @@ def test_pause_resume_and_delete_a_run(tmp_path):
     with TestClient(create_app(settings)) as client:
         other.client = client
         assert other.status()["status"] == "paused" and other.status()["version"] == 1
+
+
+def test_a_run_that_cannot_be_recovered_is_failed_and_the_others_start(tmp_path):
+    settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN)
+    with TestClient(create_app(settings)) as client:
+        broken = make_run(client, ADMIN, n_nodes=1)
+        fine = make_run(client, ADMIN, n_nodes=1)
+    weights = next((tmp_path / "runs" / broken.run_id / "weights").iterdir())
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-4] + b"\x00\x00\x80\x7f")  # its checkpoint no longer matches its hash
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/readyz").json()["runs"] == {"active": 1, "paused": 0, "failed": 1}
+        broken.client = fine.client = client
+        st = broken.status()
+        assert st["status"] == "failed" and "does not match its hash" in st["status_detail"]
+        r = broken.submit(broken.nodes[0], 0, dense_frame(random_grads(1), 0, 1))
+        assert (r.status_code, r.json()["error"]) == (409, "run_failed")
+        r = client.post(broken.url("/resume"), headers=broken.admin)
+        assert (r.status_code, r.json()["error"]) == (409, "run_failed")  # still broken
+        assert fine.submit(fine.nodes[0], 0, dense_frame(random_grads(1), 0, 1)).status_code == 202
+        fine.wait_version(1)
+        weights.write_bytes(good)
+        assert client.post(broken.url("/resume"), headers=broken.admin).json()["status"] == "active"
+        assert broken.submit(broken.nodes[0], 0, dense_frame(random_grads(1), 0, 1)).status_code == 202
+        broken.wait_version(1)

@@ -44,7 +44,7 @@ from .metrics import Metrics
 from .recovery import Recovery
 from .runtime import RunRuntime
 from .settings import ServerSettings
-from .store import Store
+from .store import RunRecord, Store
 from .submissions import Submissions
 from .transition import RunState
 
@@ -76,13 +76,30 @@ class RoundEngine:
         for orphan in await asyncio.to_thread(self.store.remove_orphans):
             log.warning("removed the files of run %s, deleted before the server stopped", orphan)
         for rec in await asyncio.to_thread(self.store.list_runs):
-            rt = await asyncio.to_thread(self._recovery.recover, rec.run_id)
+            rt = await self._recover(rec)
             self.runs[rt.run_id] = rt
             self._driver.start(rt)
             log.info("recovered run %s at version %d with %d acknowledged update(s) in round %d",
                      rt.run_id, rt.version, len(rt.pending), rt.version)
             if rt.status != "active":
                 log.warning("run %s is %s%s", rt.run_id, rt.status, f": {rt.status_detail}" if rt.status_detail else "")
+
+    async def _recover(self, rec: RunRecord) -> RunRuntime:
+        """``rec``'s runtime from the store; a run that cannot be recovered (a checkpoint that does not match
+        its hash, a replay that fails) is marked failed, in memory, with the cause, and the others start:
+        one broken run does not keep the server down. Resuming it tries again."""
+        try:
+            return await asyncio.to_thread(self._recovery.recover, rec.run_id)
+        except Exception as exc:
+            detail = f"recovering it failed: {type(exc).__name__}: {exc}"
+            log.error("run %s: %s; it is marked failed (resume it once the cause is fixed, or delete it)",
+                      rec.run_id, detail, exc_info=exc)
+            try:
+                config = RunConfig.model_validate(rec.config)
+            except ValueError:
+                config = RunConfig()  # a config this server cannot read: the status still answers
+            return RunRuntime(run_id=rec.run_id, config=config, version=rec.version, weights_hash=rec.weights_hash,
+                              opened_at=rec.round_opened_at, status="failed", status_detail=detail)
 
     async def stop(self) -> None:
         """Stop the drivers after any round close in flight has finished (its commit is never cut)."""
@@ -238,6 +255,15 @@ class RoundEngine:
         run's round close is tried again at once) a run; persisted, so a restart keeps it."""
         assert status in ("active", "paused")
         rt = self.runtime(run_id)
+        if rt.state is None and status == "active" and (rec := await asyncio.to_thread(self.store.get_run, run_id)).has_state:
+            # Its recovery failed at startup: try it again (its driver waits on the old runtime).
+            fresh = await self._recover(rec)
+            if fresh.state is None:
+                raise Rejected(Reason.RUN_FAILED, f"run {run_id} still cannot be recovered: {fresh.status_detail}")
+            rt.deleted = True  # the stale runtime's driver ends
+            await self._driver.stop_run(rt)
+            rt = self.runs[run_id] = fresh
+            self._driver.start(rt)
         async with rt.lock:  # after a round close in flight
             before, detail = rt.status, rt.status_detail
             await asyncio.to_thread(self.store.set_run_status, run_id, status, None)
