@@ -18,7 +18,7 @@ from fastapi import Request
 
 from .errors import Reason, Rejected
 
-__all__ = ["Principal", "hash_token", "new_token", "principal"]
+__all__ = ["Principal", "admin", "hash_token", "new_token", "principal"]
 
 
 def new_token() -> str:
@@ -80,3 +80,15 @@ async def principal(request: Request) -> Principal:
     if node is None:
         raise Rejected(Reason.INVALID_TOKEN, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
     return Principal(admin=False, run_id=node.run_id, node_id=node.node_id)
+
+
+async def admin(request: Request) -> Principal:
+    """FastAPI dependency of the admin endpoints: the token (401), the run of the path if it has one (404),
+    then the admin (403) — docs/API.md's order — all before the request's body and parameters are
+    validated, so a node's token gets 403 whatever it sent."""
+    who = await principal(request)
+    run_id = request.path_params.get("run_id")
+    if run_id is not None:
+        request.app.state.server.engine.runtime(run_id)
+    who.require_admin()
+    return who

@@ -13,10 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from gradwire.protocol import Reason
 
+from .auth import admin, principal
 from .errors import Rejected
+from .routes.common import ERROR
 
 __all__ = ["STATUS", "install_error_handlers"]
 
@@ -78,10 +81,78 @@ def install_error_handlers(app: FastAPI, reject: Callable[[str, bool], None]) ->
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
+        # The checks before the request itself come first (docs/API.md): FastAPI parses a JSON body before
+        # it runs a route's dependencies, so a body that is not JSON reaches here without them.
+        try:
+            await _auth_dependencies(request)
+        except Rejected as refused:
+            return await _rejected(request, refused)
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return answer(request, STATUS[Reason.INVALID_REQUEST], Reason.INVALID_REQUEST.value, detail)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(exc.status_code, Reason.HTTP_ERROR)
-        return answer(request, exc.status_code, reason.value, str(exc.detail))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            # RFC 9110: `Allow` lists every method of the resource; Starlette's lists only the first route
+            # of the path's, and a path such as /v1/runs/{run_id} has a route per method.
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return answer(request, exc.status_code, reason.value, str(exc.detail), headers)
+
+    _document_errors(app)
+
+
+#: The dependencies that authenticate and authorize (401, 404 for the run, 403): run before a 422.
+_AUTH_DEPENDENCIES = (admin, principal)
+
+
+async def _auth_dependencies(request: Request) -> None:
+    """Run the matched route's authentication dependencies (they raise ``Rejected``)."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    for dependency in getattr(dependant, "dependencies", ()):
+        if dependency.call in _AUTH_DEPENDENCIES:
+            await dependency.call(request)
+
+
+#: The methods a resource may have (HEAD comes with GET, as Starlette serves it).
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods that some route of the app fully matches at the request's path."""
+    allowed = [m for m in _METHODS
+               if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in request.app.router.routes)]
+    return allowed + (["HEAD"] if "GET" in allowed else [])
+
+
+#: The answers any request may get besides its operation's own (docs/API.md, Conventions).
+_COMMON_ERRORS = {
+    "400": "bad_request: an invalid Content-Length",
+    "422": "invalid_request: a parameter or JSON body that does not validate",
+}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """``/openapi.json`` declares, on every operation, the errors any request may get, in the JSON shape the
+    handlers above send: FastAPI's own 422 declaration is its ``HTTPValidationError``, which this server
+    never sends."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                responses = operation.setdefault("responses", {})
+                for status, description in _COMMON_ERRORS.items():
+                    declared = responses.get(status, {})
+                    responses[status] = {**ERROR, "description": declared.get("description", description)}
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        return schema
+
+    app.openapi = openapi

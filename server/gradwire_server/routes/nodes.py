@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from gradwire.protocol import API_PREFIX
 
-from ..auth import Principal, hash_token, new_token, principal
+from ..auth import Principal, admin, hash_token, new_token, principal
 from ..errors import Reason, Rejected
 from .common import ERROR, server
 
@@ -51,7 +51,7 @@ def _unknown_node(run_id: str, node_id: int) -> Rejected:
 @router.post("", status_code=201, response_model=NodeCreated, summary="Register a node (admin)",
              responses={401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, **_STORAGE})
 async def register_node(run_id: str, request: Request, body: Optional[NodeRequest] = None,
-                        who: Principal = Depends(principal)) -> NodeCreated:
+                        who: Principal = Depends(admin)) -> NodeCreated:
     ctx = _admin_of(run_id, request, who)
     token = new_token()
     node_id = await asyncio.to_thread(ctx.store.add_node, run_id, (body or NodeRequest()).name, hash_token(token),
@@ -72,7 +72,7 @@ async def list_nodes(run_id: str, request: Request, who: Principal = Depends(pri
              summary="A new token for a node (admin); its old token stops working at once",
              responses={401: ERROR, 403: ERROR, 404: ERROR, **_STORAGE})
 async def replace_token(run_id: str, request: Request, node_id: int = Path(ge=1),
-                        who: Principal = Depends(principal)) -> NodeCreated:
+                        who: Principal = Depends(admin)) -> NodeCreated:
     ctx = _admin_of(run_id, request, who)
     token = new_token()
     if not await asyncio.to_thread(ctx.store.set_node_token, run_id, node_id, hash_token(token)):
@@ -84,7 +84,7 @@ async def replace_token(run_id: str, request: Request, node_id: int = Path(ge=1)
                summary="Revoke a node's token (admin): 401 invalid_token from now on; the node stays registered",
                responses={401: ERROR, 403: ERROR, 404: ERROR, **_STORAGE})
 async def revoke_token(run_id: str, request: Request, node_id: int = Path(ge=1),
-                       who: Principal = Depends(principal)) -> Response:
+                       who: Principal = Depends(admin)) -> Response:
     ctx = _admin_of(run_id, request, who)
     if not await asyncio.to_thread(ctx.store.set_node_token, run_id, node_id, None):
         raise _unknown_node(run_id, node_id)
@@ -96,7 +96,7 @@ async def revoke_token(run_id: str, request: Request, node_id: int = Path(ge=1),
                        "it had acknowledged stay counted",
                responses={401: ERROR, 403: ERROR, 404: ERROR, **_STORAGE})
 async def delete_node(run_id: str, request: Request, node_id: int = Path(ge=1),
-                      who: Principal = Depends(principal)) -> Response:
+                      who: Principal = Depends(admin)) -> Response:
     ctx = _admin_of(run_id, request, who)
     if not await asyncio.to_thread(ctx.store.delete_node, run_id, node_id):
         raise _unknown_node(run_id, node_id)

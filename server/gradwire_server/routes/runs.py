@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from gradwire.protocol import API_PREFIX
 
-from ..auth import Principal, principal
+from ..auth import Principal, admin, principal
 from ..config import RunConfig
 from .common import ERROR, server
 
@@ -44,8 +44,7 @@ class RunStatus(BaseModel):
 @router.post("", status_code=201, response_model=RunCreated, summary="Create a run (admin)",
              responses={401: ERROR, 403: ERROR, 409: ERROR, 422: ERROR, 503: ERROR, 507: ERROR})
 async def create_run(request: Request, config: Optional[RunConfig] = None,
-                     who: Principal = Depends(principal)) -> RunCreated:
-    who.require_admin()
+                     who: Principal = Depends(admin)) -> RunCreated:
     ctx = server(request)
     config = config or RunConfig()
     if "max_frame_bytes" not in config.model_fields_set:
