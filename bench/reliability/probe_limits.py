@@ -1,6 +1,7 @@
 """Limits and secrets on a real server: the caps (runs, nodes per run, stored bytes), what runs cost on disk
 and get back when deleted, token revocation, tokens at rest (the database grepped for every token), the
-admin token out of the process's command line, /metrics without run ids."""
+admin token out of the process's command line, /metrics without run ids; and a run whose round close
+always fails (the issue's ``lr: 1e308``): marked failed, quiet, and still failed after a restart."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def probes(quick: bool) -> list[Row]:
         server = LoopbackServer(Path(tmp) / "data", admin_token=admin_token, log_path=Path(tmp) / "server.log",
                                 env={"GRADWIRE_ADMIN_TOKEN": "", "GRADWIRE_MAX_RUNS": str(runs_cap),
                                      "GRADWIRE_MAX_NODES_PER_RUN": "16",
-                                     "GRADWIRE_MAX_STORED_BYTES": str(48 << 20)},
+                                     "GRADWIRE_MAX_STORED_BYTES": str(48 << 20),
+                                     "GRADWIRE_CLOSE_RETRY_INITIAL_S": "0.2"},
                                 extra_args=["--admin-token-file", str(token_file)])
         admin = {"Authorization": f"Bearer {admin_token}"}
         with server, httpx.Client(base_url=server.url, timeout=60) as c:
@@ -129,6 +131,8 @@ def probes(quick: bool) -> list[Row]:
             text = c.get("/metrics").text
             ids = sum(run_id in text for run_id in [run, big])
             rows.append(Row("/metrics (no token) with 2 runs", "no run id", f"{ids} run ids", ids == 0))
+            c.delete(f"/v1/runs/{big}", headers=admin)
+            rows.append(_always_failing_close(server, c, admin))
         at_rest = b"".join(p.read_bytes() for p in (Path(tmp) / "data").glob("gradwire.sqlite3*"))
         found = sum(t.encode() in at_rest for t in [*tokens, admin_token])
         live = tokens[3:]  # node 1 revoked, node 2 deleted, node 3's first token replaced (the last one)
@@ -138,3 +142,35 @@ def probes(quick: bool) -> list[Row]:
                         f"{found} found; {hashed} of {len(live)} live tokens' hashes there",
                         found == 0 and hashed == len(live)))
     return rows
+
+
+def _always_failing_close(server: LoopbackServer, c: httpx.Client, admin: dict) -> Row:
+    import torch
+
+    from gradwire import IdentityCodec
+
+    run = c.post("/v1/runs", json={"optimizer": {"lr": 1e308}}, headers=admin).json()["run_id"]
+    c.put(f"/v1/runs/{run}/state", content=state_to_bytes({"w": torch.randn(8, 8)}), headers=admin)
+    node = c.post(f"/v1/runs/{run}/nodes", json={}, headers=admin).json()
+    before = server.log_path.read_text().count("\n")
+    t0 = time.monotonic()
+    frame = IdentityCodec().encode_bundle({"w": torch.randn(8, 8)}, round=0, sender=node["node_id"])
+    c.post(f"/v1/runs/{run}/rounds/0/updates", content=frame, headers={"Authorization": f"Bearer {node['token']}"})
+    while c.get(f"/v1/runs/{run}", headers=admin).json()["status"] != "failed" and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    failed_s = time.monotonic() - t0
+    time.sleep(3.0)  # no retry while failed
+    status = c.get(f"/v1/runs/{run}", headers=admin).json()
+    counted = _metric(c, 'gradwire_runs{status="failed"}')
+    server.restart()
+    time.sleep(2.0)
+    after = c.get(f"/v1/runs/{run}", headers=admin).json()["status"]
+    lines = [ln for ln in server.log_path.read_text().splitlines()[before:]
+             if run in ln and ("failed" in ln or "closing" in ln)]
+    return Row("a run whose close always fails (optimizer.lr 1e308, 1 node), retries from 0.2 s doubling",
+               "failed after 5 attempts with the cause in its status and gradwire_runs; ≤ 3 log lines "
+               "(failure, marked failed, status at restart); still failed after a restart, no retry",
+               f"failed after {failed_s:.1f} s: {status['status_detail'][:60]}…; gradwire_runs failed {counted:.0f}; "
+               f"{len(lines)} log lines; after restart {after}",
+               status["status"] == "failed" and "5 times" in status["status_detail"] and counted >= 1
+               and len(lines) <= 3 and after == "failed")
