@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-rust test-python wheel install dev bench reliability wan clean
+.PHONY: demo test test-rust test-python wheel install dev bench reliability wan fuzz fuzz-smoke fuzz-cmin clean
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -64,6 +64,22 @@ reliability: install
 # 2 shared cores. Writes docs/wan.md and docs/wan.png.
 wan: install
 	$(PY) bench/wan.py
+
+# The cargo-fuzz targets of rust/core/fuzz (rust/core/fuzz/fuzz.sh installs cargo-fuzz and a toolchain
+# if absent). `make fuzz`: every target for FUZZ_SECONDS (FUZZ_RUNS executions, if set, end it sooner),
+# results in rust/core/fuzz/results.json; `make fuzz-smoke`: a few seconds of each (CI); `make fuzz-cmin`:
+# what the runs found merged into the checked-in corpora, minimized.
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 3
+
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) rust/core/fuzz/fuzz.sh run
+
+fuzz-smoke:
+	FUZZ_SMOKE_SECONDS=$(FUZZ_SMOKE_SECONDS) rust/core/fuzz/fuzz.sh smoke
+
+fuzz-cmin:
+	rust/core/fuzz/fuzz.sh cmin
 
 clean:
 	rm -rf $(VENV) dist target

@@ -1,7 +1,8 @@
-//! rice_decode never panics nor over-allocates; what it accepts re-encodes to the same bytes.
+//! rice_decode (into a new vector or the caller's buffer) never panics nor over-allocates, both
+//! agree, and what it accepts re-encodes to the same bytes.
 #![no_main]
 
-use gradwire_core::{rice_decode, rice_encode};
+use gradwire_core::{rice_decode, rice_decode_into, rice_encode};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
@@ -13,7 +14,12 @@ fuzz_target!(|input: &[u8]| {
     let set_len = usize::from(*s0).max(1);
     let count = count - count % set_len;
     let universe = u64::from(u32::from_le_bytes([*u0, *u1, *u2, 0])) + 1;
-    if let Ok(idx) = rice_decode(data, count, set_len, universe, param) {
+    let decoded = rice_decode(data, count, set_len, universe, param);
+    let mut into = vec![0u32; count];
+    let into_ok = rice_decode_into(data, set_len, universe, param, &mut into).is_ok();
+    assert_eq!(into_ok, decoded.is_ok());
+    if let Ok(idx) = decoded {
+        assert_eq!(into, idx);
         assert_eq!(idx.len(), count);
         assert!(idx.iter().all(|&v| u64::from(v) < universe));
         assert_eq!(
