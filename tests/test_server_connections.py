@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from gradwire_server.launcher import LoopbackServer
+from gradwire_server.connections import FD_RESERVE
+from gradwire_server.launcher import LoopbackServer, ServerStartError, free_port
 from server_helpers import dct_frame, make_run, metric, random_grads
 
 ADMIN = "test-admin"
@@ -21,12 +24,41 @@ MIN_BODY_RATE = 2000
 MAX_CONNECTIONS = 24
 
 
+#: The soft open-files limit the module's server starts under: below what MAX_CONNECTIONS needs, so it
+#: must raise it (the hard limit allows that).
+SOFT_NOFILE = 200
+
+
+def limited_python(folder: Path, limit: str) -> str:
+    """A wrapper that starts this Python under ``ulimit <limit>`` (e.g. ``-Sn 200``)."""
+    path = folder / "python-limited"
+    path.write_text(f"#!/bin/bash\nulimit {limit} || exit 97\nexec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     args = ["--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
             "--min-body-rate", str(MIN_BODY_RATE), "--max-connections", str(MAX_CONNECTIONS)]
-    with LoopbackServer(tmp_path_factory.mktemp("connections"), admin_token=ADMIN, extra_args=args) as srv:
+    folder = tmp_path_factory.mktemp("connections")
+    with LoopbackServer(folder / "data", admin_token=ADMIN, extra_args=args,
+                        python=limited_python(folder, f"-Sn {SOFT_NOFILE}")) as srv:
         yield srv
+
+
+def test_the_open_files_limit_is_raised_only_as_far_as_the_connections_need(server):
+    soft = int(Path(f"/proc/{server.process.pid}/limits").read_text().split("Max open files")[1].split()[0])
+    assert soft == MAX_CONNECTIONS + FD_RESERVE
+    assert f"from {SOFT_NOFILE} to {MAX_CONNECTIONS + FD_RESERVE}" in server.log()
+
+
+def test_a_server_whose_hard_limit_cannot_hold_its_connections_refuses_to_start(tmp_path):
+    # max_connections 512 (the default) needs 768; a fixed port: no retry on another one.
+    srv = LoopbackServer(tmp_path / "data", admin_token=ADMIN, port=free_port(),
+                         python=limited_python(tmp_path, "-n 300"), ready_timeout_s=60)
+    with pytest.raises(ServerStartError, match="max_connections 512 needs 768 file descriptors"):
+        srv.start()
 
 
 @pytest.fixture

@@ -269,7 +269,8 @@ def probes(quick: bool) -> list[Row]:
                 f"without: {len(base)} answered, {len(base_failures)} failed, p50 {b50 * 1000:.0f} ms, p99 "
                 f"{b99 * 1000:.0f} ms; with: {len(latencies)} answered, {len(failures)} failed"
                 f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
-                f"(bound {bound * 1000:.0f} ms); {published} rounds published; {connects} slow connections made",
+                f"(bound {bound * 1000:.0f} ms); {published} rounds published; {connects} slow connections made; "
+                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
                 not failures and not base_failures and p99 <= bound and published > 0))
             bounds = {KINDS[0]: HEADER_TIMEOUT_S, KINDS[1]: HEADER_TIMEOUT_S, KINDS[2]: LINGER_S,
                       KINDS[3]: BODY_TIMEOUT_S}
