@@ -10,6 +10,7 @@ parameters unfrozen or frozen after the optimizer was built.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -217,3 +218,63 @@ def test_torch_compiled_model_trains_and_its_checkpoint_resumes_the_eager_model(
     resumed.load_state_dict(saved["opt"])
     assert resumed.steps == 2
     assert set(resumed.node.momenta) == set(opt.node.momenta)
+
+
+def _hf_gpt2(dtype: torch.dtype):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    # No dropout: its random draws would differ between the uninterrupted and the resumed run.
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=17, vocab_size=96, bos_token_id=0,
+                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config).to(dtype)
+
+
+def _hf_gpt2_run(rank: int, world: int) -> dict:
+    batches = token_batches(rank, 4)
+    out = {}
+    for which in ("demo", "sparseloco"):
+        def build(model):
+            if which == "demo":
+                return gt.DeMo(model.named_parameters(), lr=0.01, beta=0.9)
+            inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+            return gt.SparseLoCo(model.named_parameters(), inner, sync_every=SYNC_EVERY)
+
+        def train(model, opt, part):
+            for micros in part:
+                opt.zero_grad()
+                for seq in micros:
+                    (model(input_ids=seq, labels=seq).loss / len(micros)).backward()
+                opt.step()
+
+        runs = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            model = _hf_gpt2(dtype)
+            opt = build(model)
+            train(model, opt, batches)
+            runs[str(dtype)] = flat_parameters(model)
+        half = _hf_gpt2(torch.float32)
+        opt = build(half)
+        train(half, opt, batches[:2])
+        saved = checkpoint_roundtrip({"model": half.state_dict(), "opt": opt.state_dict()})
+        resumed = _hf_gpt2(torch.float32)
+        resumed.load_state_dict(saved["model"])
+        opt = build(resumed)
+        opt.load_state_dict(saved["opt"])
+        train(resumed, opt, batches[2:])
+        out[which] = dict(
+            tied=resumed.lm_head.weight is resumed.transformer.wte.weight,
+            identical={k: all_ranks_equal(v) for k, v in runs.items()},
+            resumed_equal=torch.equal(flat_parameters(resumed), runs["torch.float32"]),
+        )
+    return out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_transformers_gpt2_from_a_config_both_optimizers_bf16_and_resume():
+    for r in gt.spawn(_hf_gpt2_run, 2, ()):
+        for which in ("demo", "sparseloco"):
+            got = r[which]
+            assert got["tied"], got
+            assert all(got["identical"].values()), got
+            assert got["resumed_equal"], got

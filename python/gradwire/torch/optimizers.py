@@ -491,8 +491,12 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
 
     The outer step is SGD with learning rate ``outer_lr``; ``outer_momentum`` (and ``nesterov``) add
     momentum — DiLoCo's recipe is ``outer_lr=0.7, outer_momentum=0.9, nesterov=True``.
-    The inner optimizer's state stays local. :meth:`zero_grad` and the param groups are this
-    optimizer's own (the same parameters as ``inner``'s); a scheduler should drive ``inner``.
+    The inner optimizer's state stays local. The param groups are ``inner``'s own dicts (``params``
+    must be the same parameters), so an lr scheduler built on this optimizer — as the HF Trainer builds
+    it — or on ``inner`` sets the lr the local steps use. Parameters are exchanged by position in those
+    groups. With ``exchange="all_gather"`` and no model record, a parameter unfrozen later joins the
+    exchange at its next step (its weights then are its anchor) and one frozen later stays in it; with
+    the sharded exchange or a model record the set is fixed when the optimizer is built (``ValueError``).
     ``model_record=True`` sends the whole model's error buffer as one record, as in :class:`DeMo`.
     ``exchange`` (``"sharded"``, the default, or ``"all_gather"``), ``downlink_codec`` and ``piece_numel``
     are :class:`DeMo`'s; the owners' error feedback holds what their re-encoded means left out.
