@@ -111,6 +111,7 @@ def upload_head(path: str, token: str, length: int) -> bytes:
 
 
 def test_slow_headers_are_closed_at_the_deadline_and_prompt_clients_are_served(server, client):
+    late = metric(client, "gradwire_connections_closed_total", 'cause="header_deadline"')
     slow = connect(server)
     slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the end of the headers
     t0 = time.monotonic()
@@ -129,9 +130,12 @@ def test_slow_headers_are_closed_at_the_deadline_and_prompt_clients_are_served(s
         pass
     closed_after(dribbler)
     assert time.monotonic() - t0 <= HEADER_TIMEOUT_S + 2.0
+    # (the client's own idle keep-alive connection may be closed by the same 1 s deadline too)
+    assert metric(client, "gradwire_connections_closed_total", 'cause="header_deadline"') >= late + 2
 
 
 def test_the_cap_closes_the_oldest_waiting_connections_never_a_prompt_client(server, client):
+    evicted = metric(client, "gradwire_connections_closed_total", 'cause="evicted"')
     idle = [connect(server) for _ in range(3 * MAX_CONNECTIONS)]
     for s in idle:
         s.sendall(b"GET /he")
@@ -148,6 +152,8 @@ def test_the_cap_closes_the_oldest_waiting_connections_never_a_prompt_client(ser
         except socket.timeout:
             pass
     assert closed >= MAX_CONNECTIONS, closed  # the oldest went first
+    assert metric(client, "gradwire_connections_closed_total", 'cause="evicted"') - evicted >= 2 * MAX_CONNECTIONS
+    assert metric(client, "gradwire_connections_open") <= MAX_CONNECTIONS
     for s in idle:
         s.close()
 

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionGuard", "ConnectionLimits", "LINGER_S", "ensure_descriptors", "guarded_protocol"]
+__all__ = ["CAUSES", "ConnectionGuard", "ConnectionLimits", "LINGER_S", "ensure_descriptors", "guarded_protocol"]
 
 log = logging.getLogger("gradwire_server.connections")
 
@@ -46,6 +46,15 @@ LINGER_S = 2.0
 #: Descriptors kept beside the connections: SQLite, the files of catch-ups and submissions, the pools.
 FD_RESERVE = 256
 _LOG_EVERY_S = 10.0
+#: Why the server closed a connection (the ``cause`` label of ``gradwire_connections_closed_total``).
+CAUSES = {
+    "header_deadline": "headers not complete within header_timeout_s",
+    "body_rate": "body slower than min_body_rate",
+    "response_stall": "read nothing of a response for body_timeout_s",
+    "evicted": "waiting for headers, closed to make room at max_connections",
+    "refused": "refused at max_connections (none waiting for headers)",
+    "answered_before_body": "answered before its body was read, linger over",
+}
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ class ConnectionGuard:
         self.closed: dict[str, int] = {}
         self._unlogged: dict[str, int] = {}
         self._flush: Optional[asyncio.TimerHandle] = None
+        #: Called with the cause of every close (the server's metrics).
+        self.on_close: Callable[[str], None] = lambda cause: None
 
     def admit(self, conn: "_GuardedProtocol") -> None:
         """A new connection: make room if the cap is reached (see the module's docstring)."""
@@ -108,9 +119,9 @@ class ConnectionGuard:
         while len(self.open) > self.limits.max_connections:
             victim = next(iter(self._evictable), None)
             if victim is None or victim is conn:
-                conn.close("refused at the cap")
+                conn.close("refused")
                 return
-            victim.close("closed to make room")
+            victim.close("evicted")
 
     def evictable(self, conn: "_GuardedProtocol") -> None:
         self._evictable.pop(conn, None)
@@ -126,6 +137,7 @@ class ConnectionGuard:
     def count(self, cause: str, loop: asyncio.AbstractEventLoop) -> None:
         self.closed[cause] = self.closed.get(cause, 0) + 1
         self._unlogged[cause] = self._unlogged.get(cause, 0) + 1
+        self.on_close(cause)
         if self._flush is None:
             self._flush = loop.call_later(_LOG_EVERY_S, self._log)
 
@@ -133,7 +145,7 @@ class ConnectionGuard:
         self._flush = None
         counts, self._unlogged = self._unlogged, {}
         log.warning("closed %d connection(s) in the last %.0f s: %s (%d open)", sum(counts.values()), _LOG_EVERY_S,
-                    ", ".join(f"{n} {cause}" for cause, n in sorted(counts.items())), len(self.open))
+                    ", ".join(f"{n} {CAUSES[cause]}" for cause, n in sorted(counts.items())), len(self.open))
 
 
 class _ClockedFlowControl(FlowControl):
@@ -243,7 +255,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()  # sent once the response is flushed
-        self._arm(LINGER_S, lambda: self.close("answered before its body"))
+        self._arm(LINGER_S, lambda: self.close("answered_before_body"))
 
     def data_received(self, data: bytes) -> None:
         if self._phase is _Phase.LINGER:
@@ -270,7 +282,7 @@ class _GuardedProtocol(HttpToolsProtocol):
             self._deadline = None
 
     def _headers_late(self) -> None:
-        self.close(f"headers not complete within {self.guard.limits.header_timeout_s:g} s")
+        self.close("header_deadline")
 
     def _check_body_rate(self) -> None:
         """Close if the body is behind ``min_body_rate``; else check again when it would be."""
@@ -278,7 +290,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         elapsed = self.loop.time() - self._body_started - self.flow.paused_seconds()
         allowed = limits.body_timeout_s + self._body_bytes / limits.min_body_rate
         if elapsed >= allowed and not self.flow.read_paused:
-            self.close(f"body slower than {limits.min_body_rate} B/s")
+            self.close("body_rate")
             return
         self._arm(max(0.05, allowed - elapsed), self._check_body_rate)
 
@@ -295,10 +307,10 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def _stalled(self) -> None:
         self._stall = None
-        self.close(f"read nothing of a response for {self.guard.limits.body_timeout_s:g} s")
+        self.close("response_stall")
 
     def close(self, cause: str) -> None:
-        """Close this connection now, counting ``cause``."""
+        """Close this connection now, counting ``cause`` (a key of :data:`CAUSES`)."""
         if self.transport is not None and not self.transport.is_closing():
             self.guard.count(cause, self.loop)
             self.transport.close()

@@ -66,6 +66,10 @@ class Metrics:
         self.store_writable.set_function(store_writable or (lambda: 1.0))
         self.stored_bytes = Gauge("gradwire_stored_bytes", "Bytes of the runs' files and the database.", registry=r)
         self.stored_bytes.set_function(stored_bytes or (lambda: 0.0))
+        self.connections_closed = Counter(
+            "gradwire_connections_closed", "Connections the server closed for its bounds, by cause "
+            "(gradwire_server.connections.CAUSES).", ["cause"], registry=r)
+        self.connections_open = Gauge("gradwire_connections_open", "Open HTTP connections.", registry=r)
         self.run_ids = run_ids
         self.version = (Gauge("gradwire_version", "Current published version, by run.", ["run"], registry=r)
                         if run_ids else None)

@@ -45,13 +45,17 @@ def serve(settings: Optional[ServerSettings] = None) -> None:
     log_config = logging_config(settings.log_json, settings.log_level)
     raised = ensure_descriptors(settings.max_connections)
     app = create_app(settings)
+    protocol = guarded_protocol(ConnectionLimits.from_settings(settings))
+    metrics = app.state.server.metrics
+    protocol.guard.on_close = lambda cause: metrics.connections_closed.labels(cause=cause).inc()
+    metrics.connections_open.set_function(lambda: float(len(protocol.guard.open)))
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_config=log_config,
         access_log=settings.log_level == "debug",
-        http=guarded_protocol(ConnectionLimits.from_settings(settings)),
+        http=protocol,
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
