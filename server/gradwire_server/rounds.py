@@ -142,7 +142,6 @@ class RoundEngine:
         async with rt.lock:
             await self.require_not_started(run_id)
             master = await asyncio.to_thread(_parse_state, source)
-
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
             rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
@@ -352,7 +351,6 @@ def _parse_state(source: "bytes | Path") -> dict[str, torch.Tensor]:
     """Safetensors bytes or file → fp32 master weights, checked (never unpickled)."""
     try:
         state = state_from_bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else state_from_file(source)
-
     except ValueError as exc:
         raise Rejected(Reason.BAD_STATE, str(exc)) from None
     if not state:
