@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Optional, Union
 import torch
 
 from .codecs.base import Codec
-from .errors import error
+from .errors import WireError, error
 from .feedback import ErrorFeedback
 from .frame import (
     ELEM_BF16,
@@ -134,39 +134,44 @@ class ModelSpec:
 
     @classmethod
     def from_bytes(cls, data: BytesLike) -> "ModelSpec":
-        """The spec whose canonical bytes (:meth:`encode`) are ``data``; ``ValueError`` if they are not."""
+        """The spec whose canonical bytes (:meth:`encode`) are ``data``; ``WireError`` (a ``ValueError``) if
+        they are not: these bytes come from the network (a run's spec), so any bytes give that one error."""
         buf = bytes(data)
         pos = 0
 
         def take(n: int) -> bytes:
             nonlocal pos
             if pos + n > len(buf):
-                raise ValueError("model spec bytes end inside a field")
+                raise WireError("model spec bytes end inside a field")
             out = buf[pos : pos + n]
             pos += n
             return out
 
         (count,) = _COUNT.unpack(take(4))
         if not 1 <= count <= MAX_SPEC_TENSORS:
-            raise ValueError(f"a model spec lists 1 to {MAX_SPEC_TENSORS} tensors, the bytes say {count}")
+            raise WireError(f"a model spec lists 1 to {MAX_SPEC_TENSORS} tensors, the bytes say {count}")
         items = []
         for _ in range(count):
             (name_len,) = _HEAD.unpack(take(2))
             try:
                 name = take(name_len).decode("utf-8")
             except UnicodeDecodeError:
-                raise ValueError("a model spec's tensor name is not UTF-8") from None
+                raise WireError("a model spec's tensor name is not UTF-8") from None
             code, ndim = _TYPE.unpack(take(2))
             if code not in _TORCH_BY_CODE:
-                raise ValueError(f"tensor {name!r}: dtype code {code} is not a floating-point code (8 to 11)")
+                raise WireError(f"tensor {name!r}: dtype code {code} is not a floating-point code (8 to 11)")
             if ndim > MAX_NDIM:
-                raise ValueError(f"tensor {name!r}: ndim {ndim} above {MAX_NDIM}")
+                raise WireError(f"tensor {name!r}: ndim {ndim} above {MAX_NDIM}")
             shape = struct.unpack(f"<{ndim}Q", take(8 * ndim))
             items.append((name, _TORCH_BY_CODE[code], shape))
         if pos != len(buf):
-            raise ValueError(f"{len(buf) - pos} bytes after the last tensor of the model spec")
-        spec = cls(items)
-        assert spec.encode() == buf
+            raise WireError(f"{len(buf) - pos} bytes after the last tensor of the model spec")
+        try:
+            spec = cls(items)
+        except ValueError as exc:  # a name twice, a reserved or empty name: the constructor's checks
+            raise WireError(f"not a model spec: {exc}") from None
+        if spec.encode() != buf:
+            raise WireError("model spec bytes are not in the canonical form")
         return spec
 
     # -- what it says ------------------------------------------------------------------------------

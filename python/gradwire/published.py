@@ -148,7 +148,8 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
     Raises :class:`~gradwire.FrameError` for bytes that are not whole versions: a bad frame, a header
     that is neither a float64 ``"@aggregate"`` record of non-negative finite weights (and an optional
     ``"@trim"``) nor one ``"@reencoded"`` count, fewer frames than it announces, a node frame that claims
-    to be the server's, or a re-encoded version whose frame is not the server's bundle for that round.
+    to be the server's, a re-encoded version whose frame is not the server's bundle for that round, or
+    frames of one version that name a tensor twice or disagree on their tensors' names or shapes.
     """
     buf = as_u8(data)
     out: list[Published] = []
@@ -175,6 +176,7 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
                 raise FrameError(f"version {header.round}: a re-encoded aggregate must be the server's bundle frame "
                                  f"for round {header.round}, got sender {frame.sender:#x}, round {frame.round}, "
                                  f"bundle={frame.bundle}")
+            _same_tensors(header.round, [frame])
             out.append(Published(header.round, [frame], [1.0], total + n, 0, reencoded_from=senders))
             continue
         weights, trim = _header(header)
@@ -190,8 +192,25 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
             # A node frame's run binding (FORMAT.md section 10) is the server's to check, not part of the mean.
             frames.append(strip_binding(frame))
             total += n
+        _same_tensors(header.round, frames)
         out.append(Published(header.round, frames, weights, total, trim))
     return out
+
+
+def _same_tensors(version: int, frames: Sequence[Frame]) -> None:
+    """The frames of a version each name a tensor once, and all the same tensors with the same shapes (the
+    server publishes no other round); ``FrameError`` otherwise, before anything is decoded."""
+    first: Optional[dict[str, tuple[int, ...]]] = None
+    for i, frame in enumerate(frames):
+        layout: dict[str, tuple[int, ...]] = {}
+        for entry in frame.entries:
+            if entry.name in layout:
+                raise FrameError(f"version {version}: frame {i} holds tensor {entry.name[:80]!r} twice")
+            layout[entry.name] = tuple(entry.shape)
+        if first is None:
+            first = layout
+        elif layout != first:
+            raise FrameError(f"version {version}: frame {i} holds other tensors (names or shapes) than frame 0")
 
 
 def _reencoded_header(header: Frame) -> int:
