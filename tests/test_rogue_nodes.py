@@ -82,6 +82,22 @@ def test_the_default_rule_is_bounded_and_an_unbounded_one_says_so():
             RunConfig.model_validate({"aggregation": bad})
 
 
+def test_the_demo_defaults_to_the_bounded_rule():
+    # The apps write the name out (importing gradwire.aggregation would import torch at the command line).
+    import inspect
+
+    pytest.importorskip("typer")
+    from gradwire_apps.cli import build_app
+    from gradwire_apps.demo.runs import run_distributed
+    from gradwire_apps.demo.settings import DemoSettings
+
+    assert DemoSettings().aggregation == aggregation.DEFAULT_RULE
+    assert inspect.signature(run_distributed).parameters["aggregation"].default == aggregation.DEFAULT_RULE
+    demo = next(c for c in build_app(serve_settings=False).registered_commands if c.name in (None, "demo")
+                and c.callback.__name__ == "demo").callback
+    assert inspect.signature(demo).parameters["aggregation"].default.default == aggregation.DEFAULT_RULE
+
+
 # -- through a real server --------------------------------------------------------------------------
 
 

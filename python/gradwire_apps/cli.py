@@ -152,7 +152,7 @@ def build_app(*, serve_settings: bool = True):
         lr: float = typer.Option(1e-2, help="Dense AdamW's learning rate (on the server)."),
         batch_size: int = typer.Option(32, min=1, help="Examples per node per step."),
         hidden: Optional[int] = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
-        aggregation: str = typer.Option("mean", help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them)."),
+        aggregation: str = typer.Option("bounded_mean", help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); the default bounds one node's influence."),
         seed: int = typer.Option(0),
         out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
         url: Optional[str] = typer.Option(None, help="Use this running server instead of starting one on loopback."),

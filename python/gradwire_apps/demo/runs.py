@@ -136,7 +136,7 @@ def run_distributed(
     batch_size: int = 32,
     lr: float = 3e-3,
     weight_decay: float = 1e-2,
-    aggregation: str = "mean",
+    aggregation: str = "bounded_mean",  # gradwire.aggregation.DEFAULT_RULE
     seed: int = 0,
     run_config: Optional[Mapping[str, Any]] = None,
     join_at: Optional[Mapping[int, int]] = None,

@@ -40,7 +40,8 @@ class DemoSettings:
     topk: int = 32
     chunk: int = 32
     runs: tuple[str, ...] = DEFAULT_RUNS
-    aggregation: str = "mean"
+    #: gradwire.aggregation.DEFAULT_RULE, written out: importing it would import torch (test_rogue_nodes checks).
+    aggregation: str = "bounded_mean"
     seed: int = 0
     out_dir: str = "demo_out"
 
