@@ -197,7 +197,7 @@ def test_errors_from_inside_the_step_name_parameters_by_module_path():
 def test_torch_compiled_model_trains_and_its_checkpoint_resumes_the_eager_model():
     # backend="aot_eager": dynamo and AOTAutograd without codegen (inductor compiles C++ for ~35 s on this
     # CPU: tried by hand, it trains the same way). One compile: a fresh model would compile again.
-    batches = token_batches(0, 4)
+    batches = token_batches(0, 3)
     model = make_gpt()
     compiled = torch.compile(model, backend="aot_eager")
     opt = gt.DeMo(compiled.named_parameters(), lr=0.01, beta=0.9)

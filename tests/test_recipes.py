@@ -84,12 +84,12 @@ def test_two_machine_torchrun_on_loopback():
     launchers = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
              "--rdzv-id", "recipes-test", str(EXAMPLES / "sparseloco_torchrun.py"), "--steps", "4",
-             "--sync-every", "2"],
+             "--sync-every", "2", "--width", "256"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
         )
-        for node in (0, 1)
+        for _machine in (0, 1)
     ]
     outs = []
     for p in launchers:
