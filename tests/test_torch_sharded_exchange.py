@@ -319,7 +319,8 @@ def _all_gather_reference_run(rank: int, world: int, steps: int) -> dict:
 def test_all_gather_exchange_is_the_former_one_bit_for_bit():
     for r in gt.spawn(_all_gather_reference_run, 2, (4,), timeout_s=60):
         assert r["same"] and r["counters"]
-        assert r["keys"] == ["bytes_received", "bytes_sent", "node", "steps"]  # the former checkpoint
+        # the former checkpoint, and the model's shapes and the group's size that a resume is checked against
+        assert r["keys"] == ["bytes_received", "bytes_sent", "node", "shapes", "steps", "world"]
         assert r["momenta"] == [f"g0.p{i}" for i in range(6)]
 
 
