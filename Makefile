@@ -70,7 +70,7 @@ wan: install
 # results in rust/core/fuzz/results.json; `make fuzz-smoke`: a few seconds of each (CI); `make fuzz-cmin`:
 # what the runs found merged into the checked-in corpora, minimized.
 FUZZ_SECONDS ?= 600
-FUZZ_SMOKE_SECONDS ?= 3
+FUZZ_SMOKE_SECONDS ?= 2
 
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) rust/core/fuzz/fuzz.sh run

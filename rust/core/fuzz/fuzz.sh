@@ -2,7 +2,7 @@
 # The fuzz campaigns of gradwire-core: every cargo-fuzz target for a bounded time, from the checked-in
 # corpora (corpus/<target>/), with what each run did recorded.
 #
-#   fuzz.sh smoke            each target for FUZZ_SMOKE_SECONDS (default 3): CI's check (make fuzz-smoke)
+#   fuzz.sh smoke            each target for FUZZ_SMOKE_SECONDS (default 2): CI's check (make fuzz-smoke)
 #   fuzz.sh run              each target for FUZZ_SECONDS (default 600) or FUZZ_RUNS executions (default
 #                            no bound), whichever comes first; results.json records executions, exec/s and crashes (make fuzz)
 #   fuzz.sh cmin             merge what the runs found into corpus/<target>/, minimized (make fuzz-cmin)
@@ -137,7 +137,7 @@ case "$mode" in
             log "SKIPPED: the fuzz targets do not build with $toolchain on this machine; the smoke did not run"
             exit 0
         fi
-        campaign "${FUZZ_SMOKE_SECONDS:-3}" -1 ""
+        campaign "${FUZZ_SMOKE_SECONDS:-2}" -1 ""
         ;;
     run)
         ensure_cargo_fuzz
