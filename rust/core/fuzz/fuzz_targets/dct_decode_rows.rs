@@ -21,13 +21,26 @@ fn scatter(params: &[u8; 5], data: &[u8]) {
     );
     // now and then one basis value too few or an output slot too many: the size checks
     let basis_len = (last * last).saturating_sub(usize::from(r >= 250));
-    let basis: Vec<f64> = (0..basis_len).map(|i| (i as f64 * 37.0) % 2048.0 - 1024.0).collect();
-    let positions: Vec<i64> = data.iter().take(k * chunks).map(|&b| i64::from(b) - 4).collect();
+    let basis: Vec<f64> = (0..basis_len)
+        .map(|i| (i as f64 * 37.0) % 2048.0 - 1024.0)
+        .collect();
+    let positions: Vec<i64> = data
+        .iter()
+        .take(k * chunks)
+        .map(|&b| i64::from(b) - 4)
+        .collect();
     let levels: Vec<i16> = positions.iter().map(|&p| (p * 91 % 255) as i16).collect();
     let len = rows * chunks * 2 * last + usize::from(l >= 250);
     let mut out = vec![UNTOUCHED; len];
-    if scatter_basis_rows(&positions, &levels, k, rows, last, &basis, threads, &mut out).is_err() {
-        assert!(out.iter().all(|&v| v == UNTOUCHED), "a refused scatter wrote");
+    if scatter_basis_rows(
+        &positions, &levels, k, rows, last, &basis, threads, &mut out,
+    )
+    .is_err()
+    {
+        assert!(
+            out.iter().all(|&v| v == UNTOUCHED),
+            "a refused scatter wrote"
+        );
         return;
     }
     if k == 0 || positions.is_empty() {
@@ -66,11 +79,18 @@ fn combine(params: &[u8; 6], data: &[u8]) {
         .map(|_| values.next().unwrap_or(1.0))
         .collect();
     let scales: Vec<f64> = (0..chunks).map(|i| (i + 1) as f64 / 1024.0).collect();
-    let mins: Vec<f64> = (0..chunks.saturating_sub(usize::from(l >= 250))).map(|i| -(i as f64) / 8.0).collect();
+    let mins: Vec<f64> = (0..chunks.saturating_sub(usize::from(l >= 250)))
+        .map(|i| -(i as f64) / 8.0)
+        .collect();
     let mut out = vec![UNTOUCHED as f32; total * rows * last];
-    let got = combine_level_sums(&sums, &scales, &mins, rows, last, first, grid_cols, threads, &mut out);
+    let got = combine_level_sums(
+        &sums, &scales, &mins, rows, last, first, grid_cols, threads, &mut out,
+    );
     if got.is_err() {
-        assert!(out.iter().all(|&v| v == UNTOUCHED as f32), "a refused combine wrote");
+        assert!(
+            out.iter().all(|&v| v == UNTOUCHED as f32),
+            "a refused combine wrote"
+        );
         return;
     }
     let mut want = vec![UNTOUCHED as f32; out.len()];
@@ -80,7 +100,8 @@ fn combine(params: &[u8; 6], data: &[u8]) {
             for n in 0..last {
                 let at = ((row * chunks + chunk) * 2) * last + n;
                 let value: f64 = sums[at] * scales[chunk] + sums[at + last] * mins[chunk];
-                want[((c / grid_cols * rows + row) * grid_cols + c % grid_cols) * last + n] = value as f32;
+                want[((c / grid_cols * rows + row) * grid_cols + c % grid_cols) * last + n] =
+                    value as f32;
             }
         }
     }
@@ -91,7 +112,9 @@ fn combine(params: &[u8; 6], data: &[u8]) {
 }
 
 fuzz_target!(|input: &[u8]| {
-    let [which, a, b, c, d, e, f, data @ ..] = input else { return };
+    let [which, a, b, c, d, e, f, data @ ..] = input else {
+        return;
+    };
     if which % 2 == 0 {
         scatter(&[*a, *b, *c, *d, *e], data);
     } else {

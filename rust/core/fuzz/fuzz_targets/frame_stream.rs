@@ -12,7 +12,9 @@ use gradwire_core::{crc32c, frame_len_at_start, parse_frame, write_frame, EntryS
 use libfuzzer_sys::fuzz_target;
 
 fn check(frame: &[u8]) {
-    let Ok(view) = parse_frame(frame, &Limits::default()) else { return };
+    let Ok(view) = parse_frame(frame, &Limits::default()) else {
+        return;
+    };
     assert_eq!(frame_len_at_start(frame).ok(), Some(frame.len()));
     let specs: Vec<EntrySpec> = view
         .entries
@@ -23,18 +25,33 @@ fn check(frame: &[u8]) {
             dtype: e.dtype,
             shape: &e.shape,
             params: &frame[e.params.clone()],
-            sections: e.sections.iter().map(|s| (s.name, s.elem, &frame[s.range.clone()])).collect(),
+            sections: e
+                .sections
+                .iter()
+                .map(|s| (s.name, s.elem, &frame[s.range.clone()]))
+                .collect(),
         })
         .collect();
-    assert_eq!(write_frame(&view.header, &specs).ok().as_deref(), Some(frame));
+    assert_eq!(
+        write_frame(&view.header, &specs).ok().as_deref(),
+        Some(frame)
+    );
 }
 
 fuzz_target!(|input: &[u8]| {
-    let Some((mode, mut rest)) = input.split_first() else { return };
+    let Some((mode, mut rest)) = input.split_first() else {
+        return;
+    };
     let fix_crc = mode % 2 == 1;
     while !rest.is_empty() {
-        let Ok(n) = frame_len_at_start(rest) else { return };
-        assert!((MIN_FRAME_LEN..=rest.len()).contains(&n), "delimited {n} of {} bytes", rest.len());
+        let Ok(n) = frame_len_at_start(rest) else {
+            return;
+        };
+        assert!(
+            (MIN_FRAME_LEN..=rest.len()).contains(&n),
+            "delimited {n} of {} bytes",
+            rest.len()
+        );
         let (frame, tail) = rest.split_at(n);
         if fix_crc {
             let mut fixed = frame.to_vec();

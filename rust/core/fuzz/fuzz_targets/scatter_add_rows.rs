@@ -7,7 +7,9 @@ use gradwire_core::scatter_add_rows;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
-    let [k, n, w, o, data @ ..] = input else { return };
+    let [k, n, w, o, data @ ..] = input else {
+        return;
+    };
     let (k, row_len) = (usize::from(*k % 9), usize::from(*n % 17));
     let weight = f32::from(*w as i8) / 16.0;
     let (pos, vals) = data.split_at(data.len() / 2);

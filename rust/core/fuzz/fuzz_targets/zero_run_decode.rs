@@ -5,12 +5,15 @@
 #![no_main]
 
 use gradwire_core::{
-    zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode, zero_run_output_len,
+    zero_run_decode, zero_run_decode_into, zero_run_decoded_len, zero_run_encode,
+    zero_run_output_len,
 };
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
-    let [mode, e0, e1, data @ ..] = input else { return };
+    let [mode, e0, e1, data @ ..] = input else {
+        return;
+    };
     let expected = match mode % 3 {
         0 => None,
         1 => Some(zero_run_decoded_len(data)),
@@ -28,7 +31,9 @@ fuzz_target!(|input: &[u8]| {
             assert_eq!(out.len(), n);
         }
         let again = zero_run_encode(&out).ok();
-        let back = again.as_deref().and_then(|enc| zero_run_decode(enc, Some(out.len())).ok());
+        let back = again
+            .as_deref()
+            .and_then(|enc| zero_run_decode(enc, Some(out.len())).ok());
         assert_eq!(back, Some(out));
     }
 });
