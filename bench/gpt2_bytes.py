@@ -10,7 +10,7 @@ record (``model_record=True``) cuts the flattened model into flat 64×64 chunks 
 Prints, for one process (a group of one, so the ratio is the uplink's), the bytes each tensor's record
 takes with the default codec on a real momentum after a few steps (grouped: the embedding, the 2-D
 weights, the 1-D vectors), and DeMo's measured ratio against fp32 over the same steps with
-``model_record`` off and on, side by side. Needs ``transformers`` (the ``bench`` extra).
+``model_record`` off and on, side by side. Needs ``transformers`` (``pip install transformers``: in no extra, for its weight).
 
 Usage:
     python bench/gpt2_bytes.py            # about a minute on 2 idle cores
