@@ -10,6 +10,8 @@ gradwire.torch.average_buffers (or DDP's buffer broadcast) makes them one.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -27,6 +29,10 @@ def _optimizer(which: str, model: nn.Module):
     return gt.SparseLoCo(model.named_parameters(), inner, sync_every=1)
 
 
+def my_own_hook(state, bucket):  # unannotated: this file's annotations are strings, which DDP refuses
+    return gt.local_gradients_hook(state, bucket)
+
+
 def _under_ddp_run(rank: int, world: int, which: str, hook: str) -> dict:
     model = make_model()
     ddp = DDP(model)
@@ -34,21 +40,25 @@ def _under_ddp_run(rank: int, world: int, which: str, hook: str) -> dict:
         assert gt.skip_ddp_all_reduce(ddp) is ddp
     elif hook == "gradwire":
         ddp.register_comm_hook(*gt.ddp_hook(gradwire.DCTCodec(topk=8)))
+    elif hook == "custom":  # a hook the check cannot judge: it warns and lets it run
+        ddp.register_comm_hook(None, my_own_hook)
     opt = _optimizer(which, model)
     x, y = shard(rank)
     local, losses = True, []
     try:
-        for _ in range(3):
-            loss = nn.functional.cross_entropy(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            local &= not all_ranks_equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-            opt.step()
-            losses.append(loss.item())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                loss = nn.functional.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()
+                local &= not all_ranks_equal(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+                opt.step()
+                losses.append(loss.item())
     except gt.DenseAllReduceError as e:
         return dict(error=str(e))
     return dict(error=None, local=local, identical=all_ranks_equal(flat_parameters(model)), losses=losses,
-                sent=opt.bytes_sent)
+                sent=opt.bytes_sent, warned=[str(w.message) for w in caught])
 
 
 @pytest.mark.parametrize("which", ["demo", "sparseloco"])
@@ -127,3 +137,9 @@ def test_batchnorm_buffers_drift_apart_until_averaged():
     for r in gt.spawn(_buffers_run, 2, ()):
         assert r["params"] and not r["before"], r  # parameters identical, running statistics not
         assert r["after"] and r["averaged"] == 2 and r["moved"], r
+
+
+def test_a_comm_hook_of_unknown_kind_gets_a_warning():
+    for r in gt.spawn(_under_ddp_run, 2, ("demo", "custom")):
+        assert r["error"] is None and r["identical"], r
+        assert any("comm hook my_own_hook" in w and "if it communicates" in w for w in r["warned"]), r["warned"]
