@@ -241,7 +241,8 @@ class _ExchangesFrames:
     def _changed_trainable(self, exchanged) -> tuple[list[str], list[str]]:
         """The parameters that require a gradient now but are not exchanged, and the reverse."""
         trainable = [n for n, _, _ in _named(self.param_groups)]
-        return [n for n in trainable if n not in exchanged], [n for n in exchanged if n not in set(trainable)]
+        have, now = set(exchanged), set(trainable)
+        return [n for n in trainable if n not in have], [n for n in exchanged if n not in now]
 
     def _refuse_changed_trainable(self, added: list[str], removed: list[str], rebuild: str) -> None:
         what = []
