@@ -72,7 +72,8 @@ def check_not_all_reduced(params: Iterable[torch.Tensor], labels: Mapping[int, s
     if not mine:
         return
     for obj in gc.get_objects():
-        if not isinstance(obj, DistributedDataParallel):
+        # type(), not isinstance: a proxy object's __class__ property may raise, type() never does
+        if not issubclass(type(obj), DistributedDataParallel):
             continue
         held = [pid for pid in (id(p) for p in obj.module.parameters()) if pid in mine]
         if not held:
