@@ -66,6 +66,7 @@ def _habits_run(rank: int, world: int, which: str, exchange: str) -> dict:
     opt, sched = _build(model, which, exchange, torch.float32)
     losses, identical = _train(model, opt, sched, batches, 0, which)
     whole = flat_parameters(model)
+    counters = (opt.bytes_sent, opt.bytes_received)
     out.update(losses=losses, identical=identical, frozen_kept=torch.equal(model.wpe.weight, frozen_before),
                lrs=[g["lr"] for g in opt.param_groups])
     if which == "sparseloco":
@@ -83,7 +84,8 @@ def _habits_run(rank: int, world: int, which: str, exchange: str) -> dict:
     opt.load_state_dict(saved["opt"])
     sched.load_state_dict(saved["sched"])
     _, identical_resumed = _train(model, opt, sched, batches[HALF:], HALF, which)
-    out.update(resumed_equal=torch.equal(flat_parameters(model), whole), identical_resumed=identical_resumed)
+    out.update(resumed_equal=torch.equal(flat_parameters(model), whole), identical_resumed=identical_resumed,
+               counters_equal=(opt.bytes_sent, opt.bytes_received) == counters)
 
     # bf16 and fp16 parameters.
     for dtype in (torch.bfloat16, torch.float16):
@@ -104,6 +106,7 @@ def test_gpt_habits_on_two_ranks(which, exchange):
         assert r["frozen_kept"], "the frozen position embedding moved"
         assert r["losses"][-1] < r["losses"][0], r["losses"]
         assert r["resumed_equal"] and r["identical_resumed"], "the resumed run left the uninterrupted one"
+        assert r["counters_equal"], "the byte counters did not resume"
         # The scheduler (given the optimizer itself, as the HF Trainer does) set each group's own lr.
         factor = 1.0 / (1.0 + 0.1 * STEPS)
         base = 0.01 if which == "demo" else 3e-3
