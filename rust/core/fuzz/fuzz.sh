@@ -44,7 +44,7 @@ ensure_cargo_fuzz() {
 choose_toolchain() {
     if cargo +nightly --version >/dev/null 2>&1; then
         toolchain="+nightly"
-    elif timeout 90 rustup toolchain install nightly --profile minimal >/dev/null 2>&1; then
+    elif timeout 30 rustup toolchain install nightly --profile minimal >/dev/null 2>&1; then
         toolchain="+nightly"
     else
         log "no nightly toolchain here and none can be installed: building with stable and RUSTC_BOOTSTRAP=1"
