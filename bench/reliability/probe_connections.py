@@ -179,7 +179,8 @@ def _normal_clients(server: LoopbackServer, run_id: str, nodes: list[tuple[int, 
         g = torch.Generator().manual_seed(node_id)
         grads = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
         with GradwireClient(server.url, token, timeout=30) as c:
-            rnd = 0
+            # The run's current round: a second call of this function (under attack) goes on from the first's.
+            rnd = c.status(run_id)["version"]
             while time.monotonic() < end:
                 frame = codec.encode_bundle(grads, round=rnd, sender=node_id)
                 timed(lambda: c.submit(run_id, rnd, frame))
