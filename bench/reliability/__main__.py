@@ -3,12 +3,18 @@
 ``python -m bench.reliability [--quick] [--only NAME ...] [--out docs/reliability.md]``. Each module
 ``bench/reliability/probe_<name>.py`` exposes ``probes(quick: bool) -> list[Row]``; ``--quick`` runs every
 probe at a reduced size (minutes, not half an hour) and is what a developer runs before committing.
+
+Each area's rows are also kept in bench/out/reliability/<area>.json (with the date, size and seconds of
+its run), so ``--only AREA`` re-measures that area and the table is written again with every other
+area's last full-size result beside it; the table says when each area was measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
 import pkgutil
 import platform
 import sys
@@ -20,6 +26,7 @@ from bench.reliability.row import Row
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+CACHE = ROOT / "bench" / "out" / "reliability"
 
 
 def probe_modules() -> list[str]:
@@ -37,7 +44,26 @@ def run_module(name: str, quick: bool) -> tuple[list[Row], float]:
     return rows, time.perf_counter() - t0
 
 
-def render(results: dict[str, tuple[list[Row], float]], quick: bool) -> str:
+def save(name: str, rows: list[Row], seconds: float, quick: bool, cache: Path = CACHE) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    record = {"area": name, "quick": quick, "seconds": seconds,
+              "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "rows": [dataclasses.asdict(r) for r in rows]}
+    (cache / f"{name}.json").write_text(json.dumps(record, indent=1))
+
+
+def load(name: str, cache: Path = CACHE):
+    """The last full-size run of area ``name``: (rows, seconds, when), or None."""
+    path = cache / f"{name}.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record["quick"]:
+        return None
+    return [Row(**r) for r in record["rows"]], record["seconds"], record["measured"]
+
+
+def render(results: dict[str, tuple[list[Row], float]], quick: bool, when: dict[str, str] | None = None) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
@@ -60,7 +86,9 @@ def render(results: dict[str, tuple[list[Row], float]], quick: bool) -> str:
         for row in rows:
             lines.append(f"| {name} | {cell(row.probe)} | {cell(row.expected)} | {cell(row.observed)} | "
                          f"{'yes' if row.passed else '**no**'} |")
-    lines += ["", "Time per area: " + ", ".join(f"{n} {s:.0f} s" for n, (_, s) in results.items()) + ".", ""]
+    when = when or {}
+    lines += ["", "Time per area: " + ", ".join(
+        f"{n} {s:.0f} s" + (f" (measured {when[n]})" if n in when else "") for n, (_, s) in results.items()) + ".", ""]
     return "\n".join(lines)
 
 
@@ -80,7 +108,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {'ok ' if row.passed else 'NO '} {row.probe}: {row.observed} (expected {row.expected})",
                   flush=True)
         print(f"    {name}: {sum(r.passed for r in rows)}/{len(rows)} hold, {seconds:.0f} s", flush=True)
-    args.out.write_text(render(results, args.quick))
+        save(name, rows, seconds, args.quick)
+    # Areas not run this time: their last full-size result, dated (a quick run shows only its own areas).
+    when: dict[str, str] = {}
+    if not args.quick:
+        now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        for name in probe_modules():
+            if name in results:
+                when[name] = now
+            elif (earlier := load(name)) is not None:
+                results[name] = earlier[:2]
+                when[name] = earlier[2]
+        results = {n: results[n] for n in probe_modules() if n in results}
+    args.out.write_text(render(results, args.quick, when if args.only else None))
     print(f"wrote {args.out}")
     return 0 if all(r.passed for rows, _ in results.values() for r in rows) else 1
 
