@@ -290,8 +290,9 @@ def table(cache: dict, s: Settings, model: str, link_key: str, rows: list[str], 
     dense = cache[key("dense")]
     target = wan_curves.final_loss(_points(dense))
     t_dense = wan_curves.time_to_loss(_points(dense), target)
-    lines = [f"**{TITLES[model]} over {wan_net.LINKS[link_key].name}**, target = dense's held-out loss after "
-             f"{steps} steps: **{target:.4f}**", "",
+    lines = [f"**{TITLES[model]} over {wan_net.LINKS[link_key].name}**, {s.nodes} nodes × {s.batches[model]} "
+             f"sequences of 64 characters per step; target = dense's held-out loss after {steps} steps: "
+             f"**{target:.4f}**", "",
              "| row | lr | steps to target | training s to target | s/step | speed-up vs dense | bytes sent/node/step | load avg (1 min, start→end) |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -350,13 +351,13 @@ def plot(cache: dict, s: Settings, panels: list, rows: list[str], lrs_by_model: 
 
 def report(cache: dict, s: Settings, models: list[str], links: list[str], rows: list[str], lrs_by_model: dict,
            steps: dict, out: Path, plot_path: Path) -> str:
-    panels = [(m, l, steps[m]) for m in models for l in links]
+    panels = [(m, l, steps[m]) for m in models for l in links
+              if f"wan|{m}|{l}|dense|{lrs_by_model[m]['adamw']}|{steps[m]}|{s.nodes}|{s.batches[m]}" in cache]
     lines = ["# Time to loss over an emulated WAN", "",
              f"Written by `bench/wan.py` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
              f"({platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, torch threads 1 per node).", ""]
     for m, l, st in panels:
-        if f"wan|{m}|{l}|dense|{lrs_by_model[m]['adamw']}|{st}|{s.nodes}|{s.batches[m]}" in cache:
-            lines += table(cache, s, m, l, rows, lrs_by_model[m], st) + [""]
+        lines += table(cache, s, m, l, rows, lrs_by_model[m], st) + [""]
     lines += [f"![held-out loss against training wall-clock]({plot_path.name})", ""]
     for m in models:
         grid = "; ".join(f"{f} {', '.join(f'{x:g}' for x in LRS[m][f])}" for f in LRS[m])
