@@ -47,6 +47,9 @@ __all__ = ["Closed", "RoundDriver"]
 # The round engine's one logger, whichever of its modules logs.
 log = logging.getLogger("gradwire_server.rounds")
 
+#: Rounds between two deletions of old update and version rows (Store.prune_rows).
+ROW_PRUNE_EVERY = 64
+
 
 @dataclass
 class Closed:
@@ -235,3 +238,15 @@ class RoundDriver:
         if keep_from > rt.dropped_to:
             self.store.drop_submissions(rt.run_id, rt.dropped_to, keep_from)
             rt.dropped_to = keep_from
+        # The rows go in batches (one small transaction every ROW_PRUNE_EVERY rounds, not one per round):
+        # those of updates and versions older than both the retained diffs and what a replay needs. A
+        # duplicate resubmission older than that is answered 410 round_closed, as a node that far behind
+        # reloads the full state anyway.
+        oldest = self.store.oldest_diff(rt.run_id, rt.version, rt.config.keep_versions)
+        rows_before = min(oldest, keep_from)
+        if rows_before - rt.rows_pruned_to >= ROW_PRUNE_EVERY:
+            try:
+                self.store.prune_rows(rt.run_id, rows_before, oldest - 1)
+                rt.rows_pruned_to = rows_before
+            except StorageFailed as exc:  # housekeeping never fails a close; it is tried again next round
+                log.warning("run %s: pruning old rows failed: %s", rt.run_id, exc)

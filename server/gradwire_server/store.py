@@ -801,6 +801,15 @@ class Store:
                 if stale:
                     self._remove(path)
 
+    def prune_rows(self, run_id: str, rounds_before: int, versions_before: int) -> None:
+        """Delete the rows of updates counted in rounds before ``rounds_before`` and of versions before
+        ``versions_before``: without this the database grows by a row per update and per version for as
+        long as the run lives (about 3 KB a round at 16 nodes). What stays: every row a replay, a catch-up
+        page's weights hash or a duplicate resubmission inside the retained window can still ask for."""
+        with self._writing(f"pruning rows of run {run_id}"):
+            self._tx([("DELETE FROM submissions WHERE run_id = ? AND target_round < ?", (run_id, rounds_before)),
+                      ("DELETE FROM versions WHERE run_id = ? AND version < ?", (run_id, versions_before))])
+
     def drop_submissions(self, run_id: str, first: int, end: int) -> None:
         """Delete the frames of the updates counted in rounds ``first ≤ target_round < end`` (by their rows,
         so a submission being recorded, whose row is not committed yet, is never touched)."""
