@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gradwire import aggregation
-from gradwire.aggregation import NormHistory, bounded_level, rule_weights
+from gradwire.aggregation import CLIP_MULTIPLE, NormHistory, bounded_level, rule_weights
 from gradwire_server.config import RunConfig
 from live_server import LiveServer
 from server_helpers import dense_frame, make_run, random_grads
@@ -37,11 +37,11 @@ def _bench():
 
 def test_one_rogue_of_two_weighs_no_more_than_the_honest_node():
     # The case: 2 nodes, one sending a 1e15-scaled update. The median of two is their mean (the
-    # rogue's half); the lower median is the honest norm.
+    # rogue's half); the lower median is the honest norm, and the level CLIP_MULTIPLE times it.
     norms = [2.0, 2e15]
-    assert bounded_level(norms) == 2.0
+    assert bounded_level(norms) == CLIP_MULTIPLE * 2.0
     w = rule_weights("bounded_mean", [1.0, 1.0], norms)
-    assert w[0] == 0.5 and w[1] * norms[1] == pytest.approx(0.5 * 2.0)
+    assert w[0] == 0.5 and w[1] * norms[1] == pytest.approx(0.5 * CLIP_MULTIPLE * 2.0)
     # clipped_mean (the round's median) lets the rogue move the round by half its size.
     assert rule_weights("clipped_mean", [1.0, 1.0], norms)[1] * norms[1] == pytest.approx(0.5 * (2.0 + 2e15) / 2)
 
@@ -49,16 +49,17 @@ def test_one_rogue_of_two_weighs_no_more_than_the_honest_node():
 def test_the_history_caps_a_round_made_of_one_rogue_update():
     h = NormHistory(factor=3.0, rounds=4)
     assert h.cap() == math.inf
-    for level in (1.0, 1.2, 0.9):
-        assert h.observe([level]) == level
-    assert h.cap() == 3.0 * 1.0
+    m = CLIP_MULTIPLE  # a round of one update has that update's norm as its lower median
+    for norm in (1.0, 1.2, 0.9):
+        assert h.observe([norm]) == m * norm
+    assert h.cap() == pytest.approx(3.0 * m * 1.0)
     # quorum 1: a lone rogue update of norm 1e15 is clipped to 3 × the recent median level ...
-    assert rule_weights("bounded_mean", [1.0], [1e15], h.cap())[0] * 1e15 == pytest.approx(3.0)
-    assert h.observe([1e15]) == 3.0
+    assert rule_weights("bounded_mean", [1.0], [1e15], h.cap())[0] * 1e15 == pytest.approx(3.0 * m)
+    assert h.observe([1e15]) == pytest.approx(3.0 * m)
     # ... so a rogue that owns every round grows the step by at most the factor every few rounds.
     for _ in range(4):
         h.observe([1e15])
-    assert h.cap() <= 3.0 ** 3
+    assert h.cap() <= m * 3.0 ** 3
     # A round of zero updates is not remembered (it would cap every later round to 0), and the state
     # round-trips as a checkpoint stores it.
     before = list(h.levels)
