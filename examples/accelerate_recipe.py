@@ -21,7 +21,6 @@ end that every rank holds bit-identical weights. Needs ``pip install accelerate`
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -43,13 +42,6 @@ def dataset(n: int = 1024) -> torch.utils.data.TensorDataset:
     x = torch.randn(n, 64, generator=g)
     return torch.utils.data.TensorDataset(x, torch.tanh(x @ teacher))
 
-
-def replicas_agree(model: nn.Module) -> bool:
-    h = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).digest()
-    mine = torch.tensor(list(h), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
 
 
 def main() -> None:
@@ -95,7 +87,7 @@ def main() -> None:
     if args.mode == "sparseloco" and inner_opt.local_steps % inner_opt.sync_every:
         inner_opt.sync()  # the local steps since the last sync: one more outer step, so every rank ends identical
 
-    agree = replicas_agree(model)
+    agree = gt.replicas_agree(model)
     if accelerator.is_main_process:
         print(f"loss first {losses[0]:.5f} last {losses[-1]:.5f}")
         if hook_state is not None:

@@ -12,7 +12,6 @@ loss, the bytes this rank sent and the compression ratio against fp32 gradients.
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -25,13 +24,6 @@ def make_model(width: int) -> nn.Module:
     torch.manual_seed(0)  # the same initial weights on every rank
     return nn.Sequential(nn.Linear(512, width), nn.Tanh(), nn.Linear(width, 512))
 
-
-def replicas_agree(model: nn.Module) -> bool:
-    h = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).digest()
-    mine = torch.tensor(list(h), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
 
 
 def main() -> None:
@@ -61,7 +53,7 @@ def main() -> None:
             print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
 
     dense = 4 * sum(p.numel() for p in model.parameters()) * args.steps
-    agree = replicas_agree(model)
+    agree = gt.replicas_agree(model)
     if rank == 0:
         print(f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / args.steps:.0f} per step), "
               f"received: {opt.bytes_received}")

@@ -22,7 +22,6 @@ CPU ranks use gloo; with CUDA GPUs (one per rank) the script uses NCCL and the r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 
 import torch
@@ -36,6 +35,7 @@ except ImportError:  # torch 2.4 and 2.5
     from torch.distributed._composable.fsdp import fully_shard
 
 import gradwire.torch as gt
+from gradwire.torch import replicas_agree
 from gradwire.torch.dtensor import local_tensor
 
 VOCAB, SEQ = 256, 32
@@ -71,16 +71,6 @@ def batch(seed: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     seq = torch.stack(tokens, dim=1).to(device)
     return seq[:, :-1], seq[:, 1:]
 
-
-def replicas_agree(model: nn.Module, device) -> bool:
-    """Whether every rank gathers the same full weights."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.full_tensor().detach().cpu().numpy().tobytes())
-    mine = torch.tensor(list(h.digest()), dtype=torch.uint8, device=device)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
 
 
 def main() -> None:
@@ -147,7 +137,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> bool:
     model.reshard()  # a forward without backward leaves the root's weights gathered: back to the shards
     shard_numel = sum(local_tensor(p).numel() for p in model.parameters())
     dense = 4 * shard_numel * args.steps  # native HSDP: this rank's fp32 shard all-reduced every step
-    agree = replicas_agree(model, device)
+    agree = replicas_agree(model)
     if rank == 0:
         print(f"mesh: {args.replicas} replicas x {world // args.replicas} shards, backend {dist.get_backend()}")
         print(f"held-out loss (synced weights): {final:.4f}")

@@ -15,7 +15,6 @@ it (SparseLoCo's param groups are its inner AdamW's). Needs ``pip install transf
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -56,13 +55,6 @@ class LocalGradients(TrainerCallback):
             gt.skip_ddp_all_reduce(wrapped)
 
 
-def replicas_agree(model: torch.nn.Module) -> bool:
-    h = hashlib.sha256(b"".join(p.detach().cpu().float().numpy().tobytes() for p in model.parameters())).digest()
-    mine = torch.tensor(list(h), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,7 +90,7 @@ def main() -> None:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    agree = replicas_agree(model)
+    agree = gt.replicas_agree(model)
     if rank == 0:
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
         print("losses: " + " ".join(f"{v:.4f}" for v in losses))

@@ -20,11 +20,9 @@ The script checks at the end that every rank holds bit-identical weights. Needs 
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -80,13 +78,6 @@ def loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(data, batch_size=32)  # Lightning adds the DistributedSampler
 
 
-def replicas_agree(model: nn.Module) -> bool:
-    h = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).digest()
-    mine = torch.tensor(list(h), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -105,7 +96,7 @@ def main() -> None:
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, loader())
 
-    agree = replicas_agree(module)
+    agree = gt.replicas_agree(module)
     if trainer.is_global_zero:
         print(f"loss first {module.losses[0]:.5f} last {module.losses[-1]:.5f}")
         if state is not None:

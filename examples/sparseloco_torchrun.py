@@ -13,7 +13,6 @@ the compression ratio per local step against fp32.
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import torch
 import torch.distributed as dist
@@ -26,13 +25,6 @@ def make_model(width: int) -> nn.Module:
     torch.manual_seed(0)  # the same initial weights on every rank
     return nn.Sequential(nn.Linear(512, width), nn.Tanh(), nn.Linear(width, 512))
 
-
-def replicas_agree(model: nn.Module) -> bool:
-    h = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).digest()
-    mine = torch.tensor(list(h), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return all(torch.equal(parts[0], p) for p in parts)
 
 
 def main() -> None:
@@ -72,7 +64,7 @@ def main() -> None:
     with torch.no_grad():
         final = nn.functional.mse_loss(model(x), y).item()
     dense = 4 * sum(p.numel() for p in model.parameters()) * args.steps
-    agree = replicas_agree(model)
+    agree = gt.replicas_agree(model)
     if rank == 0:
         print(f"final loss (synced weights): {final:.5f}")
         print(f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "

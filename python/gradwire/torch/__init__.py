@@ -26,6 +26,7 @@ from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import default_backend, init_from_env, spawn
 from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
+from .replicas import replicas_agree
 
 __all__ = [
     "DeMo",
@@ -46,6 +47,7 @@ __all__ = [
     "local_gradients_hook",
     "powersgd_hook",
     "register_hook",
+    "replicas_agree",
     "ring_peers",
     "skip_ddp_all_reduce",
     "spawn",
