@@ -12,7 +12,8 @@ same records added in the same order give bit-identical results on every node.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional, Protocol
 
 import torch
 
@@ -20,10 +21,13 @@ from .frame import Entry, decode_entry
 
 __all__ = [
     "Accumulator",
+    "Coefficients",
     "DenseAccumulator",
+    "entry_coefficients",
     "entry_norm",
     "make_accumulator",
     "register_accumulator",
+    "register_coefficients",
     "register_norm",
 ]
 
@@ -65,6 +69,7 @@ class DenseAccumulator:
 AccumulatorFactory = Callable[[Entry, Optional[torch.device]], Accumulator]
 _FACTORIES: dict[int, AccumulatorFactory] = {}
 _NORMS: dict[int, Callable[[Entry], float]] = {}
+_COEFFICIENTS: dict[int, Callable[[Entry], "Coefficients"]] = {}
 
 
 def register_accumulator(codec_id: int) -> Callable[[AccumulatorFactory], AccumulatorFactory]:
@@ -106,3 +111,39 @@ def entry_norm(entry: Entry) -> float:
         return float(fn(entry))
     # In float64: float32 squares overflow from |x| ≈ 1.8e19, so finite values would read as infinite.
     return float(decode_entry(entry).to(torch.float32).to(torch.float64).norm())
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """A record's tensor as coordinates in an orthonormal basis, for inner products between records
+    without a dense decode: ``values[j]`` is the coordinate at ``idx[j]`` (all others 0), or, with ``idx``
+    None, ``values`` holds every coordinate (the decoded tensor, flattened).
+
+    Two records' inner product is the sum over their common positions, provided their ``basis`` values
+    compare equal (the DCT: the same chunk plan). ``values`` are float64.
+    """
+
+    basis: Hashable
+    size: int
+    idx: Optional[torch.Tensor]
+    values: torch.Tensor
+
+
+def register_coefficients(codec_id: int) -> Callable[[Callable[[Entry], Coefficients]], Callable[[Entry], Coefficients]]:
+    """Register how to read a record of ``codec_id`` as sparse coordinates in an orthonormal basis."""
+
+    def deco(fn: Callable[[Entry], Coefficients]) -> Callable[[Entry], Coefficients]:
+        _COEFFICIENTS[codec_id] = fn
+        return fn
+
+    return deco
+
+
+def entry_coefficients(entry: Entry, dense: bool = False) -> Coefficients:
+    """The record's :class:`Coefficients`: its codec's sparse ones where it registered them (and
+    ``dense`` is false), else the decoded tensor flattened, in the basis ``("dense", shape)``."""
+    fn = None if dense else _COEFFICIENTS.get(entry.codec)
+    if fn is not None:
+        return fn(entry)
+    flat = decode_entry(entry).to(torch.float32).to(torch.float64).reshape(-1)
+    return Coefficients(("dense", tuple(entry.shape)), flat.numel(), None, flat)

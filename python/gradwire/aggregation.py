@@ -10,7 +10,10 @@ The rules (:data:`RULES`, the one list of their names; :data:`DEFAULT_RULE` is e
   ``cap_factor`` × the median of the clip levels of the run's last ``cap_rounds`` rounds
   (:class:`NormHistory`), so that even a round made of one rogue update (``quorum`` 1) moves the weights
   no more than the recent rounds did. One node's influence on a round is then at most 1.5 median
-  updates', and a run's step size can grow by at most ``cap_factor`` every few rounds.
+  updates', and a run's step size can grow by at most ``cap_factor`` every few rounds. Where the
+  senders' records are at hand (the server), an update that points against the rest of the round
+  (cosine below 0 with the clipped sum of the others: :func:`opposed_senders`) is dropped, at most a
+  minority of the round: a flipped or sign-alternating update cannot pull the round backwards.
 - ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``: no bound on what one node moves (a run
   with it says so in its status).
 - ``clipped_mean``: each update first scaled by ``cᵢ = min(1, median_norm / normᵢ)`` (:func:`clip_factors`),
@@ -71,7 +74,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .accumulate import entry_norm, make_accumulator
+from .accumulate import entry_coefficients, entry_norm, make_accumulator
 from .frame import Entry, decode_entry, weighted_sum_fused
 
 __all__ = [
@@ -88,6 +91,9 @@ __all__ = [
     "exact_aggregate",
     "exact_mean",
     "exact_trimmed_mean",
+    "OPPOSED_BELOW",
+    "opposed_senders",
+    "sender_alignment",
     "rule_weights",
     "transform_domain_sum",
     "trim_count",
@@ -331,11 +337,15 @@ class NormHistory:
 
 
 def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None,
-                 cap: float = math.inf) -> list[float]:
+                 cap: float = math.inf, records: Optional[Sequence[Sequence[Entry]]] = None) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
     (``cᵢ`` from :func:`clip_factors`: to the median norm, or to :func:`bounded_level` with ``cap``;
-    1 for ``mean``). ``ValueError`` for a coordinate-wise rule."""
+    1 for ``mean``). ``ValueError`` for a coordinate-wise rule.
+
+    ``bounded_mean`` given the senders' ``records`` also drops the updates that point against the rest
+    (:func:`opposed_senders`): their coefficient is 0 and the sum runs over the others' weights only.
+    """
     if check_rule(rule) not in _MEANS:
         raise ValueError(f"rule {rule!r} is no weighted mean")
     if rule == "mean":
@@ -345,7 +355,80 @@ def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[f
             raise ValueError(f"{rule} needs one norm per sender ({len(weights)}), got {norms!r}")
         clip = clip_factors(norms, bounded_level(norms, cap) if rule == "bounded_mean" else None)
     total = sum(weights)
-    return [w * c / total for w, c in zip(weights, clip)]
+    coeffs = [w * c / total for w, c in zip(weights, clip)]
+    if rule != "bounded_mean" or records is None:
+        return coeffs
+    opposed = opposed_senders(records, coeffs)
+    if not any(opposed):
+        return coeffs
+    kept = sum(w for w, o in zip(weights, opposed) if not o)
+    return [0.0 if o else w * c / kept for w, c, o in zip(weights, clip, opposed)]
+
+
+#: ``bounded_mean`` drops an update whose cosine with the (clipped, weighted) sum of the other updates is
+#: below this: it points against the round. Honest updates of one round point the same way on average.
+OPPOSED_BELOW = 0.0
+
+
+def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[float]:
+    """The cosine of each sender's update ``uᵢ`` (all its records) with ``Σ_{j≠i} coeffsⱼ uⱼ``, the
+    rest of the round; 0 where either is zero.
+
+    Inner products are taken in each codec's orthonormal coefficient space where all senders' records
+    of a tensor share one (:func:`gradwire.accumulate.entry_coefficients`: the DCT's kept coefficients,
+    without a dense decode), else on the decoded tensors; sums in float64. Deterministic on one
+    machine; only the server computes it (the weights it publishes carry the outcome).
+    """
+    n = len(records)
+    if len(coeffs) != n:
+        raise ValueError(f"got {len(coeffs)} coefficients for {n} senders")
+    _, per_sender = _by_name(records)
+    dot = [0.0] * n  # <u_i, S> with S = Σ_j a_j u_j
+    sq = [0.0] * n  # |u_i|²
+    s_sq = 0.0  # |S|²
+    for name in per_sender[0]:
+        views = [entry_coefficients(mine[name]) for mine in per_sender]
+        if any(v.basis != views[0].basis or v.size != views[0].size for v in views[1:]):
+            views = [entry_coefficients(mine[name], dense=True) for mine in per_sender]
+        total = torch.zeros(views[0].size, dtype=torch.float64)
+        for a, v in zip(coeffs, views):
+            if a == 0.0:
+                continue
+            if v.idx is None:
+                total.add_(v.values, alpha=a)
+            else:
+                total.index_add_(0, v.idx, v.values, alpha=a)
+        s_sq += float(torch.dot(total, total))
+        for i, v in enumerate(views):
+            mine = v.values if v.idx is None else total.index_select(0, v.idx)
+            dot[i] += float(torch.dot(v.values, mine))
+            sq[i] += float(torch.dot(v.values, v.values))
+    out = []
+    for i in range(n):
+        a = float(coeffs[i])
+        rest_dot = dot[i] - a * sq[i]  # <u_i, S - a_i u_i>
+        rest_sq = max(0.0, s_sq - 2.0 * a * dot[i] + a * a * sq[i])
+        denom = math.sqrt(sq[i]) * math.sqrt(rest_sq)
+        out.append(rest_dot / denom if denom > 0.0 and math.isfinite(denom) else 0.0)
+    return out
+
+
+def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[bool]:
+    """Which senders ``bounded_mean`` drops: those whose update points against the rest of the round
+    (:func:`sender_alignment` below :data:`OPPOSED_BELOW`), the most opposed first and at most a minority,
+    ``(n − 1) // 2`` of ``n`` (with 2 senders nobody can tell who is right, so none is dropped).
+
+    A flipped update (``−u``), however scaled, points against the honest ones and is dropped; so is the
+    negative half of an update alternating in sign to poison a momentum or an error buffer.
+    """
+    n = len(records)
+    limit = (n - 1) // 2
+    if limit == 0:
+        return [False] * n
+    cos = sender_alignment(records, coeffs)
+    worst = sorted((c, i) for i, c in enumerate(cos) if c < OPPOSED_BELOW)[:limit]
+    dropped = {i for _, i in worst}
+    return [i in dropped for i in range(n)]
 
 
 def weights_and_trim(
@@ -354,14 +437,16 @@ def weights_and_trim(
     norms: Optional[Sequence[float]] = None,
     trim_fraction: float = 0.0,
     cap: float = math.inf,
+    records: Optional[Sequence[Sequence[Entry]]] = None,
 ) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version (DeMo, SparseLoCo; :func:`exact_aggregate` applies
     them): the weighted means put everything in the weights (:func:`rule_weights`, trim 0); the
     coordinate-wise rules trim :func:`trim_count` values from each end and ignore the weights, written
-    as the plain shares ``wᵢ / Σ wᵢ`` for the record."""
+    as the plain shares ``wᵢ / Σ wᵢ`` for the record. ``records``: the senders' records, with which
+    ``bounded_mean`` drops opposed updates (:func:`rule_weights`)."""
     trim = trim_count(rule, len(weights), trim_fraction)
     if rule in _MEANS:
-        return rule_weights(rule, weights, norms, cap), trim
+        return rule_weights(rule, weights, norms, cap, records), trim
     total = sum(weights)
     return [w / total for w in weights], trim
 
@@ -413,7 +498,7 @@ def aggregate(
         raise ValueError(f"got {len(weights)} weights for {n} senders")
     picked = _pick(records, names)
     if rule in _MEANS:
-        coeffs = rule_weights(rule, weights, norms, cap)
+        coeffs = rule_weights(rule, weights, norms, cap, picked)
         return {
             name: transform_domain_sum([mine[j] for mine in picked], coeffs, device) for j, name in enumerate(names)
         }

@@ -64,6 +64,7 @@ class Reason(str, enum.Enum):
     ROUND_NOT_OPEN = "round_not_open"
     ROUND_CLOSED = "round_closed"
     CONFLICTING_SUBMISSION = "conflicting_submission"
+    REPLAYED_UPDATE = "replayed_update"
     # the server's bounds (429: retry after the Retry-After seconds)
     UPLOAD_IN_PROGRESS = "upload_in_progress"
     BUSY = "busy"

@@ -56,7 +56,7 @@ def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float
     """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
     ``cap``: ``bounded_mean``'s cap on the clip level)."""
     return aggregation.weights_and_trim(rule, [u.weight for u in updates], [u.norm for u in updates], trim_fraction,
-                                        cap)
+                                        cap, [u.frame.entries for u in updates])
 
 
 def aggregate(

@@ -184,6 +184,7 @@ class RoundDriver:
             if closed.checkpoint:
                 rt.checkpoint = closed.version
             rt.pending = {}
+            rt.recent.forget_before(rt.version)
             await asyncio.to_thread(self._prune, rt)
             event, rt.published = rt.published, asyncio.Event()
         event.set()

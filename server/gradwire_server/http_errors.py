@@ -39,6 +39,7 @@ STATUS: dict[Reason, int] = {
     Reason.STATE_NOT_SET: 409,
     Reason.ROUND_NOT_OPEN: 409,
     Reason.CONFLICTING_SUBMISSION: 409,
+    Reason.REPLAYED_UPDATE: 409,
     Reason.RUN_PAUSED: 409,
     Reason.RUN_FAILED: 409,
     Reason.LIMIT_REACHED: 409,

@@ -17,6 +17,7 @@ from gradwire.frame import Frame
 
 from .aggregate import Update
 from .config import RunConfig
+from .replays import RecentRecords
 from .transition import RunState
 
 __all__ = ["RunRuntime"]
@@ -47,6 +48,8 @@ class RunRuntime:
     committer: Optional[asyncio.Task] = None
     #: Nodes whose update body is being received or recorded now: one upload per node at a time.
     uploading: set[int] = field(default_factory=set)
+    #: The digests of the records taken in the last rounds: a replayed or copied update is refused.
+    recent: RecentRecords = field(default_factory=RecentRecords)
     #: ``active``; ``paused`` by the admin (no round closes, updates refused); ``failed``: its round close
     #: failed ``close_failures_before_failed`` times the same way (``status_detail`` says how), until the
     #: admin resumes it. ``deleted`` once the admin deleted it (whoever still holds it lets go).
@@ -101,3 +104,5 @@ class _Staged:
     norm: float
     weight: float = 1.0
     answer: Optional[asyncio.Future] = None
+    #: :func:`.replays.records_digest` of its records (``None`` for an all-zero update, which is exempt).
+    digest: Optional[bytes] = None

@@ -28,6 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
+from .replays import records_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
 from .store import Store, SubmissionRecord
@@ -146,10 +147,12 @@ class Submissions:
                                       max_frame_bytes=rt.config.max_frame_bytes,
                                       max_update_norm=rt.config.max_update_norm, model_record=record,
                                       run_id=rt.run_id, require_binding=rt.config.require_run_binding)
+        digest = records_digest(frame.entries) if norm > 0.0 else None
+        rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
-        return _Staged(node_id, round, sha, body, frame, norm)
+        return _Staged(node_id, round, sha, body, frame, norm, digest=digest)
 
     async def _commit_with_group(self, rt: RunRuntime, staged: "_Staged") -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
@@ -175,6 +178,7 @@ class Submissions:
         recorded the same node and round), then one commit for every update still accepted."""
         accepted: dict[tuple[int, int], _Staged] = {}
         duplicates: list[_Staged] = []
+        in_group: dict[bytes, tuple[int, int]] = {}  # digests this group takes
         now = time.time()
         for s in group:
             try:
@@ -190,10 +194,18 @@ class Submissions:
                     s.answer.set_result(dup)
                     continue
                 s.weight = self._weight_for(rt, s.round)
+                rt.recent.check(s.digest, s.node_id, s.round)
+                first_here = in_group.get(s.digest) if s.digest is not None else None
+                if first_here is not None and first_here[1] != s.round:
+                    raise Rejected(Reason.REPLAYED_UPDATE,
+                                   f"node {s.node_id}'s update for round {s.round} repeats the records node "
+                                   f"{first_here[0]} sent for round {first_here[1]}: an update is taken once")
             except Rejected as exc:
                 s.answer.set_exception(exc)
                 continue
             accepted[(s.node_id, s.round)] = s
+            if s.digest is not None:
+                in_group[s.digest] = (s.node_id, s.round)
         recs = [SubmissionRecord(rt.run_id, s.node_id, s.round, rt.version, s.sha, len(s.body), s.weight, s.norm, now)
                 for s in accepted.values()]
         if recs:
@@ -218,6 +230,7 @@ class Submissions:
                 return
         for s in accepted.values():
             rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha)
+            rt.recent.add(s.digest, s.node_id, s.round)
         submitted = len(rt.pending)
         for s in accepted.values():
             s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": False, "submitted": submitted})

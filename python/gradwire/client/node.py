@@ -235,10 +235,15 @@ class Node:
             # round_closed: the round was published without us. conflicting_submission: this node
             # already has a different frame recorded for the round (a restarted process); that one
             # counts. Either way these records did not, and the round still publishes: wait for it.
-            if isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
+            if isinstance(exc, ConflictError) and exc.error == Reason.REPLAYED_UPDATE.value:
+                # Another node's update already carried these very records (a copy that reached the
+                # server first): they counted, so they are not taken back.
+                self.rounds_missed += 1
+            elif isinstance(exc, ConflictError) and exc.error != Reason.CONFLICTING_SUBMISSION.value:
                 raise
-            self.rounds_missed += 1
-            self.side.take_back(decode_bundle(strip_binding(read_frame(frame))))
+            else:
+                self.rounds_missed += 1
+                self.side.take_back(decode_bundle(strip_binding(read_frame(frame))))
         self.bytes_sent += len(frame)
         deadline = None if self.step_timeout is None else time.monotonic() + self.step_timeout
         while self.version <= round_:

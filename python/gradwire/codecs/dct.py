@@ -35,7 +35,7 @@ import torch
 from .. import _native
 from .. import dct as _dct
 from .. import wire
-from ..accumulate import register_accumulator, register_norm
+from ..accumulate import Coefficients, register_accumulator, register_coefficients, register_norm
 from ..errors import FrameError
 from ..frame import Entry, decode_entry, register_decoder, register_weighted_sum
 from . import record as rec
@@ -618,3 +618,15 @@ def dct_record_norm(entry: Entry) -> float:
     values = levels.reshape(plan.num_chunks, k).astype(np.float32) * scale[:, None] + mins[:, None]
     # Not np.dot: BLAS's threads cost more than this small sum.
     return math.sqrt(float(np.square(values, dtype=np.float64).sum()))
+
+
+@register_coefficients(DCTCodec.codec_id)
+def dct_record_coefficients(entry: Entry) -> Coefficients:
+    """A DCT record's kept coefficients as positions in its chunk plan's coefficient space (the transform
+    is orthonormal, so inner products there are the decoded tensors' — exact without padding, as for
+    :func:`dct_record_norm`)."""
+    parsed = parse_record(entry)
+    c = parsed.plan.chunk_numel
+    flat = (parsed.idx + torch.arange(parsed.plan.num_chunks).unsqueeze(1) * c).reshape(-1)
+    return Coefficients(("dct", parsed.plan), parsed.plan.num_chunks * c, flat,
+                        parsed.values.reshape(-1).to(torch.float64))
