@@ -86,7 +86,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -521,6 +520,7 @@ class Settings:
     evals: int = 8
     mults: Optional[tuple] = None  # --mults: the compressed AdamW-family rows' lr multiples
     outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
+    dense_mults: Optional[tuple] = None  # --dense-mults: the dense row's lr multiples (default: its grid)
 
 
 def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
@@ -528,6 +528,8 @@ def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
     """The tuning grid of a row: ``[(label, lr, extra)]`` (``settings.mults`` / ``settings.outers`` narrow
     the compressed AdamW-family rows' grid, every listed lr with every listed outer optimizer)."""
     mults = settings.mults if settings and settings.mults and row.kind != "dense" else None
+    if row.kind == "dense" and settings and settings.dense_mults:
+        mults = settings.dense_mults
     adamw = [scale.base_lr * m for m in (mults or MULT.get(row.kind, MULT["dense"]))]
     if row.kind == "demo":  # --mults: multiples of the middle of the task's DeMo grid
         lrs = [scale.demo_lrs[len(scale.demo_lrs) // 2] * m for m in mults] if mults else scale.demo_lrs
@@ -1258,13 +1260,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                          " (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)")
     ap.add_argument("--steps", type=int, default=None, help="training steps for every task (default: per task)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[4],
+                    help="nodes (default 4); several (e.g. 4 16 64): bench/convergence_nodes.py, which trains each"
+                         " node count and writes docs/convergence-nodes.md")
     ap.add_argument("--H", type=int, default=None, help="SparseLoCo inner steps per round (default 8; 32 with --full)")
     ap.add_argument("--mults", nargs="+", type=float, default=None,
                     help="lr multiples for the compressed rows: of the task's base lr (AdamW family), of the middle of"
                          " its DeMo grid (DeMo); dense keeps its grid")
     ap.add_argument("--outers", nargs="+", default=None, choices=list(ALL_OUTERS),
                     help="SparseLoCo's outer optimizers to try (with --mults or --outers: every lr with every outer)")
+    ap.add_argument("--dense-mults", nargs="+", type=float, default=None,
+                    help="narrow the dense row's lr grid (multiples of the task's base lr; default 0.3 1 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
@@ -1272,6 +1278,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--out", type=Path, default=DOC, help="the markdown report (the PNG goes beside it)")
     ap.add_argument("--cache", type=Path, default=CACHE, help="the JSON file of finished runs")
     args = ap.parse_args(argv)
+    if len(args.nodes) > 1:
+        try:
+            from bench import convergence_nodes
+        except ImportError:
+            import convergence_nodes
+        keep = ["--nodes", *map(str, args.nodes), "--tasks", *args.tasks, "--seeds", *map(str, args.seeds),
+                "--jobs", str(args.jobs)]
+        keep += ["--rows", *args.rows] if args.rows else []
+        keep += ["--steps", str(args.steps)] if args.steps else []
+        keep += ["--H", str(args.H)] if args.H else []
+        keep += ["--mults", *map(str, args.mults)] if args.mults else []
+        keep += ["--dense-mults", *map(str, args.dense_mults)] if args.dense_mults else []
+        keep += ["--report-only"] if args.report_only else []
+        keep += ["--cache", str(args.cache)] if args.cache != CACHE else []
+        return convergence_nodes.main(keep)
+    args.nodes = args.nodes[0]
     _CACHE[0] = args.cache
     torch.set_num_threads(args.threads)
     from rich.console import Console
@@ -1288,7 +1310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     steps = {tn: args.steps for tn in args.tasks} if args.steps else {}
     settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps,
                         mults=tuple(args.mults) if args.mults else None,
-                        outers=tuple(args.outers) if args.outers else None)
+                        outers=tuple(args.outers) if args.outers else None,
+                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:

@@ -1,0 +1,276 @@
+"""Training quality and bytes per node against the node count: dense AdamW, SparseLoCo and DeMo publishing
+every node's frame (``publish="frames"``) or one re-encoded aggregate (``publish="aggregate"``).
+
+``python bench/convergence_nodes.py --nodes 4 16 64`` (also ``bench/convergence.py --nodes 4 16 64``)
+trains, node count by node count, the rows of :mod:`convergence` that are not in its cache (the same
+simulation: ``N`` nodes in one process, each on its own shard, every frame written, counted and read
+back; dense AdamW on the same per-node batches and steps), then writes ``docs/convergence-nodes.md``
+with two plots: the held-out gap to dense against the node count, and the bytes a node sends and
+receives per step against the node count.
+
+A scale-out keeps the per-node batch (8 sequences), so the global batch grows with the node count, and
+dense AdamW at each node count is the mean of the same nodes' gradients (global batch 8 × N) — its lr
+tuned at every node count.
+
+``--report-only`` (or a grid narrower than what is cached) reports whatever the cache holds for these node
+counts, rows and steps: for each row and node count, the lr with the lowest held-out loss on seed 0 is
+the row's best, and its held-out loss is the mean over every cached seed of that lr. A gap is taken seed
+by seed against dense at its best lr, over the seeds both have. Each table line says which lrs were
+tried and on how many seeds.
+
+Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--steps 2048]
+           [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
+           [--dense-mults 1 3] [--cache bench/out/reencode.json] [--report-only] [--out docs/convergence-nodes.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional, Sequence
+
+try:  # bench/convergence.py: the simulation, its rows and its cache
+    from bench import convergence as cv  # python -m bench.convergence_nodes
+except ImportError:
+    import convergence as cv  # python bench/convergence_nodes.py: bench/ is the script's directory
+
+DOC = cv.ROOT / "docs" / "convergence-nodes.md"
+CACHE = cv.OUT / "reencode.json"
+ROWS = ("dense", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
+        "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000")
+#: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
+REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0)
+REPORT_DENSE_MULTS = (0.3, 1.0, 3.0)
+REPORT_SEEDS = (0, 1, 2)
+
+
+@dataclass
+class Cell:
+    """One row at one node count: its best lr and what it measured there."""
+
+    nodes: int
+    row: str
+    label: str
+    best_hp: str
+    tried: list[str]
+    held_out: dict[int, float]  # seed → held-out loss at the best lr
+    up_bytes: float
+    down_bytes: float
+    fp32: int
+    batch: int
+    steps: int
+    gap: Optional[float] = None  # % vs dense, over common seeds
+    gap_seeds: int = 0
+    curve: list = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.held_out.values()) / len(self.held_out)
+
+    @property
+    def up_ratio(self) -> float:
+        return self.fp32 / self.up_bytes
+
+    @property
+    def down_ratio(self) -> float:
+        return self.fp32 / self.down_bytes
+
+
+def _settings(nodes: int, args, report: bool) -> cv.Settings:
+    H = args.H
+    mults = REPORT_MULTS if report else (tuple(args.mults) if args.mults else None)
+    dense = REPORT_DENSE_MULTS if report else (tuple(args.dense_mults) if args.dense_mults else None)
+    return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks},
+                       mults=mults, outers=("plain",), dense_mults=dense)
+
+
+def cells_for(nodes: int, args, console) -> list[Cell]:
+    """What the cache holds for ``nodes`` (every lr of the report grid, every seed of REPORT_SEEDS)."""
+    rows = [cv.RowSpec.parse(r) for r in args.rows]
+    plans, _ = cv.make_plans(args.tasks, rows, REPORT_SEEDS, _settings(nodes, args, report=True))
+    cache = cv._cache_load()
+    by: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}
+    labels = {}
+    for p in plans:
+        labels[(p.task.name, p.row.key)] = (p.row.label, p.scale)
+        r = cache.get(p.key)
+        if r is not None:
+            by.setdefault((p.task.name, p.row.key), {}).setdefault(p.hp, {})[p.seed] = r
+    out = []
+    for (tn, rk), hps in by.items():
+        with0 = {hp: runs for hp, runs in hps.items() if 0 in runs}
+        if not with0:
+            continue
+        best = min(with0, key=lambda hp: with0[hp][0]["held_out"] if math.isfinite(with0[hp][0]["held_out"])
+                   else math.inf)
+        runs = with0[best]
+        any_run = next(iter(runs.values()))
+        label, scale = labels[(tn, rk)]
+        curve = [(c[0], sum(r["curve"][j][1] for r in runs.values()) / len(runs),
+                  sum(r["curve"][j][2] for r in runs.values()) / len(runs)) for j, c in enumerate(any_run["curve"])]
+        out.append(Cell(nodes, rk, label, best, sorted(hps, key=_lr_of),
+                        {s: r["held_out"] for s, r in runs.items()},
+                        sum(r["up_bytes_per_step"] for r in runs.values()) / len(runs),
+                        sum(r["down_bytes_per_step"] for r in runs.values()) / len(runs),
+                        any_run["fp32_bytes"], scale.batch, scale.steps, curve=curve))
+    dense = next((c for c in out if c.row == "dense"), None)
+    for c in out:
+        if dense is None or c is dense:
+            continue
+        common = sorted(set(c.held_out) & set(dense.held_out))
+        if common:
+            c.gap = 100.0 * (sum(c.held_out[s] / dense.held_out[s] for s in common) / len(common) - 1.0)
+            c.gap_seeds = len(common)
+    order = {r: i for i, r in enumerate(args.rows)}
+    return sorted(out, key=lambda c: order.get(c.row, 99))
+
+
+def _lr_of(hp: str) -> float:
+    return float(hp.split()[0].split("=")[1])
+
+
+def train(nodes: int, args, console) -> None:
+    rows = [cv.RowSpec.parse(r) for r in args.rows]
+    settings = _settings(nodes, args, report=False)
+    plans, _ = cv.make_plans(args.tasks, rows, args.seeds, settings, console)
+    cv.sweep(plans, settings, console, args.jobs)
+
+
+def plot(cells: list[Cell], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_gap, ax_bytes) = plt.subplots(1, 2, figsize=(13, 5))
+    style = {"frames": ("--", "o"), "agg": ("-", "s")}
+    colors = {"sparseloco@300": "C2", "sparseloco@1000": "C3", "demo@300": "C0", "demo@1000": "C9"}
+    by_row: dict[str, list[Cell]] = {}
+    for c in cells:
+        by_row.setdefault(c.row, []).append(c)
+    for row, cs in by_row.items():
+        cs = sorted(cs, key=lambda c: c.nodes)
+        if row == "dense":
+            ax_bytes.plot([c.nodes for c in cs], [c.fp32 for c in cs], ":", color="black",
+                          label="dense fp32 (each way)")
+            continue
+        base, _, down = row.partition("/")
+        kind = "agg" if down.startswith("agg") else "frames"
+        ls, mk = style[kind]
+        color = colors.get(base, "C5")
+        name = f"{cs[0].label.split(' ↓')[0]} {'re-encoded aggregate' if kind == 'agg' else 'every frame'}"
+        pts = [(c.nodes, c.gap) for c in cs if c.gap is not None]
+        if pts:
+            ax_gap.plot([n for n, _ in pts], [g for _, g in pts], ls, marker=mk, color=color, label=name)
+        ax_bytes.plot([c.nodes for c in cs], [c.down_bytes for c in cs], ls, marker=mk, color=color,
+                      label=f"{name}: received")
+        if kind == "agg":
+            ax_bytes.plot([c.nodes for c in cs], [c.up_bytes for c in cs], "-.", marker="^", color=color, alpha=0.6,
+                          label=f"{cs[0].label.split(' ↓')[0]}: sent (either way)")
+    ax_gap.axhline(2.0, color="grey", lw=0.8, ls=":")
+    ax_gap.axhline(0.0, color="black", lw=0.8)
+    ax_gap.set_xscale("log", base=2)
+    ax_gap.set_xlabel("nodes")
+    ax_gap.set_ylabel("held-out loss gap to dense AdamW (%)")
+    ax_gap.set_title("quality against the node count (dotted: the 2 % target)")
+    ax_bytes.set_xscale("log", base=2)
+    ax_bytes.set_yscale("log")
+    ax_bytes.set_xlabel("nodes")
+    ax_bytes.set_ylabel("bytes per node per step")
+    ax_bytes.set_title("what one node sends and receives per step")
+    for ax in (ax_gap, ax_bytes):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt_hp(hp: str) -> str:
+    return hp.replace(" plain", "")
+
+
+def table(cells: list[Cell]) -> list[str]:
+    lines = ["| nodes | batch per node / global | row | lr (tried) | seeds | held-out | gap vs dense | ↑ B/step | ↑ × |"
+             " ↓ B/step | ↓ × | server egress B/step |",
+             "|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        tried = ", ".join(_fmt_hp(h).split("=")[1] for h in c.tried)
+        per_seed = " / ".join(f"{c.held_out[s]:.4f}" for s in sorted(c.held_out))
+        held = per_seed if len(c.held_out) == 1 else f"{per_seed} (mean {c.mean:.4f})"
+        gap = "—" if c.gap is None else f"{c.gap:+.1f} %" + ("" if c.gap_seeds == len(c.held_out) else
+                                                             f" ({c.gap_seeds} seed{'s' if c.gap_seeds > 1 else ''})")
+        lines.append(f"| {c.nodes} | {c.batch} / {c.batch * c.nodes} | {c.label} | {_fmt_hp(c.best_hp).split('=')[1]}"
+                     f" ({tried}) | {len(c.held_out)} | {held} | {gap} | {c.up_bytes:,.0f} | {c.up_ratio:.0f} |"
+                     f" {c.down_bytes:,.0f} | {c.down_ratio:.1f} | {c.down_bytes * c.nodes:,.0f} |")
+    return lines
+
+
+def _shown(path: Path) -> str:
+    p = path.resolve()
+    return str(p.relative_to(cv.ROOT)) if p.is_relative_to(cv.ROOT) else str(p)
+
+
+def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Optional[float]) -> None:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    steps = cells[0].steps if cells else args.steps
+    lines = [
+        "# Quality and bytes against the node count (issue 19)",
+        "",
+        f"Written by `bench/convergence_nodes.py` on {now} from the runs in `{_shown(args.cache)}`"
+        + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ".",
+        "",
+        f"Task: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H}); every row at a node count",
+        "uses the same shards and batches; dense AdamW averages the same nodes' gradients. Bytes are measured",
+        "from the frames and versions written in training: ↑ what one node sends per step, ↓ what it receives",
+        "per step (a verbatim version: a header and every node's frame; a re-encoded one: a header and one",
+        "frame), server egress = ↓ × nodes. Best lr: the lowest held-out loss on seed 0 among those tried; the",
+        "gap is taken seed by seed against dense at its best lr.",
+        "",
+    ]
+    lines += table(cells)
+    lines += ["", f"![gap and bytes against the node count]({png.name})", ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", nargs="+", type=int, default=[4, 16, 64])
+    ap.add_argument("--tasks", nargs="+", default=["stdlib"], choices=list(cv.TASKS))
+    ap.add_argument("--steps", type=int, default=2048)
+    ap.add_argument("--H", type=int, default=8)
+    ap.add_argument("--rows", nargs="+", default=list(ROWS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")
+    ap.add_argument("--dense-mults", nargs="+", type=float, default=None, help="as convergence.py's --dense-mults")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cache", type=Path, default=CACHE)
+    ap.add_argument("--report-only", action="store_true", help="report what the cache holds; train nothing")
+    ap.add_argument("--out", type=Path, default=DOC)
+    args = ap.parse_args(argv)
+    cv._CACHE[0] = args.cache
+    from rich.console import Console
+
+    console = Console(width=160)
+    t0 = time.perf_counter()
+    if not args.report_only:
+        for n in args.nodes:
+            console.print(f"[bold]{n} nodes[/bold]")
+            train(n, args, console)
+    elapsed = None if args.report_only else time.perf_counter() - t0
+    cells = [c for n in args.nodes for c in cells_for(n, args, None)]
+    for line in table(cells):
+        console.print(line)
+    png = args.out.with_suffix(".png")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot(cells, png)
+    write_report(cells, args, args.out, png, elapsed)
+    console.print(f"wrote {args.out} and {png}")
+
+
+if __name__ == "__main__":
+    main()
