@@ -41,6 +41,7 @@ from gradwire.aggregation import NormHistory, update_norm
 from gradwire.algorithms import exact_aggregate
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
+from gradwire.reencode import ReencodeFeedback
 from gradwire.state import apply_update, state_hash
 
 from .aggregate import Update, aggregate, published_weights
@@ -85,7 +86,9 @@ class RunState:
     version: int
     master: dict[str, torch.Tensor]
     moments: Optional[AdamWState] = None
-    downlink: Optional[ErrorFeedback] = None
+    #: The downlink error feedback: AdamW's diff (parameter space), or a re-encoded aggregate's (its
+    #: residuals in the DCT coefficient domain where the nodes' records allow: gradwire.reencode).
+    downlink: Optional[ErrorFeedback | ReencodeFeedback] = None
     #: ``bounded_mean``'s recent clip levels (its cap), stepped once per version; ``None`` for other rules.
     norms: Optional[NormHistory] = None
     algorithm_state: dict[str, Any] = field(default_factory=dict)
@@ -109,8 +112,12 @@ class RunState:
         state.norms = config.aggregation.norm_history()
         if state.norms is not None:
             state.norms.load_state_dict(norms)
-        if state.publishes_diffs or config.reencodes:
+        if state.publishes_diffs:
             state.downlink = ErrorFeedback(config.downlink.build())
+        elif config.reencodes:
+            # Reads its own state and the parameter-domain ErrorFeedback states of older checkpoints.
+            state.downlink = ReencodeFeedback(config.downlink.build())
+        if state.downlink is not None:
             state.downlink.load_state_dict(_to_device(downlink, device))
         return state
 
@@ -215,14 +222,14 @@ class RunState:
     def _reencoded_version(self, records: Sequence[Sequence], weights: Sequence[float],
                            trim: int) -> tuple[bytes, dict[str, torch.Tensor]]:
         """The exact (robust) aggregate of ``records``, plus the downlink error buffer, compressed with the
-        downlink codec (the buffer keeps the rest): ``(the version's bytes, each record's reconstruction)``.
+        downlink codec (the buffer keeps the rest): ``(the version's bytes, each record's exact decode)``.
         Only the aggregate reaches the buffer, so a node can move it no more than the rule lets it move
-        the aggregate."""
-        assert self.downlink is not None
+        the aggregate. Where the nodes' records share the downlink's DCT chunks and the rule is a weighted
+        mean, the aggregate is summed and compressed in the coefficient domain (gradwire.reencode): no
+        decode of the node records, no forward transform."""
+        assert isinstance(self.downlink, ReencodeFeedback)
         clock = _Clock(self.timings)
-        mean = exact_aggregate(records, weights, trim, device=self.device)
-        clock.lap("aggregate")
-        done = self.downlink.compress_bundle_reconstructed({n: mean[n] for n in sorted(mean)})
+        done = self.downlink.reencode(records, weights, trim, device=self.device, lap=clock.lap)
         published = write_published_aggregate(self.version + 1, [e for e, _ in done.values()], len(records))
         clock.lap("encode")
         return published, {n: r for n, (_, r) in done.items()}

@@ -44,6 +44,7 @@ from .base import Codec
 __all__ = [
     "DCTAccumulator",
     "DCTCodec",
+    "KeptCoefficients",
     "MAX_CHUNK_NUMEL",
     "ParsedRecord",
     "dct_record_norm",
@@ -136,6 +137,27 @@ def _reconstruct(
 ) -> torch.Tensor:
     """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
     return _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, plan)
+
+
+@dataclass(frozen=True)
+class KeptCoefficients:
+    """What a DCT record keeps of its tensor's coefficients: each chunk's positions ``idx`` (int64,
+    ``(num_chunks, k)``, ascending) and their quantized values (``levels`` on the per-chunk grid of
+    ``scales`` and ``mins``), on the device they were computed on."""
+
+    plan: _dct.ChunkPlan
+    idx: torch.Tensor
+    levels: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+
+    def values(self) -> torch.Tensor:
+        """The kept coefficients as receivers read them (float32, ``(num_chunks, k)``)."""
+        return dequantize_levels(self.levels, self.scales, self.mins)
+
+    def decode(self) -> torch.Tensor:
+        """The dense float32 tensor receivers decode (the exact decode, ``gradwire.dct.decode_levels``)."""
+        return _reconstruct(self.idx, self.levels, self.scales, self.mins, self.plan)
 
 
 def quantize_levels(values: torch.Tensor, value_bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -251,14 +273,30 @@ class DCTCodec(Codec):
         rec.check_float_input(tensor)
         x = tensor.detach()
         plan = self.plan(x.shape)
+        coeffs = _dct.encode_chunks(x.to(torch.float32), plan)
+        entry, kept = self.compress_coefficients(coeffs, plan, name, tensor.dtype)
+        return entry, kept.decode().to(tensor.dtype)
+
+    def compress_coefficients(
+        self, coeffs: torch.Tensor, plan: _dct.ChunkPlan, name: str = "", dtype: torch.dtype = torch.float32
+    ) -> tuple[Entry, "KeptCoefficients"]:
+        """The record of a tensor whose DCT coefficients ``coeffs`` ``(num_chunks, C)`` (float32, cut by
+        ``plan``, which must be :meth:`plan` of the tensor's shape) are given rather than computed, tagged
+        ``dtype``; with what it keeps (:class:`KeptCoefficients`: its exact decode is what receivers get).
+
+        :meth:`compress` is the forward transform and then this; a sender that holds coefficients already
+        (the server's coefficient-domain downlink, :mod:`gradwire.reencode`) skips the transform.
+        """
+        if plan != self.plan(plan.shape):
+            raise ValueError(f"tensor {name!r}: the plan {plan} is not this codec's for shape {plan.shape}")
         c = plan.chunk_numel
+        if tuple(coeffs.shape) != (plan.num_chunks, c):
+            raise ValueError(f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, "
+                             f"got {tuple(coeffs.shape)}")
         k = min(self.topk, c)
         bits = index_bits_for(c)
-
-        coeffs = _dct.encode_chunks(x.to(torch.float32), plan)
         idx, top = _dct.select_topk(coeffs, k)
         levels, scales, mins = quantize_levels(top, self.value_bits)
-        recon = _reconstruct(idx, levels, scales, mins, plan).to(tensor.dtype)
 
         # Only the compact payload crosses to the host.
         idx_host = idx.to(torch.int16 if c <= (1 << 15) else torch.int32).cpu().numpy()
@@ -274,8 +312,8 @@ class DCTCodec(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
 
         coding, param, idx_bytes = self._code_indices(idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, bits)
-        entry = rec.entry(
-            self.codec_id, name, tensor,
+        entry = Entry(
+            name=name, codec=self.codec_id, dtype=dtype, shape=plan.shape,
             params=pack_params(
                 plan.mode, plan.chunk_shape, k, plan.pad_count,
                 index_coding=coding, index_param=param, value_bits=self.value_bits,
@@ -286,8 +324,9 @@ class DCTCodec(Codec):
                 "scale": scales_host.astype(np.float32, copy=False),
                 "min": mins_host.astype(np.float32, copy=False),
             },
+            section_elems={},
         )
-        return entry, recon
+        return entry, KeptCoefficients(plan, idx, levels, scales, mins)
 
     def _code_indices(self, idx: np.ndarray, c: int, bits: int) -> tuple[int, int, bytes]:
         """``(index_coding, its parameter, the idx section)`` for positions ``idx`` ``(num_chunks, k)``."""
