@@ -63,6 +63,13 @@ class Closed:
     timings: Timings
     publish_s: float
 
+    def parts(self) -> dict[str, float]:
+        """Seconds of each part of the close (``gradwire_close_part_seconds``): the step's
+        :class:`~.transition.Timings`, then the durable publish."""
+        t = self.timings
+        return {"aggregate": t.aggregate, "adamw": t.adamw, "encode": t.encode, "apply": t.apply, "hash": t.hash,
+                "publish": self.publish_s}
+
 
 class RoundDriver:
     """Every run's driver task, and the round closes, checkpoints and pruning it runs."""
@@ -191,6 +198,8 @@ class RoundDriver:
         m = self.metrics
         m.publish_seconds.observe(time.perf_counter() - t0)
         m.aggregate_seconds.observe(closed.timings.aggregate)
+        for part, seconds in closed.parts().items():
+            m.close_part_seconds.labels(part=part).observe(seconds)
         if opened_before is not None:
             m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
         m.set_version(rt.run_id, rt.version)

@@ -51,6 +51,10 @@ class Metrics:
         self.publish_seconds = Histogram(
             "gradwire_publish_seconds", "Closing a round: aggregate, AdamW, downlink encode, durable publish.",
             buckets=_LATENCY_BUCKETS, registry=r)
+        self.close_part_seconds = Histogram(
+            "gradwire_close_part_seconds", "One part of a round's close (gradwire_publish_seconds): aggregate, "
+            "adamw, encode (the downlink's), apply, hash (the weights'), publish (frame fsync and SQLite commit).",
+            ["part"], buckets=_LATENCY_BUCKETS, registry=r)
         self.live_nodes = Gauge("gradwire_live_nodes", "Nodes that submitted in the last N rounds.", registry=r)
         self.live_nodes.set_function(live_nodes)
         self.runs = Gauge("gradwire_runs", "Runs by status: active, paused (by the admin), failed (round close kept "
