@@ -52,6 +52,31 @@ MODES = {
 }
 
 
+#: ``--node-frames run``: what a node of each mode sends by default (AdamW runs: the server's 64×64 top-32
+#: uplink; DeMo and SparseLoCo: their algorithm's 64×64-tile codec, which the downlink re-encodes in the
+#: coefficient domain). ``--node-frames flat``: the 64×64 top-32 flat-chunk DCT for every mode (as measured
+#: before; the re-encoding then runs in parameter space, its chunks being the downlink's tiles).
+FLAT_NODE_CODEC = {"chunk_shape": [64, 64], "topk": 32}
+
+
+NODE_FRAMES_CAPTION = {
+    "run": "each mode's default node codec (adamw: DCT 64×64 top-32; demo, sparseloco: their 64×64-tile DCT, "
+           "re-encoded in the coefficient domain)",
+    "flat": "DCT 64×64 top-32 flat chunks for every mode",
+}
+
+
+def node_codec(mode: str, node_frames: str) -> gradwire.DCTCodec:
+    """The codec the bench's nodes encode with for ``mode`` (``--node-frames``)."""
+    if node_frames == "flat" or mode == "adamw":
+        return gradwire.DCTCodec(**FLAT_NODE_CODEC)
+    from gradwire.algorithms.demo import demo_codec_params
+    from gradwire.algorithms.sparseloco import sparseloco_codec_params
+
+    params = demo_codec_params() if mode == "demo" else sparseloco_codec_params(RunConfig.model_validate(MODES[mode]).sparseloco.sync_every)
+    return gradwire.DCTCodec(**params)
+
+
 def parse_grid(items: list[str]) -> list[tuple[int, list[int]]]:
     out = []
     for item in items:
@@ -77,20 +102,22 @@ def adamw_step_seconds(master: dict[str, torch.Tensor], repeat: int) -> float:
     return best
 
 
-def close_table(console, grid, modes, average_max_params: float, average_max_nodes: int, repeat: int) -> None:
+def close_table(console, grid, modes, average_max_params: float, average_max_nodes: int, repeat: int,
+                node_frames: str = "run") -> None:
     table = Table(title="Closing a round, as a multiple of one torch.optim.AdamW step on the same parameters "
                         f"(same process, {torch.get_num_threads()} torch threads, OpenMP wait policy {OMP_POLICY}; "
                         "target ≤ 10×)",
-                  caption="DCT 64×64 top-32 node frames. parts: aggregate (adamw: transform-domain sum; demo/"
-                          "sparseloco: exact mean, one exact decode per node), AdamW (fused, in place), downlink "
-                          "encode (error feedback + DCT encode, whose reconstruction is gradwire.dct.decode_levels), "
+                  caption=f"node frames: {NODE_FRAMES_CAPTION[node_frames]}. parts: aggregate (adamw: transform-domain sum; demo/"
+                          "sparseloco: the nodes' coefficients summed into the downlink's coefficient-domain buffer "
+                          "where their chunks are the downlink's, else the exact mean, one exact decode per node), "
+                          "AdamW (fused, in place), downlink encode (error feedback, a forward DCT where the buffer is "
+                          "in parameter space, top-k, quantization; the reconstruction is gradwire.dct.decode_levels), "
                           "apply, weights hash (BLAKE3), publish (frame fsync + SQLite commit). checkpoint: the "
                           "full state, written every checkpoint_every versions after the version is published. "
                           "Fastest of the repeats by total.")
     for col in ("mode", "params", "nodes", "AdamW step (s)", "close (s)", "close / AdamW", "aggregate", "AdamW",
                 "encode", "(of it decode_levels)", "apply", "hash", "publish", "checkpoint / AdamW"):
         table.add_column(col, justify="right")
-    dct = gradwire.DCTCodec(chunk_shape=(64, 64), topk=32)
     jobs = [(p, n, m) for p, ns in grid for n in ns for m in modes if m == "adamw" or (p <= average_max_params and n <= average_max_nodes)]
     with Progress(console=console, transient=True) as progress, tempfile.TemporaryDirectory() as tmp:
         task = progress.add_task("round close vs AdamW", total=len(jobs))
@@ -102,11 +129,12 @@ def close_table(console, grid, modes, average_max_params: float, average_max_nod
             shapes = sr.model_shapes(params)
             gen = torch.Generator().manual_seed(0)
             master = {n: torch.randn(s, generator=gen) * 0.02 for n, s in sorted(shapes.items())}
-            key = (params, nodes)
+            codec = node_codec(mode, node_frames)
+            key = (params, nodes, repr(codec))
             if key not in frames_cache:
                 frames_cache.clear()
                 gc.collect()
-                raws = sr.frames_for(shapes, dct, nodes)
+                raws = sr.frames_for(shapes, codec, nodes)
                 frames_cache[key] = [Update(read_frame(f), 1.0, 1.0, i + 1, f) for i, f in enumerate(raws)]
             updates = frames_cache[key]
             cfg = RunConfig.model_validate(MODES[mode])
@@ -174,17 +202,17 @@ def _decode_levels_share(state: RunState, master) -> float:
     return spent[0]
 
 
-def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = ("adamw",)) -> None:
+def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = ("adamw",),
+                     node_frames: str = "run") -> None:
     """From the quorum's last 202 to the published version over HTTP, against one AdamW step here, for each
     mode (demo and sparseloco with their default publication, the re-encoded aggregate)."""
     shapes = sr.model_shapes(params)
-    dct = gradwire.DCTCodec(chunk_shape=(64, 64), topk=32)
     nodes_n = 4
     gen = torch.Generator().manual_seed(0)
     master = {n: torch.randn(s, generator=gen) * 0.02 for n, s in sorted(shapes.items())}
     table = Table(title=f"Over HTTP: quorum's last 202 → published version, {params / 1e6:.0f} M parameters, "
                         f"{nodes_n} nodes (uvicorn on 127.0.0.1)",
-                  caption="each round: 3 nodes submit, then the 4th; timed from its 202 to the long-poll answering "
+                  caption=f"node frames: {NODE_FRAMES_CAPTION[node_frames]}. each round: 3 nodes submit, then the 4th; timed from its 202 to the long-poll answering "
                           "with the new version; the AdamW step measured in this process, same torch threads.")
     for col in ("mode", "round", "quorum → published (s)", "AdamW step (s)", "ratio"):
         table.add_column(col, justify="right")
@@ -192,6 +220,7 @@ def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = (
         admin = srv.admin_headers()
         with httpx.Client(base_url=srv.url, timeout=600) as c:
             for mode in modes:
+                dct = node_codec(mode, node_frames)
                 run_id = c.post("/v1/runs", json={**MODES[mode], "quorum": nodes_n}, headers=admin).json()["run_id"]
                 nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(nodes_n)]
                 assert c.put(f"/v1/runs/{run_id}/state", content=state_to_bytes(master), headers=admin).status_code == 200
@@ -227,11 +256,15 @@ def main() -> None:
     ap.add_argument("--http-params", type=int, default=10_000_000)
     ap.add_argument("--http-close-rounds", type=int, default=3)
     ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--node-frames", choices=list(NODE_FRAMES_CAPTION), default="run",
+                    help="run: each mode's default node codec (demo/sparseloco: their 64×64-tile DCT); "
+                         "flat: the 64×64 top-32 flat DCT for every mode")
     args = ap.parse_args()
     grid = parse_grid(args.grid or (BIG_GRID if args.big else DEFAULT_GRID))
-    close_table(sr.console, grid, args.modes, args.average_max_params, args.average_max_nodes, args.repeat)
+    close_table(sr.console, grid, args.modes, args.average_max_params, args.average_max_nodes, args.repeat,
+                args.node_frames)
     if not args.skip_http:
-        http_close_table(sr.console, args.http_params, args.http_close_rounds, args.modes)
+        http_close_table(sr.console, args.http_params, args.http_close_rounds, args.modes, args.node_frames)
 
 
 if __name__ == "__main__":
