@@ -182,9 +182,12 @@ def plot(cells: list[Cell], path: Path) -> None:
     ax_bytes.set_xlabel("nodes")
     ax_bytes.set_ylabel("bytes per node per step")
     ax_bytes.set_title("what one node sends and receives per step")
+    counts = sorted({c.nodes for c in cells})
     for ax in (ax_gap, ax_bytes):
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.minorticks_off() if ax is ax_gap else None
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -233,8 +236,48 @@ def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Option
         "",
     ]
     lines += table(cells)
-    lines += ["", f"![gap and bytes against the node count]({png.name})", ""]
+    lines += ["", f"![gap and bytes against the node count]({png.name})", "", "## Targets", ""]
+    lines += verdicts(cells)
+    lines += ["", "## Bytes per node against the node count", ""]
+    lines += bytes_lines(cells)
     path.write_text("\n".join(lines) + "\n")
+
+
+def verdicts(cells: list[Cell]) -> list[str]:
+    """Per node count and ratio: the best row at that ratio both ways against the 2 % target, and what
+    re-encoding costs over publishing every frame."""
+    out = []
+    for n in sorted({c.nodes for c in cells}):
+        here = [c for c in cells if c.nodes == n and c.gap is not None]
+        for floor in (300, 1000):
+            both = [c for c in here if c.up_ratio >= 0.95 * floor and c.down_ratio >= 0.95 * floor]
+            if not both:
+                continue
+            b = min(both, key=lambda c: c.gap)
+            verdict = ("**meets** the 2 % target" if b.gap <= 2.0
+                       else f"**misses** the 2 % target by {b.gap - 2.0:.1f} points")
+            seeds = f"{b.gap_seeds} seed{'s' if b.gap_seeds > 1 else ''}"
+            line = (f"- **{n} nodes, ≥ {floor}× both ways**: best is {b.label} at {b.up_ratio:.0f}× up and"
+                    f" {b.down_ratio:.0f}× down, {b.gap:+.1f} % held-out loss vs dense ({seeds}): {verdict}.")
+            frames = next((c for c in here if c.row.split("/")[0] == b.row.split("/")[0]
+                           and c.row.endswith("/frames")), None)
+            if frames is not None:
+                line += (f" Publishing every frame instead ({frames.down_ratio:.1f}× down) is {frames.gap:+.1f} %:"
+                         f" the re-encoding costs {b.gap - frames.gap:+.1f} points.")
+            out.append(line)
+    return out or ["- No row with dense beside it yet."]
+
+
+def bytes_lines(cells: list[Cell]) -> list[str]:
+    out = []
+    for row in dict.fromkeys(c.row for c in cells if c.row != "dense"):
+        cs = sorted((c for c in cells if c.row == row), key=lambda c: c.nodes)
+        if len(cs) < 2:
+            continue
+        down = ", ".join(f"{c.down_bytes:,.0f} at {c.nodes}" for c in cs)
+        up = ", ".join(f"{c.up_bytes:,.0f}" for c in cs)
+        out.append(f"- {cs[0].label}: received per step {down} nodes; sent {up}.")
+    return out or ["- Fewer than two node counts per row so far."]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
