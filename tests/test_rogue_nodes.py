@@ -261,6 +261,22 @@ def test_a_replayed_update_is_refused_and_a_copy_in_the_same_round_counts(server
         assert run.submit(one, 2, dense_frame(zeros, 2, one.node_id)).status_code == 202
 
 
+def test_a_copy_in_the_same_round_counts_once():
+    from gradwire.frame import read_frame
+    from gradwire_server.aggregate import Update, counted_once, published_weights
+
+    def update(grads, sender):
+        frame = read_frame(dense_frame(grads, 0, sender))
+        return Update(frame, 1.0, aggregation.update_norm(frame.entries), sender)
+
+    a, b = random_grads(1), random_grads(2)
+    zeros = {k: torch.zeros_like(v) for k, v in a.items()}
+    ups = [update(a, 1), update(b, 2), update(a, 3), update(zeros, 4), update(zeros, 5)]
+    assert counted_once(ups) == [1.0, 1.0, 0.0, 1.0, 1.0]  # all-zero updates are no copies of anything
+    weights, trim = published_weights(ups, "mean", 0.0)
+    assert trim == 0 and weights[2] == 0.0 and weights[0] == weights[1] == pytest.approx(1 / 4)
+
+
 def test_the_open_rounds_records_are_remembered_across_a_restart(tmp_path):
     with LiveServer(tmp_path / "srv") as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
         run = make_run(client, srv.admin_token, n_nodes=2, quorum=2)

@@ -22,7 +22,9 @@ from gradwire import aggregation
 from gradwire.aggregation import RULES
 from gradwire.frame import Entry, Frame
 
-__all__ = ["RULES", "Update", "aggregate", "clip_factors", "mean_weights", "published_weights"]
+from .replays import records_digest
+
+__all__ = ["RULES", "Update", "aggregate", "clip_factors", "counted_once", "mean_weights", "published_weights"]
 
 
 @dataclass
@@ -41,6 +43,21 @@ class Update:
         return {e.name: e for e in self.frame.entries}
 
 
+def counted_once(updates: Sequence[Update]) -> list[float]:
+    """The updates' staleness weights, with 0 for an update whose records repeat an earlier one's of the
+    round (in the order given): a copy of another node's records counts once, whoever sent it first
+    (:mod:`.replays` refuses a copy from another round at submission; a same-round copy cannot be refused
+    there, as the copier may have come first). All-zero updates are left alone."""
+    seen: set[bytes] = set()
+    out = []
+    for u in updates:
+        digest = records_digest(u.frame.entries) if u.norm > 0.0 else None
+        out.append(0.0 if digest is not None and digest in seen else u.weight)
+        if digest is not None:
+            seen.add(digest)
+    return out
+
+
 def clip_factors(norms: Sequence[float]) -> list[float]:
     """:func:`gradwire.aggregation.clip_factors`: every update scaled to at most the median norm."""
     return aggregation.clip_factors(norms)
@@ -55,7 +72,7 @@ def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float
                       cap: float = math.inf) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
     ``cap``: ``bounded_mean``'s cap on the clip level)."""
-    return aggregation.weights_and_trim(rule, [u.weight for u in updates], [u.norm for u in updates], trim_fraction,
+    return aggregation.weights_and_trim(rule, counted_once(updates), [u.norm for u in updates], trim_fraction,
                                         cap, [u.frame.entries for u in updates])
 
 
@@ -69,5 +86,5 @@ def aggregate(
 ) -> dict[str, torch.Tensor]:
     """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``
     (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them)."""
-    return aggregation.aggregate([u.frame.entries for u in updates], names, rule, [u.weight for u in updates],
+    return aggregation.aggregate([u.frame.entries for u in updates], names, rule, counted_once(updates),
                                  [u.norm for u in updates], trim_fraction, device, cap)

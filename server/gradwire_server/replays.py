@@ -12,8 +12,8 @@ same empty update every round, and it moves nothing).
 
 A copy within the same round (another node's records of this round, resubmitted as one's own) is *not*
 refused: the copier may have reached the server first, and refusing the owner would leave the round
-one update short, a quorum that never fills. Such a copy counts like any update, bounded by the run's
-rule (measured: held-out loss 1.00× the clean run's in every mode).
+one update short, a quorum that never fills. Both count toward the quorum, and the round's aggregate
+counts the records once (:func:`.aggregate.counted_once`: the later sender's weight is 0).
 
 The digest covers every record except the run binding: name, codec, dtype, shape, parameters and each
 section's bytes (BLAKE2b-128). It is kept in memory: after a restart the open round's updates are
