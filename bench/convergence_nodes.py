@@ -187,7 +187,7 @@ def plot(cells: list[Cell], path: Path) -> None:
         ax.set_xticks(counts, [str(n) for n in counts])
         ax.minorticks_off() if ax is ax_gap else None
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right" if ax is ax_gap else "center right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
