@@ -96,6 +96,7 @@ __all__ = [
     "opposed_senders",
     "sender_alignment",
     "rule_weights",
+    "sender_weights",
     "transform_domain_sum",
     "trim_count",
     "update_norm",
@@ -135,13 +136,7 @@ def exact_mean(
     The result is keyed in the first sender's record order, on ``device`` (default: the CPU).
     ``ValueError`` if senders disagree on names or shapes, a sender repeats a name, or there are none.
     """
-    n = len(records)
-    if n == 0:
-        raise ValueError("exact_mean needs at least one sender's records")
-    if weights is None:
-        weights = [1.0 / n] * n
-    elif len(weights) != n:
-        raise ValueError(f"got {len(weights)} weights for {n} senders")
+    weights = sender_weights(records, weights, "exact_mean")
     dev = torch.device("cpu") if device is None else torch.device(device)
     layout, per_sender = _by_name(records)
 
@@ -167,6 +162,19 @@ def exact_mean(
             acc.add_(scaled)
         out[name] = acc
     return out
+
+
+def sender_weights(records: Sequence[Sequence[Entry]], weights: Optional[Sequence[float]], what: str) -> list[float]:
+    """``weights`` checked against the senders of ``records`` (default ``1/n`` each); ``ValueError`` for no
+    senders or another count of weights."""
+    n = len(records)
+    if n == 0:
+        raise ValueError(f"{what} needs at least one sender's records")
+    if weights is None:
+        return [1.0 / n] * n
+    if len(weights) != n:
+        raise ValueError(f"got {len(weights)} weights for {n} senders")
+    return list(weights)
 
 
 def _by_name(records: Sequence[Sequence[Entry]]) -> tuple[dict[str, tuple[int, ...]], list[dict[str, Entry]]]:

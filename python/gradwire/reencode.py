@@ -40,7 +40,7 @@ import torch
 
 from . import _native
 from . import dct as _dct
-from .aggregation import exact_mean, exact_trimmed_mean
+from .aggregation import _by_name, exact_mean, exact_trimmed_mean, sender_weights
 from .codecs import statedict as sd
 from .codecs.base import Codec
 from .codecs.dct import DCTCodec, ParsedRecord, parse_record
@@ -86,15 +86,9 @@ class ReencodeFeedback:
         disagree on names or shapes; :class:`~gradwire.FrameError` for a record that does not decode).
         ``lap("aggregate")`` is called once the aggregate is in, for a caller that times the parts.
         """
-        n = len(records)
-        if n == 0:
-            raise ValueError("re-encoding needs at least one sender's records")
-        if weights is None:
-            weights = [1.0 / n] * n
-        elif len(weights) != n:
-            raise ValueError(f"got {len(weights)} weights for {n} senders")
+        weights = sender_weights(records, weights, "re-encoding")
         dev = torch.device("cpu") if device is None else torch.device(device)
-        per_sender = _by_sender(records)
+        per_sender = _by_name(records)[1]
         names = sorted(per_sender[0])
         parsed: dict[str, list[ParsedRecord]] = {}
         if not trim:
@@ -298,21 +292,6 @@ class ReencodeFeedback:
     def __repr__(self) -> str:
         return (f"ReencodeFeedback({self.codec!r}, coefficient residuals={len(self._coefficients)}, "
                 f"parameter residuals={len(self.feedback.names())})")
-
-
-def _by_sender(records: Sequence[Sequence[Entry]]) -> list[dict[str, Entry]]:
-    """Each sender's ``{name: record}``; ``ValueError`` if a sender repeats a name or names other tensors
-    than sender 0 (shapes are checked where the records are parsed or aggregated)."""
-    out: list[dict[str, Entry]] = []
-    for i, recs in enumerate(records):
-        mine = {e.name: e for e in recs}
-        if len(mine) != len(recs):
-            raise ValueError(f"sender {i} sent a tensor twice")
-        if out and set(mine) != set(out[0]):
-            missing, extra = sorted(set(out[0]) - set(mine))[:5], sorted(set(mine) - set(out[0]))[:5]
-            raise ValueError(f"sender {i} disagrees with sender 0 on the tensor names (missing {missing}, extra {extra})")
-        out.append(mine)
-    return out
 
 
 def _drop_padding(buf: torch.Tensor, plan: _dct.ChunkPlan) -> None:
