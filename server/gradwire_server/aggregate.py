@@ -22,7 +22,7 @@ from gradwire import aggregation
 from gradwire.aggregation import RULES
 from gradwire.frame import Entry, Frame
 
-from .replays import records_digest
+from .replays import update_digest
 
 __all__ = ["RULES", "Update", "aggregate", "clip_factors", "counted_once", "mean_weights", "published_weights"]
 
@@ -51,7 +51,7 @@ def counted_once(updates: Sequence[Update]) -> list[float]:
     seen: set[bytes] = set()
     out = []
     for u in updates:
-        digest = records_digest(u.frame.entries) if u.norm > 0.0 else None
+        digest = update_digest(u.frame.entries, u.norm)
         out.append(0.0 if digest is not None and digest in seen else u.weight)
         if digest is not None:
             seen.add(digest)

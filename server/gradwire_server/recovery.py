@@ -27,7 +27,7 @@ from gradwire.state import state_hash
 from .aggregate import Update
 from .config import RunConfig
 from .metrics import Metrics
-from .replays import records_digest
+from .replays import update_digest
 from .runtime import RunRuntime
 from .store import RunRecord, Store, SubmissionRecord
 from .transition import RunState
@@ -61,7 +61,7 @@ class Recovery:
         rt.dropped_to = rt.keep_submissions_from()
         rt.pending = {(u.node_id, sub.round): u for sub, u in self._logged_updates(run_id, rec.version)}
         for (node_id, round_), u in sorted(rt.pending.items()):  # the open round's records, remembered again
-            rt.recent.add(records_digest(u.frame.entries) if u.norm > 0.0 else None, node_id, round_)
+            rt.recent.add(update_digest(u.frame.entries, u.norm), node_id, round_)
         self.metrics.set_version(run_id, rt.version)
         return rt
 

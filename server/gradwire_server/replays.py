@@ -31,7 +31,7 @@ from gradwire.frame import Entry
 
 from .errors import Reason, Rejected
 
-__all__ = ["REPLAY_WINDOW", "RecentRecords", "records_digest"]
+__all__ = ["REPLAY_WINDOW", "RecentRecords", "records_digest", "update_digest"]
 
 #: How many rounds back an update's records are remembered.
 REPLAY_WINDOW = 64
@@ -54,6 +54,12 @@ def records_digest(entries: Sequence[Entry]) -> bytes:
             put(name.encode("utf-8"))
             put(e.sections[name].tobytes())
     return h.digest()
+
+
+def update_digest(entries: Sequence[Entry], norm: float) -> Optional[bytes]:
+    """What an update is remembered and compared by: :func:`records_digest` of its records, or ``None``
+    for an all-zero update (``norm`` 0), which is never a replay or a copy of anything."""
+    return records_digest(entries) if norm > 0.0 else None
 
 
 @dataclass

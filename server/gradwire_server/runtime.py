@@ -104,5 +104,5 @@ class _Staged:
     norm: float
     weight: float = 1.0
     answer: Optional[asyncio.Future] = None
-    #: :func:`.replays.records_digest` of its records (``None`` for an all-zero update, which is exempt).
+    #: :func:`.replays.update_digest` of its records (``None`` for an all-zero update, which is exempt).
     digest: Optional[bytes] = None

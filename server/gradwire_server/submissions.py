@@ -28,7 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
-from .replays import records_digest
+from .replays import update_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
 from .store import Store, SubmissionRecord
@@ -147,7 +147,7 @@ class Submissions:
                                       max_frame_bytes=rt.config.max_frame_bytes,
                                       max_update_norm=rt.config.max_update_norm, model_record=record,
                                       run_id=rt.run_id, require_binding=rt.config.require_run_binding)
-        digest = records_digest(frame.entries) if norm > 0.0 else None
+        digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
