@@ -116,6 +116,34 @@ def test_k_is_capped_at_the_chunk_size():
 
 
 @pytest.mark.parametrize(
+    "shape, tile, k",
+    [((1024, 64), (64, 64), 24),  # full tiles keep topk
+     ((1000, 100), (50, 50), 15),  # 2500-element tiles: 24 × 2500 / 4096 = 14.6
+     ((512,), (64,), 1),  # a bias's 64-element tiles: 0.375, at least 1
+     ((7,), (7,), 1)],
+)
+def test_proportional_topk_keeps_a_chunks_share_of_a_full_chunks_budget(shape, tile, k):
+    codec = DCTCodec(chunk_shape=(64, 64), topk=24, mode="tiles", topk_scaling="proportional")
+    x = _rand(shape, seed=21)
+    entry, recon = codec.compress(x)
+    p = unpack_params(entry.params)
+    assert (p["chunk_shape"], p["k"]) == (tile, k)
+    assert codec.chunk_topk(math.prod(tile)) == k
+    # The record carries its k: a reader decodes it like any other, bit for bit.
+    assert torch.equal(gradwire.decode(write_frame([entry])), recon)
+    fixed = unpack_params(DCTCodec(chunk_shape=(64, 64), topk=24, mode="tiles").compress(x)[0].params)["k"]
+    assert fixed == min(24, math.prod(tile))
+
+
+def test_model_record_codec_keeps_the_topk_scaling():
+    from gradwire.model_record import model_record_codec
+
+    flat = model_record_codec(DCTCodec(mode="tiles", topk=24, topk_scaling="proportional"))
+    assert (flat.mode, flat.topk_scaling) == (0, "proportional")
+    assert "topk_scaling='proportional'" in repr(flat)
+
+
+@pytest.mark.parametrize(
     "shape, chunk_shape",
     [((64, 3, 3, 3), (64, 27)), ((4096, 1024), (64, 64)), ((100, 30), (50, 30)), ((), (1,))],
 )
@@ -168,7 +196,7 @@ def test_integer_tensors_are_rejected():
 @pytest.mark.parametrize(
     "kwargs",
     [dict(chunk_shape=()), dict(chunk_shape=(0, 4)), dict(chunk_shape=(1,) * 9), dict(chunk_shape=(4097, 4096)),
-     dict(topk=0), dict(mode="zigzag"), dict(mode=2)],
+     dict(topk=0), dict(mode="zigzag"), dict(mode=2), dict(topk_scaling="density")],
 )
 def test_bad_codec_parameters_are_rejected(kwargs):
     with pytest.raises(ValueError):

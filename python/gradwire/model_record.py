@@ -395,5 +395,6 @@ def model_record_codec(codec: Codec) -> Codec:
     from .dct import MODE_TILES
 
     if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
-        return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits)
+        return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits,
+                        topk_scaling=codec.topk_scaling)
     return codec

@@ -41,11 +41,13 @@ class DeMoConfig:
 
 
 def default_demo_codec() -> Codec:
-    """DeMo's default codec: DCT on 64×64 tiles (flat 64×64 chunks where tiles would be small), the 32
-    largest coefficients per chunk, 1-bit values, positions Rice-coded (or packed, if smaller).
+    """DeMo's default codec: DCT on 64×64 tiles (flat 64×64 chunks where tiles would be small), the 22
+    largest coefficients of a full tile and a smaller chunk's share of 22 (``topk_scaling="proportional"``),
+    1-bit values, positions Rice-coded (or packed, if smaller).
 
-    On a 1024×1024 float32 weight a record takes about 12 KB: ≥ 300× fewer bytes than the 4 MiB of fp32
-    (measured in tests/test_algorithms.py; docs/ALGORITHMS.md has the numbers).
+    A 1024×1024 float32 weight's record takes about 9.2 KB (456×); an embedding-and-linears model of
+    240 k parameters whose dimensions are not multiples of 64 sends and receives ≥ 300× fewer bytes
+    than fp32 (tests/test_torch_optimizers.py; docs/ALGORITHMS.md has the numbers and why 22).
     """
     return DCTCodec(**demo_codec_params())
 
@@ -53,7 +55,8 @@ def default_demo_codec() -> Codec:
 def demo_codec_params() -> dict[str, Any]:
     """The keyword parameters of :func:`default_demo_codec` (as ``gradwire.build_codec("dct", **params)``
     takes them; also the default downlink of a DeMo run's re-encoded aggregate)."""
-    return {"chunk_shape": [64, 64], "topk": 32, "mode": "tiles", "index_coding": "auto", "value_bits": 1}
+    return {"chunk_shape": [64, 64], "topk": 22, "mode": "tiles", "index_coding": "auto", "value_bits": 1,
+            "topk_scaling": "proportional"}
 
 
 class DeMoState:

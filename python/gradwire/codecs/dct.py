@@ -74,6 +74,7 @@ _INDEX_CODING_NAMES = {v: k for k, v in _INDEX_CODINGS.items()}
 SECTIONS = ("idx", "val", "scale", "min")
 
 _MODES = {"flat": _dct.MODE_FLAT, "tiles": _dct.MODE_TILES}
+_TOPK_SCALINGS = ("fixed", "proportional")
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 _TAIL = struct.Struct("<IBBBQ")  # k, index_bits, value_bits, index_coding, pad_count
 
@@ -205,6 +206,12 @@ class DCTCodec(Codec):
     :func:`gradwire.dct.small_tiles`) the tensor goes in flat chunks of ``chunk_shape`` instead, as a
     mode-0 record. Each chunk keeps ``min(topk, C)`` coefficients.
 
+    ``topk_scaling``: ``"fixed"`` (the default: every chunk keeps ``min(topk, C)``) or ``"proportional"``
+    (``topk`` is a full ``chunk_shape`` chunk's budget; a tensor whose chunks hold fewer elements — the
+    50×50 tiles of a 1000×100 weight, a bias's 64-element chunks — keeps ``topk × C / chunk_numel``
+    of each, rounded, at least 1, so every tensor is compressed about equally). The record carries its
+    ``k`` either way: readers need nothing new.
+
     ``index_coding``: ``"fixed"`` (the default: positions packed at ``ceil(log2 C)`` bits, as every
     public DCT codec), ``"rice"`` (sorted gaps, Golomb-Rice with the tensor's best parameter) or
     ``"auto"`` (the smaller of the two, per tensor).
@@ -221,6 +228,7 @@ class DCTCodec(Codec):
         mode: Union[str, int] = "flat",
         index_coding: str = "fixed",
         value_bits: int = VALUE_BITS,
+        topk_scaling: str = "fixed",
     ):
         if isinstance(chunk_shape, int):
             chunk_shape = (chunk_shape,)
@@ -249,11 +257,21 @@ class DCTCodec(Codec):
             raise ValueError(f"index_coding must be 'fixed', 'rice' or 'auto', got {index_coding!r}")
         if int(value_bits) not in VALUE_BITS_CHOICES:
             raise ValueError(f"value_bits must be 8, 4, 2 or 1, got {value_bits!r}")
+        if topk_scaling not in _TOPK_SCALINGS:
+            raise ValueError(f"topk_scaling must be 'fixed' or 'proportional', got {topk_scaling!r}")
         self.chunk_shape = chunk_shape
         self.topk = topk
         self.mode = mode
         self.index_coding = index_coding
         self.value_bits = int(value_bits)
+        self.topk_scaling = topk_scaling
+        self._full_chunk_numel = c
+
+    def chunk_topk(self, chunk_numel: int) -> int:
+        """How many coefficients a chunk of ``chunk_numel`` elements keeps (see ``topk_scaling``)."""
+        if self.topk_scaling == "proportional":
+            return min(chunk_numel, max(1, round(self.topk * chunk_numel / self._full_chunk_numel)))
+        return min(self.topk, chunk_numel)
 
     def plan(self, shape: Sequence[int]) -> _dct.ChunkPlan:
         """How a tensor of ``shape`` is cut into chunks by this codec."""
@@ -293,7 +311,7 @@ class DCTCodec(Codec):
         if tuple(coeffs.shape) != (plan.num_chunks, c):
             raise ValueError(f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, "
                              f"got {tuple(coeffs.shape)}")
-        k = min(self.topk, c)
+        k = self.chunk_topk(c)
         bits = index_bits_for(c)
         idx, top = _dct.select_topk(coeffs, k)
         levels, scales, mins = quantize_levels(top, self.value_bits)
@@ -351,6 +369,8 @@ class DCTCodec(Codec):
             extra += f", index_coding={self.index_coding!r}"
         if self.value_bits != VALUE_BITS:
             extra += f", value_bits={self.value_bits}"
+        if self.topk_scaling != "fixed":
+            extra += f", topk_scaling={self.topk_scaling!r}"
         return (
             f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
         )

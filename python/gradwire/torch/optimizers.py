@@ -350,9 +350,9 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
 
     After ``backward()``, :meth:`step` adds ``lr·grad`` to each parameter's decayed momentum
     (``beta``), encodes the momenta with ``codec`` (default :func:`gradwire.algorithms.default_demo_codec`:
-    32 coefficients per chunk, ≥ 300× fewer bytes than fp32 per step on 2-D weights cut into full 64×64
-    tiles; a model whose chunks are smaller gets less — GPT-2's 50,257-row embedding has 29×64 tiles and
-    the 6.8 M model ≈ 190× per tensor, ≈ 335× with ``model_record=True``: bench/gpt2_bytes.py,
+    22 coefficients per full 64×64 tile and a smaller chunk's share of them, ≥ 300× fewer bytes than fp32
+    per step sent and received on a 240 k-parameter embedding-and-linears model, ≈ 456× on a 1024×1024
+    weight, 356× on a 6.8 M GPT-2 whose embedding has 29×64 tiles: bench/gpt2_bytes.py,
     docs/RECIPES.md), subtracts what it sent, all-gathers
     the frames, averages them exactly and applies ``−lr·sign(mean)`` plus decoupled weight decay
     (``p *= 1 − lr·weight_decay``). ``lr`` and ``weight_decay`` are read from each param group at every
