@@ -18,7 +18,7 @@ the row's best, and its held-out loss is the mean over every cached seed of that
 by seed against dense at its best lr, over the seeds both have. Each table line says which lrs were
 tried and on how many seeds.
 
-Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--steps 2048]
+Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--steps 2048] [--H 8 4]
            [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
            [--dense-mults 1 3] [--cache bench/out/reencode.json] [--report-only] [--out docs/convergence-nodes.md]
 """
@@ -80,8 +80,8 @@ class Cell:
         return self.fp32 / self.down_bytes
 
 
-def _settings(nodes: int, args, report: bool) -> cv.Settings:
-    H = args.H
+def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Settings:
+    H = args.H[0] if H is None else H
     mults = REPORT_MULTS if report else (tuple(args.mults) if args.mults else None)
     dense = REPORT_DENSE_MULTS if report else (tuple(args.dense_mults) if args.dense_mults else None)
     return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks},
@@ -89,9 +89,32 @@ def _settings(nodes: int, args, report: bool) -> cv.Settings:
 
 
 def cells_for(nodes: int, args, console) -> list[Cell]:
-    """What the cache holds for ``nodes`` (every lr of the report grid, every seed of REPORT_SEEDS)."""
+    """What the cache holds for ``nodes``, at every H of ``--H``: the first H's rows as they are, the
+    others' SparseLoCo rows labelled with their H (``… (H 4)``); gaps against the one dense row."""
+    out = []
+    for i, H in enumerate(args.H):
+        for c in _cells_at(nodes, args, H):
+            if i and (c.row == "dense" or not c.row.startswith("sparseloco")):
+                continue  # dense and DeMo do not depend on H: the first H's cells are theirs
+            if i:
+                c.row, c.label = f"{c.row} H{H}", f"{c.label} (H {H})"
+            out.append(c)
+    dense = next((c for c in out if c.row == "dense"), None)
+    for c in out:
+        if dense is None or c is dense:
+            continue
+        common = sorted(set(c.held_out) & set(dense.held_out))
+        if common:
+            c.gap = 100.0 * (sum(c.held_out[s] / dense.held_out[s] for s in common) / len(common) - 1.0)
+            c.gap_seeds = len(common)
+    order = {r: i for i, r in enumerate(args.rows)}
+    return sorted(out, key=lambda c: (order.get(c.row.split(" ")[0], 99), c.row))
+
+
+def _cells_at(nodes: int, args, H: int) -> list[Cell]:
+    """What the cache holds for ``nodes`` at ``H`` (every lr of the report grid, every seed of REPORT_SEEDS)."""
     rows = [cv.RowSpec.parse(r) for r in args.rows]
-    plans, _ = cv.make_plans(args.tasks, rows, REPORT_SEEDS, _settings(nodes, args, report=True))
+    plans, _ = cv.make_plans(args.tasks, rows, REPORT_SEEDS, _settings(nodes, args, report=True, H=H))
     cache = cv._cache_load()
     by: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}
     labels = {}
@@ -117,16 +140,7 @@ def cells_for(nodes: int, args, console) -> list[Cell]:
                         sum(r["up_bytes_per_step"] for r in runs.values()) / len(runs),
                         sum(r["down_bytes_per_step"] for r in runs.values()) / len(runs),
                         any_run["fp32_bytes"], scale.batch, scale.steps, curve=curve))
-    dense = next((c for c in out if c.row == "dense"), None)
-    for c in out:
-        if dense is None or c is dense:
-            continue
-        common = sorted(set(c.held_out) & set(dense.held_out))
-        if common:
-            c.gap = 100.0 * (sum(c.held_out[s] / dense.held_out[s] for s in common) / len(common) - 1.0)
-            c.gap_seeds = len(common)
-    order = {r: i for i, r in enumerate(args.rows)}
-    return sorted(out, key=lambda c: order.get(c.row, 99))
+    return out
 
 
 def _lr_of(hp: str) -> float:
@@ -135,9 +149,12 @@ def _lr_of(hp: str) -> float:
 
 def train(nodes: int, args, console) -> None:
     rows = [cv.RowSpec.parse(r) for r in args.rows]
-    settings = _settings(nodes, args, report=False)
-    plans, _ = cv.make_plans(args.tasks, rows, args.seeds, settings, console)
-    cv.sweep(plans, settings, console, args.jobs)
+    for i, H in enumerate(args.H):
+        # Rows that do not depend on H train once, at the first H.
+        at = [r for r in rows if i == 0 or r.kind == "sparseloco"]
+        settings = _settings(nodes, args, report=False, H=H)
+        plans, _ = cv.make_plans(args.tasks, at, args.seeds, settings, console)
+        cv.sweep(plans, settings, console, args.jobs)
 
 
 def plot(cells: list[Cell], path: Path) -> None:
@@ -161,8 +178,9 @@ def plot(cells: list[Cell], path: Path) -> None:
         base, _, down = row.partition("/")
         kind = "agg" if down.startswith("agg") else "frames"
         ls, mk = style[kind]
-        color = colors.get(base, "C5")
-        name = f"{cs[0].label.split(' ↓')[0]} {'re-encoded aggregate' if kind == 'agg' else 'every frame'}"
+        color = colors.get(base, "C5") if not _h_of(row) else "C1"
+        name = (f"{cs[0].label.split(' ↓')[0]} {'re-encoded aggregate' if kind == 'agg' else 'every frame'}"
+                + (f" ({_h_of(row).replace('H', 'H ')})" if _h_of(row) else ""))
         pts = [(c.nodes, c.gap) for c in cs if c.gap is not None]
         if pts:
             ax_gap.plot([n for n, _ in pts], [g for _, g in pts], ls, marker=mk, color=color, label=name)
@@ -191,6 +209,11 @@ def plot(cells: list[Cell], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _h_of(row: str) -> str:
+    """A row's H suffix (``"H4"``; ``""`` for the headline H)."""
+    return row.partition(" ")[2]
 
 
 def _fmt_hp(hp: str) -> str:
@@ -227,7 +250,9 @@ def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Option
         f"Written by `bench/convergence_nodes.py` on {now} from the runs in `{_shown(args.cache)}`"
         + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ".",
         "",
-        f"Task: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H}); every row at a node count",
+        f"Task: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H[0]} local steps per sync"
+        + (f", and H = {', '.join(str(h) for h in args.H[1:])} where a row says so" if len(args.H) > 1 else "")
+        + "); every row at a node count",
         "uses the same shards and batches; dense AdamW averages the same nodes' gradients. Bytes are measured",
         "from the frames and versions written in training: ↑ what one node sends per step, ↓ what it receives",
         "per step (a verbatim version: a header and every node's frame; a re-encoded one: a header and one",
@@ -288,7 +313,8 @@ def verdicts(cells: list[Cell]) -> list[str]:
             line = (f"- **{n} nodes, ≥ {floor}× both ways**: best is {b.label} at {b.up_ratio:.0f}× up and"
                     f" {b.down_ratio:.0f}× down, {b.gap:+.1f} % held-out loss vs dense ({seeds}): {verdict}.")
             frames = next((c for c in here if c.row.split("/")[0] == b.row.split("/")[0]
-                           and c.row.endswith("/frames")), None)
+                           and c.row.split("/")[1].split(" ")[0] == "frames"
+                           and _h_of(c.row) == _h_of(b.row)), None)
             if frames is not None:
                 line += (f" Publishing every frame instead ({frames.down_ratio:.1f}× down) is {frames.gap:+.1f} %:"
                          f" the re-encoding costs {b.gap - frames.gap:+.1f} points.")
@@ -313,7 +339,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--nodes", nargs="+", type=int, default=[4, 16, 64])
     ap.add_argument("--tasks", nargs="+", default=["stdlib"], choices=list(cv.TASKS))
     ap.add_argument("--steps", type=int, default=2048)
-    ap.add_argument("--H", type=int, default=8)
+    ap.add_argument("--H", type=int, nargs="+", default=[8],
+                    help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
+                         "SparseLoCo rows are reported beside it, labelled with their H")
     ap.add_argument("--rows", nargs="+", default=list(ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")

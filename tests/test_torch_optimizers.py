@@ -86,7 +86,9 @@ def _demo_run(rank: int, world: int, steps: int, weight_decay: float) -> dict:
 
 @pytest.mark.parametrize("world, weight_decay", [(3, 0.0), (2, 0.1)])
 def test_demo_replicas_bit_identical_bytes_counted_and_loss_decreases(world, weight_decay):
-    steps = 20
+    # 40 steps: the default codec keeps 8 of each 48×32 tile here (its share of 22 per 64×64), and the
+    # loss falls below 0.8× its start after about 25.
+    steps = 40
     results = gt.spawn(_demo_run, world, (steps, weight_decay))
     for r in results:
         assert r["identical"], "parameters differ between ranks after some step"
