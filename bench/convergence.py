@@ -117,7 +117,10 @@ MULT = {"dense": (0.3, 1.0, 3.0), "panthalia": (0.1, 0.3, 1.0), "sparseloco": (0
 OUTERS = {"plain": (1.0, 0.0, False), "nesterov": (0.7, 0.9, True)}
 #: Outer optimizers tried only when ``--outers`` names them: Nesterov whose steady-state step is the plain
 #: step's (``outer_lr / (1 − μ) = 1``), so momentum smooths the aggregate without enlarging it.
-EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True)}
+EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True),
+                # Plain steps larger than the mean pseudo-gradient: averaging N nodes' noisy local moves
+                # shrinks them (their noise cancels), which a dense step on the N-fold batch does not suffer.
+                "x1.5": (1.5, 0.0, False), "x2": (2.0, 0.0, False), "x3": (3.0, 0.0, False)}
 ALL_OUTERS = {**OUTERS, **EXTRA_OUTERS}
 
 

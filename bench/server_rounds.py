@@ -76,7 +76,11 @@ console = Console(width=200)  # wide tables stay readable in a log
 
 
 def model_shapes(params: int) -> dict[str, tuple[int, ...]]:
-    """A transformer-ish set of tensors totalling about ``params`` elements."""
+    """A transformer-ish set of tensors totalling exactly ``params`` elements: blocks of a 4096×1024
+    projection and its biases, then the rest as a 2-D head of 1024 columns and a vector of what is left.
+
+    (The rest used to be one vector: at 10 M parameters 1.6 M elements, in the 64-element chunks a vector
+    gets, which a tile-mode codec sends far denser than any weight matrix — no model has such a vector.)"""
     d = 1024
     per_layer = 4 * d * d + 2 * d  # a square projection block and its biases
     layers = max(1, params // per_layer)
@@ -85,8 +89,10 @@ def model_shapes(params: int) -> dict[str, tuple[int, ...]]:
         shapes[f"layer{i}.qkvo"] = (4 * d, d)
         shapes[f"layer{i}.bias"] = (2 * d,)
     rest = params - layers * per_layer
-    if rest > 0:
-        shapes["head"] = (rest,)
+    if rest >= d:
+        shapes["head"] = (rest // d, d)
+    if rest % d:
+        shapes["head_bias"] = (rest % d,)
     return shapes
 
 

@@ -94,7 +94,8 @@ def apply_mean(
     (:func:`gradwire.algorithms.get_algorithm`; its :meth:`~gradwire.algorithms.Algorithm.apply` does the
     work); ``config`` is the run's configuration as JSON (the algorithm reads its own section) or that
     section as the algorithm's config dataclass; ``state`` the algorithm's state before this version
-    (SparseLoCo's outer momentum, ``{"outer": …}``; nothing for DeMo). Returns the state after it. A
+    (SparseLoCo's outer momentum, ``{"outer": …}``; nothing for DeMo). Returns the state after it, whose
+    tensors may be the given state's, updated in place as the weights are. A
     ``mean`` keyed by the weights' model record (runs with ``model_record``: docs/FORMAT.md section 9) is
     first cut back into the tensors (:func:`gradwire.model_record.expand_model_mean` with
     :func:`~gradwire.model_record.run_spec`).

@@ -17,13 +17,14 @@ def save_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return {n: tensors[n].detach().clone().contiguous() for n in sorted(tensors)}
 
 
-def load_tensors(value: Any, what: str) -> dict[str, torch.Tensor]:
-    """Float32 copies of ``{name: tensor}`` (devices kept as given); ``ValueError`` on a bad state."""
+def load_tensors(value: Any, what: str, copy: bool = True) -> dict[str, torch.Tensor]:
+    """Float32 copies of ``{name: tensor}`` (devices kept as given); ``ValueError`` on a bad state. With
+    ``copy=False`` a float32 tensor is taken as it is (the caller hands it over)."""
     value = sd.mapping(value, what)
     out = {}
     for n, t in value.items():
-        t = sd.tensor(t, f"{what} {n!r}", floating=True)
-        out[n] = t.detach().to(torch.float32).clone()
+        t = sd.tensor(t, f"{what} {n!r}", floating=True).detach()
+        out[n] = t.to(torch.float32).clone() if copy or t.dtype != torch.float32 else t
     return out
 
 

@@ -142,7 +142,8 @@ class Algorithm:
         state: Mapping[str, Any],
     ) -> dict[str, Any]:
         """Apply one ``"mean"`` version's aggregate to ``weights`` in place; ``state`` is the algorithm's
-        state before it (e.g. an outer momentum), the return value the state after it."""
+        state before it (e.g. an outer momentum), the return value the state after it (which may hold
+        ``state``'s own tensors, updated in place)."""
         raise ValueError(f"algorithm {self.name!r} publishes {self.publication!r} versions, which are not "
                          "applied from a mean")
 

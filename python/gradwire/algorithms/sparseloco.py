@@ -210,22 +210,32 @@ class OuterStep:
                 if tuple(d.shape) != tuple(a.shape):
                     raise ValueError(f"mean delta {n!r} has shape {tuple(d.shape)}, the anchor {tuple(a.shape)}")
                 d = d.to(device=a.device, dtype=torch.float32)
+                # In place where it can be, with the operations and their order unchanged (so the same
+                # rounding): each is one rounded multiply or add, and ``x + y`` rounds as ``y + x``.
                 if self.momentum:
                     b = self.buffers.get(n)
-                    b = d.clone() if b is None else torch.add(torch.mul(b.to(a.device), self.momentum), d)
+                    if b is None:
+                        b = d.clone()
+                    else:
+                        b = b.to(a.device)
+                        b.mul_(self.momentum).add_(d)
                     self.buffers[n] = b
-                    step = torch.add(d, torch.mul(b, self.momentum)) if self.nesterov else b
+                    step = torch.mul(b, self.momentum).add_(d) if self.nesterov else b
+                    scaled = step.mul_(self.outer_lr) if step is not b else torch.mul(b, self.outer_lr)
                 else:
-                    step = d
-                a.sub_(torch.mul(step, self.outer_lr).to(a.dtype))
+                    scaled = d if self.outer_lr == 1.0 else torch.mul(d, self.outer_lr)
+                # Multiplying by 1.0 is exact: the plain outer step subtracts the delta itself.
+                a.sub_(scaled.to(a.dtype))
 
     def state_dict(self) -> dict[str, Any]:
         """``{"buffers": {name: float32 momentum buffer}}`` (empty without momentum)."""
         return {"buffers": save_tensors(self.buffers)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, copy: bool = True) -> None:
+        """Take :meth:`state_dict`'s buffers (copies; with ``copy=False`` the float32 tensors themselves,
+        which later steps then update in place)."""
         state = sd.fields(state, "OuterStep state", ("buffers",))
-        self.buffers = load_tensors(state["buffers"], "outer momentum buffer")
+        self.buffers = load_tensors(state["buffers"], "outer momentum buffer", copy=copy)
 
     def __repr__(self) -> str:
         return f"OuterStep(outer_lr={self.outer_lr}, momentum={self.momentum}, nesterov={self.nesterov})"
@@ -315,9 +325,10 @@ class SparseLoCoAlgorithm(Algorithm):
 
     def apply(self, config, weights, mean, state) -> dict[str, Any]:
         outer = self.config(config).outer_step()
-        outer.load_state_dict(state.get("outer", {"buffers": {}}))
+        # The momentum steps in place, as the weights do: no copy of a model-sized buffer per version.
+        outer.load_state_dict(state.get("outer", {"buffers": {}}), copy=False)
         outer.apply(weights, mean)
-        return {"outer": outer.state_dict()}
+        return {"outer": {"buffers": {n: outer.buffers[n] for n in sorted(outer.buffers)}}}
 
     def public_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return {"outer": state["outer"]} if "outer" in state else {}
