@@ -503,3 +503,24 @@ def test_tile_fallback_uses_the_configured_chunk_shape():
 
     p = _mode_of(gradwire.DCTCodec(mode="tiles", chunk_shape=(1024,), topk=8), (103, 64))
     assert p["mode"] == D.MODE_FLAT and p["chunk_shape"] == (1024,)
+
+
+def test_records_parsed_once_shares_a_parse_per_record_object_inside_the_block():
+    from gradwire.codecs.dct import parse_record, records_parsed_once
+
+    entry, _ = DCTCodec(mode="tiles", topk=8).compress(_rand((128, 64), seed=31))
+    twin = read_frame(write_frame([entry])).entries[0]  # equal bytes, another object
+    assert parse_record(entry) is not parse_record(entry)  # outside the block: parsed each time
+    with records_parsed_once():
+        first = parse_record(entry)
+        assert parse_record(entry) is first
+        assert parse_record(twin) is not first
+        assert torch.equal(parse_record(twin).values, first.values)
+    assert parse_record(entry) is not first
+    # A record that fails its checks fails every time, block or not.
+    bad = read_frame(write_frame([entry])).entries[0]
+    bad.sections["scale"] = bad.sections["scale"][:-1]
+    with records_parsed_once(), pytest.raises(FrameError):
+        parse_record(bad)
+    with records_parsed_once(), pytest.raises(FrameError):
+        parse_record(bad)

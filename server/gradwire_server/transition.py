@@ -39,6 +39,7 @@ import torch
 from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.aggregation import NormHistory, update_norm
 from gradwire.algorithms import exact_aggregate
+from gradwire.codecs.dct import records_parsed_once
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.reencode import ReencodeFeedback
@@ -130,18 +131,20 @@ class RunState:
     def close(self, updates: Sequence[Update]) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
         by the run's publication kind."""
-        return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
+        with records_parsed_once():  # the direction check, the norms and the aggregate read each record
+            return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
 
     def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:
         """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
         runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
         if that encoding made other bytes (see :meth:`replay_adamw`)."""
-        if self.publishes_diffs:
-            return self.replay_adamw(updates(), published)
-        if self.config.reencodes:
-            return self.replay_reencoded(updates(), published)
-        self.replay_average(published)
-        return True
+        with records_parsed_once():
+            if self.publishes_diffs:
+                return self.replay_adamw(updates(), published)
+            if self.config.reencodes:
+                return self.replay_reencoded(updates(), published)
+            self.replay_average(published)
+            return True
 
 
 
