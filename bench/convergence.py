@@ -512,6 +512,7 @@ class RunResult:
     seconds: float = 0.0
     down_k: Optional[int] = None  # the server's downlink codec (re-encoded rows)
     down_bits: Optional[int] = None
+    schedule: str = "constant"
 
 
 @dataclass
@@ -524,6 +525,16 @@ class Settings:
     mults: Optional[tuple] = None  # --mults: the compressed AdamW-family rows' lr multiples
     outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
     dense_mults: Optional[tuple] = None  # --dense-mults: the dense row's lr multiples (default: its grid)
+    schedule: str = "constant"  # --schedule: every row's lr over the steps (SCHEDULES)
+
+
+#: ``--schedule``: the lr multiplier at step ``t`` of ``T`` (1-based), the same for every row — dense AdamW's lr,
+#: SparseLoCo's inner AdamW lr, DeMo's sign-step lr. ``cosine``: from 1 down to 0.1 along a half cosine
+#: (no warm-up; the constant runs have none either).
+SCHEDULES = {
+    "constant": lambda t, T: 1.0,
+    "cosine": lambda t, T: 0.1 + 0.45 * (1.0 + math.cos(math.pi * (t - 1) / max(1, T - 1))),
+}
 
 
 def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
@@ -681,7 +692,18 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
             if downlink.outer is not None:  # the server holds the momentum; nodes apply the step as sent
                 outer = OuterStep(outer_lr=1.0)
 
+    opts_with_lr = []  # the torch optimizers whose lr the schedule sets
+    if row.kind in ("dense", "panthalia"):
+        opts_with_lr = [opt]
+    elif row.kind in ("sparseloco", "diloco"):
+        opts_with_lr = inner
+    schedule = SCHEDULES[settings.schedule]
+    base_lr = lr
     for step in range(1, steps + 1):
+        lr = base_lr * schedule(step, steps)
+        for o in opts_with_lr:
+            for g in o.param_groups:
+                g["lr"] = lr
         if row.kind == "dense":
             acc = None
             for i in range(n):
@@ -770,10 +792,11 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
 
     tail = losses[-max(n, len(losses) // 10):]
     return RunResult(
-        task=task.name, row=row.key, hp="", seed=seed, lr=lr, curve=curve,
+        task=task.name, row=row.key, hp="", seed=seed, lr=base_lr, curve=curve,
         train_loss=sum(tail) / len(tail), held_out=curve[-1][2],
         up_bytes_per_step=up_total / steps, down_bytes_per_step=down_total / steps, fp32_bytes=fp32,
         k=k, value_bits=vb, seconds=time.perf_counter() - t0, down_k=down_k, down_bits=down_bits,
+        schedule=settings.schedule,
     )
 
 
@@ -810,8 +833,10 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
     widening a grid reuses the runs it already holds)."""
     sc = {k: v for k, v in asdict(scale).items() if k not in ("base_lr", "demo_lrs")}
     H = settings.H if row.kind in ("sparseloco", "diloco") else None  # eval points are the same for all H
-    desc = json.dumps([task, sc, row.key, hp, seed, settings.nodes, H, settings.evals,
-                       list(calib) if calib else None, 3], sort_keys=True)
+    parts = [task, sc, row.key, hp, seed, settings.nodes, H, settings.evals, list(calib) if calib else None, 3]
+    if settings.schedule != "constant":  # keys of constant-lr runs as before, so the caches stay valid
+        parts.append(settings.schedule)
+    desc = json.dumps(parts, sort_keys=True)
     return hashlib.sha1(desc.encode()).hexdigest()[:16]
 
 
@@ -1274,6 +1299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="SparseLoCo's outer optimizers to try (with --mults or --outers: every lr with every outer)")
     ap.add_argument("--dense-mults", nargs="+", type=float, default=None,
                     help="narrow the dense row's lr grid (multiples of the task's base lr; default 0.3 1 3)")
+    ap.add_argument("--schedule", choices=list(SCHEDULES), default="constant",
+                    help="every row's lr over the steps: constant, or cosine from 1 to 0.1 of the row's lr")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
@@ -1314,7 +1341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps,
                         mults=tuple(args.mults) if args.mults else None,
                         outers=tuple(args.outers) if args.outers else None,
-                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None)
+                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:

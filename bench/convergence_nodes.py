@@ -85,7 +85,7 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
     mults = REPORT_MULTS if report else (tuple(args.mults) if args.mults else None)
     dense = REPORT_DENSE_MULTS if report else (tuple(args.dense_mults) if args.dense_mults else None)
     return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks},
-                       mults=mults, outers=("plain",), dense_mults=dense)
+                       mults=mults, outers=("plain",), dense_mults=dense, schedule=args.schedule)
 
 
 def cells_for(nodes: int, args, console) -> list[Cell]:
@@ -346,6 +346,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")
     ap.add_argument("--dense-mults", nargs="+", type=float, default=None, help="as convergence.py's --dense-mults")
+    ap.add_argument("--schedule", choices=list(cv.SCHEDULES), default="constant",
+                    help="every row's lr over the steps (as convergence.py's --schedule)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--report-only", action="store_true", help="report what the cache holds; train nothing")

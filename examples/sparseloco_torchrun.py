@@ -1,7 +1,7 @@
 """Train a small regression MLP with SparseLoCo (gradwire.torch.SparseLoCo) on a torchrun job.
 
     torchrun --nproc-per-node 2 examples/sparseloco_torchrun.py
-    torchrun --nproc-per-node 2 examples/sparseloco_torchrun.py --sync-every 32 --nesterov
+    torchrun --nproc-per-node 2 examples/sparseloco_torchrun.py --sync-every 16 --nesterov
 
 Each rank trains alone with AdamW on its own samples of one teacher network and, every ``--sync-every``
 steps, sends its compressed pseudo-gradient (top-k DCT, 2-bit values, with a decaying error buffer);
@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gradwire.torch as gt
+from gradwire.algorithms import DEFAULT_SYNC_EVERY
 
 
 def make_model(width: int) -> nn.Module:
@@ -30,7 +31,8 @@ def make_model(width: int) -> nn.Module:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=128, help="local steps (a multiple of --sync-every)")
-    ap.add_argument("--sync-every", type=int, default=32)
+    ap.add_argument("--sync-every", type=int, default=DEFAULT_SYNC_EVERY,
+                    help=f"local steps per sync (default {DEFAULT_SYNC_EVERY}, the library's)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--nesterov", action="store_true", help="DiLoCo's outer Nesterov momentum 0.9, outer lr 0.7")

@@ -136,7 +136,7 @@ def test_outer_step_plain_and_nesterov_by_hand():
 
 def test_default_sparseloco_codec_ratio_per_local_step():
     w = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))
-    for sync_every in (32, 1):
+    for sync_every in (32, 8, 1):
         state = SparseLoCoState(default_sparseloco_codec(sync_every))
         (entry,) = state.compress({"w": w}, {"w": torch.zeros_like(w)})
         frame = write_frame([entry], bundle=True)

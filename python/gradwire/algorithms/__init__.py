@@ -24,12 +24,13 @@ from ..aggregation import exact_aggregate, exact_mean, exact_trimmed_mean, trim_
 from .adamw import ADAMW, AdamWConfig
 from .base import DEFAULT_ALGORITHM, Algorithm, NodeSide, algorithm_names, algorithms, config_from_json, get_algorithm, register
 from .demo import DEMO, DeMoConfig, DeMoState, default_demo_codec, demo_update
-from .sparseloco import (SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState, default_sparseloco_codec,
-                         default_sparseloco_downlink)
+from .sparseloco import (DEFAULT_SYNC_EVERY, SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState,
+                         default_sparseloco_codec, default_sparseloco_downlink)
 
 __all__ = [
     "ADAMW",
     "DEFAULT_ALGORITHM",
+    "DEFAULT_SYNC_EVERY",
     "Algorithm",
     "AdamWConfig",
     "DEMO",

@@ -24,16 +24,24 @@ from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
 from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
-__all__ = ["OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState", "default_sparseloco_codec",
+__all__ = ["DEFAULT_SYNC_EVERY", "OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState", "default_sparseloco_codec",
            "default_sparseloco_downlink", "sparseloco_codec_params", "sparseloco_downlink_params"]
+
+
+#: The default local steps per round. On the stdlib byte LM at 300× per local step both ways (2,048 steps,
+#: docs/convergence-nodes.md, docs/reencode-design.md) 8 steps with 487 of each 64×64 chunk's 4096
+#: coefficients held dense AdamW's held-out loss within +1.4 % (4 nodes, every frame) and +2.5 %
+#: (re-encoded); at 16 nodes re-encoded +5.9 % against +6.3 % with 4 steps (171 coefficients), and 1000×
+#: (72 coefficients) cost +5.2 % where 300× cost +1.4 %.
+DEFAULT_SYNC_EVERY = 8
 
 
 @frozen_config
 class SparseLoCoConfig:
     """SparseLoCo: nodes take ``sync_every`` local steps, then send their compressed pseudo-gradient."""
 
-    sync_every: int = 32
-    """Local (inner) steps per round."""
+    sync_every: int = DEFAULT_SYNC_EVERY
+    """Local (inner) steps per round (8: the benches' best measured setting, see :data:`DEFAULT_SYNC_EVERY`)."""
     inner: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
     """Each node's local AdamW (its schedule fields are not used)."""
     error_decay: float = 0.95
@@ -59,10 +67,10 @@ class SparseLoCoConfig:
         """A fresh :class:`OuterStep` of this config."""
         return OuterStep(self.outer_lr, self.outer_momentum, self.nesterov)
 
-#: The largest per-chunk budget of the default codec (SparseLoCo's own: 64 of each 64×64 chunk's 4096).
-DEFAULT_TOPK = 64
+
 #: The ratio the default codec aims for (fp32 bytes per local step over frame bytes per local step),
-#: with a margin over the 300× it promises.
+#: with a margin over the 300× it promises: the benches' best quality at ≥ 300× is there, with the
+#: largest ``k`` those bytes allow (more coefficients per round rather than fewer bytes).
 _TARGET_RATIO = 330.0
 _TILE = 64 * 64
 
@@ -74,28 +82,35 @@ def _estimated_chunk_bytes(k: int, value_bits: int = 2) -> float:
     return 1.03 * floor_bits / 8 + k * value_bits / 8 + 8
 
 
-def default_sparseloco_codec(sync_every: int = 32) -> Codec:
+def default_sparseloco_codec(sync_every: int = DEFAULT_SYNC_EVERY) -> Codec:
     """SparseLoCo's default codec for syncs every ``sync_every`` local steps: DCT on 64×64 tiles (flat
     64×64 chunks where tiles would be small), 2-bit values, positions Rice-coded (or packed, if smaller).
 
-    The per-chunk budget ``k`` is the largest of 64, 32, 16, … whose estimated bytes per sync, spread over
-    ``sync_every`` local steps, stay ≥ 330× below fp32 on 64×64 tiles: 64 (SparseLoCo's own choice) for
-    ``sync_every >= 2``, 16 for ``sync_every == 1``. Measured on a 1024×1024 weight in
-    tests/test_algorithms.py.
+    The per-chunk budget ``k`` is the largest whose estimated bytes per sync, spread over ``sync_every``
+    local steps, stay ≥ 330× below fp32 on 64×64 tiles, at most half the chunk: 472 of 4096 at the default
+    8 steps, 31 at 1, 2,048 from 32 on (≈ 500× there). Measured on a 1024×1024 weight in tests/test_algorithms.py. (Before the benches measured it,
+    the budget was capped at SparseLoCo's own 64 per chunk, which sends ≈ 1,700× at 8 steps and
+    ≈ 6,000× at 32 — a ratio whose quality no bench had measured, where 1000× already cost +5 % loss.)
     """
     return DCTCodec(**sparseloco_codec_params(sync_every))
 
 
-def sparseloco_codec_params(sync_every: int = 32) -> dict[str, Any]:
+def sparseloco_codec_params(sync_every: int = DEFAULT_SYNC_EVERY) -> dict[str, Any]:
     """The keyword parameters of :func:`default_sparseloco_codec` (as ``gradwire.build_codec("dct",
     **params)`` takes them; also the default downlink of a SparseLoCo run's re-encoded aggregate)."""
     sync_every = int(sync_every)
     if sync_every < 1:
         raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-    k = DEFAULT_TOPK
-    while k > 1 and 4 * _TILE * sync_every / _estimated_chunk_bytes(k) < _TARGET_RATIO:
-        k //= 2
-    return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2}
+    budget = 4 * _TILE * sync_every / _TARGET_RATIO
+    # The estimate grows with k up to half the chunk (where the positions cost most): the largest k
+    # within the budget, at least 1 and at most half the chunk.
+    lo, hi = 1, _TILE // 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _estimated_chunk_bytes(mid) <= budget else (lo, mid - 1)
+    k = lo
+    return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2,
+            "topk_scaling": "proportional"}
 
 
 #: Value bits of the re-encoded aggregate: at 16 nodes on the stdlib byte LM (640 steps, the best lr, 2 seeds,
@@ -104,12 +119,12 @@ def sparseloco_codec_params(sync_every: int = 32) -> dict[str, Any]:
 DOWNLINK_VALUE_BITS = 4
 
 
-def default_sparseloco_downlink(sync_every: int = 32) -> Codec:
+def default_sparseloco_downlink(sync_every: int = DEFAULT_SYNC_EVERY) -> Codec:
     """The default codec that re-encodes a SparseLoCo round's mean (the server's, or a sharded owner's)."""
     return DCTCodec(**sparseloco_downlink_params(sync_every))
 
 
-def sparseloco_downlink_params(sync_every: int = 32) -> dict[str, Any]:
+def sparseloco_downlink_params(sync_every: int = DEFAULT_SYNC_EVERY) -> dict[str, Any]:
     """The parameters of :func:`default_sparseloco_downlink`: the nodes' codec for ``sync_every``
     (:func:`sparseloco_codec_params`), its bytes spent on :data:`DOWNLINK_VALUE_BITS`-bit values — the
     largest ``k`` whose estimated chunk bytes stay within the nodes' — so a node receives about what it

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms import (
+    DEFAULT_SYNC_EVERY,
     DeMoState,
     OuterStep,
     SparseLoCoState,
@@ -486,7 +487,8 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     and counts; at every ``sync_every``-th step it forms the pseudo-gradient (the weights at the last
     sync minus now), adds it to the error buffer decayed by ``error_decay``, sends the compressed buffer
     (``codec``, default :func:`gradwire.algorithms.default_sparseloco_codec`: top-k DCT with 2-bit values,
-    ≥ 300× fewer bytes than fp32 per local step), keeps the rest, averages all ranks' frames exactly and
+    ≥ 300× fewer bytes than fp32 per local step; ``sync_every`` 8 and that codec are the benches' best
+    measured setting at 300×, docs/ALGORITHMS.md), keeps the rest, averages all ranks' frames exactly and
     applies the outer step to the last synced weights (the anchor, kept as float32 copies); the result
     becomes every rank's weights.
 
@@ -508,7 +510,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         params: Iterable,
         inner: torch.optim.Optimizer,
         *,
-        sync_every: int = 32,
+        sync_every: int = DEFAULT_SYNC_EVERY,
         codec: Optional[Codec] = None,
         outer_lr: float = 1.0,
         error_decay: float = 0.95,

@@ -47,7 +47,9 @@ def _plans(settings: DemoSettings) -> list[tuple[str, dict, Optional[dict], Opti
                             mode="tiles", index_coding="rice", value_bits=1)
     sl_params = sparseloco_codec_params(settings.sync_every)
     if settings.sparseloco_topk is not None:
-        sl_params["topk"] = settings.sparseloco_topk
+        # The demo's own k for every chunk (its tuned setting: the digits MLP's 64-wide layers cut into
+        # chunks smaller than 64×64, which the library's proportional default would give fewer).
+        sl_params.update(topk=settings.sparseloco_topk, topk_scaling="fixed")
     sl_codec = codec_spec("dct", **sl_params)
     sparseloco = {"algorithm": "sparseloco", "publish": "aggregate",
                   "sparseloco": {"sync_every": settings.sync_every, "inner": {"lr": settings.inner_lr},
