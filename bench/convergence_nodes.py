@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -41,7 +42,8 @@ except ImportError:
 DOC = cv.ROOT / "docs" / "convergence-nodes.md"
 CACHE = cv.OUT / "reencode.json"
 ROWS = ("dense", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
-        "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000")
+        "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000", "sparseloco@1000/agg:b2,d1000", "demo@1000/frames",
+        "demo@1000/agg")
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
 REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 REPORT_DENSE_MULTS = (0.3, 1.0, 3.0)
@@ -248,7 +250,8 @@ def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Option
         "# Quality and bytes against the node count (issue 19)",
         "",
         f"Written by `bench/convergence_nodes.py` on {now} from the runs in `{_shown(args.cache)}`"
-        + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ".",
+        + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ": `python"
+        f" bench/convergence_nodes.py {' '.join(args.argv)}`.",
         "",
         f"Task: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H[0]} local steps per sync"
         + (f", and H = {', '.join(str(h) for h in args.H[1:])} where a row says so" if len(args.H) > 1 else "")
@@ -287,6 +290,16 @@ READING = """## How to read it
   lives), and what each choice bought, is measured in docs/reencode-design.md. The rows here use its
   result: 4-bit values at the `k` that keeps a version at the nodes' frame bytes, the server's plain error
   feedback, and the outer step on the nodes.
+- **Rows marked (H 4) or (H 16)** sync every 4 or 16 local steps instead of 8, at the same bytes per local
+  step (so 171 or 1,266-ish coefficients per tile per sync instead of 487 at 300×; at 1000×, 226 instead
+  of 72). At 16 nodes H = 4 brings every-frame publication from +5.3 % to +2.8 % (lr 0.02), but the
+  re-encoded row goes from +5.9 % to +6.3 %: with half the bytes per sync the server's `k` (116) covers
+  less of the 16 nodes' union, and its error buffer holds more. At 1000× and 4 nodes H = 16 helps the
+  re-encoded row (+9.8 % against +12.2 %) and not every frame (+5.1 % against +5.2 %).
+- **DeMo** rows keep the bench's fixed `k` per chunk (16 of a 64×64 tile at 300×); the library's default
+  is now proportional to a chunk's size, which at equal bytes trained better (docs/ALGORITHMS.md,
+  "Defaults"). DeMo's sign step needs the direction of many coefficients, which a re-encoding at the
+  nodes' bytes cannot carry for a growing union: its re-encoded rows lose more than SparseLoCo's.
 - **What tests prove** (run by `make test`):
   - tests/test_server_reencoded.py: nine nodes hold the server's weights bit for bit from one re-encoded
     frame per version; a node's downlink stays the same from 3 to 9 nodes while verbatim frames grow; kill
@@ -353,6 +366,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--report-only", action="store_true", help="report what the cache holds; train nothing")
     ap.add_argument("--out", type=Path, default=DOC)
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     cv._CACHE[0] = args.cache
     from rich.console import Console
 
