@@ -82,13 +82,20 @@ class Settings:
     log_dir: Path
 
 
-def _codec_json(row: str) -> dict:
-    from gradwire.algorithms.demo import demo_codec_params
-    from gradwire.algorithms.sparseloco import sparseloco_codec_params
+#: The node codecs docs/wan.md was measured with (the libraries' defaults then): DeMo's top 32 of every
+#: 64×64 tile, SparseLoCo's top 64 at 2 bits. The defaults have changed since (DeMo top 22 of a full tile
+#: and a smaller chunk's share; SparseLoCo the k of ≈ 330× per local step, 1,266 at sync_every 16), so the
+#: bench names its codecs, for its figures to stay reproducible.
+WAN_CODECS = {
+    "demo": {"codec": "dct", "params": {"chunk_shape": [64, 64], "topk": 32, "mode": "tiles", "index_coding": "auto",
+                                        "value_bits": 1}},
+    "sparseloco": {"codec": "dct", "params": {"chunk_shape": [64, 64], "topk": 64, "mode": "tiles",
+                                              "index_coding": "auto", "value_bits": 2}},
+}
 
-    if row == "server-demo":
-        return {"codec": "dct", "params": demo_codec_params()}
-    return {"codec": "dct", "params": sparseloco_codec_params(SYNC_EVERY)}
+
+def _codec_json(row: str) -> dict:
+    return WAN_CODECS["demo" if row.endswith("demo") else "sparseloco"]
 
 
 def _run_config(row: str, lr: float, nodes: int) -> dict:
@@ -155,6 +162,8 @@ def run_row(wan, server: Optional[Server], s: Settings, *, row: str, model: str,
     eval_every = s.sync_every
     common = ["--model", model, "--world", str(s.nodes), "--steps", str(steps), "--lr", repr(lr), "--batch",
               str(batch), "--sync-every", str(s.sync_every), "--eval-every", str(eval_every), f"--target={target!r}"]
+    if row in ("demo", "sparseloco"):  # the torch.distributed rows name their codec too (WAN_CODECS)
+        common += ["--codec", json.dumps(_codec_json(row))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
     procs, logs = [], []
     extra: list[list[str]] = [[] for _ in range(s.nodes)]

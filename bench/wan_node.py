@@ -115,13 +115,19 @@ def train(args) -> None:
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
         elif mode == "demo":
             import gradwire.torch as gt
+            from gradwire.codecs import make_codec
 
-            opt = gt.DeMo(model.parameters(), lr=args.lr)
+            spec = json.loads(args.codec) if args.codec else None
+            opt = gt.DeMo(model.parameters(), lr=args.lr,
+                          codec=make_codec(spec["codec"], **spec["params"]) if spec else None)
         else:
             import gradwire.torch as gt
+            from gradwire.codecs import make_codec
 
+            spec = json.loads(args.codec) if args.codec else None
             opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=args.lr),
-                                sync_every=args.sync_every)
+                                sync_every=args.sync_every,
+                                codec=make_codec(spec["codec"], **spec["params"]) if spec else None)
         dist.barrier()  # every rank starts its clock together
 
         def finish():
@@ -208,7 +214,8 @@ def parse(argv=None) -> argparse.Namespace:
     t.add_argument("--url", help="the server's URL (server-* modes)")
     t.add_argument("--run-id")
     t.add_argument("--node-id", type=int)
-    t.add_argument("--codec", help="the uplink codec as JSON {codec, params} (server-* modes)")
+    t.add_argument("--codec", help="the uplink codec as JSON {codec, params} (server-* modes; demo and sparseloco: "
+                                   "instead of the optimizer's default)")
     a = sub.add_parser("admin")
     a.add_argument("--url", required=True)
     a.add_argument("--model", required=True, choices=sorted(MODELS))
