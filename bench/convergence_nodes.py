@@ -90,12 +90,12 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
                        mults=mults, outers=("plain",), dense_mults=dense, schedule=args.schedule)
 
 
-def cells_for(nodes: int, args, console) -> list[Cell]:
-    """What the cache holds for ``nodes``, at every H of ``--H``: the first H's rows as they are, the
-    others' SparseLoCo rows labelled with their H (``… (H 4)``); gaps against the one dense row."""
+def cells_for(nodes: int, args, task: str) -> list[Cell]:
+    """What the cache holds for ``task`` at ``nodes``, at every H of ``--H``: the first H's rows as they
+    are, the others' SparseLoCo rows labelled with their H (``… (H 4)``); gaps against the one dense row."""
     out = []
     for i, H in enumerate(args.H):
-        for c in _cells_at(nodes, args, H):
+        for c in _cells_at(nodes, args, H, task):
             if i and (c.row == "dense" or not c.row.startswith("sparseloco")):
                 continue  # dense and DeMo do not depend on H: the first H's cells are theirs
             if i:
@@ -113,10 +113,11 @@ def cells_for(nodes: int, args, console) -> list[Cell]:
     return sorted(out, key=lambda c: (order.get(c.row.split(" ")[0], 99), c.row))
 
 
-def _cells_at(nodes: int, args, H: int) -> list[Cell]:
-    """What the cache holds for ``nodes`` at ``H`` (every lr of the report grid, every seed of REPORT_SEEDS)."""
+def _cells_at(nodes: int, args, H: int, task: str) -> list[Cell]:
+    """What the cache holds for ``task`` at ``nodes`` and ``H`` (every lr of the report grid, every seed of
+    REPORT_SEEDS)."""
     rows = [cv.RowSpec.parse(r) for r in args.rows]
-    plans, _ = cv.make_plans(args.tasks, rows, REPORT_SEEDS, _settings(nodes, args, report=True, H=H))
+    plans, _ = cv.make_plans([task], rows, REPORT_SEEDS, _settings(nodes, args, report=True, H=H))
     cache = cv._cache_load()
     by: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}
     labels = {}
@@ -243,9 +244,15 @@ def _shown(path: Path) -> str:
     return str(p.relative_to(cv.ROOT)) if p.is_relative_to(cv.ROOT) else str(p)
 
 
-def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Optional[float]) -> None:
+#: The tasks' titles in the report.
+TASK_TITLES = {"stdlib": "The byte LM on CPython's standard library", "chars": "The char transformer",
+               "digits": "The digits MLP"}
+
+
+def write_report(by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[str, Path],
+                 elapsed: Optional[float]) -> None:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    steps = cells[0].steps if cells else args.steps
+    steps = next((cs[0].steps for cs in by_task.values() if cs), args.steps)
     lines = [
         "# Quality and bytes against the node count (issue 19)",
         "",
@@ -253,7 +260,7 @@ def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Option
         + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ": `python"
         f" bench/convergence_nodes.py {' '.join(args.argv)}`.",
         "",
-        f"Task: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H[0]} local steps per sync"
+        f"Tasks: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H[0]} local steps per sync"
         + (f", and H = {', '.join(str(h) for h in args.H[1:])} where a row says so" if len(args.H) > 1 else "")
         + "); every row at a node count",
         "uses the same shards and batches; dense AdamW averages the same nodes' gradients. Bytes are measured",
@@ -263,12 +270,16 @@ def write_report(cells: list[Cell], args, path: Path, png: Path, elapsed: Option
         "gap is taken seed by seed against dense at its best lr.",
         "",
     ]
-    lines += table(cells)
-    lines += ["", f"![gap and bytes against the node count]({png.name})", "", "## Targets", ""]
-    lines += verdicts(cells)
-    lines += ["", "## Bytes per node against the node count", ""]
-    lines += bytes_lines(cells)
-    lines += ["", *READING]
+    for task, cells in by_task.items():
+        lines += [f"## {TASK_TITLES.get(task, task)} (`{task}`)", ""]
+        lines += table(cells)
+        lines += ["", f"![gap and bytes against the node count: {task}]({pngs[task].name})", "",
+                  "### Targets", ""]
+        lines += verdicts(cells)
+        lines += ["", "### Bytes per node against the node count", ""]
+        lines += bytes_lines(cells)
+        lines += [""]
+    lines += READING
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -283,9 +294,9 @@ READING = """## How to read it
   minutes at 4 nodes, 5 at 16 and 20 at 64 (every node computes its own batch). So the 64-node rows have
   one seed and narrowed lr grids. The compressed rows' lr grids at 2,048 steps hold the lrs that the
   640-step sweep of docs/reencode-design.md found best (4 lrs per row there); the "lr (tried)" column
-  says which lrs ran here. The char transformer, the issue's second language model, is not in this table:
-  its 4-node, 2,048-step comparison is docs/convergence-2048.md, and its node-count sweep did not fit this
-  machine's time.
+  says which lrs ran here. The char transformer, the issue's second language model, ran at 4 and 16 nodes
+  (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16; dense over 0.003 / 0.01 / 0.03, its second
+  seed at 4 nodes only); its 64-node row did not fit this machine's time. No DeMo rows on it.
 - **The re-encoding's design** (the server's value bits and `k`, its error feedback, where the outer step
   lives), and what each choice bought, is measured in docs/reencode-design.md. The rows here use its
   result: 4-bit values at the `k` that keeps a version at the nodes' frame bytes, the server's plain error
@@ -377,14 +388,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             console.print(f"[bold]{n} nodes[/bold]")
             train(n, args, console)
     elapsed = None if args.report_only else time.perf_counter() - t0
-    cells = [c for n in args.nodes for c in cells_for(n, args, None)]
-    for line in table(cells):
-        console.print(line)
-    png = args.out.with_suffix(".png")
+    by_task = {t: [c for n in args.nodes for c in cells_for(n, args, t)] for t in args.tasks}
+    by_task = {t: cs for t, cs in by_task.items() if cs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    plot(cells, png)
-    write_report(cells, args, args.out, png, elapsed)
-    console.print(f"wrote {args.out} and {png}")
+    pngs = {}
+    for i, (t, cells) in enumerate(by_task.items()):
+        for line in table(cells):
+            console.print(line)
+        # The first task's plot keeps the report's own name (the one the README links), the others add theirs.
+        pngs[t] = args.out.with_suffix(".png") if i == 0 else args.out.with_name(f"{args.out.stem}-{t}.png")
+        plot(cells, pngs[t])
+    write_report(by_task, args, args.out, pngs, elapsed)
+    console.print(f"wrote {args.out} and {', '.join(str(p) for p in pngs.values())}")
 
 
 if __name__ == "__main__":
