@@ -24,8 +24,9 @@ from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
 from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
-__all__ = ["DEFAULT_SYNC_EVERY", "OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState", "default_sparseloco_codec",
-           "default_sparseloco_downlink", "sparseloco_codec_params", "sparseloco_downlink_params"]
+__all__ = ["DEFAULT_SYNC_EVERY", "OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState",
+           "default_sparseloco_codec", "default_sparseloco_downlink", "sparseloco_codec_params",
+           "sparseloco_downlink_params"]
 
 
 #: The default local steps per round. On the stdlib byte LM at 300× per local step both ways (2,048 steps,
@@ -41,7 +42,7 @@ class SparseLoCoConfig:
     """SparseLoCo: nodes take ``sync_every`` local steps, then send their compressed pseudo-gradient."""
 
     sync_every: int = DEFAULT_SYNC_EVERY
-    """Local (inner) steps per round (8: the benches' best measured setting, see :data:`DEFAULT_SYNC_EVERY`)."""
+    """Local (inner) steps per round (the benches' best measured setting: :data:`DEFAULT_SYNC_EVERY`)."""
     inner: AdamWConfig = dataclasses.field(default_factory=AdamWConfig)
     """Each node's local AdamW (its schedule fields are not used)."""
     error_decay: float = 0.95
@@ -88,9 +89,11 @@ def default_sparseloco_codec(sync_every: int = DEFAULT_SYNC_EVERY) -> Codec:
 
     The per-chunk budget ``k`` is the largest whose estimated bytes per sync, spread over ``sync_every``
     local steps, stay ≥ 330× below fp32 on 64×64 tiles, at most half the chunk: 472 of 4096 at the default
-    8 steps, 31 at 1, 2,048 from 32 on (≈ 500× there). Measured on a 1024×1024 weight in tests/test_algorithms.py. (Before the benches measured it,
-    the budget was capped at SparseLoCo's own 64 per chunk, which sends ≈ 1,700× at 8 steps and
-    ≈ 6,000× at 32 — a ratio whose quality no bench had measured, where 1000× already cost +5 % loss.)
+    8 steps, 31 at 1, 2,048 from 32 on (≈ 500× there); a smaller chunk keeps its share
+    (``topk_scaling="proportional"``). Measured on a 1024×1024 weight in tests/test_algorithms.py. (Before
+    the benches measured it, the budget was capped at SparseLoCo's own 64 per chunk, which sends ≈ 1,700×
+    at 8 steps and ≈ 6,000× at 32 — a ratio whose quality no bench had measured, where 1000× already
+    cost +5 % loss.)
     """
     return DCTCodec(**sparseloco_codec_params(sync_every))
 
