@@ -134,6 +134,29 @@ def test_outer_step_plain_and_nesterov_by_hand():
         OuterStep(nesterov=True)
 
 
+@pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (1.0, 0.9, False),
+                                              (0.7, 0.9, False), (1.0, 0.9, True), (0.7, 0.9, True)])
+def test_outer_step_rounds_as_its_formulas_once_rounded_op_by_op(lr, mu, nesterov):
+    # In place or not, each multiply and add is rounded once, in the documented order: every node and the
+    # server hold the same bits. The deltas given are left as they were.
+    g = torch.Generator().manual_seed(0)
+    anchor = {"w": torch.randn(1000, generator=g)}
+    expected, b = anchor["w"].clone(), None
+    step = OuterStep(outer_lr=lr, momentum=mu, nesterov=nesterov)
+    for _ in range(4):
+        d = torch.randn(1000, generator=g)
+        kept = d.clone()
+        step.apply(anchor, {"w": d})
+        assert torch.equal(d, kept)
+        if mu:
+            b = d.clone() if b is None else torch.add(torch.mul(b, mu), d)
+            s = torch.add(d, torch.mul(b, mu)) if nesterov else b
+        else:
+            s = d
+        expected = torch.sub(expected, torch.mul(s, lr))
+    assert torch.equal(anchor["w"], expected)
+
+
 def test_default_sparseloco_codec_ratio_per_local_step():
     w = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))
     for sync_every in (32, 8, 1):

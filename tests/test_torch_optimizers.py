@@ -161,7 +161,7 @@ class Wide(nn.Module):
 
 class Small(nn.Module):
     """The issue's small model: an embedding and two linears with biases, 240,650 parameters, no dimension a
-    multiple of 64 (1000×100 in 50×50 tiles, 400×100 and 250×400 in 50×50 and 50×40 ones, 64-element bias
+    multiple of 64 (1000×100, 400×100 and 250×400 all in 50×50 tiles, 64-element bias
     chunks) — where a fixed per-chunk budget sent 195× (DeMo, top 32 of every chunk)."""
 
     def __init__(self):

@@ -238,12 +238,15 @@ class OuterStep:
                         b = b.to(a.device)
                         b.mul_(self.momentum).add_(d)
                     self.buffers[n] = b
+                    owned = self.nesterov  # Nesterov's step is a new tensor; otherwise it is the buffer
                     step = torch.mul(b, self.momentum).add_(d) if self.nesterov else b
-                    scaled = step.mul_(self.outer_lr) if step is not b else torch.mul(b, self.outer_lr)
                 else:
-                    scaled = d if self.outer_lr == 1.0 else torch.mul(d, self.outer_lr)
-                # Multiplying by 1.0 is exact: the plain outer step subtracts the delta itself.
-                a.sub_(scaled.to(a.dtype))
+                    owned, step = False, d
+                # Multiplying by 1.0 is exact, so an outer lr of 1 subtracts the step itself; the step is
+                # scaled in place only where it is this call's own tensor (not the buffer, not the delta).
+                if self.outer_lr != 1.0:
+                    step = step.mul_(self.outer_lr) if owned else torch.mul(step, self.outer_lr)
+                a.sub_(step.to(a.dtype))
 
     def state_dict(self) -> dict[str, Any]:
         """``{"buffers": {name: float32 momentum buffer}}`` (empty without momentum)."""

@@ -563,10 +563,9 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
     if memo is None:
         return _parse_record(entry, device)
     key = (id(entry), str(torch.device("cpu") if device is None else torch.device(device)))
-    held = memo.get(key)
-    if held is None or held[0] is not entry:
-        held = memo[key] = (entry, _parse_record(entry, device))
-    return held[1]
+    if key not in memo:  # the entry is held with its parse, so its id names no other record meanwhile
+        memo[key] = (entry, _parse_record(entry, device))
+    return memo[key][1]
 
 
 def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
