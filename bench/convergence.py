@@ -108,11 +108,19 @@ RATIOS = (100, 300, 1000)
 DEFAULT_ROWS = ("dense", "panthalia@300", "demo@300", "demo@1000", "sparseloco@300", "sparseloco@1000", "diloco")
 #: ``diloco`` is a diagnostic: SparseLoCo's loop with the identity codec (fp32, nothing dropped), which
 #: separates what H local steps cost from what compression costs.
-KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco")
+#: ``signloco``: SparseLoCo's loop (H local AdamW steps, node error feedback, plain outer step) with 1-bit SGD's
+#: codec (:class:`gradwire.OneBit`: a sign per parameter, per column the mean of each side) instead of a top-k
+#: DCT, and with ``/agg`` the server's downlink the same codec under its own error feedback: every parameter
+#: travels both ways at one bit per sync, so the ratio is set by H (about 32·H×, 300× at H 10) and the
+#: aggregate of any number of nodes re-encodes without dropping a coordinate.
+KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco", "signloco")
+#: The row kinds that run SparseLoCo's loop (local steps, a sync every H).
+LOCAL_KINDS = ("sparseloco", "diloco", "signloco")
 #: The learning-rate grids, as multiples of the task's base lr (AdamW, also SparseLoCo's and DiLoCo's inner
 #: AdamW) or absolute (DeMo's sign step, per task). The Panthalia path's grid sits lower: its AdamW sees
 #: sparse, delayed gradients and diverges at the dense row's best lr.
-MULT = {"dense": (0.3, 1.0, 3.0), "panthalia": (0.1, 0.3, 1.0), "sparseloco": (0.3, 1.0, 3.0), "diloco": (0.3, 1.0, 3.0)}
+MULT = {"dense": (0.3, 1.0, 3.0), "panthalia": (0.1, 0.3, 1.0), "sparseloco": (0.3, 1.0, 3.0), "diloco": (0.3, 1.0, 3.0),
+        "signloco": (0.3, 1.0, 3.0)}
 #: SparseLoCo's outer optimizers tried in the grid: (label, outer_lr, momentum, nesterov).
 OUTERS = {"plain": (1.0, 0.0, False), "nesterov": (0.7, 0.9, True)}
 #: Outer optimizers tried only when ``--outers`` names them: Nesterov whose steady-state step is the plain
@@ -426,7 +434,7 @@ class RowSpec:
     @property
     def label(self) -> str:
         names = {"dense": "dense AdamW", "panthalia": "Panthalia path", "demo": "DeMo", "sparseloco": "SparseLoCo",
-                 "diloco": "DiLoCo (uncompressed)"}
+                 "diloco": "DiLoCo (uncompressed)", "signloco": "SparseLoCo's loop, 1 bit"}
         base = names[self.kind] + ("" if self.target is None else f" {self.target}×")
         if self.down is None:
             return base
@@ -454,11 +462,15 @@ class RowSpec:
     def parse(s: str) -> "RowSpec":
         s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
-        if kind not in KINDS or (kind in ("dense", "diloco")) != (r == ""):
-            raise ValueError(f"bad row {s!r}: dense, diloco, or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]")
+        if kind not in KINDS or (kind in ("dense", "diloco", "signloco")) != (r == ""):
+            raise ValueError(f"bad row {s!r}: dense, diloco, signloco[/frames|/agg], "
+                             "or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]")
         if down:
-            if kind not in ("demo", "sparseloco"):
-                raise ValueError(f"bad row {s!r}: only demo and sparseloco rows take a downlink (/frames, /agg)")
+            if kind not in ("demo", "sparseloco", "signloco"):
+                raise ValueError(f"bad row {s!r}: only demo, sparseloco and signloco rows take a downlink "
+                                 "(/frames, /agg)")
+            if kind == "signloco" and down not in ("frames", "agg"):
+                raise ValueError(f"bad row {s!r}: signloco's downlink is /frames or /agg (1 bit, no options)")
             opts = parse_down(down)  # raises on a bad option
             if opts.get("srv") and kind != "sparseloco":
                 raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
@@ -548,7 +560,7 @@ def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
     if row.kind == "demo":  # --mults: multiples of the middle of the task's DeMo grid
         lrs = [scale.demo_lrs[len(scale.demo_lrs) // 2] * m for m in mults] if mults else scale.demo_lrs
         return [(f"lr={lr:g}", lr, {}) for lr in lrs]
-    if row.kind in ("sparseloco", "diloco"):
+    if row.kind in LOCAL_KINDS:
         # The default tries Nesterov at the middle lr only (time); --full (or --mults) at every lr.
         outers = settings.outers if settings and settings.outers else tuple(OUTERS)
         return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in outers for lr in adamw
@@ -597,7 +609,14 @@ class Downlink:
         self.verbatim = row.down == "frames"
         o = row.down_opts
         self.decay = o.get("ef", 1.0)
-        self.codec = None if self.verbatim else dct_codec(row.kind, k, bits)
+        if self.verbatim:
+            self.codec = None
+        elif row.kind == "signloco":
+            from gradwire import OneBit
+
+            self.codec = OneBit()
+        else:
+            self.codec = dct_codec(row.kind, k, bits)
         self.ef = ErrorFeedback(self.codec) if self.codec is not None and self.decay > 0.0 else None
         self.outer = outer if o.get("srv") else None  # the server's OuterStep (srv)
 
@@ -680,6 +699,10 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
             from gradwire import IdentityCodec
 
             states = [SparseLoCoState(IdentityCodec()) for _ in range(n)]
+        elif row.kind == "signloco":  # 1-bit SGD's error feedback keeps the whole residual (no decay)
+            from gradwire import OneBit
+
+            states = [SparseLoCoState(OneBit(), error_decay=1.0) for _ in range(n)]
         else:
             states = [SparseLoCoState(dct_codec("sparseloco", k)) for _ in range(n)]
         anchor = {nm: p.detach().clone() for nm, p in packer.pack(_params(model)).items()}
@@ -695,7 +718,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
     opts_with_lr = []  # the torch optimizers whose lr the schedule sets
     if row.kind in ("dense", "panthalia"):
         opts_with_lr = [opt]
-    elif row.kind in ("sparseloco", "diloco"):
+    elif row.kind in LOCAL_KINDS:
         opts_with_lr = inner
     schedule = SCHEDULES[settings.schedule]
     base_lr = lr
@@ -832,7 +855,7 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
     """A run's cache key: everything that changes its result (the lr is in ``hp``; the grids are not, so
     widening a grid reuses the runs it already holds)."""
     sc = {k: v for k, v in asdict(scale).items() if k not in ("base_lr", "demo_lrs")}
-    H = settings.H if row.kind in ("sparseloco", "diloco") else None  # eval points are the same for all H
+    H = settings.H if row.kind in LOCAL_KINDS else None  # eval points are the same for all H
     parts = [task, sc, row.key, hp, seed, settings.nodes, H, settings.evals, list(calib) if calib else None, 3]
     if settings.schedule != "constant":  # keys of constant-lr runs as before, so the caches stay valid
         parts.append(settings.schedule)
@@ -1139,7 +1162,7 @@ def plot(summ, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(summ), figsize=(6.5 * len(summ), 5), squeeze=False)
-    colors = {"dense": "black", "panthalia": "C1", "demo": "C0", "sparseloco": "C2", "diloco": "C4"}
+    colors = {"dense": "black", "panthalia": "C1", "demo": "C0", "sparseloco": "C2", "diloco": "C4", "signloco": "C5"}
     styles = {100: "-", 300: "--", 1000: ":", None: "-"}
     for ax, (tn, rows) in zip(axes[0], summ.items()):
         for r in rows:

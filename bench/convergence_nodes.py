@@ -97,11 +97,18 @@ def cells_for(nodes: int, args, task: str) -> list[Cell]:
     out = []
     for i, H in enumerate(args.H):
         for c in _cells_at(nodes, args, H, task):
+            if c.row.startswith("signloco"):
+                continue  # at its own H, below
             if i and (c.row == "dense" or not c.row.startswith("sparseloco")):
                 continue  # dense and DeMo do not depend on H: the first H's cells are theirs
             if i:
                 c.row, c.label = f"{c.row} H{H}", f"{c.label} (H {H})"
             out.append(c)
+    if any(r.startswith("signloco") for r in args.rows):
+        for c in _cells_at(nodes, args, args.signloco_H, task):
+            if c.row.startswith("signloco"):
+                c.label = f"{c.label} (H {args.signloco_H})"
+                out.append(c)
     dense = next((c for c in out if c.row == "dense"), None)
     for c in out:
         if dense is None or c is dense:
@@ -153,6 +160,12 @@ def _lr_of(hp: str) -> float:
 
 def train(nodes: int, args, console) -> None:
     rows = [cv.RowSpec.parse(r) for r in args.rows]
+    sign = [r for r in rows if r.kind == "signloco"]
+    rows = [r for r in rows if r.kind != "signloco"]
+    if sign:  # its own H: one bit per parameter per sync sets the ratio (about 32·H×)
+        settings = _settings(nodes, args, report=False, H=args.signloco_H)
+        plans, _ = cv.make_plans(args.tasks, sign, args.seeds, settings, console)
+        cv.sweep(plans, settings, console, jobs=args.jobs)
     for i, H in enumerate(args.H):
         # Rows that do not depend on H train once, at the first H.
         at = [r for r in rows if i == 0 or r.kind == "sparseloco"]
@@ -375,6 +388,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--H", type=int, nargs="+", default=[8],
                     help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
                          "SparseLoCo rows are reported beside it, labelled with their H")
+    ap.add_argument("--signloco-H", type=int, default=10,
+                    help="the local steps per sync of the signloco rows (1 bit per parameter per sync: 10 is 300×)")
     ap.add_argument("--rows", nargs="+", default=list(ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")

@@ -117,3 +117,27 @@ def test_published_downlink_rows_train(cv, digits, row):
         if "k64" in row:
             assert (r.down_k, r.down_bits) == (64, 1)
         assert down > 0.5 * up  # one frame, not n
+
+
+def test_signloco_rows_send_one_bit_per_parameter_both_ways_whatever_the_node_count(cv, digits):
+    """1 bit per parameter per sync: the ratio is about 32·H, and the re-encoded downlink stays one frame
+    (the same bytes at 2 and 6 nodes) where publishing every frame costs n of them."""
+    torch.set_num_threads(1)
+    assert cv.RowSpec.parse("signloco/agg").down_opts == {"ef": 1.0, "srv": False}
+    for bad in ("signloco@300", "signloco/agg:b2"):
+        with pytest.raises(ValueError):
+            cv.RowSpec.parse(bad)
+    H = 4
+    down = {}
+    for n in (2, 6):
+        settings = cv.Settings(full=False, nodes=n, H=H, evals=2)
+        for row in ("signloco/agg", "signloco/frames"):
+            spec = cv.RowSpec.parse(row)
+            hp, lr, extra = cv.grid("digits", spec, digits.scale, full=False)[1]
+            r = cv.run_one(digits, spec, lr, extra, 0, 8, settings, None)
+            assert math.isfinite(r.held_out) and r.held_out < r.curve[0][2]
+            up = r.fp32_bytes / r.up_bytes_per_step
+            assert 0.7 * 32 * H < up <= 32 * H, (row, up)  # less the per-column scales and the headers
+            down[(n, row)] = r.down_bytes_per_step
+    assert down[(2, "signloco/agg")] == down[(6, "signloco/agg")]
+    assert down[(6, "signloco/frames")] > 5 * down[(6, "signloco/agg")]

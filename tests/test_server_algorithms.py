@@ -185,3 +185,16 @@ def test_model_record_is_refused_for_adamw_runs():
 
     with pytest.raises(ValueError, match="model_record"):
         RunConfig.model_validate({"algorithm": "adamw", "model_record": True})
+
+
+def test_a_codec_named_without_params_gets_its_own_defaults_not_the_dcts():
+    from gradwire_server.config import RunConfig
+
+    cfg = RunConfig.model_validate({"algorithm": "sparseloco", "uplink": {"codec": "onebit"},
+                                    "downlink": {"codec": "onebit"}})
+    assert (cfg.uplink.params, cfg.downlink.params) == ({}, {})
+    assert isinstance(cfg.downlink.build(), gradwire.OneBit)
+    assert RunConfig.model_validate({"uplink": {"codec": "dct"}}).uplink.params == {"chunk_shape": [64, 64],
+                                                                                    "topk": 32}
+    with pytest.raises(ValueError, match="onebit"):  # a parameter the codec does not take is still refused
+        RunConfig.model_validate({"uplink": {"codec": "onebit", "params": {"topk": 4}}})

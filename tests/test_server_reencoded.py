@@ -87,6 +87,38 @@ def test_a_nodes_downlink_stays_the_same_from_3_to_9_nodes_while_verbatim_frames
     assert verbatim[9] >= 2.5 * verbatim[3]
 
 
+def test_one_bit_both_ways_reencodes_every_coordinate_and_nodes_match_the_server_bit_for_bit(live_server):
+    """SparseLoCo with 1-bit SGD's codec up and down (docs/ALGORITHMS.md, "One bit both ways"): the server
+    re-encodes the mean of 3 or 6 nodes' sign frames as one sign frame under its own error feedback, so a
+    node receives the same bytes per version at either node count, and every node ends on its weights."""
+    config = {"algorithm": "sparseloco",
+              "sparseloco": {"sync_every": 2, "error_decay": 1.0, "inner": {"lr": 1e-2}},
+              "uplink": {"codec": "onebit"}, "downlink": {"codec": "onebit"}}
+    admin = GradwireClient(live_server.url, live_server.admin_token)
+    received = {}
+    for n_nodes in (3, 6):
+        run_id = admin.create_run({**config, "quorum": n_nodes})
+        admin.put_state(run_id, {n: p.detach() for n, p in _model().named_parameters()})
+        nodes = []
+        for _ in range(n_nodes):
+            node_id, token = admin.register_node(run_id)
+            nodes.append(Node(GradwireClient(live_server.url, token), run_id, _model(), gradwire.OneBit(), node_id,
+                              wait=20))
+        train_together(nodes, _loss, 6)
+        status = admin.status(run_id)
+        assert status["version"] == 3
+        assert {state_hash(n.params) for n in nodes} == {status["weights_hash"]}
+        batch = nodes[0].client.published(run_id, 0)
+        for v in batch.versions:
+            assert v.reencoded_from == n_nodes and len(v.frames) == 1
+            assert {e.codec for e in v.frames[0].entries} == {gradwire.OneBit.codec_id}
+        received[n_nodes] = [v.nbytes for v in batch.versions]
+        # Every coordinate moves at every version: a sign frame drops none, whatever the node count.
+        before = {n: p.detach() for n, p in _model().named_parameters()}
+        assert all(bool((nodes[0].params[n] != before[n]).all()) for n in before)
+    assert received[3] == received[6]
+
+
 def test_only_the_robust_aggregate_reaches_the_servers_error_buffer():
     # Median of three: a rogue node scaled by 1e6 moves no coordinate of the aggregate beyond the others.
     cfg = RunConfig.model_validate({"algorithm": "demo", "aggregation": {"rule": "median"},

@@ -27,13 +27,28 @@ ALGORITHMS = algorithm_names()
 OptimizerConfig = AdamWConfig
 
 
+#: The parameters of a ``dct`` codec config that names none.
+DEFAULT_DCT_PARAMS = {"chunk_shape": [64, 64], "topk": 32}
+
+
 class CodecConfig(BaseModel):
     """A codec or policy by name (``gradwire.codec_names()``) and its keyword parameters."""
 
     model_config = ConfigDict(extra="forbid")
 
     codec: str = "dct"
-    params: dict[str, Any] = Field(default_factory=lambda: {"chunk_shape": [64, 64], "topk": 32})
+    params: dict[str, Any] = Field(
+        default_factory=lambda: dict(DEFAULT_DCT_PARAMS),
+        description="The codec's keyword parameters. When absent: the default codec's (dct) "
+                    f"{DEFAULT_DCT_PARAMS}, any other codec's own defaults (no parameters).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _params_of_the_named_codec(cls, data: Any) -> Any:
+        """The DCT defaults belong to ``dct``: ``{"codec": "onebit"}`` means OneBit's own defaults."""
+        if isinstance(data, dict) and "params" not in data and data.get("codec", "dct") != "dct":
+            return {**data, "params": {}}
+        return data
 
     @model_validator(mode="after")
     def _buildable(self) -> "CodecConfig":
