@@ -44,7 +44,7 @@ DOC = cv.ROOT / "docs" / "convergence-nodes.md"
 CACHE = cv.OUT / "reencode.json"
 ROWS = ("dense", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
         "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000", "sparseloco@1000/agg:b2,d1000", "demo@1000/frames",
-        "demo@1000/agg")
+        "demo@1000/agg", "signloco/frames", "signloco/agg")
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
 REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 REPORT_DENSE_MULTS = (0.3, 1.0, 3.0)
@@ -388,8 +388,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--H", type=int, nargs="+", default=[8],
                     help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
                          "SparseLoCo rows are reported beside it, labelled with their H")
-    ap.add_argument("--signloco-H", type=int, default=10,
-                    help="the local steps per sync of the signloco rows (1 bit per parameter per sync: 10 is 300×)")
+    ap.add_argument("--signloco-H", type=int, default=11,
+                    help="the local steps per sync of the signloco rows (1 bit per parameter per sync and the "
+                         "codec's per-column scales: 11 is 303× on the byte LM)")
     ap.add_argument("--rows", nargs="+", default=list(ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")
