@@ -42,7 +42,7 @@ except ImportError:
 
 DOC = cv.ROOT / "docs" / "convergence-nodes.md"
 CACHE = cv.OUT / "reencode.json"
-ROWS = ("dense", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
+ROWS = ("dense", "diloco", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
         "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000", "sparseloco@1000/agg:b2,d1000", "demo@1000/frames",
         "demo@1000/agg", "signloco/frames", "signloco/agg")
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
@@ -329,6 +329,19 @@ READING = """## How to read it
   re-encoded row goes from +5.9 % to +6.3 %: with half the bytes per sync the server's `k` (116) covers
   less of the 16 nodes' union, and its error buffer holds more. At 1000× and 4 nodes H = 16 helps the
   re-encoded row (+9.8 % against +12.2 %) and not every frame (+5.1 % against +5.2 %).
+- **DiLoCo (uncompressed)** is SparseLoCo's loop with float32 pseudo-gradients (nothing dropped, 8× per
+  step up, every frame down): the floor the local steps set. At 16 nodes it is +3.4 % (H 8, lr 0.01, one
+  seed), so no compression at H 8 with 8 sequences per node can reach the 2 % target there; what
+  compression costs on top is the distance from that row.
+- **SparseLoCo's loop, 1 bit** (`signloco`) replaces the top-k DCT with 1-bit SGD's codec
+  (`gradwire.OneBit`: a sign per parameter, per column the mean of each side; nodes' error feedback without
+  decay) and, re-encoded, the server sends the same codec under its own error feedback. Every parameter
+  moves both ways at every sync, so the aggregate of any number of nodes re-encodes without dropping a
+  coordinate: at 4 nodes the re-encoded row is no worse than every frame (+1.6 % against +1.9 %). One bit
+  per parameter per sync fixes the ratio at about 32·H less the scales: H 11 gives 303× up and 301× down.
+  It beats the top-k re-encoding at 4 nodes (+1.6 % against +2.5 %) and 16 (+5.0 % against +5.9 %) and
+  ties at 64 (+9.9 % against +9.6 %, one seed): at 16 and 64 nodes the local steps, not the downlink, are
+  most of the gap.
 - **DeMo** rows keep the bench's fixed `k` per chunk (16 of a 64×64 tile at 300×); the library's default
   is now proportional to a chunk's size, which at equal bytes trained better (docs/ALGORITHMS.md,
   "Defaults"). DeMo's sign step needs the direction of many coefficients, which a re-encoding at the
