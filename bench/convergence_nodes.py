@@ -346,7 +346,7 @@ READING = """## How to read it
   coordinate: at 4 nodes the re-encoded row is no worse than every frame (+1.6 % against +1.9 %). One bit
   per parameter per sync fixes the ratio at about 32·H less the scales: H 11 gives 303× up and 301× down.
   It beats the top-k re-encoding at 4 nodes (+1.6 % against +2.5 %) and 16 (+5.0 % against +5.9 %) and
-  ties at 64 (+9.9 % against +9.6 %, one seed): at 16 and 64 nodes the local steps, not the downlink, are
+  ties at 64 (+9.9 %, one seed, against +9.3 %): at 16 and 64 nodes the local steps, not the downlink, are
   most of the gap.
 - **DeMo** rows keep the bench's fixed `k` per chunk (16 of a 64×64 tile at 300×); the library's default
   is now proportional to a chunk's size, which at equal bytes trained better (docs/ALGORITHMS.md,
