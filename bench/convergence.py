@@ -111,7 +111,8 @@ DEFAULT_ROWS = ("dense", "panthalia@300", "demo@300", "demo@1000", "sparseloco@3
 #: ``signloco``: SparseLoCo's loop (H local AdamW steps, node error feedback, plain outer step) with 1-bit SGD's
 #: codec (:class:`gradwire.OneBit`: a sign per parameter, per column the mean of each side) instead of a top-k
 #: DCT, and with ``/agg`` the server's downlink the same codec under its own error feedback: every parameter
-#: travels both ways at one bit per sync, so the ratio is set by H (about 32·H×, 300× at H 10) and the
+#: travels both ways at one bit per sync, so the ratio is set by H (about 32·H× less the column scales and
+#: the headers: 303× at H 11 on the byte LM) and the
 #: aggregate of any number of nodes re-encodes without dropping a coordinate.
 KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco", "signloco")
 #: The row kinds that run SparseLoCo's loop (local steps, a sync every H).
