@@ -133,6 +133,55 @@ EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True),
 ALL_OUTERS = {**OUTERS, **EXTRA_OUTERS}
 
 
+class LocalAdamW(torch.optim.Optimizer):
+    """AdamW whose second moment has its noise part divided by ``noise_divisor`` — the inner optimizer of the
+    ``+nD`` rows, a diagnostic of why local steps lose to dense AdamW as nodes are added.
+
+    A node's AdamW divides by ``sqrt(v)`` with ``v`` holding the gradient noise of *its* 8-sequence batch; where
+    noise dominates a coordinate the mean of N nodes' steps is then about √N smaller than dense AdamW's step on
+    the N-fold batch. With the bias-corrected moments, ``v̂ − m̂²`` estimates that noise, and
+    ``v_c = v̂ − (1 − 1/D)·max(v̂ − m̂², 0)`` divides it by ``D`` (``D = 1`` is ``torch.optim.AdamW``).
+    Measured (docs/reencode-design.md, "The local-step floor"): it ties tuned AdamW over two seeds
+    (uncompressed DiLoCo, 16 nodes, H 4) and loses with compression, so it stays here, not in the library.
+    """
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, noise_divisor: float = 1.0,
+                 betas: tuple = (0.9, 0.999), eps: float = 1e-8):
+        if not noise_divisor >= 1.0:
+            raise ValueError(f"noise_divisor must be >= 1 (1 is AdamW), got {noise_divisor}")
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, noise_divisor=noise_divisor,
+                                      betas=tuple(betas), eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            shrink = 1.0 - 1.0 / group["noise_divisor"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = state["step"]
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                m.lerp_(g, 1.0 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+                m_hat = m / (1.0 - beta1 ** t)
+                v_hat = v / (1.0 - beta2 ** t)
+                if shrink:
+                    v_hat.sub_(torch.sub(v_hat, m_hat * m_hat).clamp_(min=0.0), alpha=shrink)
+                p.addcdiv_(m_hat, v_hat.sqrt_().add_(eps), value=-lr)
+        return None
+
+
+
 # ---------------------------------------------------------------------------------------------
 # Tasks
 
@@ -426,10 +475,12 @@ class RowSpec:
     kind: str
     target: Optional[int] = None  # intended uplink ratio (compressed rows)
     down: Optional[str] = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
+    noise: float = 1.0  # ``+nD`` after a local kind: the inner optimizer is LocalAdamW(noise_divisor=D)
 
     @property
     def key(self) -> str:
-        base = self.kind if self.target is None else f"{self.kind}@{self.target}"
+        kind = self.kind if self.noise == 1.0 else f"{self.kind}+n{self.noise:g}"
+        base = kind if self.target is None else f"{kind}@{self.target}"
         return base if self.down is None else f"{base}/{self.down}"
 
     @property
@@ -437,6 +488,8 @@ class RowSpec:
         names = {"dense": "dense AdamW", "panthalia": "Panthalia path", "demo": "DeMo", "sparseloco": "SparseLoCo",
                  "diloco": "DiLoCo (uncompressed)", "signloco": "SparseLoCo's loop, 1 bit"}
         base = names[self.kind] + ("" if self.target is None else f" {self.target}×")
+        if self.noise != 1.0:
+            base += f", LocalAdamW n{self.noise:g}"
         if self.down is None:
             return base
         if self.down == "frames":
@@ -463,6 +516,18 @@ class RowSpec:
     def parse(s: str) -> "RowSpec":
         s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
+        kind, plus, n = kind.partition("+")
+        noise = 1.0
+        if plus:
+            try:
+                if kind not in LOCAL_KINDS or not n.startswith("n"):
+                    raise ValueError
+                noise = float(n[1:])
+                if not noise > 1.0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"bad row {s!r}: +nD (D > 1: the inner LocalAdamW's noise_divisor) follows "
+                                 f"a local kind ({', '.join(LOCAL_KINDS)})") from None
         if kind not in KINDS or (kind in ("dense", "diloco", "signloco")) != (r == ""):
             raise ValueError(f"bad row {s!r}: dense, diloco, signloco[/frames|/agg], "
                              "or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]")
@@ -475,7 +540,7 @@ class RowSpec:
             opts = parse_down(down)  # raises on a bad option
             if opts.get("srv") and kind != "sparseloco":
                 raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
-        return RowSpec(kind, int(r) if r else None, down or None)
+        return RowSpec(kind, int(r) if r else None, down or None, noise)
 
 
 def parse_down(down: str) -> dict:
@@ -710,7 +775,10 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         nodes = [task.build() for _ in range(n)]
         for m in nodes:
             m.load_state_dict(model.state_dict())
-        inner = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0) for m in nodes]
+        if row.noise != 1.0:
+            inner = [LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise) for m in nodes]
+        else:
+            inner = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0) for m in nodes]
         if row.down:
             downlink = Downlink(row, n, down_k, down_bits, outer)
             if downlink.outer is not None:  # the server holds the momentum; nodes apply the step as sent
@@ -991,7 +1059,7 @@ class RowSummary:
     all_hp: dict = field(default_factory=dict)  # hp → mean held-out
 
     def kind_is(self, kind: str) -> bool:
-        return self.row.split("@")[0] == kind
+        return self.row.split("@")[0].split("/")[0].split("+")[0] == kind
 
 
 def summarize(plans: list[Plan], results: Mapping[str, dict]) -> dict[str, list[RowSummary]]:
@@ -1173,7 +1241,7 @@ def plot(summ, path: Path) -> None:
             pts = [(b, h) for _, b, h in r.curve if b > 0]
             if not pts:
                 continue
-            kind = r.row.split("@")[0]
+            kind = r.row.split("@")[0].split("/")[0].split("+")[0]
             ax.plot([b for b, _ in pts], [h for _, h in pts], styles.get(r.target, "-"), marker=".",
                     color=colors[kind], lw=1.6 if kind == "dense" else 1.2,
                     label=f"{r.label} ({r.up_ratio:.0f}×)" if r.target else r.label)

@@ -93,13 +93,13 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
 
 def cells_for(nodes: int, args, task: str) -> list[Cell]:
     """What the cache holds for ``task`` at ``nodes``, at every H of ``--H``: the first H's rows as they
-    are, the others' SparseLoCo rows labelled with their H (``… (H 4)``); gaps against the one dense row."""
+    are, the others' SparseLoCo and DiLoCo rows labelled with their H (``… (H 4)``); gaps against the one dense row."""
     out = []
     for i, H in enumerate(args.H):
         for c in _cells_at(nodes, args, H, task):
             if c.row.startswith("signloco"):
                 continue  # at its own H, below
-            if i and (c.row == "dense" or not c.row.startswith("sparseloco")):
+            if i and not c.row.startswith(("sparseloco", "diloco")):
                 continue  # dense and DeMo do not depend on H: the first H's cells are theirs
             if i:
                 c.row, c.label = f"{c.row} H{H}", f"{c.label} (H {H})"
@@ -168,7 +168,7 @@ def train(nodes: int, args, console) -> None:
         cv.sweep(plans, settings, console, jobs=args.jobs)
     for i, H in enumerate(args.H):
         # Rows that do not depend on H train once, at the first H.
-        at = [r for r in rows if i == 0 or r.kind == "sparseloco"]
+        at = [r for r in rows if i == 0 or r.kind in ("sparseloco", "diloco")]
         settings = _settings(nodes, args, report=False, H=H)
         plans, _ = cv.make_plans(args.tasks, at, args.seeds, settings, console)
         cv.sweep(plans, settings, console, args.jobs)
@@ -408,7 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--steps", type=int, default=2048)
     ap.add_argument("--H", type=int, nargs="+", default=[8],
                     help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
-                         "SparseLoCo rows are reported beside it, labelled with their H")
+                         "SparseLoCo and DiLoCo rows are reported beside it, labelled with their H")
     ap.add_argument("--signloco-H", type=int, default=11,
                     help="the local steps per sync of the signloco rows (1 bit per parameter per sync and the "
                          "codec's per-column scales: 11 is 303× on the byte LM)")

@@ -4,6 +4,7 @@ frames, with finite losses, measured ratios near the calibrated ones, and dense 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -94,6 +95,55 @@ def test_row_keys_parse_the_downlink(cv):
             cv.RowSpec.parse(bad)
 
 
+def _trace(opt_cls, grads, **kw):
+    p = torch.nn.Parameter(torch.zeros(grads.shape[1], dtype=torch.float64))
+    opt = opt_cls([p], **kw)
+    out = [p.detach().clone()]
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        out.append(p.detach().clone())
+    return torch.stack(out)
+
+
+def test_local_adamw_is_adamw_at_divisor_one_and_steps_further_only_where_noise_dominates(cv):
+    gen = torch.Generator().manual_seed(0)
+    grads = torch.randn(40, 30, generator=gen, dtype=torch.float64) + 0.3
+    torch.testing.assert_close(_trace(cv.LocalAdamW, grads, lr=0.01, weight_decay=0.1),
+                               _trace(torch.optim.AdamW, grads, lr=0.01, weight_decay=0.1), rtol=1e-9, atol=1e-12)
+    steps, lr = 300, 0.01
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(steps // 2).reshape(steps, 1)
+    grads = torch.cat([torch.ones(steps, 1, dtype=torch.float64), 0.05 + sign], dim=1)  # no noise | noise 20× signal
+    plain = _trace(torch.optim.AdamW, grads, lr=lr, weight_decay=0.0)
+    corrected = _trace(cv.LocalAdamW, grads, lr=lr, noise_divisor=16.0)
+    torch.testing.assert_close(corrected[:, 0], plain[:, 0], rtol=1e-9, atol=1e-12)
+    assert plain[-1, 1] < 0 and corrected[-1, 1] < 2.5 * plain[-1, 1]  # about √16× as far along the signal
+    assert (corrected.diff(dim=0).abs() <= lr * (1 + 1e-9)).all()
+    with pytest.raises(ValueError, match="noise_divisor"):
+        cv.LocalAdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.1, noise_divisor=0.5)
+
+
+def test_local_rows_take_the_inner_local_adamw(cv, digits):
+    """``+nD`` after a local kind trains its nodes with the bench's LocalAdamW(noise_divisor=D): its own cache key and
+    label, and a different trajectory from the same row with torch's AdamW."""
+    torch.set_num_threads(1)
+    r = cv.RowSpec.parse("sparseloco+n4@300/agg:b4,d300")
+    assert (r.kind, r.noise, r.key) == ("sparseloco", 4.0, "sparseloco+n4@300/agg:b4,d300")
+    assert "LocalAdamW n4" in r.label and cv.RowSpec.parse("diloco").noise == 1.0
+    for bad in ("dense+n4", "demo+n4@300", "diloco+n1", "diloco+x4", "diloco+n"):
+        with pytest.raises(ValueError):
+            cv.RowSpec.parse(bad)
+    settings = cv.Settings(full=False, nodes=2, H=2, evals=2)
+    held = {}
+    for row in ("diloco", "diloco+n4"):
+        spec = cv.RowSpec.parse(row)
+        hp, lr, extra = cv.grid("digits", spec, digits.scale, full=False)[1]
+        res = cv.run_one(digits, spec, lr, extra, 0, 8, settings, None)
+        assert math.isfinite(res.held_out) and res.held_out < res.curve[0][2]
+        held[row] = res.held_out
+    assert held["diloco"] != held["diloco+n4"]
+
+
 @pytest.mark.parametrize("row", ["demo@300/frames", "demo@300/agg:ef0", "sparseloco@300/agg:d300",
                                  "sparseloco@300/agg:b1,k64,ef0.9,srv"])
 def test_published_downlink_rows_train(cv, digits, row):
@@ -141,3 +191,29 @@ def test_signloco_rows_send_one_bit_per_parameter_both_ways_whatever_the_node_co
             down[(n, row)] = r.down_bytes_per_step
     assert down[(2, "signloco/agg")] == down[(6, "signloco/agg")]
     assert down[(6, "signloco/frames")] > 5 * down[(6, "signloco/agg")]
+
+
+def test_local_step_screen_is_the_benchs_loop_and_sends_values_only(cv, tmp_path):
+    """bench/local_step_screen.py: with every coordinate at 32 bits it is the bench's uncompressed DiLoCo row
+    (same held-out loss on the same batches); with a shared random support at 1 bit its bytes per step match
+    the ratio asked for, each way, with no positions sent."""
+    spec = importlib.util.spec_from_file_location("local_step_screen", BENCH.parent / "local_step_screen.py")
+    screen = importlib.util.module_from_spec(spec)
+    added = sys.modules.setdefault("convergence", cv) is cv  # the screen imports the bench as `convergence`
+    try:
+        spec.loader.exec_module(screen)
+    finally:
+        if added:
+            sys.modules.pop("convergence")
+    torch.set_num_threads(1)
+    out = tmp_path / "screen.jsonl"
+    common = ["--task", "digits", "--nodes", "2", "--H", "2", "--steps", "8", "--lr", "0.003", "--out", str(out)]
+    screen.main(common + ["--support", "all", "--bits", "32"])
+    screen.main(common + ["--support", "random", "--bits", "1"])
+    exact, sparse = [json.loads(line) for line in out.read_text().splitlines()]
+    task = cv.DigitsTask(cv.SCALES[False]["digits"])
+    settings = cv.Settings(full=False, nodes=2, H=2, evals=2)
+    bench = cv.run_one(task, cv.RowSpec.parse("diloco"), 0.003, {"outer": "plain"}, 0, 8, settings, None)
+    assert exact["held_out"] == pytest.approx(bench.held_out, rel=1e-5)
+    assert math.isfinite(sparse["held_out"]) and sparse["held_out"] < bench.curve[0][2]
+    assert 0 < sparse["fraction"] < 0.5 and 250 < sparse["ratio_measured"] <= 310
