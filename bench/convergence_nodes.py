@@ -199,9 +199,10 @@ def plot(cells: list[Cell], path: Path) -> None:
         base, _, down = row.partition("/")
         kind = "agg" if down.startswith("agg") else "frames"
         ls, mk = style[kind]
-        color = colors.get(base, "C5") if not _h_of(row) else {"sparseloco@300": "C1"}.get(base, "C6")
-        name = (f"{cs[0].label.split(' ↓')[0]} {'re-encoded aggregate' if kind == 'agg' else 'every frame'}"
-                + (f" ({_h_of(row).replace('H', 'H ')})" if _h_of(row) else ""))
+        color = colors.get(base, "C5") if not _h_of(row) else {"sparseloco@300": "C1", "diloco": "C8"}.get(base.split(" ")[0], "C6")
+        title = cs[0].label.split(" ↓")[0].split(" (H ")[0]
+        how = "" if base.startswith("diloco") else (" re-encoded aggregate" if kind == "agg" else " every frame")
+        name = title + how + (f" ({_h_of(row).replace('H', 'H ')})" if _h_of(row) else "")
         pts = [(c.nodes, c.gap) for c in cs if c.gap is not None]
         off_scale += [f"{name} {g:+.0f} % at {n}" for n, g in pts if g > top]
         if pts:
