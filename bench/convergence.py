@@ -181,7 +181,6 @@ class LocalAdamW(torch.optim.Optimizer):
         return None
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Tasks
 
@@ -541,6 +540,11 @@ class RowSpec:
             if opts.get("srv") and kind != "sparseloco":
                 raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
         return RowSpec(kind, int(r) if r else None, down or None, noise)
+
+
+def kind_of(row_key: str) -> str:
+    """A row key's kind: ``sparseloco+n4@300/agg:b4`` → ``sparseloco``."""
+    return row_key.split("@")[0].split("/")[0].split("+")[0]
 
 
 def parse_down(down: str) -> dict:
@@ -1059,7 +1063,7 @@ class RowSummary:
     all_hp: dict = field(default_factory=dict)  # hp → mean held-out
 
     def kind_is(self, kind: str) -> bool:
-        return self.row.split("@")[0].split("/")[0].split("+")[0] == kind
+        return kind_of(self.row) == kind
 
 
 def summarize(plans: list[Plan], results: Mapping[str, dict]) -> dict[str, list[RowSummary]]:
@@ -1241,7 +1245,7 @@ def plot(summ, path: Path) -> None:
             pts = [(b, h) for _, b, h in r.curve if b > 0]
             if not pts:
                 continue
-            kind = r.row.split("@")[0].split("/")[0].split("+")[0]
+            kind = kind_of(r.row)
             ax.plot([b for b, _ in pts], [h for _, h in pts], styles.get(r.target, "-"), marker=".",
                     color=colors[kind], lw=1.6 if kind == "dense" else 1.2,
                     label=f"{r.label} ({r.up_ratio:.0f}×)" if r.target else r.label)
