@@ -8,7 +8,8 @@ of re-encoded means, like a ring all-reduce made of frames:
    alone (:func:`cut_tensor`): a piece is a whole tensor or a block of rows of a large one, cut where the
    codec's chunks start, so a piece's chunks are exactly the whole tensor's chunks (with a DCT codec in
    tile mode a row block gets the whole tensor's tiles; in flat mode the flattened tensor is cut at
-   multiples of the chunk size). :func:`assign_owners` gives the pieces to the ranks, largest first,
+   multiples of the chunk size); with :class:`~gradwire.OneBit`, whose statistics are per column, a
+   block of columns of the matrix view. :func:`assign_owners` gives the pieces to the ranks, largest first,
    each to the least loaded rank (ties to the lowest rank): the same on every rank.
 2. **Phase 1, records to owners.** Each rank's node side compresses its pieces (the momentum or error
    buffer of a piece keeps what was not sent) and sends every owner one bundle frame holding its records
@@ -39,6 +40,7 @@ import torch.distributed as dist
 from ..aggregation import exact_mean
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
+from ..codecs.sign import OneBit
 from ..dct import MODE_FLAT, MODE_TILES
 from ..errors import FrameError, error
 from ..feedback import ErrorFeedback
@@ -67,10 +69,12 @@ assert len(_REFUSED) < MIN_FRAME_BYTES
 
 @dataclass(frozen=True)
 class Piece:
-    """A part of one tensor: elements ``start:stop`` of the flattened tensor, in ``shape``.
+    """A part of one tensor, in ``shape``: elements ``start:stop`` of the flattened tensor, or, with
+    ``columns``, columns ``start:stop`` of the tensor's matrix view ``(shape[0], numel / shape[0])``.
 
     ``name`` is the tensor's name for a whole tensor, else the tensor's name and the range cut:
-    ``"g0.p3[0:256]"`` (rows 0 to 255) for a row block, elements for a cut of a flat-chunked tensor.
+    ``"g0.p3[0:256]"`` (rows 0 to 255) for a row block, elements for a cut of a flat-chunked tensor,
+    ``"g0.p3[:,0:16]"`` for a column block.
     """
 
     name: str
@@ -78,10 +82,11 @@ class Piece:
     start: int
     stop: int
     shape: tuple[int, ...]
+    columns: bool = False
 
     @property
     def numel(self) -> int:
-        return self.stop - self.start
+        return _numel(self.shape)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -117,13 +122,24 @@ def cut_tensor(name: str, shape: Sequence[int], codec: Codec, piece_numel: int =
       plan to get tiles of the same shape (with a tile side below 64 — a 1000-row matrix has 50-row
       tiles — a 300-row block would get 60-row tiles, so such sizes are skipped).
 
+    With :class:`~gradwire.OneBit` (a sign per element and, per column of the matrix view, the mean of
+    each side) a tensor of two or more dimensions is cut into blocks of about ``piece_numel // rows``
+    columns of its matrix view ``(rows, numel / rows)``: each column keeps all its rows, so a piece's
+    signs and bytes are the whole tensor's, and its column means too, up to the float32 rounding of a
+    column sum (torch orders a reduction by the matrix's width: an ulp at most). A block of rows would
+    carry its own means: at 16 rows 4× the bits.
+
     Any other tensor is one piece named as the tensor.
     """
     shape = tuple(int(d) for d in shape)
     numel = _numel(shape)
     piece_numel = max(1, int(piece_numel))
     whole = [Piece(name, name, 0, numel, shape)]
-    if numel <= piece_numel or not isinstance(codec, DCTCodec):
+    if numel <= piece_numel:
+        return whole
+    if isinstance(codec, OneBit):
+        return _cut_columns(name, shape, piece_numel) or whole
+    if not isinstance(codec, DCTCodec):
         return whole
     plan_of = codec.plan
     plan = plan_of(shape)
@@ -169,6 +185,19 @@ def cut_tensor(name: str, shape: Sequence[int], codec: Codec, piece_numel: int =
     return out if len(out) > 1 else whole
 
 
+def _cut_columns(name: str, shape: tuple[int, ...], piece_numel: int) -> list[Piece]:
+    """Blocks of about ``piece_numel`` elements of whole columns of the matrix view (none for a vector)."""
+    if len(shape) < 2:
+        return []
+    rows = shape[0]
+    cols = _numel(shape) // rows if rows else 0
+    width = max(1, piece_numel // max(1, rows))
+    if cols <= width:
+        return []
+    return [Piece(f"{name}[:,{c0}:{min(cols, c0 + width)}]", name, c0, min(cols, c0 + width),
+                  (rows, min(cols, c0 + width) - c0), columns=True) for c0 in range(0, cols, width)]
+
+
 def assign_owners(pieces: Sequence[Piece], world: int) -> list[int]:
     """The owner rank of each piece: largest first (ties in piece order), each to the rank with the
     fewest elements so far (ties to the lowest rank). Deterministic: the same on every rank."""
@@ -198,7 +227,7 @@ class Pieces:
         self.pieces: list[Piece] = [p for n, _ in tensors for p in self.by_tensor[n]]
         self.tensor_of = {p.name: p.tensor for p in self.pieces}
         if len(self.tensor_of) != len(self.pieces):
-            raise ValueError("two pieces share a name: tensor names must not end in a [start:stop] range")
+            raise ValueError("two pieces share a name: tensor names must not end in a [start:stop] or [:,start:stop] range")
 
     def cut(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{piece name: view}`` of every piece of the tensors given (in piece order)."""
@@ -207,6 +236,11 @@ class Pieces:
             pieces = self.by_tensor[n]
             if len(pieces) == 1:
                 out[pieces[0].name] = t
+                continue
+            if pieces[0].columns:
+                matrix = t.reshape(t.shape[0], -1)
+                for p in pieces:
+                    out[p.name] = matrix[:, p.start:p.stop]  # a strided view: the codecs read it, none writes
                 continue
             flat = t.reshape(-1)
             for p in pieces:
@@ -219,6 +253,8 @@ class Pieces:
         for n, pieces in self.by_tensor.items():
             if len(pieces) == 1:
                 out[n] = parts[pieces[0].name].reshape(self.shapes[n])
+            elif pieces[0].columns:
+                out[n] = torch.cat([parts[p.name].reshape(p.shape) for p in pieces], dim=1).view(self.shapes[n])
             else:
                 out[n] = torch.cat([parts[p.name].reshape(-1) for p in pieces]).view(self.shapes[n])
         return out
@@ -375,19 +411,22 @@ class ShardedExchange(GroupMember):
     # -- state -----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The byte counters, the group's size and this rank, and the owner's error feedback."""
+        """The byte counters, the group's size and this rank, the pieces' names and the owner's error
+        feedback."""
         return {
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "exchange": self.name,
             "world": self.world(),
             "rank": self.rank(),
+            "pieces": [p.name for p in self.pieces.pieces],
             "owner": self.feedback.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], devices: Optional[Mapping[str, torch.device]] = None) -> None:
         """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another exchange, group
-        size or rank (the pieces would have other owners)."""
+        size or rank (the pieces would have other owners), or of pieces cut otherwise (another
+        ``piece_numel`` or uplink codec: the node's buffers are the pieces')."""
         saved = state.get("exchange", "all_gather")
         if saved != self.name:
             raise ValueError(
@@ -405,6 +444,16 @@ class ShardedExchange(GroupMember):
             raise ValueError(
                 f"this checkpoint is rank {int(state['rank'])}'s; this is rank {rank}: with exchange='sharded' "
                 "each rank resumes from its own checkpoint (it holds that rank's owner error feedback)"
+            )
+        names = [p.name for p in self.pieces.pieces]
+        saved_names = state.get("pieces")  # absent before the pieces were saved: the owner check below
+        if saved_names is not None and list(saved_names) != names:
+            differ = next(i for i, (a, b) in enumerate(zip([*saved_names, None], [*names, None])) if a != b)
+            raise ValueError(
+                f"this checkpoint's pieces are cut otherwise ({len(saved_names)} pieces, this optimizer's {len(names)}; "
+                f"the first to differ is #{differ}: {(list(saved_names) + [None])[differ]!r} saved, "
+                f"{(names + [None])[differ]!r} here): build the optimizer with the piece_numel and codec it was "
+                "saved with"
             )
         feedback = ErrorFeedback(self.downlink)
         feedback.load_state_dict(state["owner"])
