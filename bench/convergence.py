@@ -603,6 +603,7 @@ class Settings:
     nodes: int
     H: int
     steps: dict = field(default_factory=dict)
+    batch: dict = field(default_factory=dict)  # task → sequences per node, where not the scale's (part of the key)
     evals: int = 8
     mults: Optional[tuple] = None  # --mults: the compressed AdamW-family rows' lr multiples
     outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
@@ -956,6 +957,8 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
         scale = SCALES[settings.full][tn]
         if tn in settings.steps:
             scale = Scale(**{**asdict(scale), "steps": settings.steps[tn]})
+        if tn in settings.batch:
+            scale = Scale(**{**asdict(scale), "batch": settings.batch[tn]})
         task = TASKS[tn](scale)
         torch.manual_seed(0)
         model = task.build()

@@ -217,3 +217,18 @@ def test_local_step_screen_is_the_benchs_loop_and_sends_values_only(cv, tmp_path
     assert exact["held_out"] == pytest.approx(bench.held_out, rel=1e-5)
     assert math.isfinite(sparse["held_out"]) and sparse["held_out"] < bench.curve[0][2]
     assert 0 < sparse["fraction"] < 0.5 and 250 < sparse["ratio_measured"] <= 310
+
+
+def test_a_per_node_batch_setting_reaches_the_task_and_the_cache_key(cv):
+    """``--batch`` (bench/convergence_nodes.py): the task draws that many samples per node, and a run at
+    another batch is another cache entry, never the default batch's result."""
+    rows = [cv.RowSpec.parse("dense")]
+    base = cv.Settings(full=False, nodes=2, H=4, steps={"digits": 4}, dense_mults=(1.0,))
+    wide = cv.Settings(full=False, nodes=2, H=4, steps={"digits": 4}, batch={"digits": 8}, dense_mults=(1.0,))
+    (plan,), _ = cv.make_plans(["digits"], rows, [0], base)
+    (wide_plan,), _ = cv.make_plans(["digits"], rows, [0], wide)
+    assert plan.scale.batch == cv.SCALES[False]["digits"].batch != 8
+    assert wide_plan.scale.batch == 8 and wide_plan.task.scale.batch == 8
+    x, y = wide_plan.task.batch(wide_plan.task.shards(2)[0], torch.Generator().manual_seed(0))
+    assert len(y) == 8
+    assert wide_plan.key != plan.key
