@@ -318,11 +318,11 @@ READING = """## How to read it
   own dense row, with its lr tuned there.
 - **Thinner cells, and why.** On this 2-core machine a 2,048-step run of the byte LM takes about 1.3 CPU
   minutes at 4 nodes, 5 at 16 and 20 at 64 (every node computes its own batch). So the 64-node rows have
-  one seed and narrowed lr grids. The compressed rows' lr grids at 2,048 steps hold the lrs that the
-  640-step sweep of docs/reencode-design.md found best (4 lrs per row there); the "lr (tried)" column
-  says which lrs ran here. The char transformer, the issue's second language model, ran at 4, 16 and 64
+  narrowed lr grids, and their second seed at the best lr only. The compressed rows' lr grids at 2,048
+  steps hold the lrs that the 640-step sweep of docs/reencode-design.md found best (4 lrs per row
+  there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran at 4, 16 and 64
   nodes (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16 and 64; dense over 0.003 / 0.01 / 0.03,
-  at 64 nodes 0.01 / 0.03 and one seed). No DeMo rows on it.
+  at 64 nodes 0.01 / 0.03; 2 seeds at the best lr). No DeMo rows on it.
 - **The char transformer's text is small** (419 k training characters of pydoc_data). At 16 nodes the
   2,048 steps read it about 40 times over, at 64 about 160 times. Dense AdamW's held-out loss is worse at 64
   nodes than at 16 (1.5082 against 1.4314), so its rows there measure overfitting as much as optimization,
@@ -339,9 +339,11 @@ READING = """## How to read it
   less of the 16 nodes' union, and its error buffer holds more. At 1000× and 4 nodes H = 16 helps the
   re-encoded row (+9.8 % against +12.2 %) and not every frame (+5.1 % against +5.2 %).
 - **DiLoCo (uncompressed)** is SparseLoCo's loop with float32 pseudo-gradients (nothing dropped, 8× per
-  step up, every frame down): the floor the local steps set. At 16 nodes it is +3.4 % (H 8, lr 0.01, one
-  seed), so no compression at H 8 with 8 sequences per node can reach the 2 % target there; what
-  compression costs on top is the distance from that row.
+  step up, every frame down): the floor the local steps set. At its best H (4) and inner lr (0.02) it is
+  +1.8 % at 16 nodes and +4.4 % at 64 (2 seeds each; at H 8 +3.4 %), so with 8 sequences per node a
+  300×-both-ways row has 0.2 points left for its compression at 16 nodes and none at 64; what
+  compression costs on top is the distance from that row (docs/reencode-design.md, "The local-step
+  floor").
 - **SparseLoCo's loop, 1 bit** (`signloco`) replaces the top-k DCT with 1-bit SGD's codec
   (`gradwire.OneBit`: a sign per parameter, per column the mean of each side; nodes' error feedback without
   decay) and, re-encoded, the server sends the same codec under its own error feedback. Every parameter
@@ -349,8 +351,8 @@ READING = """## How to read it
   coordinate: at 4 nodes the re-encoded row is no worse than every frame (+1.6 % against +1.9 %). One bit
   per parameter per sync fixes the ratio at about 32·H less the scales: H 11 gives 303× up and 301× down.
   It beats the top-k re-encoding at 4 nodes (+1.6 % against +2.5 %) and 16 (+5.0 % against +5.9 %) and
-  ties at 64 (+9.9 %, one seed, against +9.3 %): at 16 and 64 nodes the local steps, not the downlink, are
-  most of the gap.
+  is within a point at 64 (+10.0 % against +9.3 %, 2 seeds each): at 16 and 64 nodes the local steps, not
+  the downlink, are most of the gap.
 - **DeMo** rows keep the bench's fixed `k` per chunk (16 of a 64×64 tile at 300×); the library's default
   is now proportional to a chunk's size, which at equal bytes trained better (docs/ALGORITHMS.md,
   "Defaults"). DeMo's sign step needs the direction of many coefficients, which a re-encoding at the
