@@ -194,8 +194,11 @@ def _cut_columns(name: str, shape: tuple[int, ...], piece_numel: int) -> list[Pi
     width = max(1, piece_numel // max(1, rows))
     if cols <= width:
         return []
-    return [Piece(f"{name}[:,{c0}:{min(cols, c0 + width)}]", name, c0, min(cols, c0 + width),
-                  (rows, min(cols, c0 + width) - c0), columns=True) for c0 in range(0, cols, width)]
+    out = []
+    for c0 in range(0, cols, width):
+        c1 = min(cols, c0 + width)
+        out.append(Piece(f"{name}[:,{c0}:{c1}]", name, c0, c1, (rows, c1 - c0), columns=True))
+    return out
 
 
 def assign_owners(pieces: Sequence[Piece], world: int) -> list[int]:
@@ -446,14 +449,17 @@ class ShardedExchange(GroupMember):
                 "each rank resumes from its own checkpoint (it holds that rank's owner error feedback)"
             )
         names = [p.name for p in self.pieces.pieces]
-        saved_names = state.get("pieces")  # absent before the pieces were saved: the owner check below
-        if saved_names is not None and list(saved_names) != names:
-            differ = next(i for i, (a, b) in enumerate(zip([*saved_names, None], [*names, None])) if a != b)
+        saved_names = list(state.get("pieces", names))  # absent before pieces were saved: the owner check below
+        if saved_names != names:
+            i = next((i for i, (a, b) in enumerate(zip(saved_names, names)) if a != b), min(len(saved_names), len(names)))
+
+            def at(xs: list[str]) -> str:
+                return repr(xs[i]) if i < len(xs) else "none"
+
             raise ValueError(
                 f"this checkpoint's pieces are cut otherwise ({len(saved_names)} pieces, this optimizer's {len(names)}; "
-                f"the first to differ is #{differ}: {(list(saved_names) + [None])[differ]!r} saved, "
-                f"{(names + [None])[differ]!r} here): build the optimizer with the piece_numel and codec it was "
-                "saved with"
+                f"the first to differ is #{i}: {at(saved_names)} saved, {at(names)} here): build the optimizer with "
+                "the piece_numel and codec it was saved with"
             )
         feedback = ErrorFeedback(self.downlink)
         feedback.load_state_dict(state["owner"])
