@@ -62,8 +62,7 @@ class ErrorFeedback:
         ``in_place=True``: the tensors are the caller's scratch, which this call overwrites: each float32
         tensor gets its residual added in place, and each new residual is written over the old one's
         storage (a residual from :meth:`residual` changes with it). The records and reconstructions are
-        the same bits; a model-sized bundle allocates two model-sized buffers fewer, whose first touch
-        (page faults) costs about as much as the arithmetic.
+        the same bits; a model-sized bundle allocates two model-sized buffers fewer.
         """
         xs = {n: self._with_residual(t, n, in_place) for n, t in tensors.items()}
         done = self.codec.compress_bundle(xs)
