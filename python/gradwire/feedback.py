@@ -50,25 +50,19 @@ class ErrorFeedback:
         """
         return [entry for entry, _ in self.compress_bundle_reconstructed(tensors).values()]
 
-    def compress_bundle_reconstructed(self, tensors: Mapping[str, torch.Tensor], *,
-                                      in_place: bool = False) -> dict[str, tuple[Entry, torch.Tensor]]:
+    def compress_bundle_reconstructed(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """:meth:`compress_bundle`, also giving each record's reconstruction: ``{name: (record, what
         receivers decode from it)}`` in the mapping's order.
 
         The reconstruction is the codec's (``decode_entry(record)`` by :meth:`Codec.compress`'s contract),
         in the tensor's dtype, so a sender that applies its own update (the server's downlink) need not
         decode the frame it just wrote.
-
-        ``in_place=True``: the tensors are the caller's scratch, which this call overwrites: each float32
-        tensor gets its residual added in place, and each new residual is written over the old one's
-        storage (a residual from :meth:`residual` changes with it). The records and reconstructions are
-        the same bits; a model-sized bundle allocates two model-sized buffers fewer.
         """
-        xs = {n: self._with_residual(t, n, in_place) for n, t in tensors.items()}
+        xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
         done = self.codec.compress_bundle(xs)
-        return {n: self._settle(tensors[n], n, xs[n], *done[n], in_place=in_place) for n in tensors}
+        return {n: self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
 
-    def _with_residual(self, tensor: torch.Tensor, name: str, in_place: bool = False) -> torch.Tensor:
+    def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         if not tensor.is_floating_point():
             raise ValueError(f"expected a floating-point tensor, got {tensor.dtype}")
         x = tensor.detach().to(torch.float32)
@@ -79,25 +73,17 @@ class ErrorFeedback:
                     f"tensor {name!r} has shape {tuple(x.shape)} but its residual has {tuple(r.shape)};"
                     " call reset(name) if the tensor changed"
                 )
-            r = r.to(device=x.device, dtype=torch.float32)
-            # In place only into the caller's own float32 storage (``to`` made no copy of it).
-            own = in_place and x.data_ptr() == tensor.data_ptr() and x.is_contiguous()
-            x = x.add_(r) if own else x + r
+            x = x + r.to(device=x.device, dtype=torch.float32)
         return x
 
     def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry,
-                recon: torch.Tensor, in_place: bool = False) -> tuple[Entry, torch.Tensor]:
+                recon: torch.Tensor) -> tuple[Entry, torch.Tensor]:
         if tensor.dtype != torch.float32:
             # Receivers decode to the record's dtype: tag it with the original one and account for the
             # final rounding here (decoders compute in their own precision and cast at the end).
             entry = dataclasses.replace(entry, dtype=tensor.dtype)
             recon = recon.to(tensor.dtype)
-        recon32 = recon.to(device=x.device, dtype=torch.float32)
-        old = self._residuals.get(name) if in_place else None
-        if old is not None and old.device == x.device and tuple(old.shape) == tuple(x.shape) and old.is_contiguous():
-            self._residuals[name] = torch.sub(x, recon32, out=old)
-        else:
-            self._residuals[name] = x - recon32
+        self._residuals[name] = x - recon.to(device=x.device, dtype=torch.float32)
         return entry, recon
 
     def encode(self, tensor: torch.Tensor, name: str = "", *, round: int = 0, sender: int = 0) -> bytes:

@@ -178,8 +178,7 @@ class RunState:
         del grads
         diff = {n: self._work[n].sub_(self.master[n]) for n in names}  # target − master, in place
         clock.lap("adamw")
-        # The diff is this state's scratch (AdamW's next target overwrites it): the feedback works in it.
-        done = self.downlink.compress_bundle_reconstructed(diff, in_place=True)
+        done = self.downlink.compress_bundle_reconstructed(diff)
         frame = write_frame([e for e, _ in done.values()], round=self.version + 1, sender=SERVER_SENDER, bundle=True)
         clock.lap("encode")
         return frame, {n: r for n, (_, r) in done.items()}
