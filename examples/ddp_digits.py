@@ -206,8 +206,8 @@ def main(
         dist.all_gather(rows, row)
         if rank == 0:
             _report(cfg, [dict(zip(keys, r.cpu().tolist())) for r in rows], world)
-        # Every rank leaves the last collective before any tears gloo down (else one can abort at exit,
-        # "terminate called without an active exception", as a CI run showed once).
+        # Every rank leaves the last collective before any tears gloo down (gradwire.torch.launch makes
+        # sure destroy_process_group() then really frees the group: see the note at its imports).
         dist.barrier()
     finally:
         dist.destroy_process_group()

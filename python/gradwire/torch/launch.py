@@ -21,6 +21,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+try:
+    # torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is first
+    # imported, and torch imports it lazily: through torch._dynamo, the first time an optimizer is built.
+    # Imported after init_process_group, those defaults hold the default process group for the life of the
+    # process, so destroy_process_group() cannot free it; gloo's worker threads then outlive the
+    # interpreter's finalization, and one that drops its last collective's tensors there aborts the
+    # process at exit ("terminate called without an active exception": about 1 two-machine torchrun job
+    # in 25 on a loaded 2-core machine). Imported here, before any process group exists, they are None.
+    import torch.distributed.nn.functional  # noqa: F401
+except ImportError:  # a torch built without distributed support
+    pass
+
 __all__ = ["default_backend", "init_from_env", "spawn"]
 
 
