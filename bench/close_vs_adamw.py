@@ -202,6 +202,25 @@ def _decode_levels_share(state: RunState, master) -> float:
     return spent[0]
 
 
+#: The close's parts as the server's /metrics sums them (gradwire_close_part_seconds), in the table's order.
+CLOSE_PARTS = ("aggregate", "adamw", "encode", "apply", "hash", "publish")
+
+
+def server_close_sums(client: httpx.Client) -> dict[str, float]:
+    """The server's running sums of seconds: ``"close"`` (gradwire_publish_seconds, the driver's whole
+    close) and each of :data:`CLOSE_PARTS`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums = {part: 0.0 for part in ("close", *CLOSE_PARTS)}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "gradwire_publish_seconds_sum":
+                sums["close"] = sample.value
+            elif sample.name == "gradwire_close_part_seconds_sum" and sample.labels.get("part") in sums:
+                sums[sample.labels["part"]] = sample.value
+    return sums
+
+
 def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = ("adamw",),
                      node_frames: str = "run") -> None:
     """From the quorum's last 202 to the published version over HTTP, against one AdamW step here, for each
@@ -213,8 +232,12 @@ def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = (
     table = Table(title=f"Over HTTP: quorum's last 202 → published version, {params / 1e6:.0f} M parameters, "
                         f"{nodes_n} nodes (uvicorn on 127.0.0.1)",
                   caption=f"node frames: {NODE_FRAMES_CAPTION[node_frames]}. each round: 3 nodes submit, then the 4th; timed from its 202 to the long-poll answering "
-                          "with the new version; the AdamW step measured in this process, same torch threads.")
-    for col in ("mode", "round", "quorum → published (s)", "AdamW step (s)", "ratio"):
+                          "with the new version; the AdamW step measured in this process, same torch threads. "
+                          "server close: the driver's close as the server's /metrics sums it (its largest parts "
+                          "beside it); HTTP & wake-up: the rest (the 202's return, the driver waking, the "
+                          "long poll answering).")
+    for col in ("mode", "round", "quorum → published (s)", "server close (s)", "largest parts (s)",
+                "HTTP & wake-up (s)", "AdamW step (s)", "ratio"):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp, LoopbackServer(Path(tmp) / "data") as srv:
         admin = srv.admin_headers()
@@ -232,6 +255,7 @@ def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = (
                                    headers={"Authorization": f"Bearer {node['token']}"})
                         assert r.status_code == 202, r.text
                     adamw = adamw_step_seconds(master, 3)
+                    before = server_close_sums(c)
                     r = c.post(f"/v1/runs/{run_id}/rounds/{rnd}/updates", content=frames[-1],
                                headers={"Authorization": f"Bearer {nodes[-1]['token']}"})
                     t0 = time.perf_counter()
@@ -241,7 +265,12 @@ def http_close_table(console, params: int, rounds: int, modes: Sequence[str] = (
                         if int(u.headers["X-Gradwire-Version"]) > rnd:
                             break
                     took = time.perf_counter() - t0
-                    table.add_row(mode, str(rnd), f"{took:.3f}", f"{adamw:.3f}", f"[bold]{took / adamw:.1f}×[/bold]")
+                    after = server_close_sums(c)
+                    spent = {part: after[part] - before[part] for part in after}
+                    largest = sorted(CLOSE_PARTS, key=lambda part: -spent[part])[:3]
+                    table.add_row(mode, str(rnd), f"{took:.3f}", f"{spent['close']:.3f}",
+                                  ", ".join(f"{part} {spent[part]:.3f}" for part in largest),
+                                  f"{took - spent['close']:.3f}", f"{adamw:.3f}", f"[bold]{took / adamw:.1f}×[/bold]")
     console.print(table)
 
 

@@ -203,8 +203,9 @@ class RoundDriver:
         if opened_before is not None:
             m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
         m.set_version(rt.run_id, rt.version)
-        log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s",
-                 rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash)
+        log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s; closed in %.3f s (%s)",
+                 rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash, time.perf_counter() - t0,
+                 ", ".join(f"{part} {seconds:.3f}" for part, seconds in closed.parts().items()))
         if rt.version - rt.checkpoint >= self.settings.checkpoint_every:
             await self.checkpoint(rt)
         return closed
