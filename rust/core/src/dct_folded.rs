@@ -391,7 +391,7 @@ impl<'a> ChunkDecoder<'a> {
                 decoder.decode_with::<true>(chunk, sink, chunk_rows);
             }
             // SAFETY: `avx2_fma` is `has_avx2_fma()`: this CPU has both features, the one
-            // condition for running code compiled with them. The crate's only `unsafe`.
+            // condition for running code compiled with them (as in dct_fast, the crate's other `unsafe`).
             #[allow(unsafe_code)]
             unsafe {
                 decode_avx2_fma(self, (positions, levels, scale, min), sink, chunk_rows)

@@ -226,6 +226,15 @@ pub enum WireError {
     #[error("value at index {index} (bits {bits:#010x}) is not finite")]
     NonFiniteValue { index: usize, bits: u32 },
 
+    /// A buffer the fast DCT cannot cut into chunks of `rows × cols` (a side not a power of two
+    /// from 1 to 1024, or a length not a multiple of the chunk).
+    #[error("cannot transform {len} values as chunks of {rows} × {cols}: each side must be a power of two from 1 to 1024 and the length a multiple of their product")]
+    TransformShape {
+        len: usize,
+        rows: usize,
+        cols: usize,
+    },
+
     /// An operand of a per-element kernel whose length differs from the gradient's.
     #[error("{operand} holds {got} values, the gradient {expected}")]
     OperandLength {
@@ -466,6 +475,7 @@ error_kinds! {
         InvalidBlockLevel => "invalid_block_level",
         NonFiniteValue => "non_finite_value",
         OperandLength => "operand_length",
+        TransformShape => "transform_shape",
     }
     frame {
         FrameTooShort => "frame_too_short",

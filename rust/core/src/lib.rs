@@ -8,6 +8,7 @@
 //! * [`gcomp`]: GComp's per-element work: exponent counts, block levels by δ, the sections;
 //! * [`checksum`]: the CRC-32C frame checksum;
 //! * [`dct_rows`]: the sparse first stage of the exact DCT decode;
+//! * [`dct_fast`]: the float32 2-D DCT of power-of-two chunks by Lee's recursion (the server's transforms);
 //! * [`topk`]: per-row top-k by magnitude (which DCT coefficients a sender keeps);
 //! * [`scatter`]: sparse rows added into a dense buffer (the transform-domain sum of DCT records);
 //! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
@@ -20,6 +21,7 @@
 mod bitio;
 pub mod bitpack;
 pub mod checksum;
+pub mod dct_fast;
 pub mod dct_folded;
 pub mod dct_rows;
 pub mod elias;
@@ -50,6 +52,7 @@ pub use bitpack::{
     unpack_bits_exact_into, unpack_bits_into,
 };
 pub use checksum::crc32c;
+pub use dct_fast::dct2_chunks;
 pub use dct_folded::{decode_folded, decode_folded_mean, fold_basis_is_exact, SenderLevels};
 pub use dct_rows::{combine_level_sums, scatter_basis_rows};
 pub use error::{Result, WireError};

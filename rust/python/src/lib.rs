@@ -411,6 +411,26 @@ fn scatter_add_rows<'py>(
     })
 }
 
+/// The orthonormal 2-D DCT-II (`inverse` false) or DCT-III (`inverse` true) of every chunk of
+/// `data` (float32, flat, whole chunks of `rows × cols` row-major, each side a power of two up to
+/// 1024), in place, by Lee's recursion. Up to `threads` threads share the chunks, GIL released. A
+/// shape it cannot transform raises `WireError` (`transform_shape`) and writes nothing. Returns `data`.
+#[pyfunction]
+#[pyo3(signature = (data, rows, cols, inverse = false, threads = 1))]
+fn dct2_chunks<'py>(
+    py: Python<'py>,
+    data: Bound<'py, PyArray1<f32>>,
+    rows: usize,
+    cols: usize,
+    inverse: bool,
+    threads: usize,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let len = data.len();
+    decode_into(py, data, len, |d| {
+        gw::dct2_chunks(d, rows, cols, inverse, threads)
+    })
+}
+
 /// `(positions, kept)` of [`select_topk_rows`].
 type TopkArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
 
@@ -1038,6 +1058,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dct_basis_folds, m)?)?;
     m.add_function(wrap_pyfunction!(select_topk_rows, m)?)?;
     m.add_function(wrap_pyfunction!(scatter_add_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(dct2_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
