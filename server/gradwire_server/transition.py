@@ -209,9 +209,11 @@ class RunState:
     def close_average(self, updates: Sequence[Update]) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted): the bytes of ``version + 1`` — the
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
-        agg = self.config.aggregation
+        agg, clock = self.config.aggregation, _Clock(self.timings)
+        # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
         weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
         self._observe([u.norm for u in updates])
+        clock.lap("aggregate")
         records = [u.frame.entries for u in updates]
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
