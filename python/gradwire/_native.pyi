@@ -244,6 +244,18 @@ def dct2_chunks(
     (``transform_shape``) and writes nothing. Runs with the GIL released. Returns ``data``.
     """
 
+def sparse_alignment(
+    vectors: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]],
+    weights: npt.NDArray[np.float64],
+    size: int,
+) -> tuple[list[float], list[float]]:
+    """For each sparse vector ``uᵢ`` (``(positions, values)``: positions strictly ascending below
+    ``size``): ``(dots, squares)`` with ``dots[i] = ⟨uᵢ, Σⱼ weights[j] · uⱼ⟩`` and ``squares[i] = |uᵢ|²``
+    in float64, summed in a fixed order (the same bits on every machine). A bad vector raises
+    ``WireError`` (``sparse_length_mismatch``, ``index_out_of_range``, ``not_strictly_ascending``;
+    ``operand_length`` for weights not one per vector). Runs with the GIL released.
+    """
+
 def select_topk_rows(
     values: npt.NDArray[np.float32], cols: int, k: int, threads: int = 1
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

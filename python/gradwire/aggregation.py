@@ -73,8 +73,10 @@ import math
 import statistics
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
+from . import _native
 from .accumulate import entry_coefficients, entry_norm, make_accumulator
 from .frame import Entry, decode_entry, weighted_sum_fused
 
@@ -404,10 +406,23 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
         if any(v.basis != views[0].basis or v.size != views[0].size for v in views[1:]):
             views = [entry_coefficients(mine[name], dense=True) for mine in per_sender]
         views_by_name.append(views)
-    # One zeroed buffer for every tensor, cleaned where it was written: sparse records cost their own
-    # size, not the tensor's, after the first zeroing.
-    total_buf = torch.zeros(max((v[0].size for v in views_by_name), default=0), dtype=torch.float64)
+    weights64 = np.asarray([float(a) for a in coeffs], dtype=np.float64)
+    dense_views = []
     for views in views_by_name:
+        if any(v.idx is None for v in views):
+            dense_views.append(views)
+            continue
+        # Sparse records (the DCT's kept coefficients): the sum and the products in one native pass over
+        # a cache-sized window of positions (about 6x the index_add/index_select/index_fill route here).
+        d, q = _native.sparse_alignment(
+            [(np.ascontiguousarray(v.idx.cpu().numpy(), dtype=np.int64),
+              np.ascontiguousarray(v.values.cpu().numpy(), dtype=np.float64)) for v in views], weights64, views[0].size)
+        for i in range(n):
+            dot[i] += d[i]
+            sq[i] += q[i]
+    # Dense views: one zeroed buffer for every tensor.
+    total_buf = torch.zeros(max((v[0].size for v in dense_views), default=0), dtype=torch.float64)
+    for views in dense_views:
         total = total_buf[: views[0].size]
         for a, v in zip(coeffs, views):
             if a == 0.0:

@@ -7,6 +7,7 @@
 //! * [`huffman`]: canonical Huffman codes with a length cap and an escape (GComp's exponents);
 //! * [`gcomp`]: GComp's per-element work: exponent counts, block levels by δ, the sections;
 //! * [`checksum`]: the CRC-32C frame checksum;
+//! * [`alignment`]: sparse vectors' inner products with their weighted sum (the server's direction check);
 //! * [`dct_rows`]: the sparse first stage of the exact DCT decode;
 //! * [`dct_fast`]: the float32 2-D DCT of power-of-two chunks by Lee's recursion (the server's transforms);
 //! * [`topk`]: per-row top-k by magnitude (which DCT coefficients a sender keeps);
@@ -18,6 +19,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod alignment;
 mod bitio;
 pub mod bitpack;
 pub mod checksum;
@@ -47,6 +49,7 @@ pub use rice::{
     rice_param_estimate,
 };
 
+pub use alignment::{sparse_alignment, SparseVector};
 pub use bitpack::{
     pack_bits, pack_bits_into, packed_len, padding_is_zero, unpack_bits, unpack_bits_exact,
     unpack_bits_exact_into, unpack_bits_into,

@@ -431,6 +431,31 @@ fn dct2_chunks<'py>(
     })
 }
 
+/// For each sparse vector `i` of `vectors` (`(positions int64 strictly ascending below size,
+/// values float64)` each): `(dots, squares)` with `dots[i] = ⟨uᵢ, Σⱼ weights[j] · uⱼ⟩` and
+/// `squares[i] = |uᵢ|²`, in float64, the same bits on every machine. Bad vectors raise `WireError`
+/// (`sparse_length_mismatch`, `index_out_of_range`, `not_strictly_ascending`, `operand_length`).
+/// GIL released.
+#[pyfunction]
+fn sparse_alignment<'py>(
+    py: Python<'py>,
+    vectors: Vec<(PyReadonlyArray1<'py, i64>, PyReadonlyArray1<'py, f64>)>,
+    weights: PyReadonlyArray1<'py, f64>,
+    size: usize,
+) -> PyResult<(Vec<f64>, Vec<f64>)> {
+    let views = vectors
+        .iter()
+        .map(|(p, v)| {
+            Ok(gw::SparseVector {
+                positions: slice(p, "positions")?,
+                values: slice(v, "values")?,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let w = slice(&weights, "weights")?;
+    nogil(py, || gw::sparse_alignment(&views, w, size))
+}
+
 /// `(positions, kept)` of [`select_topk_rows`].
 type TopkArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
 
@@ -1059,6 +1084,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(select_topk_rows, m)?)?;
     m.add_function(wrap_pyfunction!(scatter_add_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dct2_chunks, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse_alignment, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
