@@ -70,6 +70,24 @@ fn row_mut(buf: &mut [f32], i: usize, w: usize) -> &mut [f32] {
     &mut buf[i * w..(i + 1) * w]
 }
 
+/// Four buffers of `len` from the front of `scratch`, and the rest (for the recursion below).
+type Quarters<'a> = (
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+);
+
+#[inline(always)]
+fn quarters(scratch: &mut [f32], len: usize) -> Quarters<'_> {
+    let (a, rest) = scratch.split_at_mut(len);
+    let (b, rest) = rest.split_at_mut(len);
+    let (c, rest) = rest.split_at_mut(len);
+    let (d, rest) = rest.split_at_mut(len);
+    (a, b, c, d, rest)
+}
+
 /// Unnormalized DCT-II of `n` rows of width `w` (`x` → `out`); `scratch` holds at least `4·n·w`.
 #[inline(always)]
 fn forward(x: &[f32], out: &mut [f32], n: usize, w: usize, scratch: &mut [f32], f: &Factors) {
@@ -77,26 +95,8 @@ fn forward(x: &[f32], out: &mut [f32], n: usize, w: usize, scratch: &mut [f32], 
         out[..w].copy_from_slice(&x[..w]);
         return;
     }
-    if n == 2 {
-        // The last split written out: `C[0] = x0 + x1`, `C[1] = (x0 − x1) · c` (the n = 1 halves copy).
-        let c = f.of(2)[0];
-        let (o0, o1) = out[..2 * w].split_at_mut(w);
-        for (((p, q), &a), &b) in o0
-            .iter_mut()
-            .zip(o1.iter_mut())
-            .zip(&x[..w])
-            .zip(&x[w..2 * w])
-        {
-            *p = a + b;
-            *q = (a - b) * c;
-        }
-        return;
-    }
     let h = n / 2;
-    let (u, rest) = scratch.split_at_mut(h * w);
-    let (v, rest) = rest.split_at_mut(h * w);
-    let (even, rest) = rest.split_at_mut(h * w);
-    let (d, rest) = rest.split_at_mut(h * w);
+    let (u, v, even, d, rest) = quarters(scratch, h * w);
     let c = f.of(n);
     for (i, &ci) in c.iter().enumerate() {
         let (a, b) = (row(x, i, w), row(x, n - 1 - i, w));
@@ -131,25 +131,8 @@ fn inverse(y: &[f32], out: &mut [f32], n: usize, w: usize, scratch: &mut [f32], 
         out[..w].copy_from_slice(&y[..w]);
         return;
     }
-    if n == 2 {
-        let c = f.of(2)[0];
-        let (o0, o1) = out[..2 * w].split_at_mut(w);
-        for (((p, q), &a), &b) in o0
-            .iter_mut()
-            .zip(o1.iter_mut())
-            .zip(&y[..w])
-            .zip(&y[w..2 * w])
-        {
-            *p = a + c * b;
-            *q = a - c * b;
-        }
-        return;
-    }
     let h = n / 2;
-    let (even, rest) = scratch.split_at_mut(h * w);
-    let (odd, rest) = rest.split_at_mut(h * w);
-    let (a, rest) = rest.split_at_mut(h * w);
-    let (b, rest) = rest.split_at_mut(h * w);
+    let (even, odd, a, b, rest) = quarters(scratch, h * w);
     for k in 0..h {
         row_mut(even, k, w).copy_from_slice(row(y, 2 * k, w));
         let o = row_mut(odd, k, w);
