@@ -413,7 +413,8 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
             dense_views.append(views)
             continue
         # Sparse records (the DCT's kept coefficients): the sum and the products in one native pass over
-        # a cache-sized window of positions (about 6x the index_add/index_select/index_fill route here).
+        # a cache-sized window of positions (about 7x faster than index_add_/index_select/index_fill_ on
+        # SparseLoCo's 10 M close).
         d, q = _native.sparse_alignment(
             [(np.ascontiguousarray(v.idx.cpu().numpy(), dtype=np.int64),
               np.ascontiguousarray(v.values.cpu().numpy(), dtype=np.float64)) for v in views], weights64, views[0].size)

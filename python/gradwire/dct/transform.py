@@ -192,7 +192,7 @@ def idct(X: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def _fast_2d(x: torch.Tensor, ndim: int) -> bool:
     """Whether :func:`_transform_trailing` takes the native route: float32 on the CPU, two transformed
-    dimensions, each a power of two up to :data:`gradwire._native` 's 1024 (the codecs' 2-D tiles)."""
+    dimensions, each a power of two up to :data:`MATMUL_MAX_N` (the codecs' 2-D tiles)."""
     if ndim != 2 or x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0:
         return False
     return all(0 < n <= MATMUL_MAX_N and n & (n - 1) == 0 for n in x.shape[-2:])
@@ -206,9 +206,9 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
     lead = x.ndim - ndim
     shape = tuple(x.shape)
     if _fast_2d(x, ndim):
-        # Lee's recursion in gradwire._native: a sixth of the matrix products' multiplications, the
-        # same bits on every CPU and thread count (the server's AdamW close runs two of these over the
-        # whole model each round).
+        # Lee's recursion in gradwire._native: n/2·log2(n) multiplications per length-n transform against
+        # the products' n², and the same bits on every CPU and thread count (the server's AdamW close
+        # runs two of these over the whole model each round).
         y = x.detach().contiguous().clone()
         _native.dct2_chunks(y.view(-1).numpy(), shape[-2], shape[-1], inverse, torch.get_num_threads())
         return y
