@@ -15,6 +15,9 @@
 use crate::error::{Result, WireError};
 use crate::threads::run_joined;
 
+/// The fewest values a thread of its own is started for (about 0.2 ms of work).
+const MIN_VALUES_PER_THREAD: usize = 1 << 16;
+
 /// The longest side transformed here (the codecs' chunks are at most 1024 per side).
 pub const MAX_SIDE: usize = 1024;
 
@@ -310,7 +313,10 @@ fn dct2_chunks_on(
         });
     }
     let chunks = data.len() / numel;
-    let threads = threads.clamp(1, chunks.max(1));
+    // A thread costs tens of microseconds to start: give each at least MIN_VALUES_PER_THREAD values.
+    let threads = threads
+        .clamp(1, chunks.max(1))
+        .min((data.len() / MIN_VALUES_PER_THREAD).max(1));
     let per = chunks.div_ceil(threads) * numel;
     if threads == 1 || per == 0 {
         ChunkTransform::new(rows, cols).run_all(data, inverse, avx2_fma);
@@ -404,7 +410,7 @@ mod tests {
 
     #[test]
     fn the_bits_do_not_depend_on_threads_or_avx2() {
-        let x = sample(7 * 64 * 64, 7);
+        let x = sample(131 * 64 * 64, 7); // enough values for 8 threads of MIN_VALUES_PER_THREAD
         for inverse in [false, true] {
             let mut base = x.clone();
             dct2_chunks_on(&mut base, 64, 64, inverse, 1, false).unwrap();
