@@ -209,7 +209,7 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
         # Lee's recursion in gradwire._native: n/2·log2(n) multiplications per length-n transform against
         # the products' n², and the same bits on every CPU and thread count (the server's AdamW close
         # runs two of these over the whole model each round).
-        y = x.detach().contiguous().clone()
+        y = torch.empty(shape, dtype=x.dtype).copy_(x.detach())  # one copy, contiguous, the input untouched
         _native.dct2_chunks(y.view(-1).numpy(), shape[-2], shape[-1], inverse, torch.get_num_threads())
         return y
     y = x.contiguous()
