@@ -76,6 +76,26 @@ def support(kind: str, fraction: float, rnd: int, tensor_index: int, numel: int)
     return torch.randperm(numel, generator=g).roll(-((rnd * k) % numel))[:k]
 
 
+def block_scores(errors: Sequence[torch.Tensor], block: int) -> torch.Tensor:
+    """The sum over nodes of each ``block``-coordinate block's error norm (what each node reports, 8 bits a
+    block, for ``--support blocks``)."""
+    numel = errors[0].numel()
+    pad = (-numel) % block
+    total = torch.zeros((numel + pad) // block)
+    for e in errors:
+        flat = torch.nn.functional.pad(e.reshape(-1), (0, pad))
+        total += flat.reshape(-1, block).norm(dim=1)
+    return total
+
+
+def block_support(scores: torch.Tensor, fraction: float, block: int, numel: int) -> torch.Tensor:
+    """The coordinates of the ``fraction`` of blocks with the largest ``scores`` (ties by position)."""
+    k = max(1, round(fraction * scores.numel()))
+    chosen = torch.sort(torch.topk(scores, k, sorted=False).indices).values
+    idx = (chosen[:, None] * block + torch.arange(block)[None, :]).reshape(-1)
+    return idx[idx < numel]
+
+
 def run(args) -> dict:
     torch.set_num_threads(1)
     scale = cv.Scale(**{**asdict(cv.SCALES[False][args.task]), "steps": args.steps})
@@ -87,7 +107,10 @@ def run(args) -> dict:
     numel = sum(p.numel() for p in model.parameters())
     shards = task.shards(n)
     gens = [torch.Generator().manual_seed(args.seed * 1000 + 17 + i) for i in range(n)]
-    fraction = 1.0 if args.support == "all" else min(1.0, 32 * args.H / (args.ratio * args.bits) * 0.97)
+    # Block supports: each node reports 8 bits per block (its error's norm there); the server publishes
+    # which blocks sync next (1 bit a block); both counted against the budget, uplink's being the larger.
+    report_bits = 8 / args.block if args.support.startswith("blocks") else 0.0
+    fraction = 1.0 if args.support == "all" else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
     anchor = {k: v.detach().clone() for k, v in packer.pack(cv._params(model)).items()}
     names = sorted(anchor)
     nodes = [task.build() for _ in range(n)]
@@ -97,6 +120,7 @@ def run(args) -> dict:
     errors = [{k: torch.zeros_like(v) for k, v in anchor.items()} for _ in range(n)]
     server = {k: torch.zeros_like(v) for k, v in anchor.items()}
     momentum = {k: torch.zeros_like(v) for k, v in anchor.items()}
+    stale_scores: dict[str, torch.Tensor] = {}
     rounds = args.steps // args.H
     every = max(1, rounds // 8)
     curve, bits_sent, t0 = [], 0, time.time()
@@ -110,11 +134,20 @@ def run(args) -> dict:
         rnd = step // args.H
         current = [packer.pack({nm: p.detach() for nm, p in m.named_parameters()}) for m in nodes]
         for j, nm in enumerate(names):
-            idx = support(args.support, fraction, rnd, j, anchor[nm].numel())
+            for i in range(n):
+                errors[i][nm].add_(anchor[nm] - current[i][nm])
+            numel_j = anchor[nm].numel()
+            if args.support == "blocks-now":  # two phases: the norms of this round's errors, then the values
+                idx = block_support(block_scores([e[nm] for e in errors], args.block), fraction, args.block, numel_j)
+            elif args.support == "blocks" and nm in stale_scores:  # one phase: last round's residual norms
+                idx = block_support(stale_scores[nm], fraction, args.block, numel_j)
+            elif args.support == "blocks":  # the first round has no reports yet
+                idx = support("random", fraction, rnd, j, numel_j)
+            else:
+                idx = support(args.support, fraction, rnd, j, numel_j)
             total = torch.zeros(idx.numel())
             for i in range(n):
                 e = errors[i][nm].reshape(-1)
-                e.add_((anchor[nm] - current[i][nm]).reshape(-1))
                 sent = quantize(e[idx], args.bits)
                 e[idx] -= sent
                 total += sent
@@ -129,7 +162,9 @@ def run(args) -> dict:
                 momentum[nm].mul_(args.momentum).add_(step_)
                 step_ = step_ + args.momentum * momentum[nm]
             anchor[nm] -= args.outer_lr * step_
-            bits_sent += idx.numel() * min(args.bits, 32) + SCALE_BITS
+            if args.support == "blocks":
+                stale_scores[nm] = block_scores([e[nm] for e in errors], args.block)
+            bits_sent += idx.numel() * min(args.bits, 32) + SCALE_BITS + report_bits * numel_j
         new = packer.unpack(anchor)
         with torch.no_grad():
             for m in nodes + [model]:
@@ -147,7 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--task", default="stdlib", choices=list(cv.TASKS))
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--support", choices=("all", "random", "cyclic"), default="random")
+    ap.add_argument("--support", choices=("all", "random", "cyclic", "blocks", "blocks-now"), default="random")
+    ap.add_argument("--block", type=int, default=256, help="coordinates per block (--support blocks, blocks-now)")
     ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 8, 32))
     ap.add_argument("--ratio", type=float, default=300.0)
     ap.add_argument("--lr", type=float, default=0.01)

@@ -244,9 +244,12 @@ def build_app(*, serve_settings: bool = True):
 def main() -> None:
     """The ``gradwire`` entry point."""
     if importlib.util.find_spec("gradwire_server") is not None:
+        from gradwire_server.memory import keep_freed_memory
         from gradwire_server.openmp import prefer_passive_openmp
 
         prefer_passive_openmp()  # before torch loads: `gradwire serve` closes rounds faster
+        if "serve" in sys.argv[1:]:
+            keep_freed_memory()  # before threads start: one malloc arena (docs/SERVER.md, "Memory")
     try:
         app = build_app(serve_settings="serve" in sys.argv[1:])
     except ModuleNotFoundError as exc:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from .memory import keep_freed_memory
 from .openmp import prefer_passive_openmp
 
 
 def main(argv: list[str] | None = None) -> None:
     prefer_passive_openmp()  # before torch loads (docs/SERVER.md, "Threads")
+    keep_freed_memory()  # before threads start: one malloc arena (docs/SERVER.md, "Memory")
     from .serving import serve
     from .settings import ServerSettings
 

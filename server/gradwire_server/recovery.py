@@ -26,6 +26,7 @@ from gradwire.state import state_hash
 
 from .aggregate import Update
 from .config import RunConfig
+from .memory import reserve
 from .metrics import Metrics
 from .replays import update_digest
 from .runtime import RunRuntime
@@ -88,6 +89,7 @@ class Recovery:
         if config.algorithm_spec.publication == "diff" and moments is None and c > 0:
             raise RuntimeError(f"run {run_id}: the moments of checkpoint {c} are missing")
         state = RunState.load(config, c, weights, moments, self.store.load_server_state(run_id, c), self.device)
+        reserve(state.close_memory_bytes())  # before the replays, which are closes too (.memory)
         if rec.version == c:
             return state
         t0 = time.perf_counter()

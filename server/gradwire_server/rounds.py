@@ -40,6 +40,7 @@ from .config import RunConfig
 from .downlink import CatchUpSlots, Page, open_page
 from .driver import Closed, RoundDriver
 from .errors import Reason, Rejected
+from .memory import reserve
 from .metrics import Metrics
 from .recovery import Recovery
 from .runtime import RunRuntime
@@ -145,6 +146,8 @@ class RoundEngine:
             h = state_hash(master)
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
             rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
+            # The first close then finds its pages touched (.memory; nothing where malloc is not glibc's).
+            await asyncio.to_thread(reserve, rt.state.close_memory_bytes())
             rt.weights_hash, rt.opened_at, rt.checkpoint, rt.dropped_to = h, opened, 0, 0
             self.metrics.set_version(run_id, 0)
         rt.wake.set()
@@ -362,7 +365,9 @@ def _parse_state(source: "bytes | Path") -> dict[str, torch.Tensor]:
             raise Rejected(Reason.BAD_STATE, f"tensor names must be 1 to {MAX_NAME_BYTES} bytes, got {name[:40]!r}")
         if not t.is_floating_point():
             raise Rejected(Reason.BAD_STATE, f"tensor {name!r} is {t.dtype}; only floating-point tensors train")
-        t = t.to(torch.float32).contiguous()
+        # A copy the server owns: a file's tensors are copy-on-write pages of its mapping, which would
+        # keep the unlinked upload on disk for the run's life and fault page by page in the first close.
+        t = t.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)
         if not bool(torch.isfinite(t).all()):
             raise Rejected(Reason.BAD_STATE, f"tensor {name!r} holds NaN or infinite values")
         out[name] = t
