@@ -10,6 +10,11 @@ held-out loss: :mod:`convergence`), then each packed tensor (:class:`convergence
   from the round number, so positions cost nothing and the server's aggregate lives on the same support;
 - ``--support cyclic``: a window of one fixed random permutation, moved each round (every coordinate once
   per ``1/fraction`` rounds).
+- ``--support blocks``: the blocks of ``--block`` coordinates whose error norms, summed over the nodes, were
+  largest after the previous round (each node reports 8 bits a block; the server names the blocks);
+  ``blocks-now``: the same from this round's errors (a second exchange per sync);
+- ``--support topk``: each node's own largest ``p`` of each tensor, positions entropy-coded (``H(p)`` bits a
+  coordinate, counted); the server adds the mean to its error buffer and publishes its own top ``p``.
 
 On the support a node sends its error buffer (no decay) quantized to ``--bits`` (1: the sign and each side's
 mean, as ``gradwire.OneBit`` does per column, here per tensor; 2–8: uniform levels over ±2.5 RMS; 32: exact).
@@ -24,13 +29,14 @@ Nothing here goes through frames; the bytes are counted, not written. Each run a
 ``--out`` (default ``bench/out/local_step_screen.jsonl``) and prints held-out loss at eight points.
 
 Usage: python bench/local_step_screen.py [--task stdlib] [--nodes 16] [--H 4] [--support random] [--bits 1]
-           [--ratio 300] [--lr 0.01] [--outer-lr 1] [--momentum 0] [--seed 0] [--steps 2048]
+           [--block 256] [--ratio 300] [--lr 0.01] [--outer-lr 1] [--momentum 0] [--seed 0] [--steps 2048]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -96,6 +102,32 @@ def block_support(scores: torch.Tensor, fraction: float, block: int, numel: int)
     return idx[idx < numel]
 
 
+def entropy_bits(p: float) -> float:
+    """Bits per coordinate of an entropy-coded set holding a fraction ``p`` of them (the binary entropy)."""
+    if p <= 0.0 or p >= 1.0:
+        return 0.0
+    return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def topk_fraction(budget: float, bits: int) -> float:
+    """The fraction ``p`` a per-sender top-k can keep within ``budget`` bits per coordinate: ``bits``
+    per kept value plus the positions entropy-coded (``bits · p + H(p) = budget``, bisection)."""
+    lo, hi = 0.0, 0.5
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if bits * mid + entropy_bits(mid) > budget:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def topk_positions(v: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The positions of ``v``'s ``fraction`` largest magnitudes (its own, not shared with anyone)."""
+    k = max(1, round(fraction * v.numel()))
+    return torch.topk(v.abs(), k, sorted=False).indices
+
+
 def run(args) -> dict:
     torch.set_num_threads(1)
     scale = cv.Scale(**{**asdict(cv.SCALES[False][args.task]), "steps": args.steps})
@@ -111,6 +143,9 @@ def run(args) -> dict:
     # which blocks sync next (1 bit a block); both counted against the budget, uplink's being the larger.
     report_bits = 8 / args.block if args.support.startswith("blocks") else 0.0
     fraction = 1.0 if args.support == "all" else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
+    if args.support == "topk":  # each sender's own positions, entropy-coded, and the server's likewise
+        fraction = topk_fraction(32 * args.H / args.ratio * 0.97, args.bits)
+        report_bits = entropy_bits(fraction)
     anchor = {k: v.detach().clone() for k, v in packer.pack(cv._params(model)).items()}
     names = sorted(anchor)
     nodes = [task.build() for _ in range(n)]
@@ -145,14 +180,26 @@ def run(args) -> dict:
                 idx = support("random", fraction, rnd, j, numel_j)
             else:
                 idx = support(args.support, fraction, rnd, j, numel_j)
-            total = torch.zeros(idx.numel())
-            for i in range(n):
-                e = errors[i][nm].reshape(-1)
-                sent = quantize(e[idx], args.bits)
-                e[idx] -= sent
-                total += sent
-            s = server[nm].reshape(-1)
-            s[idx] += total / n
+            if args.support == "topk":
+                total = torch.zeros(numel_j)
+                for i in range(n):
+                    e = errors[i][nm].reshape(-1)
+                    mine = topk_positions(e, fraction)
+                    sent = quantize(e[mine], args.bits)
+                    e[mine] -= sent
+                    total[mine] += sent
+                s = server[nm].reshape(-1)
+                s += total / n
+                idx = topk_positions(s, fraction)
+            else:
+                total = torch.zeros(idx.numel())
+                for i in range(n):
+                    e = errors[i][nm].reshape(-1)
+                    sent = quantize(e[idx], args.bits)
+                    e[idx] -= sent
+                    total += sent
+                s = server[nm].reshape(-1)
+                s[idx] += total / n
             published = quantize(s[idx], args.bits)
             s[idx] -= published
             step_ = torch.zeros(anchor[nm].numel())
@@ -182,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--task", default="stdlib", choices=list(cv.TASKS))
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--support", choices=("all", "random", "cyclic", "blocks", "blocks-now"), default="random")
+    ap.add_argument("--support", choices=("all", "random", "cyclic", "blocks", "blocks-now", "topk"), default="random")
     ap.add_argument("--block", type=int, default=256, help="coordinates per block (--support blocks, blocks-now)")
     ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 8, 32))
     ap.add_argument("--ratio", type=float, default=300.0)

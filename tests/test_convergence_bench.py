@@ -219,6 +219,33 @@ def test_local_step_screen_is_the_benchs_loop_and_sends_values_only(cv, tmp_path
     assert 0 < sparse["fraction"] < 0.5 and 250 < sparse["ratio_measured"] <= 310
 
 
+def test_local_step_screen_counts_what_block_and_topk_supports_send(cv, tmp_path):
+    """The screen's data-chosen supports: a block support takes whole blocks with the largest scores, a
+    per-node top-k's fraction spends the budget on values and entropy-coded positions, and both runs send
+    the ratio asked for, each way, the reports and positions counted."""
+    spec = importlib.util.spec_from_file_location("local_step_screen", BENCH.parent / "local_step_screen.py")
+    screen = importlib.util.module_from_spec(spec)
+    added = sys.modules.setdefault("convergence", cv) is cv
+    try:
+        spec.loader.exec_module(screen)
+    finally:
+        if added:
+            sys.modules.pop("convergence")
+    scores = torch.tensor([0.0, 5.0, 1.0, 7.0, 2.0])
+    idx = screen.block_support(scores, 0.4, 4, 19)  # 2 of 5 blocks; the last block holds 3 coordinates
+    assert idx.tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    assert screen.block_support(torch.tensor([0.0, 9.0, 0.0, 0.0, 8.0]), 0.4, 4, 19).tolist() == [4, 5, 6, 7, 16, 17, 18]
+    p = screen.topk_fraction(1.0, 1)
+    assert p + screen.entropy_bits(p) == pytest.approx(1.0, abs=1e-9) and 0.2 < p < 0.3
+    torch.set_num_threads(1)
+    out = tmp_path / "screen.jsonl"
+    common = ["--task", "digits", "--nodes", "2", "--H", "4", "--steps", "8", "--lr", "0.003", "--out", str(out)]
+    screen.main(common + ["--support", "blocks", "--block", "16"])
+    screen.main(common + ["--support", "topk"])
+    for run in (json.loads(line) for line in out.read_text().splitlines()):
+        assert math.isfinite(run["held_out"]) and 250 < run["ratio_measured"] <= 310, run["support"]
+
+
 def test_a_per_node_batch_setting_reaches_the_task_and_the_cache_key(cv):
     """``--batch`` (bench/convergence_nodes.py): the task draws that many samples per node, and a run at
     another batch is another cache entry, never the default batch's result."""
