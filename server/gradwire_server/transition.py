@@ -316,7 +316,9 @@ class RunState:
         fresh process's first close (10 M parameters, 4 nodes, each mode's default codecs): 4.0× for
         AdamW runs (the aggregate, the downlink residual, the reconstruction), 7.0× for SparseLoCo's
         re-encoded aggregate (its outer momentum and Nesterov step besides), 2.6× for DeMo's. The larger
-        factor is taken for every ``"mean"`` run."""
+        factor is taken for every ``"mean"`` run. 0 on a GPU: its temporaries are not the host's."""
+        if self.device.type != "cpu":
+            return 0
         return (4 if self.publishes_diffs else 7) * _tensor_bytes(self.master)
 
     def state_bytes(self) -> int:
