@@ -134,6 +134,40 @@ def test_outer_step_plain_and_nesterov_by_hand():
         OuterStep(nesterov=True)
 
 
+@pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (0.7, 0.9, False),
+                                              (1.0, 0.9, True), (0.7, 0.9, True)])
+def test_the_one_pass_outer_step_holds_the_bits_of_the_torch_operations(lr, mu, nesterov):
+    # Contiguous float32 CPU weights go through gradwire._native.outer_step (threads share them at this
+    # size); a transposed view of the same values takes the torch operations. Same bits every step,
+    # the first step's −0.0 deltas included (a zero buffer plus −0.0 would be +0.0).
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(512, 384, generator=g)
+    native = OuterStep(outer_lr=lr, momentum=mu, nesterov=nesterov)
+    ops = OuterStep(outer_lr=lr, momentum=mu, nesterov=nesterov)
+    a_native = {"w": w.clone()}
+    a_ops = {"w": w.t().contiguous().t()}  # the same values, not contiguous
+    assert a_native["w"].is_contiguous() and not a_ops["w"].is_contiguous()
+    probe = OuterStep(outer_lr=lr, momentum=mu, nesterov=nesterov)
+    assert probe._stepped_natively("w", w.clone(), torch.zeros_like(w))  # the one-pass kernel ran
+    assert not probe._stepped_natively("v", w.t(), torch.zeros_like(w.t()))  # this one takes torch's
+    for i in range(3):
+        d = torch.randn(512, 384, generator=g)
+        if i == 0:
+            d[::7] = -0.0
+        native.apply(a_native, {"w": d})
+        ops.apply(a_ops, {"w": d})
+        assert torch.equal(a_native["w"].view(torch.int32), a_ops["w"].contiguous().view(torch.int32))
+        if mu:
+            assert torch.equal(native.buffers["w"].view(torch.int32), ops.buffers["w"].view(torch.int32))
+    # the buffers as state: loaded without a copy, they go on stepping in place
+    again = OuterStep(outer_lr=lr, momentum=mu, nesterov=nesterov)
+    again.load_state_dict(native.state_dict(), copy=False)
+    d = torch.randn(512, 384, generator=g)
+    again.apply(a_native, {"w": d})
+    ops.apply(a_ops, {"w": d})
+    assert torch.equal(a_native["w"], a_ops["w"])
+
+
 @pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (1.0, 0.9, False),
                                               (0.7, 0.9, False), (1.0, 0.9, True), (0.7, 0.9, True)])
 def test_outer_step_rounds_as_its_formulas_once_rounded_op_by_op(lr, mu, nesterov):

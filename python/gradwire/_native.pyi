@@ -256,6 +256,25 @@ def sparse_alignment(
     ``operand_length`` for weights not one per vector). Runs with the GIL released.
     """
 
+def outer_step(
+    anchor: npt.NDArray[np.float32],
+    buffer: npt.NDArray[np.float32],
+    delta: npt.NDArray[np.float32],
+    momentum: float,
+    nesterov: bool,
+    lr: float,
+    fresh: bool,
+    threads: int = 1,
+) -> None:
+    """One outer step (SparseLoCo's, DiLoCo's) of ``anchor`` by the mean pseudo-gradient ``delta``, in
+    place, with the momentum buffer ``buffer`` (all flat and as long as ``anchor``; unused without
+    momentum): ``b = μ·b + d`` (``b = d`` when ``fresh``), the step ``b``, or ``μ·b + d`` with
+    ``nesterov``, or ``d`` without momentum, times ``lr`` unless 1, subtracted from ``anchor``. Each
+    operation one rounded float32 multiply or add, in that order: the bits of the same torch operations.
+    An operand of another length raises ``WireError`` (``operand_length``) and writes nothing. Runs with
+    the GIL released.
+    """
+
 def select_topk_rows(
     values: npt.NDArray[np.float32], cols: int, k: int, threads: int = 1
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

@@ -235,8 +235,8 @@ pub enum WireError {
         cols: usize,
     },
 
-    /// An operand of a per-element kernel whose length differs from the gradient's.
-    #[error("{operand} holds {got} values, the gradient {expected}")]
+    /// An operand of a per-element kernel whose length differs from the one the others set.
+    #[error("{operand} holds {got} values where {expected} are needed")]
     OperandLength {
         operand: &'static str,
         expected: usize,

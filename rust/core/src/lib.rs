@@ -31,6 +31,7 @@ pub mod error;
 pub mod frame;
 pub mod gcomp;
 pub mod huffman;
+pub mod outer_step;
 pub mod quartic;
 pub mod rice;
 pub mod scatter;
@@ -64,6 +65,7 @@ pub use frame::{
     write_frame, write_frame_into, EntrySpec, EntryView, FrameHeader, FrameView, FrameWriter,
     Limits, SectionView,
 };
+pub use outer_step::{outer_step, OuterStepRule};
 pub use quartic::{
     quartic_decode, quartic_decode_into, quartic_encode, quartic_encode_into, quartic_len,
 };

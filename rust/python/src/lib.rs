@@ -9,7 +9,9 @@
 //! against the built module by `tests/test_native_stub.py`.
 
 use gradwire_core as gw;
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::{
+    Element, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArrayMethods,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -429,6 +431,48 @@ fn dct2_chunks<'py>(
     decode_into(py, data, len, |d| {
         gw::dct2_chunks(d, rows, cols, inverse, threads)
     })
+}
+
+/// A writeable contiguous float32 view of `arr` for a kernel that updates it in place.
+fn writeable<'a>(arr: &'a mut PyReadwriteArray1<'_, f32>, what: &str) -> PyResult<&'a mut [f32]> {
+    arr.as_slice_mut()
+        .map_err(|_| PyValueError::new_err(format!("{what} must be a contiguous 1-D array")))
+}
+
+/// One outer step (SparseLoCo's, DiLoCo's) of `anchor` by the mean pseudo-gradient `delta`, in
+/// place, with the momentum buffer `buffer` (float32, all three flat and as long as `anchor`; the
+/// buffer is unused without momentum): `b = μ·b + d` (`b = d` when `fresh`), the step `b`, or
+/// `μ·b + d` with `nesterov`, or `d` without momentum, times `lr` unless 1, subtracted from
+/// `anchor`. Each operation one rounded float32 multiply or add, in that order: the bits of the same
+/// torch operations. `operand_length` for an operand of another length, nothing written. Up to
+/// `threads` threads, GIL released.
+#[pyfunction]
+#[pyo3(signature = (anchor, buffer, delta, momentum, nesterov, lr, fresh, threads = 1))]
+#[allow(clippy::too_many_arguments)]
+fn outer_step<'py>(
+    py: Python<'py>,
+    anchor: Bound<'py, PyArray1<f32>>,
+    buffer: Bound<'py, PyArray1<f32>>,
+    delta: PyReadonlyArray1<'py, f32>,
+    momentum: f32,
+    nesterov: bool,
+    lr: f32,
+    fresh: bool,
+    threads: usize,
+) -> PyResult<()> {
+    let busy = |_| {
+        PyValueError::new_err("anchor and buffer must be writeable arrays not borrowed elsewhere")
+    };
+    let mut a = anchor.try_readwrite().map_err(busy)?;
+    let mut b = buffer.try_readwrite().map_err(busy)?;
+    let d = slice(&delta, "delta")?;
+    let (a, b) = (writeable(&mut a, "anchor")?, writeable(&mut b, "buffer")?);
+    let rule = gw::OuterStepRule {
+        momentum,
+        nesterov,
+        lr,
+    };
+    nogil(py, || gw::outer_step(a, b, d, rule, fresh, threads))
 }
 
 /// For each sparse vector `i` of `vectors` (`(positions int64 strictly ascending below size,
@@ -1085,6 +1129,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scatter_add_rows, m)?)?;
     m.add_function(wrap_pyfunction!(dct2_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(sparse_alignment, m)?)?;
+    m.add_function(wrap_pyfunction!(outer_step, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
