@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import platform
 from typing import Optional
 
 __all__ = ["keep_freed_memory", "reserve", "retained_bytes"]
-
-log = logging.getLogger("gradwire_server.memory")
 
 # mallopt(3) parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -114,7 +111,7 @@ def reserve(nbytes: int) -> int:
         _state["retained"] = nbytes
     import torch  # the blocks come from the allocator torch's CPU tensors use
 
-    blocks = [torch.ones(_TOUCH_BLOCK // 4, dtype=torch.float32) for _ in range(max(1, nbytes // _TOUCH_BLOCK))]
+    blocks = [torch.ones(_TOUCH_BLOCK // 4, dtype=torch.float32) for _ in range(nbytes // _TOUCH_BLOCK)]
     touched = sum(b.numel() * 4 for b in blocks)
     del blocks
     return touched

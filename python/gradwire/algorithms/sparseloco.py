@@ -270,9 +270,10 @@ class OuterStep:
             return False
         if fresh:
             b = torch.empty_like(a)  # the kernel writes the delta into it: b = d at the first step
-        flat = a.reshape(-1).numpy()
-        _native.outer_step(flat, _NO_BUFFER if b is None else b.reshape(-1).numpy(),
-                           d.contiguous().reshape(-1).numpy(), self.momentum, self.nesterov,
+        # detach(): the same memory, numpy-viewable even where a tensor requires grad
+        _native.outer_step(a.detach().reshape(-1).numpy(),
+                           _NO_BUFFER if b is None else b.detach().reshape(-1).numpy(),
+                           d.detach().contiguous().reshape(-1).numpy(), self.momentum, self.nesterov,
                            self.outer_lr, fresh, torch.get_num_threads())
         if b is not None:
             self.buffers[name] = b
