@@ -134,6 +134,24 @@ def test_outer_step_plain_and_nesterov_by_hand():
         OuterStep(nesterov=True)
 
 
+def test_outer_steps_run_side_by_side_on_threads():
+    # Nodes step their own anchors on threads at once (the server tests' nodes do): the one-pass kernel
+    # borrows only the caller's arrays, so nothing is "borrowed elsewhere" between them.
+    import concurrent.futures
+
+    def node(seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        a = {"w": torch.randn(300_000, generator=g)}
+        for rule in (OuterStep(outer_lr=0.7), OuterStep(outer_lr=0.7, momentum=0.9, nesterov=True)):
+            for _ in range(20):
+                rule.apply(a, {"w": torch.randn(300_000, generator=g)})
+        return a["w"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(node, range(8)))
+    assert all(torch.equal(t, node(i)) for i, t in enumerate(together))
+
+
 @pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (0.7, 0.9, False),
                                               (1.0, 0.9, True), (0.7, 0.9, True)])
 def test_the_one_pass_outer_step_holds_the_bits_of_the_torch_operations(lr, mu, nesterov):

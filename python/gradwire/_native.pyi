@@ -258,7 +258,7 @@ def sparse_alignment(
 
 def outer_step(
     anchor: npt.NDArray[np.float32],
-    buffer: npt.NDArray[np.float32],
+    buffer: npt.NDArray[np.float32] | None,
     delta: npt.NDArray[np.float32],
     momentum: float,
     nesterov: bool,
@@ -267,7 +267,7 @@ def outer_step(
     threads: int = 1,
 ) -> None:
     """One outer step (SparseLoCo's, DiLoCo's) of ``anchor`` by the mean pseudo-gradient ``delta``, in
-    place, with the momentum buffer ``buffer`` (all flat and as long as ``anchor``; unused without
+    place, with the momentum buffer ``buffer`` (all flat and as long as ``anchor``; ``None`` without
     momentum): ``b = μ·b + d`` (``b = d`` when ``fresh``), the step ``b``, or ``μ·b + d`` with
     ``nesterov``, or ``d`` without momentum, times ``lr`` unless 1, subtracted from ``anchor``. Each
     operation one rounded float32 multiply or add, in that order: the bits of the same torch operations.

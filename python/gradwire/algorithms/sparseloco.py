@@ -14,7 +14,6 @@ import dataclasses
 import math
 from typing import Any, Mapping, MutableMapping, Optional
 
-import numpy as np
 import torch
 
 from .. import _native
@@ -192,10 +191,6 @@ class SparseLoCoState:
         return f"SparseLoCoState({self.codec!r}, error_decay={self.error_decay}, errors={len(self.errors)})"
 
 
-#: The momentum buffer ``_native.outer_step`` is handed without momentum (it reads none).
-_NO_BUFFER = np.empty(0, dtype=np.float32)
-
-
 class OuterStep:
     """The outer optimizer, the same on every node and on the server: SGD on the anchor with the mean
     pseudo-gradient as its gradient.
@@ -272,7 +267,7 @@ class OuterStep:
             b = torch.empty_like(a)  # the kernel writes the delta into it: b = d at the first step
         # detach(): the same memory, numpy-viewable even where a tensor requires grad
         _native.outer_step(a.detach().reshape(-1).numpy(),
-                           _NO_BUFFER if b is None else b.detach().reshape(-1).numpy(),
+                           None if b is None else b.detach().reshape(-1).numpy(),
                            d.detach().contiguous().reshape(-1).numpy(), self.momentum, self.nesterov,
                            self.outer_lr, fresh, torch.get_num_threads())
         if b is not None:

@@ -440,8 +440,8 @@ fn writeable<'a>(arr: &'a mut PyReadwriteArray1<'_, f32>, what: &str) -> PyResul
 }
 
 /// One outer step (SparseLoCo's, DiLoCo's) of `anchor` by the mean pseudo-gradient `delta`, in
-/// place, with the momentum buffer `buffer` (float32, all three flat and as long as `anchor`; the
-/// buffer is unused without momentum): `b = μ·b + d` (`b = d` when `fresh`), the step `b`, or
+/// place, with the momentum buffer `buffer` (float32, all three flat and as long as `anchor`;
+/// `None` without momentum): `b = μ·b + d` (`b = d` when `fresh`), the step `b`, or
 /// `μ·b + d` with `nesterov`, or `d` without momentum, times `lr` unless 1, subtracted from
 /// `anchor`. Each operation one rounded float32 multiply or add, in that order: the bits of the same
 /// torch operations. `operand_length` for an operand of another length, nothing written. Up to
@@ -452,7 +452,7 @@ fn writeable<'a>(arr: &'a mut PyReadwriteArray1<'_, f32>, what: &str) -> PyResul
 fn outer_step<'py>(
     py: Python<'py>,
     anchor: Bound<'py, PyArray1<f32>>,
-    buffer: Bound<'py, PyArray1<f32>>,
+    buffer: Option<Bound<'py, PyArray1<f32>>>,
     delta: PyReadonlyArray1<'py, f32>,
     momentum: f32,
     nesterov: bool,
@@ -464,9 +464,17 @@ fn outer_step<'py>(
         PyValueError::new_err("anchor and buffer must be writeable arrays not borrowed elsewhere")
     };
     let mut a = anchor.try_readwrite().map_err(busy)?;
-    let mut b = buffer.try_readwrite().map_err(busy)?;
+    let mut b = buffer
+        .as_ref()
+        .map(|b| b.try_readwrite())
+        .transpose()
+        .map_err(busy)?;
     let d = slice(&delta, "delta")?;
-    let (a, b) = (writeable(&mut a, "anchor")?, writeable(&mut b, "buffer")?);
+    let a = writeable(&mut a, "anchor")?;
+    let b: &mut [f32] = match b.as_mut() {
+        Some(b) => writeable(b, "buffer")?,
+        None => &mut [],
+    };
     let rule = gw::OuterStepRule {
         momentum,
         nesterov,
