@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
+import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import httpx
 import torch
+import uvicorn
 
 import gradwire
 from gradwire.state import state_to_bytes
@@ -73,6 +77,31 @@ class Run:
         assert r.status_code == 200, r.text
         assert int(r.headers["X-Gradwire-Version"]) >= version, f"version {version} not published in {timeout}s"
         return r
+
+
+@contextlib.contextmanager
+def served(app, timeout: float = 30.0) -> Iterator[httpx.Client]:
+    """``app`` under a real uvicorn on a free loopback port, in a thread of this process (so that a test can
+    reach into ``app.state``), with an ``httpx.Client`` on it; leaving stops uvicorn and runs the app's
+    shutdown, as SIGTERM would."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=timeout) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 def make_run(

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
 
 from gradwire.state import state_from_bytes, state_hash, state_to_bytes
 from gradwire_server.app import create_app
 from gradwire_server.launcher import LoopbackServer
 from gradwire_server.settings import ServerSettings
 
-from server_helpers import bearer, dense_frame, make_run, metric, random_grads, tiny_state
+from server_helpers import bearer, dense_frame, make_run, metric, random_grads, served, tiny_state
 
 ADMIN = "disk-admin"
 #: Fast retries, so that a test sees several failed closes in a second or two.
@@ -80,8 +79,9 @@ def _database_full(store, run_id: str):
 def test_a_full_database_is_507_logged_once_and_recovers(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="gradwire_server")
     settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN, **RETRY)
-    with TestClient(create_app(settings)) as client:
-        store = client.app.state.server.store
+    app = create_app(settings)
+    with served(app) as client:
+        store = app.state.server.store
         run = make_run(client, ADMIN, n_nodes=2, **DEADLINE_RUN)
         frames = {n.node_id: dense_frame(random_grads(n.node_id), 0, n.node_id) for n in run.nodes}
         assert run.submit(run.nodes[0], 0, frames[1]).status_code == 202

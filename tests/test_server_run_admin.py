@@ -7,12 +7,11 @@ import logging
 import threading
 import time
 
-from starlette.testclient import TestClient
 
 from gradwire_server.app import create_app
 from gradwire_server.settings import ServerSettings
 
-from server_helpers import dense_frame, make_run, metric, random_grads
+from server_helpers import dense_frame, make_run, metric, random_grads, served
 
 ADMIN = "run-admin"
 
@@ -28,7 +27,7 @@ def test_a_close_failing_the_same_way_marks_the_run_failed_until_resumed(tmp_pat
     caplog.set_level(logging.INFO, logger="gradwire_server")
     settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN, close_retry_initial_s=0.05,
                               close_retry_max_s=0.2, close_failures_before_failed=3, metrics_run_ids=True)
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         run = make_run(client, ADMIN, n_nodes=3, quorum=2)
         # The run's diffs folder is a file: publishing fails the same way every time (not for want of space).
         blocker = tmp_path / "runs" / run.run_id / "diffs"
@@ -65,7 +64,7 @@ def test_a_close_failing_the_same_way_marks_the_run_failed_until_resumed(tmp_pat
 
 def test_pause_resume_and_delete_a_run(tmp_path):
     settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN, metrics_run_ids=True)
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         run = make_run(client, ADMIN, n_nodes=2, quorum=2)
         other = make_run(client, ADMIN, n_nodes=1, quorum=1)
         frame = lambda rnd, n: dense_frame(random_grads(10 * rnd + n), rnd, n)  # noqa: E731
@@ -104,23 +103,23 @@ def test_pause_resume_and_delete_a_run(tmp_path):
         other.wait_version(1)
 
     # After a restart the deleted run stays deleted and a paused run stays paused.
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         assert client.post(other.url("/pause"), headers=other.admin).status_code == 200
         assert client.get(run.url(), headers=run.admin).status_code == 404
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         other.client = client
         assert other.status()["status"] == "paused" and other.status()["version"] == 1
 
 
 def test_a_run_that_cannot_be_recovered_is_failed_and_the_others_start(tmp_path):
     settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN)
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         broken = make_run(client, ADMIN, n_nodes=1)
         fine = make_run(client, ADMIN, n_nodes=1)
     weights = next((tmp_path / "runs" / broken.run_id / "weights").iterdir())
     good = weights.read_bytes()
     weights.write_bytes(good[:-4] + b"\x00\x00\x80\x7f")  # its checkpoint no longer matches its hash
-    with TestClient(create_app(settings)) as client:
+    with served(create_app(settings)) as client:
         assert client.get("/readyz").json()["runs"] == {"active": 1, "paused": 0, "failed": 1}
         broken.client = fine.client = client
         st = broken.status()
