@@ -1,5 +1,5 @@
 """Screens of SparseLoCo's loop in plain torch, for ideas not worth a codec until they measure well:
-values on a support every node knows without it being sent, and DiLoCo's outer step (docs/reencode-design.md,
+values on a support every node knows without it being sent, low rank, and DiLoCo's outer step (docs/reencode-design.md,
 "The local-step floor").
 
 Every node takes ``--H`` local AdamW steps on its own shard (the bench's tasks, shards, batches, seeds and
@@ -15,6 +15,17 @@ held-out loss: :mod:`convergence`), then each packed tensor (:class:`convergence
   ``blocks-now``: the same from this round's errors (a second exchange per sync);
 - ``--support topk``: each node's own largest ``p`` of each tensor, positions entropy-coded (``H(p)`` bits a
   coordinate, counted); the server adds the mean to its error buffer and publishes its own top ``p``.
+- ``--support powersgd``: each weight matrix at rank ``--rank`` (PowerSGD, two phases per sync: the nodes send
+  ``M Q`` for the last published ``Q``, the server publishes the mean, every node orthonormalizes it to ``P``,
+  the nodes send ``Mᵀ P``, the server publishes that mean). The factors are linear in ``M``, so the server's
+  mean is exact and a published factor is the size of a sent one whatever the node count; the server's own
+  error buffer (what re-quantizing the mean dropped) joins the next sync as one more contributor;
+- ``--support subspace``: one phase per sync, alternating sides: each sync projects every node's matrix onto
+  the orthonormalized factor published by the previous sync (its column space, then its row space), so the
+  basis is one every node derives from what it already received.
+
+  In both, the factors travel at ``--bits`` (8: uniform levels, 16: float16) and the 1-D parameters as one bit
+  a coordinate with error feedback; the measured ratio follows from ``--rank`` and ``--H`` (``--ratio`` unused).
 
 On the support a node sends its error buffer (no decay) quantized to ``--bits`` (1: the sign and each side's
 mean, as ``gradwire.OneBit`` does per column, here per tensor; 2–8: uniform levels over ±2.5 RMS; 32: exact).
@@ -29,7 +40,7 @@ Nothing here goes through frames; the bytes are counted, not written. Each run a
 ``--out`` (default ``bench/out/local_step_screen.jsonl``) and prints held-out loss at eight points.
 
 Usage: python bench/local_step_screen.py [--task stdlib] [--nodes 16] [--H 4] [--support random] [--bits 1]
-           [--block 256] [--ratio 300] [--lr 0.01] [--outer-lr 1] [--momentum 0] [--seed 0] [--steps 2048]
+           [--block 256] [--rank 1] [--ratio 300] [--lr 0.01] [--outer-lr 1] [--momentum 0] [--seed 0] [--steps 2048]
 """
 
 from __future__ import annotations
@@ -128,6 +139,90 @@ def topk_positions(v: torch.Tensor, fraction: float) -> torch.Tensor:
     return torch.topk(v.abs(), k, sorted=False).indices
 
 
+def quantize_factor(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """A low-rank factor at ``bits``: 16 = float16, 32 = exact, fewer = uniform levels per column."""
+    if bits >= 32:
+        return v.clone()
+    if bits == 16:
+        return v.to(torch.float16).to(v.dtype)
+    return torch.stack([quantize(c, bits) for c in v.T], dim=1)
+
+
+def orthonormal(v: torch.Tensor) -> torch.Tensor:
+    """``v``'s columns orthonormalized (reduced QR): what every node computes alike from a published factor."""
+    return torch.linalg.qr(v, mode="reduced").Q
+
+
+class LowRankSync:
+    """One weight matrix synced at rank ``rank`` (``--support powersgd`` / ``subspace``): the server's error
+    buffer and the last published factors; :meth:`sync` takes the nodes' error buffers (updated in place),
+    returns the step every node applies and the bits one node sent (the server publishes as many)."""
+
+    def __init__(self, shape: tuple, rank: int, bits: int, two_phase: bool, seed: int):
+        m, n = shape
+        self.rank, self.bits, self.two_phase = min(rank, m, n), bits, two_phase
+        g = torch.Generator().manual_seed(seed)
+        self.right = torch.randn(n, self.rank, generator=g)  # the last published Q (n × r)
+        self.left: Optional[torch.Tensor] = None  # the last published P (m × r)
+        self.server = torch.zeros(shape)
+
+    def _published(self, parts: Sequence[torch.Tensor], server_part: torch.Tensor) -> torch.Tensor:
+        """What the server publishes: the exact mean of the nodes' quantized factors plus its own, quantized."""
+        return quantize_factor(torch.stack(parts).mean(0) + server_part, self.bits)
+
+    def _column_side(self, errors: Sequence[torch.Tensor], basis: torch.Tensor) -> torch.Tensor:
+        """Project on the column space ``basis`` (m × r): nodes send ``Mᵀ basis``; returns the step."""
+        parts = [quantize_factor(e.T @ basis, self.bits) for e in errors]
+        q = self._published(parts, self.server.T @ basis)
+        for e, part in zip(errors, parts):
+            e -= basis @ part.T
+        step = basis @ q.T
+        self.server += basis @ torch.stack(parts).mean(0).T - step
+        self.right = q
+        return step
+
+    def _row_side(self, errors: Sequence[torch.Tensor], basis: torch.Tensor) -> torch.Tensor:
+        """Project on the row space ``basis`` (n × r): nodes send ``M basis``; returns the step."""
+        parts = [quantize_factor(e @ basis, self.bits) for e in errors]
+        p = self._published(parts, self.server @ basis)
+        for e, part in zip(errors, parts):
+            e -= part @ basis.T
+        step = p @ basis.T
+        self.server += torch.stack(parts).mean(0) @ basis.T - step
+        self.left = p
+        return step
+
+    def sync(self, errors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+        m, n = self.server.shape
+        if self.two_phase:  # PowerSGD: P = mean M Q (only a basis: nothing applied), then Q = mean Mᵀ orth(P)
+            p = self._published([quantize_factor(e @ self.right, self.bits) for e in errors], self.server @ self.right)
+            return self._column_side(errors, orthonormal(p)), (m + n) * self.rank * self.bits
+        if self.left is None:  # subspace, alternating: the row space of the last Q, then the column space of P
+            step = self._row_side(errors, orthonormal(self.right))
+            return step, m * self.rank * self.bits
+        step = self._column_side(errors, orthonormal(self.left))
+        self.left = None
+        return step, n * self.rank * self.bits
+
+
+class _Unpacked:
+    """The named parameters as they are (``--support powersgd`` / ``subspace``), in place of ``cv.Packer``."""
+
+    def pack(self, d):
+        return dict(d)
+
+    def unpack(self, d):
+        return dict(d)
+
+
+def _apply_outer(anchor: torch.Tensor, step: torch.Tensor, momentum: torch.Tensor, args) -> None:
+    """The outer step on the decoded aggregate: ``--outer-lr``, with ``--momentum`` Nesterov's."""
+    if args.momentum:
+        momentum.mul_(args.momentum).add_(step)
+        step = step + args.momentum * momentum
+    anchor -= args.outer_lr * step
+
+
 def run(args) -> dict:
     torch.set_num_threads(1)
     scale = cv.Scale(**{**asdict(cv.SCALES[False][args.task]), "steps": args.steps})
@@ -135,19 +230,24 @@ def run(args) -> dict:
     n = args.nodes
     torch.manual_seed(args.seed)
     model = task.build()
-    packer = cv.Packer(cv._params(model))
+    lowrank = args.support in ("powersgd", "subspace")
+    # Low rank works on each weight matrix as it is (a stack of matrices is not low rank): no packing.
+    packer = _Unpacked() if lowrank else cv.Packer(cv._params(model))
     numel = sum(p.numel() for p in model.parameters())
     shards = task.shards(n)
     gens = [torch.Generator().manual_seed(args.seed * 1000 + 17 + i) for i in range(n)]
     # Block supports: each node reports 8 bits per block (its error's norm there); the server publishes
     # which blocks sync next (1 bit a block); both counted against the budget, uplink's being the larger.
     report_bits = 8 / args.block if args.support.startswith("blocks") else 0.0
-    fraction = 1.0 if args.support == "all" else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
+    fraction = 1.0 if args.support in ("all", "powersgd", "subspace") else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
     if args.support == "topk":  # each sender's own positions, entropy-coded, and the server's likewise
         fraction = topk_fraction(32 * args.H / args.ratio * 0.97, args.bits)
         report_bits = entropy_bits(fraction)
     anchor = {k: v.detach().clone() for k, v in packer.pack(cv._params(model)).items()}
     names = sorted(anchor)
+    syncs = {nm: LowRankSync(tuple(anchor[nm].shape), args.rank, args.bits, args.support == "powersgd", seed=j)
+             for j, nm in enumerate(names) if lowrank and anchor[nm].dim() == 2}
+    value_bits = 1 if lowrank else args.bits  # what the coordinate supports send (low rank: the 1-D tensors)
     nodes = [task.build() for _ in range(n)]
     for m in nodes:
         m.load_state_dict(model.state_dict())
@@ -172,6 +272,12 @@ def run(args) -> dict:
             for i in range(n):
                 errors[i][nm].add_(anchor[nm] - current[i][nm])
             numel_j = anchor[nm].numel()
+            if nm in syncs:
+                step_, sent_bits = syncs[nm].sync([e[nm] for e in errors])
+                _apply_outer(anchor[nm], step_, momentum[nm], args)
+                # the scales: one per factor column, each factor sent (PowerSGD sends two per sync)
+                bits_sent += sent_bits + SCALE_BITS * syncs[nm].rank * (2 if syncs[nm].two_phase else 1)
+                continue
             if args.support == "blocks-now":  # two phases: the norms of this round's errors, then the values
                 idx = block_support(block_scores([e[nm] for e in errors], args.block), fraction, args.block, numel_j)
             elif args.support == "blocks" and nm in stale_scores:  # one phase: last round's residual norms
@@ -185,7 +291,7 @@ def run(args) -> dict:
                 for i in range(n):
                     e = errors[i][nm].reshape(-1)
                     mine = topk_positions(e, fraction)
-                    sent = quantize(e[mine], args.bits)
+                    sent = quantize(e[mine], value_bits)
                     e[mine] -= sent
                     total[mine] += sent
                 s = server[nm].reshape(-1)
@@ -195,23 +301,19 @@ def run(args) -> dict:
                 total = torch.zeros(idx.numel())
                 for i in range(n):
                     e = errors[i][nm].reshape(-1)
-                    sent = quantize(e[idx], args.bits)
+                    sent = quantize(e[idx], value_bits)
                     e[idx] -= sent
                     total += sent
                 s = server[nm].reshape(-1)
                 s[idx] += total / n
-            published = quantize(s[idx], args.bits)
+            published = quantize(s[idx], value_bits)
             s[idx] -= published
             step_ = torch.zeros(anchor[nm].numel())
             step_[idx] = published
-            step_ = step_.reshape(anchor[nm].shape)
-            if args.momentum:
-                momentum[nm].mul_(args.momentum).add_(step_)
-                step_ = step_ + args.momentum * momentum[nm]
-            anchor[nm] -= args.outer_lr * step_
+            _apply_outer(anchor[nm], step_.reshape(anchor[nm].shape), momentum[nm], args)
             if args.support == "blocks":
                 stale_scores[nm] = block_scores([e[nm] for e in errors], args.block)
-            bits_sent += idx.numel() * min(args.bits, 32) + SCALE_BITS + report_bits * numel_j
+            bits_sent += idx.numel() * min(value_bits, 32) + SCALE_BITS + report_bits * numel_j
         new = packer.unpack(anchor)
         with torch.no_grad():
             for m in nodes + [model]:
@@ -229,9 +331,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--task", default="stdlib", choices=list(cv.TASKS))
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--support", choices=("all", "random", "cyclic", "blocks", "blocks-now", "topk"), default="random")
+    ap.add_argument("--support", default="random",
+                    choices=("all", "random", "cyclic", "blocks", "blocks-now", "topk", "powersgd", "subspace"))
+    ap.add_argument("--rank", type=int, default=1, help="rank of each weight matrix (--support powersgd, subspace)")
     ap.add_argument("--block", type=int, default=256, help="coordinates per block (--support blocks, blocks-now)")
-    ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 8, 32))
+    ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 6, 8, 16, 32))
     ap.add_argument("--ratio", type=float, default=300.0)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--outer-lr", type=float, default=1.0)

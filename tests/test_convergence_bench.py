@@ -259,3 +259,40 @@ def test_a_per_node_batch_setting_reaches_the_task_and_the_cache_key(cv):
     x, y = wide_plan.task.batch(wide_plan.task.shards(2)[0], torch.Generator().manual_seed(0))
     assert len(y) == 8
     assert wide_plan.key != plan.key
+
+
+@pytest.mark.parametrize("support", ["powersgd", "subspace"])
+def test_local_step_screen_low_rank_sync_loses_nothing_and_sends_the_same_whatever_the_node_count(cv, support):
+    """The screen's low-rank supports: at full rank and 32 bits a sync applies the nodes' exact mean and
+    leaves no error on average; at rank 1 and 8 bits what the nodes' and the server's error buffers lose is exactly what
+    is applied (error feedback drops nothing), and a node sends the same bits at 2 nodes as at 6."""
+    spec = importlib.util.spec_from_file_location("local_step_screen", BENCH.parent / "local_step_screen.py")
+    screen = importlib.util.module_from_spec(spec)
+    added = sys.modules.setdefault("convergence", cv) is cv
+    try:
+        spec.loader.exec_module(screen)
+    finally:
+        if added:
+            sys.modules.pop("convergence")
+    two_phase = support == "powersgd"
+    g = torch.Generator().manual_seed(3)
+    errors = [torch.randn(12, 5, generator=g) for _ in range(3)]
+    mean = torch.stack(errors).mean(0)
+    full = screen.LowRankSync((12, 5), rank=5, bits=32, two_phase=two_phase, seed=0)
+    step, _ = full.sync(errors)
+    # At full rank one sync applies the exact mean (subspace: its first side projects on all of R⁵); each
+    # node keeps what lies outside the mean's column space, and those residuals average to zero.
+    assert torch.allclose(step, mean, atol=1e-5)
+    assert torch.stack(errors).mean(0).abs().max() < 1e-5 and full.server.abs().max() < 1e-5
+    sent = {}
+    for n in (2, 6):
+        sync = screen.LowRankSync((12, 5), rank=1, bits=8, two_phase=two_phase, seed=0)
+        errs = [torch.randn(12, 5, generator=g) for _ in range(n)]
+        for _ in range(4):
+            before = torch.stack(errs).mean(0) + sync.server
+            step, bits = sync.sync(errs)
+            after = torch.stack(errs).mean(0) + sync.server
+            assert torch.allclose(before - after, step, atol=1e-5)
+            assert torch.linalg.matrix_rank(step) == 1
+            sent.setdefault(n, []).append(bits)
+    assert sent[2] == sent[6] and max(sent[2]) <= (12 + 5) * 8
