@@ -133,6 +133,16 @@ EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True),
 ALL_OUTERS = {**OUTERS, **EXTRA_OUTERS}
 
 
+def muon_and_adamw(model: nn.Module, lr: float) -> list:
+    """The ``+muon`` rows' optimizer (MuLoCo's inner optimizer, and dense Muon's): ``gradwire.torch.MuonAdamW``,
+    torch's Muon on every weight matrix outside the embeddings and the head (the model's last ``nn.Linear``),
+    AdamW on the rest, one lr (Muon's update RMS matched to AdamW's), no weight decay (as every row here)."""
+    from gradwire.torch import MuonAdamW, muon_split
+
+    head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    return [MuonAdamW(*muon_split(model, exclude=[head]), lr=lr)]
+
+
 class LocalAdamW(torch.optim.Optimizer):
     """AdamW whose second moment has its noise part divided by ``noise_divisor`` — the inner optimizer of the
     ``+nD`` rows, a diagnostic of why local steps lose to dense AdamW as nodes are added.
@@ -475,10 +485,12 @@ class RowSpec:
     target: Optional[int] = None  # intended uplink ratio (compressed rows)
     down: Optional[str] = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
     noise: float = 1.0  # ``+nD`` after a local kind: the inner optimizer is LocalAdamW(noise_divisor=D)
+    muon: bool = False  # ``+muon`` after dense or a local kind: Muon on the blocks' matrices, AdamW on the rest
 
     @property
     def key(self) -> str:
         kind = self.kind if self.noise == 1.0 else f"{self.kind}+n{self.noise:g}"
+        kind = kind + "+muon" if self.muon else kind
         base = kind if self.target is None else f"{kind}@{self.target}"
         return base if self.down is None else f"{base}/{self.down}"
 
@@ -489,6 +501,8 @@ class RowSpec:
         base = names[self.kind] + ("" if self.target is None else f" {self.target}×")
         if self.noise != 1.0:
             base += f", LocalAdamW n{self.noise:g}"
+        if self.muon:
+            base = "dense Muon" if self.kind == "dense" else base + ", Muon inner"
         if self.down is None:
             return base
         if self.down == "frames":
@@ -516,7 +530,11 @@ class RowSpec:
         s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
         kind, plus, n = kind.partition("+")
-        noise = 1.0
+        noise, muon = 1.0, False
+        if n == "muon":
+            if kind not in LOCAL_KINDS + ("dense",):
+                raise ValueError(f"bad row {s!r}: +muon follows dense or a local kind ({', '.join(LOCAL_KINDS)})")
+            muon, plus = True, ""
         if plus:
             try:
                 if kind not in LOCAL_KINDS or not n.startswith("n"):
@@ -539,7 +557,7 @@ class RowSpec:
             opts = parse_down(down)  # raises on a bad option
             if opts.get("srv") and kind != "sparseloco":
                 raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
-        return RowSpec(kind, int(r) if r else None, down or None, noise)
+        return RowSpec(kind, int(r) if r else None, down or None, noise, muon)
 
 
 def kind_of(row_key: str) -> str:
@@ -747,7 +765,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         return float(loss.detach())
 
     if row.kind == "dense":
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        opts = muon_and_adamw(model, lr) if row.muon else [torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)]
     elif row.kind == "panthalia":
         from gradwire import ErrorFeedback
         from gradwire.accumulate import make_accumulator
@@ -780,20 +798,24 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         nodes = [task.build() for _ in range(n)]
         for m in nodes:
             m.load_state_dict(model.state_dict())
-        if row.noise != 1.0:
-            inner = [LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise) for m in nodes]
+        if row.muon:
+            inner = [muon_and_adamw(m, lr) for m in nodes]
+        elif row.noise != 1.0:
+            inner = [[LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)] for m in nodes]
         else:
-            inner = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0) for m in nodes]
+            inner = [[torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)] for m in nodes]
         if row.down:
             downlink = Downlink(row, n, down_k, down_bits, outer)
             if downlink.outer is not None:  # the server holds the momentum; nodes apply the step as sent
                 outer = OuterStep(outer_lr=1.0)
 
     opts_with_lr = []  # the torch optimizers whose lr the schedule sets
-    if row.kind in ("dense", "panthalia"):
+    if row.kind == "dense":
+        opts_with_lr = opts
+    elif row.kind == "panthalia":
         opts_with_lr = [opt]
     elif row.kind in LOCAL_KINDS:
-        opts_with_lr = inner
+        opts_with_lr = [o for node_opts in inner for o in node_opts]
     schedule = SCHEDULES[settings.schedule]
     base_lr = lr
     for step in range(1, steps + 1):
@@ -809,7 +831,8 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                 acc = g if acc is None else {nm: acc[nm] + g[nm] for nm in acc}
             for nm, p in model.named_parameters():
                 p.grad = acc[nm] / n
-            opt.step()
+            for o in opts:
+                o.step()
             up_total += fp32
             down_total += fp32
         elif row.kind == "panthalia":
@@ -860,7 +883,8 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         else:
             for i, m in enumerate(nodes):
                 losses.append(node_grad(m, i))
-                inner[i].step()
+                for o in inner[i]:
+                    o.step()
             if step % H == 0:
                 read, frames = [], []
                 for i, m in enumerate(nodes):

@@ -36,10 +36,18 @@ scales' 64 bits per tensor counted, the frame headers not). With ``--support all
 the bench's ``signloco/agg`` row but for per-tensor scales: seed 0 at 16 nodes gave 1.4458 here against the
 bench's 1.4446.
 
+Three knobs on the nodes (docs/reencode-design.md, "The codec is not the gap"): ``--inner muon`` (the bench's
+``+muon`` rows: Muon on the weight matrices, AdamW on the rest), ``--node-decay`` (each node's error buffer
+decays at each sync, as top-k SparseLoCo's does) and ``--reset-momentum α`` (after each sync every node's AdamW
+first moment moves a fraction α toward the one that would have taken the published step: a global momentum at
+no cost in bytes). ``--support dense`` is the bench's dense row (the mean of the nodes' gradients, one step of
+``--inner`` on it) for the same batches.
+
 Nothing here goes through frames; the bytes are counted, not written. Each run appends one JSON line to
 ``--out`` (default ``bench/out/local_step_screen.jsonl``) and prints held-out loss at eight points.
 
 Usage: python bench/local_step_screen.py [--task stdlib] [--nodes 16] [--H 4] [--support random] [--bits 1]
+           [--inner adamw|muon] [--node-decay 1] [--reset-momentum 0]
            [--block 256] [--rank 1] [--ratio 300] [--lr 0.01] [--outer-lr 1] [--momentum 0] [--seed 0] [--steps 2048]
 """
 
@@ -223,6 +231,47 @@ def _apply_outer(anchor: torch.Tensor, step: torch.Tensor, momentum: torch.Tenso
     anchor -= args.outer_lr * step
 
 
+def _reset_momentum(model, opt, per_step: dict, args) -> None:
+    """``--reset-momentum α``: move a node's AdamW first moment toward the one that would have taken the
+    published step ``per_step`` (the decoded aggregate over ``H``, in parameter units) under the node's own
+    second moment: ``m̂ = u·(√v̂ + ε)/lr``. Every node knows the published step, so this costs no bytes."""
+    beta1, beta2 = opt.param_groups[0]["betas"]
+    eps, lr = opt.param_groups[0]["eps"], opt.param_groups[0]["lr"]
+    for nm, p in model.named_parameters():
+        st = opt.state[p]
+        t = float(st["step"])
+        v_hat = st["exp_avg_sq"] / (1 - beta2 ** t)
+        target = per_step[nm] * (v_hat.sqrt() + eps) / lr * (1 - beta1 ** t)
+        st["exp_avg"].mul_(1 - args.reset_momentum).add_(target, alpha=args.reset_momentum)
+
+
+def inner_optimizers(model: torch.nn.Module, args) -> list:
+    """The optimizers one node steps: AdamW on everything (``--inner adamw``), or the bench's ``+muon`` rows'
+    (``--inner muon``: Muon on the weight matrices outside the embeddings and the head, AdamW on the rest)."""
+    if args.inner == "adamw":
+        return [torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)]
+    return cv.muon_and_adamw(model, args.lr)
+
+
+def run_dense(args, task, model, shards, gens) -> dict:
+    """``--support dense``: one model, each step the mean of the nodes' losses on their own batches (the
+    mean of their gradients, the bench's dense row), stepped by ``--inner``."""
+    opts = inner_optimizers(model, args)
+    every = max(1, args.steps // 8)
+    curve, t0 = [], time.time()
+    for step in range(1, args.steps + 1):
+        model.zero_grad(set_to_none=True)
+        loss = sum(task.loss(model, task.batch(shards[i], gens[i])) for i in range(args.nodes)) / args.nodes
+        loss.backward()
+        for o in opts:
+            o.step()
+        if step % every == 0 or step == args.steps:
+            curve.append((step, task.held_out_loss(model)))
+            print(f"step {step}/{args.steps}: held-out {curve[-1][1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    return dict(vars(args), out=str(args.out), fraction=1.0, ratio_measured=1.0, held_out=curve[-1][1], curve=curve,
+                seconds=time.time() - t0)
+
+
 def run(args) -> dict:
     torch.set_num_threads(1)
     scale = cv.Scale(**{**asdict(cv.SCALES[False][args.task]), "steps": args.steps})
@@ -236,6 +285,8 @@ def run(args) -> dict:
     numel = sum(p.numel() for p in model.parameters())
     shards = task.shards(n)
     gens = [torch.Generator().manual_seed(args.seed * 1000 + 17 + i) for i in range(n)]
+    if args.support == "dense":
+        return run_dense(args, task, model, shards, gens)
     # Block supports: each node reports 8 bits per block (its error's norm there); the server publishes
     # which blocks sync next (1 bit a block); both counted against the budget, uplink's being the larger.
     report_bits = 8 / args.block if args.support.startswith("blocks") else 0.0
@@ -251,7 +302,7 @@ def run(args) -> dict:
     nodes = [task.build() for _ in range(n)]
     for m in nodes:
         m.load_state_dict(model.state_dict())
-    inner = [torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.0) for m in nodes]
+    inner = [inner_optimizers(m, args) for m in nodes]
     errors = [{k: torch.zeros_like(v) for k, v in anchor.items()} for _ in range(n)]
     server = {k: torch.zeros_like(v) for k, v in anchor.items()}
     momentum = {k: torch.zeros_like(v) for k, v in anchor.items()}
@@ -263,13 +314,17 @@ def run(args) -> dict:
         for i, m in enumerate(nodes):
             m.zero_grad(set_to_none=True)
             task.loss(m, task.batch(shards[i], gens[i])).backward()
-            inner[i].step()
+            for o in inner[i]:
+                o.step()
         if step % args.H:
             continue
         rnd = step // args.H
         current = [packer.pack({nm: p.detach() for nm, p in m.named_parameters()}) for m in nodes]
+        before = packer.unpack({k: v.clone() for k, v in anchor.items()}) if args.reset_momentum else None
         for j, nm in enumerate(names):
             for i in range(n):
+                if args.node_decay != 1.0:
+                    errors[i][nm].mul_(args.node_decay)
                 errors[i][nm].add_(anchor[nm] - current[i][nm])
             numel_j = anchor[nm].numel()
             if nm in syncs:
@@ -319,6 +374,9 @@ def run(args) -> dict:
             for m in nodes + [model]:
                 for nm, p in m.named_parameters():
                     p.copy_(new[nm])
+            if before is not None:
+                for m, opts in zip(nodes, inner):
+                    _reset_momentum(m, opts[0], {nm: (before[nm] - new[nm]) / args.H for nm in new}, args)
         if rnd % every == 0 or rnd == rounds:
             curve.append((step, task.held_out_loss(model)))
             print(f"step {step}/{args.steps}: held-out {curve[-1][1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
@@ -332,7 +390,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--support", default="random",
-                    choices=("all", "random", "cyclic", "blocks", "blocks-now", "topk", "powersgd", "subspace"))
+                    choices=("dense", "all", "random", "cyclic", "blocks", "blocks-now", "topk", "powersgd", "subspace"))
     ap.add_argument("--rank", type=int, default=1, help="rank of each weight matrix (--support powersgd, subspace)")
     ap.add_argument("--block", type=int, default=256, help="coordinates per block (--support blocks, blocks-now)")
     ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 6, 8, 16, 32))
@@ -340,10 +398,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--outer-lr", type=float, default=1.0)
     ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--inner", default="adamw", choices=("adamw", "muon"),
+                    help="the nodes' optimizer (and dense's): AdamW, or Muon on the blocks' matrices and AdamW on the rest")
+    ap.add_argument("--node-decay", type=float, default=1.0, help="each node's error buffer decays by this at each sync")
+    ap.add_argument("--reset-momentum", type=float, default=0.0,
+                    help="at each sync move each node's AdamW first moment this far toward the published step's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=cv.OUT / "local_step_screen.jsonl")
     args = ap.parse_args(argv)
+    if args.reset_momentum and args.inner != "adamw":
+        ap.error("--reset-momentum moves AdamW's first moment: it needs --inner adamw")
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:

@@ -193,6 +193,33 @@ def test_signloco_rows_send_one_bit_per_parameter_both_ways_whatever_the_node_co
     assert down[(6, "signloco/frames")] > 5 * down[(6, "signloco/agg")]
 
 
+def test_muon_rows_train_their_nodes_and_dense_with_muon_on_the_hidden_matrices(cv, digits):
+    """``+muon`` after dense or a local kind steps Muon on the weight matrices and AdamW on the rest (dense Muon,
+    MuLoCo): its own cache key and label, a trajectory of its own, and the same bits as torch's two optimizers
+    stepped side by side."""
+    torch.set_num_threads(1)
+    r = cv.RowSpec.parse("signloco+muon/agg")
+    assert (r.kind, r.muon, r.key) == ("signloco", True, "signloco+muon/agg") and "Muon inner" in r.label
+    assert cv.RowSpec.parse("dense+muon").label == "dense Muon" and not cv.RowSpec.parse("dense").muon
+    for bad in ("demo+muon@300", "panthalia+muon@300", "dense+mu"):
+        with pytest.raises(ValueError):
+            cv.RowSpec.parse(bad)
+    model = digits.build()
+    (opt,) = cv.muon_and_adamw(model, 0.01)
+    head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    assert {id(p) for g in opt.muon.param_groups for p in g["params"]} == {
+        id(p) for p in model.parameters() if p.dim() == 2 and all(p is not q for q in head.parameters())}
+    settings = cv.Settings(full=False, nodes=2, H=2, evals=2)
+    held = {}
+    for row in ("dense", "dense+muon", "signloco/agg", "signloco+muon/agg"):
+        spec = cv.RowSpec.parse(row)
+        hp, lr, extra = cv.grid("digits", spec, digits.scale, full=False)[1]
+        res = cv.run_one(digits, spec, lr, extra, 0, 8, settings, None)
+        assert math.isfinite(res.held_out) and res.held_out < res.curve[0][2]
+        held[row] = res.held_out
+    assert held["dense"] != held["dense+muon"] and held["signloco/agg"] != held["signloco+muon/agg"]
+
+
 def test_local_step_screen_is_the_benchs_loop_and_sends_values_only(cv, tmp_path):
     """bench/local_step_screen.py: with every coordinate at 32 bits it is the bench's uncompressed DiLoCo row
     (same held-out loss on the same batches); with a shared random support at 1 bit its bytes per step match
@@ -210,11 +237,14 @@ def test_local_step_screen_is_the_benchs_loop_and_sends_values_only(cv, tmp_path
     common = ["--task", "digits", "--nodes", "2", "--H", "2", "--steps", "8", "--lr", "0.003", "--out", str(out)]
     screen.main(common + ["--support", "all", "--bits", "32"])
     screen.main(common + ["--support", "random", "--bits", "1"])
-    exact, sparse = [json.loads(line) for line in out.read_text().splitlines()]
+    screen.main(common + ["--support", "dense", "--inner", "muon"])
+    exact, sparse, dense_muon = [json.loads(line) for line in out.read_text().splitlines()]
     task = cv.DigitsTask(cv.SCALES[False]["digits"])
     settings = cv.Settings(full=False, nodes=2, H=2, evals=2)
     bench = cv.run_one(task, cv.RowSpec.parse("diloco"), 0.003, {"outer": "plain"}, 0, 8, settings, None)
     assert exact["held_out"] == pytest.approx(bench.held_out, rel=1e-5)
+    bench_dense = cv.run_one(task, cv.RowSpec.parse("dense+muon"), 0.003, {}, 0, 8, settings, None)
+    assert dense_muon["held_out"] == pytest.approx(bench_dense.held_out, rel=1e-5)
     assert math.isfinite(sparse["held_out"]) and sparse["held_out"] < bench.curve[0][2]
     assert 0 < sparse["fraction"] < 0.5 and 250 < sparse["ratio_measured"] <= 310
 

@@ -7,6 +7,8 @@
   (frames all-gathered, averaged exactly; every rank ends bit-identical); under DDP, its comm hook must
   be :func:`local_gradients_hook` (:func:`skip_ddp_all_reduce`), else :class:`DenseAllReduceError`;
   :func:`average_buffers` for BatchNorm's running statistics.
+- :class:`MuonAdamW` / :func:`muon_split` — Muon on the hidden matrices and AdamW on the rest as one optimizer,
+  e.g. SparseLoCo's inner optimizer (MuLoCo).
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
 - :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
 - :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
@@ -24,6 +26,7 @@ from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import default_backend, init_from_env, spawn
+from .muon import MuonAdamW, muon_split
 from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
 from .replicas import replicas_agree
@@ -33,6 +36,7 @@ __all__ = [
     "DenseAllReduceError",
     "GradwireHookState",
     "LowPrecisionDecentralized",
+    "MuonAdamW",
     "PowerSGDState",
     "RegisteredHook",
     "SparseLoCo",
@@ -45,6 +49,7 @@ __all__ = [
     "hook_names",
     "init_from_env",
     "local_gradients_hook",
+    "muon_split",
     "powersgd_hook",
     "register_hook",
     "replicas_agree",
