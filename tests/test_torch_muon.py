@@ -11,6 +11,8 @@ import gradwire
 import gradwire.torch as gt
 from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, shard, IN, CLASSES
 
+pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+
 
 class Tiny(nn.Module):
     """An embedding, two hidden matrices with biases, a norm and a head: every kind muon_split sorts."""

@@ -59,6 +59,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, matrices: Iterable[nn.Parameter], others: Iterable[nn.Parameter], *, lr: float,
                  weight_decay: float = 0.0, momentum: float = 0.95, nesterov: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        if not hasattr(torch.optim, "Muon"):
+            raise RuntimeError(f"MuonAdamW needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}")
         matrices, others = list(matrices), list(others)
         flat = [p for p in matrices if p.dim() != 2]
         if flat:
