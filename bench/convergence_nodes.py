@@ -44,7 +44,7 @@ DOC = cv.ROOT / "docs" / "convergence-nodes.md"
 CACHE = cv.OUT / "reencode.json"
 ROWS = ("dense", "diloco", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
         "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000", "sparseloco@1000/agg:b2,d1000", "demo@1000/frames",
-        "demo@1000/agg", "signloco/frames", "signloco/agg")
+        "demo@1000/agg", "signloco/frames", "signloco/agg", "signloco+muon/agg")
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
 REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 REPORT_DENSE_MULTS = (0.3, 1.0, 3.0)
@@ -187,7 +187,7 @@ def plot(cells: list[Cell], path: Path) -> None:
     off_scale: list[str] = []
     style = {"frames": ("--", "o"), "agg": ("-", "s")}
     colors = {"sparseloco@300": "C2", "sparseloco@1000": "C3", "demo@300": "C0", "demo@1000": "C9", "signloco": "C5",
-              "diloco": "C7"}
+              "signloco+muon": "C4", "diloco": "C7"}
     by_row: dict[str, list[Cell]] = {}
     for c in cells:
         by_row.setdefault(c.row, []).append(c)

@@ -75,6 +75,9 @@ def test_muon_split_and_muon_adamw_name_what_is_wrong():
         gt.MuonAdamW([m.body.weight, m.body.bias], [], lr=0.01)
     with pytest.raises(ValueError, match="both"):
         gt.MuonAdamW([m.body.weight], [m.body.weight], lr=0.01)
+    opt = gt.MuonAdamW([m.body.weight], [m.body.bias], lr=0.01)
+    with pytest.raises(ValueError, match="build a new MuonAdamW"):
+        opt.add_param_group({"params": [m.mid.weight]})
 
 
 def _steps(opts, model, steps, lrs=None):

@@ -75,11 +75,17 @@ class MuonAdamW(torch.optim.Optimizer):
         self.adamw = torch.optim.AdamW(others, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps) if others \
             else None
         parts = [self.muon] + ([self.adamw] if self.adamw is not None else [])
+        self._parts = None
         super().__init__([p for o in parts for g in o.param_groups for p in g["params"]], {"lr": lr})
         # The two optimizers' own dicts: a scheduler's writes to these groups reach the steps they take.
         self.param_groups = [g for o in parts for g in o.param_groups]
         self.state = ChainMap(*(o.state for o in parts))  # type: ignore[assignment]
-        self._parts = parts
+        self._parts: Optional[list[torch.optim.Optimizer]] = parts
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_parts", None) is None:  # torch.optim.Optimizer.__init__ adds the first group
+            return super().add_param_group(param_group)
+        raise ValueError("MuonAdamW's groups are its two optimizers' own: build a new MuonAdamW to add parameters")
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
