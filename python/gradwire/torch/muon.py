@@ -87,13 +87,10 @@ class MuonAdamW(torch.optim.Optimizer):
             return super().add_param_group(param_group)
         raise ValueError("MuonAdamW's groups are its two optimizers' own: build a new MuonAdamW to add parameters")
 
-    @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for o in self._parts:
+        """One step of each half; ``closure`` (if any) is evaluated once, by the first."""
+        loss = self._parts[0].step(closure)
+        for o in self._parts[1:]:
             o.step()
         return loss
 
