@@ -105,6 +105,16 @@ def test_muon_adamw_steps_exactly_as_torch_muon_and_adamw_side_by_side():
     _steps(apart, b, 7)
     assert torch.equal(flat_parameters(a), flat_parameters(b))
     assert set(joined.state) == {p for p in a.parameters()}  # both optimizers' state, through one mapping
+    x, y = shard(0)
+
+    def closure():
+        joined.zero_grad()
+        loss = _loss(a, x, y)
+        loss.backward()
+        return loss
+
+    before = flat_parameters(a)
+    assert torch.is_tensor(joined.step(closure)) and not torch.equal(before, flat_parameters(a))
 
 
 def test_an_lr_scheduler_sets_the_lr_of_both_halves():
