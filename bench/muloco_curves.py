@@ -24,14 +24,15 @@ OUT = ROOT / "bench" / "out"
 #: "bench" (a cached run whose fields equal ``match``).
 CURVES = (
     ("dense AdamW (lr 0.01)", "screen", dict(support="dense", inner="adamw", lr=0.01, nodes=16, seed=0)),
-    ("dense Muon (lr 0.01)", "screen", dict(support="dense", inner="muon", lr=0.01, nodes=16, seed=0)),
+    ("dense Muon (lr 0.02)", "screen", dict(support="dense", inner="muon", lr=0.02, nodes=16, seed=0)),
     ("DiLoCo, fp32 both ways, H 11 (AdamW inner)", "screen",
      dict(support="all", bits=32, H=11, inner="adamw", lr=0.01, nodes=16, seed=0)),
     ("1 bit both ways, H 11, AdamW inner", "screen",
      dict(support="all", bits=1, H=11, inner="adamw", lr=0.01, nodes=16, seed=0, reset_momentum=0.0)),
-    ("1 bit both ways, H 11, Muon inner (MuLoCo), seed 0", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.01, seed=0)),
-    ("the same, seed 1", "bench", dict(task="stdlib", row="signloco+muon/agg", lr=0.01, seed=1)),
+    ("1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.02), seed 0", "bench",
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.02, seed=0)),
+    ("the same, seed 1", "bench",
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.02, seed=1)),
 )
 
 
@@ -43,7 +44,7 @@ def _screens(path: Path) -> list[dict]:
 
 def curves(screens: Path, cache: Path) -> list[tuple[str, list[tuple[int, float]]]]:
     """``(label, [(step, held-out loss)])`` for every curve of :data:`CURVES` that a run measured (the last such
-    run, at 2,048 steps)."""
+    run, at 2,048 steps; a bench run at 11 local steps per sync, whose last sync is step 2,046)."""
     lines = _screens(screens)
     runs = list(json.loads(cache.read_text()).values()) if cache.exists() else []
     out = []
@@ -53,7 +54,9 @@ def curves(screens: Path, cache: Path) -> list[tuple[str, list[tuple[int, float]
                      and all(r.get(k, "adamw" if k == "inner" else 0.0) == v for k, v in match.items())]
             pts = [(int(s), float(h)) for s, h in found[-1]["curve"]] if found else []
         else:
-            found = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and r["curve"][-1][0] > 2000]
+            # 2,046 is the last sync of H 11 (the cache keys hold the node count and H, the runs do not; the
+            # lr-0.02 runs of this row at 16 nodes are the only ones at H 11)
+            found = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and r["curve"][-1][0] == 2046]
             pts = [(int(c[0]), float(c[-1])) for c in found[-1]["curve"] if c[0] > 0] if found else []
         if pts:
             out.append((label, pts))
