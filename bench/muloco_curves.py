@@ -29,10 +29,10 @@ CURVES = (
      dict(support="all", bits=32, H=11, inner="adamw", lr=0.01, nodes=16, seed=0)),
     ("1 bit both ways, H 11, AdamW inner", "screen",
      dict(support="all", bits=1, H=11, inner="adamw", lr=0.01, nodes=16, seed=0, reset_momentum=0.0)),
-    ("1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.02), seed 0", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.02, seed=0)),
+    ("1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.04), seed 0", "bench",
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=0)),
     ("the same, seed 1", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.02, seed=1)),
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=1)),
 )
 
 
@@ -55,7 +55,7 @@ def curves(screens: Path, cache: Path) -> list[tuple[str, list[tuple[int, float]
             pts = [(int(s), float(h)) for s, h in found[-1]["curve"]] if found else []
         else:
             # 2,046 is the last sync of H 11 (the cache keys hold the node count and H, the runs do not; the
-            # lr-0.02 runs of this row at 16 nodes are the only ones at H 11)
+            # lr-0.04 runs of this row are 16-node runs at H 11 only)
             found = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and r["curve"][-1][0] == 2046]
             pts = [(int(c[0]), float(c[-1])) for c in found[-1]["curve"] if c[0] > 0] if found else []
         if pts:
