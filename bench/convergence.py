@@ -485,7 +485,7 @@ class RowSpec:
     target: Optional[int] = None  # intended uplink ratio (compressed rows)
     down: Optional[str] = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
     noise: float = 1.0  # ``+nD`` after a local kind: the inner optimizer is LocalAdamW(noise_divisor=D)
-    muon: bool = False  # ``+muon`` after dense or a local kind: Muon on the blocks' matrices, AdamW on the rest
+    muon: bool = False  # ``+muon`` after dense or a local kind: Muon on the hidden matrices, AdamW on the rest
 
     @property
     def key(self) -> str:

@@ -47,6 +47,10 @@ def test_muon_split_gives_muon_the_hidden_matrices_and_adamw_the_rest():
     # without exclude the head's matrix goes to Muon too; the embedding never does
     matrices, _ = muon_split_ids(m)
     assert matrices == {id(m.body.weight), id(m.mid.weight), id(m.head.weight)}
+    # a convolution kernel (4-D) is not a matrix: AdamW takes it
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))
+    matrices, others = muon_split_ids(conv)
+    assert matrices == {id(conv[2].weight)} and id(conv[0].weight) in others
 
 
 def muon_split_ids(model, exclude=()):

@@ -4,7 +4,7 @@ optimizer for :class:`gradwire.torch.SparseLoCo` (MuLoCo) that takes one lr and 
 Why it is here: with AdamW as the inner optimizer the averaged pseudo-gradient of many nodes loses to dense
 AdamW as the node count grows (docs/reencode-design.md, "The local-step floor"). With Muon's orthogonalized
 steps on the weight matrices, one bit both ways at 16 nodes comes within 2 % of dense AdamW's held-out loss
-(docs/reencode-design.md, "Muon as the inner optimizer"). The optimizers themselves are torch's
+(docs/reencode-design.md, "The codec is not the gap"). The optimizers themselves are torch's
 (``torch.optim.Muon``, ``torch.optim.AdamW``); this module only splits the parameters and joins the two.
 """
 
@@ -20,10 +20,10 @@ __all__ = ["MuonAdamW", "muon_split"]
 
 
 def muon_split(model: nn.Module, exclude: Sequence[nn.Module] = ()) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """``(matrices, others)``: the trainable parameters Muon should take — every parameter of two or more
-    dimensions outside an ``nn.Embedding`` and outside the modules in ``exclude`` (the output head, as Muon's
-    authors advise) — and all the others (embeddings, biases, norms, the head), each once (a tied weight is
-    listed once, with AdamW if any module it belongs to is an embedding or excluded)."""
+    """``(matrices, others)``: the trainable parameters Muon should take — every 2-D weight matrix outside an
+    ``nn.Embedding`` and outside the modules in ``exclude`` (the output head, as Muon's authors advise) — and all
+    the others (embeddings, biases, norms, the head, convolution kernels), each once (a tied weight is listed
+    once, with AdamW if any module it belongs to is an embedding or excluded)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"muon_split takes an nn.Module, got {type(model).__name__}")
     adamw_ids = set()
@@ -38,7 +38,7 @@ def muon_split(model: nn.Module, exclude: Sequence[nn.Module] = ()) -> tuple[lis
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (matrices if p.dim() >= 2 and id(p) not in adamw_ids else others).append(p)
+        (matrices if p.dim() == 2 and id(p) not in adamw_ids else others).append(p)
     if not matrices:
         raise ValueError("muon_split: the model has no weight matrix for Muon outside embeddings and exclude")
     return matrices, others
