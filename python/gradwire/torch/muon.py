@@ -95,16 +95,16 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def state_dict(self) -> dict[str, Any]:
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict() if self.adamw else None}
+        return {"matrices": self.muon.state_dict(), "others": self.adamw.state_dict() if self.adamw else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if set(state_dict) != {"muon", "adamw"}:
+        if set(state_dict) != {"matrices", "others"}:
             raise ValueError(f"not a MuonAdamW state dict: keys {sorted(state_dict)}")
-        if (state_dict["adamw"] is None) != (self.adamw is None):
+        if (state_dict["others"] is None) != (self.adamw is None):
             raise ValueError("the saved MuonAdamW and this one differ in whether AdamW has parameters")
-        self.muon.load_state_dict(state_dict["muon"])
+        self.muon.load_state_dict(state_dict["matrices"])
         if self.adamw is not None:
-            self.adamw.load_state_dict(state_dict["adamw"])
+            self.adamw.load_state_dict(state_dict["others"])
         # load_state_dict replaces each optimizer's groups with new dicts: take them up again.
         self.param_groups = [g for o in self._parts for g in o.param_groups]
         self.state = ChainMap(*(o.state for o in self._parts))  # type: ignore[assignment]
