@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import defaultdict, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -339,3 +340,25 @@ def test_put_state_sends_safetensors(server):
     sent = server.requests[-1]
     assert sent["headers"]["Content-Type"] == "application/octet-stream"
     assert torch.equal(gradwire.state.state_from_bytes(sent["body"])["w"], state["w"])
+
+
+def _local_port(response) -> int:
+    return response.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+
+def test_an_idle_connection_is_dropped_by_the_client_before_the_server_closes_it(live_server):
+    # At equal bounds a request can go out on a connection the server is closing at that moment: an upload
+    # then fails with "server disconnected" and, being a POST, is not repeated. The client's bound is the
+    # shorter, so the pool never offers a connection the server may be closing.
+    from gradwire.client.http_client import KEEPALIVE_EXPIRY_S
+    from gradwire_server.serving import KEEP_ALIVE_S
+
+    assert KEEPALIVE_EXPIRY_S < KEEP_ALIVE_S
+    with GradwireClient(live_server.url, retries=0) as client:
+        def port() -> int:  # the local port of the connection this request went out on
+            return _local_port(client._request("GET", "/healthz", idempotent=True))
+
+        first = port()
+        assert port() == first  # reused while fresh
+        time.sleep(KEEPALIVE_EXPIRY_S + 0.5)  # idle past the client's bound, still within the server's
+        assert port() != first

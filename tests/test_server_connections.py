@@ -206,6 +206,8 @@ def test_an_update_body_is_never_read_when_the_request_is_refused_without_it(ser
     s.sendall(upload_head(path, token, 60 << 20))  # 60 MiB announced, not one byte of it sent
     status, head = read_response(s)
     assert status == expected[0] and expected[1] in head, head
+    # ...and told the client not to send another request on this connection, which drops what comes next.
+    assert b"\r\nconnection: close\r\n" in head.lower(), head
     # The answer came without the body; the connection then closes (after a short linger), and the
     # server counted no body bytes.
     assert closed_after(s) <= 5.0

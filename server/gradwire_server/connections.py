@@ -17,9 +17,10 @@ uvicorn's httptools protocol with these additions, all on the event loop's timer
   the new connection is closed. Sockets that never send a request cost at most ``max_connections``
   descriptors, and never keep out a client that sends its request promptly: that one is always the newest.
 - **Answered before the body.** The routes check what needs no body first (the token, the run, the round,
-  one upload per node); when a response completes while the request body is still coming, the write side
-  is shut after the response (so the client reads its answer, not a reset) and whatever the client still
-  sends is discarded, unparsed and unbuffered, for at most ``LINGER_S`` before the connection closes.
+  one upload per node); a response that starts while the request body is still coming says
+  ``Connection: close``, and once it completes the write side is shut (so the client reads its answer,
+  not a reset) and whatever the client still sends is discarded, unparsed and unbuffered, for at most
+  ``LINGER_S`` before the connection closes.
 
 Connections closed by these rules are counted by cause and logged as one summary line every
 ``_LOG_EVERY_S`` at most (a thousand slow sockets do not flood the log).
@@ -201,6 +202,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._stall: Optional[asyncio.TimerHandle] = None
         self._body_started = 0.0
         self._body_bytes = 0
+        self._answered_early = False  # this response said Connection: close (it began before the body was in)
 
     # -- the phases ---------------------------------------------------------------------------------
 
@@ -225,9 +227,34 @@ class _GuardedProtocol(HttpToolsProtocol):
             self._body_started, self._body_bytes = self.loop.time(), 0
             self.flow.restart_clock()
             self._arm(self.guard.limits.body_timeout_s, self._check_body_rate)
+            self._say_close_if_answered_early(self.cycle)
         else:
             self._phase = _Phase.APP
             self._disarm()
+
+    def _say_close_if_answered_early(self, cycle) -> None:
+        """A response that starts before the request body is in carries ``Connection: close``.
+
+        The connection lingers after such an answer and drops what arrives (:meth:`_linger`), so a client
+        that finished sending the body and reused the connection would lose its next request
+        ("server disconnected"). ``cycle.keep_alive = False`` makes uvicorn write the header; it is set back
+        once the head is written, because uvicorn would otherwise close at the response's end with the body
+        unread, and the client would read a reset instead of the answer: the linger closes instead.
+        """
+        send = cycle.send
+
+        async def send_saying_close(message) -> None:
+            if message["type"] != "http.response.start" or self._phase is not _Phase.BODY:
+                await send(message)
+                return
+            self._answered_early = True
+            cycle.keep_alive = False
+            try:
+                await send(message)
+            finally:
+                cycle.keep_alive = True
+
+        cycle.send = send_saying_close  # run_asgi reads cycle.send when its task starts, after this
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -240,7 +267,9 @@ class _GuardedProtocol(HttpToolsProtocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
-        if self._phase is _Phase.BODY and not self.transport.is_closing():
+        early = self._phase is _Phase.BODY or self._answered_early
+        self._answered_early = False
+        if early and not self.transport.is_closing():
             # Answered before the body was read: no keep-alive on a connection whose next bytes are body.
             self.server_state.total_requests += 1
             self._linger()

@@ -102,6 +102,10 @@ def _header_str(response: httpx.Response, name: str) -> str:
 
 # Transport errors after which the request surely never reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: How long an idle pooled connection is reused: under the server's keep-alive (5 s, uvicorn's default, which
+#: httpx's own default equals), so the client drops it first. At equal bounds an upload sent as the server
+#: closes the connection fails with "server disconnected", and a POST is not retried.
+KEEPALIVE_EXPIRY_S = 2.0
 
 
 class GradwireClient:
@@ -132,7 +136,8 @@ class GradwireClient:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport,
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self._jitter = random.Random()
         #: Body bytes sent and received through this client (requests that got an answer).
         self.bytes_sent = 0
