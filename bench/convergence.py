@@ -1004,10 +1004,16 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
 
 
 _WORKER_TASKS: dict = {}
+#: The queue a worker reports its steps on (set by :func:`_worker_init`): ``(run key, steps)``.
+_WORKER_TICKS = None
+#: A worker reports its steps in this many parts of a run (a 64-node run is an hour of one core).
+_TICK_PARTS = 100
 
 
-def _worker_init() -> None:
+def _worker_init(ticks=None) -> None:
+    global _WORKER_TICKS
     torch.set_num_threads(1)
+    _WORKER_TICKS = ticks
 
 
 def _worker_run(job: tuple) -> tuple[str, dict]:
@@ -1016,7 +1022,17 @@ def _worker_run(job: tuple) -> tuple[str, dict]:
     tkey = (tn, json.dumps(asdict(scale), sort_keys=True))
     if tkey not in _WORKER_TASKS:
         _WORKER_TASKS[tkey] = TASKS[tn](scale)
-    r = run_one(_WORKER_TASKS[tkey], RowSpec.parse(row_key), lr, extra, seed, scale.steps, settings, calib)
+    tick = None
+    if _WORKER_TICKS is not None:
+        every, pending = max(1, scale.steps // _TICK_PARTS), [0]
+
+        def tick(n: int) -> None:
+            pending[0] += n
+            if pending[0] >= every:
+                _WORKER_TICKS.put((key, pending[0]))
+                pending[0] = 0
+
+    r = run_one(_WORKER_TASKS[tkey], RowSpec.parse(row_key), lr, extra, seed, scale.steps, settings, calib, tick=tick)
     r.hp = hp
     return key, asdict(r)
 
@@ -1045,18 +1061,34 @@ def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict
                 _cache_save(cache)
         else:
             import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            import queue
+            from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-            steps = {p.key: p.scale.steps for p in todo}
-            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init) as ex:
-                futs = [ex.submit(_worker_run, (p.key, p.task.name, p.scale, p.row.key, p.hp, p.lr, p.extra, p.seed,
-                                                p.calib, settings)) for p in todo]
-                for f in as_completed(futs):
-                    key, r = f.result()
-                    cache[key] = r
-                    _cache_save(cache)
-                    bar.set_description(f"{r['task']:7s} {r['row']:16s} {r['hp']:22s} seed {r['seed']}")
-                    bar.update(steps[key])
+            ctx = mp.get_context("spawn")
+            ticks = ctx.Queue()  # the workers' steps as they take them, so the bar moves within a run
+            left = {p.key: p.scale.steps for p in todo}
+
+            def count(key: str, n: int) -> None:
+                n = min(n, left[key])
+                left[key] -= n
+                bar.update(n)
+
+            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(ticks,)) as ex:
+                pending = {ex.submit(_worker_run, (p.key, p.task.name, p.scale, p.row.key, p.hp, p.lr, p.extra,
+                                                   p.seed, p.calib, settings)) for p in todo}
+                while pending:
+                    done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                    try:
+                        while True:
+                            count(*ticks.get_nowait())
+                    except queue.Empty:
+                        pass
+                    for f in done:
+                        key, r = f.result()
+                        cache[key] = r
+                        _cache_save(cache)
+                        bar.set_description(f"{r['task']:7s} {r['row']:16s} {r['hp']:22s} seed {r['seed']}")
+                        count(key, left[key])  # what its last report had not counted yet
     return {p.key: cache[p.key] for p in plans}
 
 

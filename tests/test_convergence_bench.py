@@ -327,3 +327,22 @@ def test_local_step_screen_low_rank_sync_loses_nothing_and_sends_the_same_whatev
             assert torch.linalg.matrix_rank(step) == 1
             sent.setdefault(n, []).append(bits)
     assert sent[2] == sent[6] and max(sent[2]) <= (12 + 5) * 8
+
+
+def test_a_parallel_sweep_reports_steps_while_its_runs_train(tmp_path):
+    # With --jobs 2 the workers report their steps as they take them: a log shows a count that no run's end
+    # alone produces (every run here is 8 steps), so an hour-long run is not an hour of silence.
+    import re
+    import subprocess
+
+    cache = tmp_path / "runs.json"
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--tasks", "digits", "--steps", "8", "--rows", "dense", "--seeds", "0",
+         "--dense-mults", "1", "3", "--jobs", "2", "--cache", str(cache), "--out", str(tmp_path / "report.md")],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = [int(n) for n in re.findall(r"(\d+)/16 step", out.stderr)]
+    assert counts and counts[-1] == 16, out.stderr[-2000:]
+    assert any(n % 8 for n in counts), counts
+    runs = json.loads(cache.read_text())
+    assert sorted(r["lr"] for r in runs.values()) == pytest.approx([0.003, 0.009])
