@@ -342,10 +342,6 @@ def test_put_state_sends_safetensors(server):
     assert torch.equal(gradwire.state.state_from_bytes(sent["body"])["w"], state["w"])
 
 
-def _local_port(response) -> int:
-    return response.extensions["network_stream"].get_extra_info("client_addr")[1]
-
-
 def test_an_idle_connection_is_dropped_by_the_client_before_the_server_closes_it(live_server):
     # At equal bounds a request can go out on a connection the server is closing at that moment: an upload
     # then fails with "server disconnected" and, being a POST, is not repeated. The client's bound is the
@@ -356,7 +352,8 @@ def test_an_idle_connection_is_dropped_by_the_client_before_the_server_closes_it
     assert KEEPALIVE_EXPIRY_S < KEEP_ALIVE_S
     with GradwireClient(live_server.url, retries=0) as client:
         def port() -> int:  # the local port of the connection this request went out on
-            return _local_port(client._request("GET", "/healthz", idempotent=True))
+            response = client._request("GET", "/healthz", idempotent=True)
+            return response.extensions["network_stream"].get_extra_info("client_addr")[1]
 
         first = port()
         assert port() == first  # reused while fresh
