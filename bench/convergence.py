@@ -613,6 +613,8 @@ class RunResult:
     down_k: Optional[int] = None  # the server's downlink codec (re-encoded rows)
     down_bits: Optional[int] = None
     schedule: str = "constant"
+    nodes: Optional[int] = None  # the node count and sync interval (also in the cache key, which is one-way)
+    H: Optional[int] = None
 
 
 @dataclass
@@ -917,7 +919,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         train_loss=sum(tail) / len(tail), held_out=curve[-1][2],
         up_bytes_per_step=up_total / steps, down_bytes_per_step=down_total / steps, fp32_bytes=fp32,
         k=k, value_bits=vb, seconds=time.perf_counter() - t0, down_k=down_k, down_bits=down_bits,
-        schedule=settings.schedule,
+        schedule=settings.schedule, nodes=n, H=H if row.kind in LOCAL_KINDS else None,
     )
 
 

@@ -44,7 +44,7 @@ no cost in bytes). ``--support dense`` is the bench's dense row (the mean of the
 ``--inner`` on it) for the same batches.
 
 Nothing here goes through frames; the bytes are counted, not written. Each run appends one JSON line to
-``--out`` (default ``bench/out/local_step_screen.jsonl``) and prints held-out loss at eight points.
+``--out`` (default ``bench/results/local_step_screen.jsonl``, kept in the repository) and prints held-out loss at eight points.
 
 Usage: python bench/local_step_screen.py [--task stdlib] [--nodes 16] [--H 4] [--support random] [--bits 1]
            [--inner adamw|muon] [--node-decay 1] [--reset-momentum 0]
@@ -405,7 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="at each sync move each node's AdamW first moment this far toward the published step's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=2048)
-    ap.add_argument("--out", type=Path, default=cv.OUT / "local_step_screen.jsonl")
+    ap.add_argument("--out", type=Path, default=cv.ROOT / "bench" / "results" / "local_step_screen.jsonl")
     args = ap.parse_args(argv)
     if args.reset_momentum and args.inner != "adamw":
         ap.error("--reset-momentum moves AdamW's first moment: it needs --inner adamw")

@@ -1,11 +1,11 @@
 """Held-out loss against steps at 16 nodes on the byte LM: dense AdamW, dense Muon, uncompressed DiLoCo at 11 local
 steps, and one bit both ways (303× up, 301× down) with AdamW or Muon as the nodes' inner optimizer (MuLoCo).
 
-It draws what the runs already measured, nothing new: the screens' lines in ``bench/out/local_step_screen.jsonl``
-(``bench/local_step_screen.py``) and the bench's runs in ``bench/out/reencode.json`` (``bench/convergence_nodes.py``),
+It draws what the runs already measured, nothing new: the screens' lines in ``bench/results/local_step_screen.jsonl``
+(``bench/local_step_screen.py``) and the bench's runs in ``bench/results/reencode.json`` (``bench/convergence_nodes.py``),
 the commands in docs/reencode-design.md ("The codec is not the gap"). A curve whose run is missing is left out.
 
-Usage: python bench/muloco_curves.py [--screens bench/out/local_step_screen.jsonl] [--cache bench/out/reencode.json]
+Usage: python bench/muloco_curves.py [--screens bench/results/local_step_screen.jsonl] [--cache bench/results/reencode.json]
            [--out docs/muloco-16.png]
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "out"
+RESULTS = ROOT / "bench" / "results"  # the runs behind the docs, kept in the repository
 
 #: (label, where, match): ``where`` is "screen" (a line of the screens' JSONL whose fields equal ``match``) or
 #: "bench" (a cached run whose fields equal ``match``).
@@ -30,9 +30,9 @@ CURVES = (
     ("1 bit both ways, H 11, AdamW inner", "screen",
      dict(support="all", bits=1, H=11, inner="adamw", lr=0.01, nodes=16, seed=0, reset_momentum=0.0)),
     ("1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.04), seed 0", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=0)),
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=0, nodes=16)),
     ("the same, seed 1", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=1)),
+     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=1, nodes=16)),
 )
 
 
@@ -54,8 +54,7 @@ def curves(screens: Path, cache: Path) -> list[tuple[str, list[tuple[int, float]
                      and all(r.get(k, "adamw" if k == "inner" else 0.0) == v for k, v in match.items())]
             pts = [(int(s), float(h)) for s, h in found[-1]["curve"]] if found else []
         else:
-            # 2,046 is the last sync of H 11 (the cache keys hold the node count and H, the runs do not; the
-            # lr-0.04 runs of this row are 16-node runs at H 11 only)
+            # 2,046 is the last sync of H 11
             found = [r for r in runs if all(r.get(k) == v for k, v in match.items()) and r["curve"][-1][0] == 2046]
             pts = [(int(c[0]), float(c[-1])) for c in found[-1]["curve"] if c[0] > 0] if found else []
         if pts:
@@ -90,8 +89,8 @@ def plot(found: Sequence[tuple[str, list[tuple[int, float]]]], out: Path) -> Non
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--screens", type=Path, default=OUT / "local_step_screen.jsonl")
-    ap.add_argument("--cache", type=Path, default=OUT / "reencode.json")
+    ap.add_argument("--screens", type=Path, default=RESULTS / "local_step_screen.jsonl")
+    ap.add_argument("--cache", type=Path, default=RESULTS / "reencode.json")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "muloco-16.png")
     args = ap.parse_args(argv)
     found = curves(args.screens, args.cache)

@@ -346,3 +346,51 @@ def test_a_parallel_sweep_reports_steps_while_its_runs_train(tmp_path):
     assert any(n % 8 for n in counts), counts
     runs = json.loads(cache.read_text())
     assert sorted(r["lr"] for r in runs.values()) == pytest.approx([0.003, 0.009])
+
+
+def _load_convergence_nodes(cv):
+    spec = importlib.util.spec_from_file_location("convergence_nodes", BENCH.parent / "convergence_nodes.py")
+    mod = importlib.util.module_from_spec(spec)
+    added = sys.modules.setdefault("convergence", cv) is cv  # it imports the bench as `convergence`
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if added:
+            sys.modules.pop("convergence")
+    return mod
+
+
+def test_a_node_count_report_shows_carried_cells_until_a_run_of_their_row_replaces_them(cv, tmp_path):
+    """bench/convergence_nodes.py's ledger: a cell an earlier report printed shows, marked †, where the cache
+    has no run of its row at its node count; once the row is trained the cache's run is what the report shows,
+    and the gaps of the rows still carried are taken against it."""
+    cn = _load_convergence_nodes(cv)
+    cache, ledger, out = tmp_path / "runs.json", tmp_path / "ledger.json", tmp_path / "report.md"
+
+    def cell(row, nodes, held):
+        return {"task": "digits", "nodes": nodes, "row": row, "label": cv.RowSpec.parse(row).label,
+                "best_hp": "lr=0.003" + (" plain" if row != "dense" else ""), "tried": ["lr=0.003"],
+                "held_out": {"0": held}, "up_bytes": 1000.0, "down_bytes": 1000.0, "fp32": 300_000, "batch": 32,
+                "steps": 4}
+
+    ledger.write_text(json.dumps({"cells": [cell("dense", 2, 2.0), cell("sparseloco@300/frames", 2, 2.1),
+                                            cell("dense", 4, 9.0)]}))
+    common = ["--tasks", "digits", "--nodes", "2", "--steps", "4", "--rows", "dense", "sparseloco@300/frames",
+              "--seeds", "0", "--cache", str(cache), "--ledger", str(ledger), "--out", str(out)]
+    torch.set_num_threads(1)
+    cn.main(common + ["--report-only"])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2 and all("†" in r for r in rows), rows
+    assert "| 2.0000 | — |" in rows[0] and "| 2.1000 | +5.0 % |" in rows[1]
+    assert "Rows marked † are carried" in out.read_text()
+
+    cn.main(common[:7] + ["dense", "--dense-mults", "1"] + common[9:] + ["--jobs", "1"])  # train dense only
+    (trained,) = json.loads(cache.read_text()).values()
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
+    assert "†" not in rows[0] and f"| {trained['held_out']:.4f} | — |" in rows[0]
+    cn.main(common + ["--report-only"])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
+    assert "†" not in rows[0] and "†" in rows[1]
+    gap = 100.0 * (2.1 / trained["held_out"] - 1.0)
+    assert f"| {gap:+.1f} % |" in rows[1]
