@@ -77,6 +77,8 @@ class Cell:
     gap_seeds: int = 0
     curve: list = field(default_factory=list)
     carried: bool = False  # from the ledger (:data:`LEDGER`), not from runs in the cache
+    seed0: dict = field(default_factory=dict)  # hp → held-out loss on seed 0, every hp tried
+    seed_gaps: list = field(default_factory=list)  # % vs dense, seed by seed over the common seeds
 
     @property
     def mean(self) -> float:
@@ -130,7 +132,8 @@ def cells_for(nodes: int, args, task: str) -> list[Cell]:
             continue
         common = sorted(set(c.held_out) & set(dense.held_out))
         if common:
-            c.gap = 100.0 * (sum(c.held_out[s] / dense.held_out[s] for s in common) / len(common) - 1.0)
+            c.seed_gaps = [100.0 * (c.held_out[s] / dense.held_out[s] - 1.0) for s in common]
+            c.gap = sum(c.seed_gaps) / len(common)
             c.gap_seeds = len(common)
     order = {r: i for i, r in enumerate(args.rows)}
     return sorted(out, key=lambda c: (order.get(c.row.split(" ")[0], 99), c.row))
@@ -189,7 +192,8 @@ def _cells_at(nodes: int, args, H: int, task: str) -> list[Cell]:
                         {s: r["held_out"] for s, r in runs.items()},
                         sum(r["up_bytes_per_step"] for r in runs.values()) / len(runs),
                         sum(r["down_bytes_per_step"] for r in runs.values()) / len(runs),
-                        any_run["fp32_bytes"], scale.batch, scale.steps, curve=curve))
+                        any_run["fp32_bytes"], scale.batch, scale.steps, curve=curve,
+                        seed0={hp: r[0]["held_out"] for hp, r in with0.items()}))
     return out
 
 
@@ -454,6 +458,12 @@ def verdicts(cells: list[Cell]) -> list[str]:
             verdict = ("**meets** the 2 % target" if b.gap <= 2.0
                        else f"**misses** the 2 % target by {b.gap - 2.0:.1f} points")
             seeds = f"{b.gap_seeds} seed{'s' if b.gap_seeds > 1 else ''}"
+            if b.gap_seeds > 1:
+                seeds += ": " + " / ".join(f"{g:+.1f}" for g in b.seed_gaps) + " %"
+            if len(b.seed0) > 1:
+                hps = sorted(b.seed0, key=lambda h: (h.split(" ")[1:], _lr_of(h)))
+                seeds += (f"; on seed 0, lr {' / '.join(_fmt_hp(h).split('=')[1] for h in hps)} gave"
+                          f" {' / '.join(f'{b.seed0[h]:.4f}' for h in hps)}")
             line = (f"- **{n} nodes, ≥ {floor}× both ways**: best is {b.label} at {b.up_ratio:.0f}× up and"
                     f" {b.down_ratio:.0f}× down, {b.gap:+.1f} % held-out loss vs dense ({seeds}): {verdict}.")
             frames = next((c for c in here if c.row.split("/")[0] == b.row.split("/")[0]
