@@ -148,10 +148,10 @@ def carried_cells(args, task: str, nodes: int) -> list[Cell]:
         return []
     wanted = set()
     for r in args.rows:
-        kind = r.split("@")[0].split("/")[0].split("+")[0]
+        kind = cv.RowSpec.parse(r).kind
         hs = args.signloco_H if kind == "signloco" else args.H
         wanted.add(r)
-        if kind in ("sparseloco", "diloco", "signloco"):
+        if kind in cv.LOCAL_KINDS:
             wanted.update(f"{r} H{h}" for h in hs[1:])
     out = []
     for c in ledger["cells"]:
