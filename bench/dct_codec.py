@@ -19,7 +19,7 @@ column is gradwire's encode + decode over DeMo's; the target is ≤ 1.0× at eve
 would cross the wire (DeMo: int64 + fp32 tensors; gradwire: the whole frame). Runs on the CPU and, where
 torch sees a CUDA GPU, on it too.
 
-Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N]
+Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda]
 """
 
 from __future__ import annotations
@@ -119,10 +119,13 @@ def main() -> None:
     ap.add_argument("--topk", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--devices", nargs="+", choices=["cpu", "cuda"], default=None,
+                    help="where to run (default: the CPU, and a CUDA GPU where torch sees one)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    default = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    devices = [torch.device(d) for d in (args.devices or default)]
     console = Console(width=170)
     for device in devices:
         x = torch.randn(args.side, args.side, generator=torch.Generator().manual_seed(0)).to(device)

@@ -524,3 +524,162 @@ def test_records_parsed_once_shares_a_parse_per_record_object_inside_the_block()
         parse_record(bad)
     with records_parsed_once(), pytest.raises(FrameError):
         parse_record(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# A bundle compressed in one batch (what DCTCodec.compress_bundle does on a GPU)
+
+BUNDLE = {
+    "emb": (300, 64),  # 60×64 tiles
+    "w1": (256, 128),  # 64×64 tiles
+    "w2": (128, 128),
+    "bias": (128,),  # flat chunks
+    "odd": (97, 13),  # small tiles: flat chunks of chunk_shape
+    "conv": (8, 3, 3, 3),
+    "empty": (0, 5),
+}
+
+
+@pytest.mark.parametrize("codec", [
+    DCTCodec(topk=16, mode="tiles"),
+    DCTCodec(topk=7, mode="tiles", index_coding="rice", value_bits=2, topk_scaling="proportional"),
+    DCTCodec(chunk_shape=(64,), topk=5, mode="flat", index_coding="auto", value_bits=4),
+], ids=repr)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_bundle_compressed_in_one_batch_gives_each_tensors_own_record_and_reconstruction(codec, dtype):
+    tensors = {n: _rand(s, dtype, seed=i) for i, (n, s) in enumerate(BUNDLE.items())}
+    batched = codec.compress_batched(tensors)
+    assert list(batched) == list(tensors)
+    same_bytes = 0
+    for name, t in tensors.items():
+        entry, recon = codec.compress(t, name)
+        b_entry, b_recon = batched[name]
+        # Each record decodes exactly to the reconstruction the batch returned for it.
+        assert b_recon.dtype == t.dtype
+        assert torch.equal(gradwire.decode(write_frame([b_entry])), b_recon.float()), name
+        dims = codec.plan(t.shape).chunk_shape
+        if len(dims) == 2 and all(d & (d - 1) == 0 for d in dims) or t.numel() == 0:
+            # 2-D power-of-two tiles take the Rust transform, the same bits in any batch: the same bytes.
+            assert write_frame([b_entry]) == write_frame([entry]), name
+            assert torch.equal(b_recon, recon), name
+            same_bytes += 1
+        else:
+            # BLAS's last bits depend on the batch's size: a value at a rounding edge may take the next level.
+            assert b_entry.shape == entry.shape and b_entry.dtype == entry.dtype
+            assert float((b_recon.float() - recon.float()).norm()) <= 0.25 * float(recon.float().norm()), name
+    assert same_bytes >= (3 if codec.mode == 1 else 1)
+
+
+def test_a_batch_holding_a_non_finite_tensor_is_refused_naming_it():
+    tensors = {"ok": _rand((64, 64)), "bad": _rand((64, 64), seed=1)}
+    tensors["bad"][3, 5] = float("inf")
+    with pytest.raises(ValueError, match="'bad'"):
+        DCTCodec(topk=8, mode="tiles").compress_batched(tensors)
+
+
+def test_decode_level_chunks_decodes_stacked_records_to_each_records_bits():
+    from gradwire import dct
+
+    codec = DCTCodec(topk=9, mode="tiles")
+    parts = [codec.compress_coefficients(dct.encode_chunks(_rand(s, seed=i), codec.plan(s)), codec.plan(s))[1]
+             for i, s in enumerate([(128, 64), (64, 192), (256, 64)])]
+    stacked = dct.decode_level_chunks(torch.cat([p.idx for p in parts]), torch.cat([p.levels for p in parts]),
+                                      torch.cat([p.scales for p in parts]), torch.cat([p.mins for p in parts]),
+                                      (64, 64))
+    row = 0
+    for p in parts:
+        n = p.plan.num_chunks
+        assert torch.equal(dct.from_chunks(stacked[row:row + n], p.plan), p.decode())
+        row += n
+
+
+def test_a_gpu_decode_of_a_large_tiled_tensor_takes_a_few_blocks_within_its_scratch_budget():
+    # On a GPU every block is a dozen kernel launches: a 4096×4096 tensor in 64×64 tiles (4,096 chunks)
+    # took 128 blocks of the CPU's size, 33 ms a decode on an H200 against DeMo's 1–2 ms.
+    from gradwire.dct import decode as dd
+
+    gpu = torch.device("cuda")
+    for k in (1, 32, 512):
+        block = dd._exact_block(gpu, k, (64, 64))
+        assert math.ceil(4096 / block) <= (5 if k <= 32 else 24)
+        assert block * (6 * 4096 + k * max(64 + 4 * 64, 4 * 64)) * 8 <= 256 * 2**20
+    assert dd._exact_block(torch.device("cpu"), 1, (64, 64)) == dd._EXACT_BLOCK_ELEMS // (2 * 4096)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records decoded together (what exact_mean does on a GPU), run here on the CPU through the switches
+
+
+def _mixed_records(seed: int):
+    codecs = [DCTCodec(topk=9, mode="tiles"), DCTCodec(topk=12, mode="tiles", topk_scaling="proportional",
+                                                       value_bits=4, index_coding="rice")]
+    shapes = {"a": (128, 64), "b": (64, 192), "bias": (100,), "empty": (0, 3), "odd": (37, 5), "c": (60, 64)}
+    out = []
+    for j, codec in enumerate(codecs):
+        for i, (n, s) in enumerate(shapes.items()):
+            dtype = torch.bfloat16 if n == "c" else torch.float32
+            out.append(codec.compress(_rand(s, dtype, seed=seed * 100 + 10 * j + i), f"{n}{j}")[0])
+    return out
+
+
+def test_records_decoded_together_are_bit_identical_to_each_decoded_alone(monkeypatch):
+    from gradwire.codecs import dct as cd
+    from gradwire.frame import decode_entries, decode_entry
+
+    entries = _mixed_records(1)
+    assert cd._decode_dct_batch(entries, torch.device("cpu")) is None  # the CPU decodes one by one
+    monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
+    monkeypatch.setattr(cd, "_BATCH_DECODE_ELEMS", 5000)  # several batches per chunk shape
+    together = decode_entries(entries)
+    for e, t in zip(entries, together):
+        alone = decode_entry(e)
+        assert t.dtype == alone.dtype and t.shape == alone.shape and torch.equal(t, alone), e.name
+
+
+def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_batch_is_decoded(monkeypatch):
+    from gradwire.codecs import dct as cd
+    from gradwire.frame import Entry, decode_entries
+
+    entries = _mixed_records(2)
+    bad = entries[7]  # b1: a 64×192 weight
+    bad_val = bad.sections["scale"].copy()
+    bad_val[0] = -1.0
+    entries[7] = Entry(name=bad.name, codec=bad.codec, dtype=bad.dtype, shape=bad.shape, params=bad.params,
+                       sections={**bad.sections, "scale": bad_val}, section_elems={})
+    monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
+    stacked = []
+    monkeypatch.setattr(cd, "_decode_stacked", lambda *a: stacked.append(a))
+    with pytest.raises(FrameError, match="scales must be > 0"):
+        decode_entries(entries)
+    assert stacked == []
+
+
+def test_the_exact_mean_with_records_decoded_together_has_the_same_bits(monkeypatch):
+    from gradwire import aggregation
+    from gradwire.codecs import dct as cd
+
+    senders = [_mixed_records(s) for s in range(3)]
+    weights = [0.5, 0.3, 0.2]
+    alone = aggregation.exact_mean(senders, weights)
+    monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
+    monkeypatch.setattr(aggregation, "_decodes_in_batches", lambda dev: True)
+    monkeypatch.setattr(cd, "_weighted_sum_dct", lambda *a: None)
+    monkeypatch.setattr(aggregation, "weighted_sum_fused", lambda *a: None)
+    for limit in (1 << 26, 20_000):  # every tensor in one batch; a few at a time
+        monkeypatch.setattr(aggregation, "_GPU_DECODE_ELEMS", limit)
+        together = aggregation.exact_mean(senders, weights)
+        assert list(together) == list(alone)
+        assert all(torch.equal(together[n], alone[n]) for n in alone)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_bundles_encode_and_decode_together_to_the_bits_the_cpu_decodes():
+    from gradwire.frame import decode_entries
+
+    codec = DCTCodec(topk=16, mode="tiles", index_coding="rice", value_bits=2)
+    tensors = {n: _rand(s, seed=i).cuda() for i, (n, s) in enumerate(BUNDLE.items())}
+    got = codec.compress_bundle(tensors)
+    entries = [e for e, _ in got.values()]
+    for (entry, recon), decoded in zip(got.values(), decode_entries(entries, "cuda")):
+        assert recon.device.type == "cuda" and torch.equal(decoded, recon), entry.name
+        assert torch.equal(gradwire.decode(write_frame([entry])), recon.cpu()), entry.name

@@ -78,7 +78,7 @@ import torch
 
 from . import _native
 from .accumulate import entry_coefficients, entry_norm, make_accumulator
-from .frame import Entry, decode_entry, weighted_sum_fused
+from .frame import Entry, decode_entries, decode_entry, weighted_sum_fused
 
 __all__ = [
     "DEFAULT_RULE",
@@ -145,16 +145,23 @@ def exact_mean(
     # Python floats rounded to float32 once, so every device multiplies by the same number.
     w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
     out: dict[str, torch.Tensor] = {}
-    for name in layout:
+    # On a GPU the records of several tensors are decoded together (decode_entries: the same tensors as
+    # one by one), at most _GPU_DECODE_ELEMS decoded values at a time.
+    decoded: dict[tuple[int, str], torch.Tensor] = {}
+    names = list(layout)
+    for at, name in enumerate(names):
         # The records' codec may do all of it in one pass (the DCT's, on the CPU): the same bits.
         fused = weighted_sum_fused([mine[name] for mine in per_sender], w32, dev)
         if fused is not None:
             out[name] = fused
             continue
+        if _decodes_in_batches(dev) and not decoded:
+            _gpu_decode_batch(names[at:], layout, per_sender, dev, decoded)
         acc: Optional[torch.Tensor] = None
         scaled: Optional[torch.Tensor] = None  # one product buffer per tensor, reused across senders
-        for mine, w in zip(per_sender, w32):
-            t = decode_entry(mine[name], dev).to(torch.float32)
+        for i, (mine, w) in enumerate(zip(per_sender, w32)):
+            t = decoded.pop((i, name)) if (i, name) in decoded else decode_entry(mine[name], dev)
+            t = t.to(torch.float32)
             if acc is None:
                 acc = torch.mul(t, w)
                 continue
@@ -164,6 +171,33 @@ def exact_mean(
             acc.add_(scaled)
         out[name] = acc
     return out
+
+
+#: Decoded values (float32) :func:`exact_mean` holds at once when it decodes records together on a GPU.
+_GPU_DECODE_ELEMS = 1 << 26
+
+
+def _decodes_in_batches(dev: torch.device) -> bool:
+    """Whether :func:`exact_mean` decodes several tensors' records at once: on a GPU (on the CPU the
+    records' fused sums and the Rust decode of one record at a time are the fast path)."""
+    return dev.type != "cpu"
+
+
+def _gpu_decode_batch(names: Sequence[str], layout: Mapping[str, tuple[int, ...]], per_sender,
+                      dev: torch.device, into: dict) -> None:
+    """Decode every sender's records of the first of ``names`` (and of the next, while the decoded values
+    stay under :data:`_GPU_DECODE_ELEMS`) together into ``into[(sender, name)]``."""
+    taken: list[str] = []
+    size = 0
+    for name in names:
+        n = math.prod(layout[name]) * len(per_sender)
+        if taken and size + n > _GPU_DECODE_ELEMS:
+            break
+        taken.append(name)
+        size += n
+    keys = [(i, name) for name in taken for i in range(len(per_sender))]
+    for key, t in zip(keys, decode_entries([per_sender[i][name] for i, name in keys], dev)):
+        into[key] = t
 
 
 def sender_weights(records: Sequence[Sequence[Entry]], weights: Optional[Sequence[float]], what: str) -> list[float]:

@@ -43,9 +43,11 @@ __all__ = [
     "SERVER_SENDER",
     "decode",
     "decode_bundle",
+    "decode_entries",
     "decode_entry",
     "frame_length",
     "read_frame",
+    "register_batch_decoder",
     "register_decoder",
     "register_weighted_sum",
     "weighted_sum_fused",
@@ -265,6 +267,45 @@ def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.T
     except KeyError:
         raise FrameError(f"record {entry.name!r}: unknown codec id {entry.codec}") from None
     return fn(entry, device)
+
+
+#: A codec's decode of several of its records at once (:func:`decode_entries`): the tensors
+#: :func:`decode_entry` gives, in order, or ``None`` where it does not apply to these records.
+BatchDecoder = Callable[[Sequence[Entry], Optional[torch.device]], Optional[list]]
+_BATCH_DECODERS: dict[int, BatchDecoder] = {}
+
+
+def register_batch_decoder(codec_id: int) -> Callable[[BatchDecoder], BatchDecoder]:
+    """Register codec ``codec_id``'s decode of several records at once (:func:`decode_entries`)."""
+
+    def deco(fn: BatchDecoder) -> BatchDecoder:
+        if codec_id in _BATCH_DECODERS and _BATCH_DECODERS[codec_id] is not fn:
+            raise ValueError(f"codec id {codec_id} already has a batch decoder")
+        _BATCH_DECODERS[codec_id] = fn
+        return fn
+
+    return deco
+
+
+def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = None) -> list[torch.Tensor]:
+    """:func:`decode_entry` of each record, in order: the same tensors, bit for bit.
+
+    A codec with a batch decoder decodes its records together where it can (the DCT's, on a GPU: one
+    exact decode over every record's chunks, where one record at a time spent its time launching
+    kernels); the others are decoded one by one.
+    """
+    out: list[Optional[torch.Tensor]] = [None] * len(entries)
+    by_codec: dict[int, list[int]] = {}
+    for i, entry in enumerate(entries):
+        by_codec.setdefault(entry.codec, []).append(i)
+    for codec, at in by_codec.items():
+        batch = _BATCH_DECODERS.get(codec)
+        got = batch([entries[i] for i in at], device) if batch is not None and len(at) > 1 else None
+        if got is None:
+            got = [decode_entry(entries[i], device) for i in at]
+        for i, t in zip(at, got):
+            out[i] = t
+    return out  # type: ignore[return-value]
 
 
 #: A codec's fused ``Σ_i w_i · decode(entries[i])`` (see :func:`weighted_sum_fused`): the float32 result,

@@ -39,7 +39,7 @@ from .. import dct as _dct
 from .. import wire
 from ..accumulate import Coefficients, register_accumulator, register_coefficients, register_norm
 from ..errors import FrameError
-from ..frame import Entry, decode_entry, register_decoder, register_weighted_sum
+from ..frame import Entry, decode_entry, register_batch_decoder, register_decoder, register_weighted_sum
 from . import record as rec
 from .base import Codec
 
@@ -314,25 +314,86 @@ class DCTCodec(Codec):
             raise ValueError(f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, "
                              f"got {tuple(coeffs.shape)}")
         k = self.chunk_topk(c)
-        bits = index_bits_for(c)
         idx, top = _dct.select_topk(coeffs, k)
         levels, scales, mins = quantize_levels(top, self.value_bits)
-
         # Only the compact payload crosses to the host.
+        host = self._to_host(idx, levels, scales, mins, c)
+        entry = self._record(name, dtype, plan, k, *host)
+        return entry, KeptCoefficients(plan, idx, levels, scales, mins)
+
+    def compress_bundle(self, tensors):
+        """As :meth:`Codec.compress_bundle`; on a GPU the tensors are compressed together.
+
+        There each step of :meth:`compress` is a few kernel launches per tensor whatever its size, and a
+        bundle of many small tensors (the sharded exchange's pieces) spent its time launching them:
+        :meth:`compress_batched` runs every step once over all the chunks of one chunk shape.
+        """
+        if len(tensors) > 1 and all(t.device.type != "cpu" for t in tensors.values()):
+            return self.compress_batched(tensors)
+        return super().compress_bundle(tensors)
+
+    def compress_batched(self, tensors) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked and
+        transformed, selected, quantized, moved to the host and exactly decoded together.
+
+        Every step works chunk by chunk, so on the CPU the records are byte for byte those of
+        :meth:`compress` and the reconstructions the same bits (a test holds it); on a GPU the forward
+        transform's last bits follow the matrix library's choice for the batch's size, so a coefficient
+        at a tie may be kept in place of another, and each record still decodes to exactly its
+        reconstruction.
+        """
+        groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, _dct.ChunkPlan]]] = {}
+        out: dict[str, tuple[Entry, torch.Tensor]] = {}
+        for name, tensor in tensors.items():
+            rec.check_float_input(tensor)
+            if tensor.numel() == 0:  # an empty record of its own
+                out[name] = self.compress(tensor, name)
+                continue
+            plan = self.plan(tensor.shape)
+            groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
+        for dims, members in groups.items():
+            c = members[0][2].chunk_numel
+            k = self.chunk_topk(c)
+            chunks = torch.cat([
+                _dct.to_chunks(t.detach().to(torch.float32), plan).reshape(plan.num_chunks, *dims)
+                for _, t, plan in members
+            ])
+            coeffs = _dct.dct_chunks(chunks).reshape(-1, c)
+            idx, top = _dct.select_topk(coeffs, k)
+            levels, scales, mins = quantize_levels(top, self.value_bits)
+            decoded = _dct.decode_level_chunks(idx, levels.to(torch.int16), scales, mins, dims)
+            idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
+            row = 0
+            for name, tensor, plan in members:
+                rows = slice(row, row + plan.num_chunks)
+                row += plan.num_chunks
+                entry = self._record(name, tensor.dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1),
+                                     scales_h[rows], mins_h[rows])
+                out[name] = (entry, _dct.from_chunks(decoded[rows], plan).to(tensor.dtype))
+        return {name: out[name] for name in tensors}
+
+    def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
+        """``(positions, values, scales, mins)`` as numpy arrays, values as the record stores them (int8
+        at 8 bits, else the levels as int32, packed per record by :meth:`_record`); ``flat``: values as
+        one row."""
         idx_host = idx.to(torch.int16 if c <= (1 << 15) else torch.int32).cpu().numpy()
         if self.value_bits == VALUE_BITS:
-            q_host = (levels - 128).to(torch.int8).cpu().numpy().reshape(-1)
+            values = (levels - 128).to(torch.int8).cpu().numpy()
         else:
-            q_host = np.frombuffer(
-                wire.pack_bits(levels.to(torch.int32).cpu().numpy().reshape(-1), self.value_bits), dtype=np.uint8
-            )
-        scales_host = scales.cpu().numpy()
-        mins_host = mins.cpu().numpy()
+            values = levels.to(torch.int32).cpu().numpy()
+        return idx_host, values.reshape(-1) if flat else values, scales.cpu().numpy(), mins.cpu().numpy()
+
+    def _record(self, name: str, dtype: torch.dtype, plan: _dct.ChunkPlan, k: int, idx_host: np.ndarray,
+                values: np.ndarray, scales_host: np.ndarray, mins_host: np.ndarray) -> Entry:
+        """The record of ``plan``'s chunks from their host arrays (see :meth:`_to_host`)."""
         if not (np.isfinite(scales_host).all() and np.isfinite(mins_host).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
-
-        coding, param, idx_bytes = self._code_indices(idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, bits)
-        entry = Entry(
+        c = plan.chunk_numel
+        if self.value_bits != VALUE_BITS:
+            values = np.frombuffer(wire.pack_bits(values, self.value_bits), dtype=np.uint8)
+        coding, param, idx_bytes = self._code_indices(
+            idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, index_bits_for(c))
+        return Entry(
             name=name, codec=self.codec_id, dtype=dtype, shape=plan.shape,
             params=pack_params(
                 plan.mode, plan.chunk_shape, k, plan.pad_count,
@@ -340,13 +401,12 @@ class DCTCodec(Codec):
             ),
             sections={
                 "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
-                "val": q_host,
+                "val": values,
                 "scale": scales_host.astype(np.float32, copy=False),
                 "min": mins_host.astype(np.float32, copy=False),
             },
             section_elems={},
         )
-        return entry, KeptCoefficients(plan, idx, levels, scales, mins)
 
     def _code_indices(self, idx: np.ndarray, c: int, bits: int) -> tuple[int, int, bytes]:
         """``(index_coding, its parameter, the idx section)`` for positions ``idx`` ``(num_chunks, k)``."""
@@ -568,10 +628,15 @@ def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedR
     return memo[key][1]
 
 
-def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
+def _checked_sections(entry: Entry):
+    """``(plan, k, idx, levels, scales, mins)`` of a DCT record as host arrays, every field checked."""
     rec.check_record_dtype(entry, _CODEC)
     plan, k, bits, value_bits, coding = _check_params(entry)
-    idx, levels, scale, mins = _check_sections(entry, plan, k, bits, value_bits, coding)
+    return (plan, k) + tuple(_check_sections(entry, plan, k, bits, value_bits, coding))
+
+
+def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
+    plan, k, idx, levels, scale, mins = _checked_sections(entry)
     # Everything is checked; only now is anything of the record's size allocated.
     dev = torch.device("cpu") if device is None else torch.device(device)
     idx_t = torch.from_numpy(idx.astype(np.int64)).to(dev)
@@ -585,6 +650,58 @@ def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
 def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     """Decode a DCT record, validating every field as hostile input first."""
     return _reconstruct_levels(parse_record(entry, device)).to(entry.dtype)
+
+
+#: Output elements of one batch of :func:`_decode_dct_batch` (float32: 256 MiB).
+_BATCH_DECODE_ELEMS = 1 << 26
+
+
+def _decodes_stacked(dev: torch.device) -> bool:
+    """Whether :func:`_decode_dct_batch` applies on ``dev``: not on the CPU, where the Rust decode of one
+    record at a time is faster."""
+    return dev.type != "cpu"
+
+
+@register_batch_decoder(DCTCodec.codec_id)
+def _decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) -> Optional[list[torch.Tensor]]:
+    """DCT records decoded together on a GPU: the records of one chunk shape and ``k`` stacked, one exact
+    decode (:func:`gradwire.dct.decode_level_chunks`, which decodes each chunk on its own: the same bits as
+    record by record), in batches of at most :data:`_BATCH_DECODE_ELEMS` outputs. ``None`` on the CPU,
+    where the Rust decode of one record at a time is the fast path. Every record is checked before
+    anything of the batch is allocated on the device."""
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if not _decodes_stacked(dev):
+        return None
+    checked = [_checked_sections(e) for e in entries]
+    groups: dict[tuple, list[int]] = {}
+    for i, (plan, k, *_rest) in enumerate(checked):
+        groups.setdefault((plan.chunk_shape, k), []).append(i)
+    out: list[Optional[torch.Tensor]] = [None] * len(entries)
+    for (dims, _k), members in groups.items():
+        batch: list[int] = []
+        size = 0
+        for j, i in enumerate(members):
+            batch.append(i)
+            size += checked[i][0].num_chunks * checked[i][0].chunk_numel
+            if size >= _BATCH_DECODE_ELEMS or j == len(members) - 1:
+                _decode_stacked([checked[b] for b in batch], dims, dev, [entries[b] for b in batch],
+                                batch, out)
+                batch, size = [], 0
+    return out  # type: ignore[return-value]
+
+
+def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out: list) -> None:
+    idx = torch.from_numpy(np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts])).to(dev)
+    levels = torch.from_numpy(np.concatenate(
+        [np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts])).to(dev)
+    scales = torch.from_numpy(np.concatenate([np.array(p[4], dtype=np.float32) for p in parts])).to(dev)
+    mins = torch.from_numpy(np.concatenate([np.array(p[5], dtype=np.float32) for p in parts])).to(dev)
+    decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
+    row = 0
+    for p, entry, i in zip(parts, entries, at):
+        plan = p[0]
+        out[i] = _dct.from_chunks(decoded[row:row + plan.num_chunks], plan).to(entry.dtype)
+        row += plan.num_chunks
 
 
 @register_weighted_sum(DCTCodec.codec_id)

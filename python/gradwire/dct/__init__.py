@@ -36,6 +36,7 @@ from .chunks import (
 )
 from .decode import (
     decode_chunks,
+    decode_level_chunks,
     decode_levels,
     decode_levels_weighted_sum,
     fixed_point_bits,
@@ -74,6 +75,7 @@ __all__ = [
     "from_chunks",
     "idct",
     "idct_chunks",
+    "decode_level_chunks",
     "decode_levels",
     "decode_levels_weighted_sum",
     "fixed_point_bits",

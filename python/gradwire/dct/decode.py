@@ -20,6 +20,7 @@ from .transform import _BASES_LOCK, _basis_f64, idct_chunks
 
 __all__ = [
     "decode_chunks",
+    "decode_level_chunks",
     "decode_levels",
     "decode_levels_weighted_sum",
     "fixed_point_bits",
@@ -62,8 +63,24 @@ def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
 # device gives the same numbers. Only the final ``scale``/``min`` combination rounds, elementwise.
 
 _INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = OrderedDict()
-#: Output elements (float64) of one block of chunks: bounds the scratch memory of a decode.
+#: Output elements (float64) of one block of chunks on the CPU: bounds the scratch memory of a decode
+#: and keeps a block in cache.
 _EXACT_BLOCK_ELEMS = 1 << 18
+#: Scratch elements (float64) of one block on a GPU, 256 MiB. There each block costs a dozen kernel
+#: launches whatever its size, so blocks are as large as this allows: with the CPU's blocks a 4096×4096
+#: tensor in 64×64 tiles took 128 blocks, 33 ms a decode on an H200 against DeMo's 1–2 ms.
+_EXACT_BLOCK_ELEMS_GPU = 1 << 25
+
+
+def _exact_block(device: torch.device, k: int, dims: tuple[int, ...]) -> int:
+    """Chunks per block of an exact decode on ``device``, ``k`` coefficients per chunk of shape ``dims``."""
+    c = _prod(dims)
+    if device.type == "cpu":
+        return max(1, _EXACT_BLOCK_ELEMS // (2 * c))
+    # Per chunk, the largest route's scratch: both channels and their transforms (about 6·C), and the
+    # basis rows gathered per coefficient (sparse: k·(d_1 + 4·C/d_1); rows: 4·k·last).
+    per_chunk = 6 * c + k * max(dims[0] + 4 * (c // dims[0]), 4 * dims[-1])
+    return max(1, _EXACT_BLOCK_ELEMS_GPU // per_chunk)
 
 
 def fixed_point_bits(chunk_shape: Sequence[int]) -> int:
@@ -109,42 +126,46 @@ def decode_levels(
     _check_pairs(idx, levels, n)
     dims = plan.chunk_shape
     device = levels.device
+    route = _choose_route(idx.shape[1], dims, device) if route is None else route
+    if route not in _ROUTES:
+        raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
+    if route == "rows" and device.type == "cpu":
+        return _decode_rows_cpu(idx, levels, scales, mins, plan)
+    return from_chunks(decode_level_chunks(idx, levels, scales, mins, dims, route), plan)
+
+
+def decode_level_chunks(
+    idx: torch.Tensor,
+    levels: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    dims: Sequence[int],
+    route: Optional[str] = None,
+) -> torch.Tensor:
+    """:func:`decode_levels` before the chunks are put back: ``(n, *dims)`` float32, chunk ``c`` decoded
+    from row ``c`` of ``idx``, ``levels``, ``scales`` and ``mins``.
+
+    Each chunk is decoded on its own, exactly, so the chunks of several records stacked together decode
+    to the same bits as each record alone: a bundle's records on a GPU are decoded in one batch
+    (:meth:`gradwire.DCTCodec.compress_bundle`). Runs the routes through torch on ``levels``' device
+    (on the CPU, :func:`decode_levels` takes a faster Rust pass for a whole record).
+    """
+    dims = tuple(int(d) for d in dims)
+    n = idx.shape[0]
+    _check_pairs(idx, levels, n)
+    device = levels.device
     k = idx.shape[1]
-    c = _prod(dims)
-    s = fixed_point_bits(dims)
-    bases = [_int_basis(size, s, device) for size in dims]
-    unscale = 2.0 ** (-s * len(dims))
-    out = torch.empty((n, *dims), dtype=torch.float32, device=device)
-    idx = idx.to(device=device, dtype=torch.int64)
-    # Every route computes the same exact integers, so which one runs changes the time, never the bits.
     route = _choose_route(k, dims, device) if route is None else route
     if route not in _ROUTES:
         raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
-    block = max(1, _EXACT_BLOCK_ELEMS // (2 * c))
+    s = fixed_point_bits(dims)
+    bases = [_int_basis(size, s, device) for size in dims]
+    sc_all, mn_all = _unscaled(scales, mins, dims, device)
+    out = torch.empty((n, *dims), dtype=torch.float32, device=device)
+    idx = idx.to(device=device, dtype=torch.int64)
+    # Every route computes the same exact integers, so which one runs changes the time, never the bits.
+    block = _exact_block(device, k, dims)
     shape1 = (-1,) + (1,) * len(dims)
-    # (L·scale + O·min)·2^(-d·s) as FORMAT.md writes it, with the power of two folded into scale and
-    # min: scaling by 2^j is exact in float64 (no subnormals at these magnitudes), so each product
-    # and the sum round exactly as in the formula. No fused multiply-add: it would round once, not twice.
-    sc_all = scales.to(device=device, dtype=torch.float64) * unscale
-    mn_all = mins.to(device=device, dtype=torch.float64) * unscale
-    if route == "rows" and device.type == "cpu":
-        # Tiles of a matrix are decoded straight into the matrix: no tile-to-matrix copy follows.
-        tiled = plan.mode == MODE_TILES and len(dims) == 2
-        grid_cols = plan.grid[1] if tiled else 1
-        if len(dims) == 2 and _folds(bases[0]) and _folds(bases[1]):
-            # One Rust pass, the bases folded in half: its own threads, each on blocks in cache.
-            _native.dct_decode_folded(
-                idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
-                k, dims[0], dims[1], bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(),
-                sc_all.contiguous().numpy(), mn_all.contiguous().numpy(), out.reshape(-1).numpy(),
-                torch.get_num_threads(), grid_cols,
-            )
-            return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
-        # Both stages in Rust, the matrix product between them in place.
-        _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, block, out, grid_cols)
-        if tiled:
-            return out.reshape(plan.shape)
-        return from_chunks(out, plan)
     for b0 in range(0, n, block):
         b1 = min(n, b0 + block)
         nb = b1 - b0
@@ -152,6 +173,45 @@ def decode_levels(
         chunk = level_sum.reshape(nb, *dims) * sc_all[b0:b1].reshape(shape1)
         chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
         out[b0:b1] = chunk
+    return out
+
+
+def _unscaled(scales: torch.Tensor, mins: torch.Tensor, dims: tuple[int, ...], device: torch.device):
+    # (L·scale + O·min)·2^(-d·s) as FORMAT.md writes it, with the power of two folded into scale and
+    # min: scaling by 2^j is exact in float64 (no subnormals at these magnitudes), so each product
+    # and the sum round exactly as in the formula. No fused multiply-add: it would round once, not twice.
+    unscale = 2.0 ** (-fixed_point_bits(dims) * len(dims))
+    return (scales.to(device=device, dtype=torch.float64) * unscale,
+            mins.to(device=device, dtype=torch.float64) * unscale)
+
+
+def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor:
+    """The "rows" route of :func:`decode_levels` on the CPU: Rust passes writing the whole record."""
+    n = plan.num_chunks
+    dims = plan.chunk_shape
+    device = levels.device
+    k = idx.shape[1]
+    s = fixed_point_bits(dims)
+    bases = [_int_basis(size, s, device) for size in dims]
+    sc_all, mn_all = _unscaled(scales, mins, dims, device)
+    out = torch.empty((n, *dims), dtype=torch.float32, device=device)
+    idx = idx.to(device=device, dtype=torch.int64)
+    # Tiles of a matrix are decoded straight into the matrix: no tile-to-matrix copy follows.
+    tiled = plan.mode == MODE_TILES and len(dims) == 2
+    grid_cols = plan.grid[1] if tiled else 1
+    if len(dims) == 2 and _folds(bases[0]) and _folds(bases[1]):
+        # One Rust pass, the bases folded in half: its own threads, each on blocks in cache.
+        _native.dct_decode_folded(
+            idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+            k, dims[0], dims[1], bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(),
+            sc_all.contiguous().numpy(), mn_all.contiguous().numpy(), out.reshape(-1).numpy(),
+            torch.get_num_threads(), grid_cols,
+        )
+        return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
+    # Both stages in Rust, the matrix product between them in place.
+    _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, _exact_block(device, k, dims), out, grid_cols)
+    if tiled:
+        return out.reshape(plan.shape)
     return from_chunks(out, plan)
 
 
