@@ -595,7 +595,7 @@ def test_decode_level_chunks_decodes_stacked_records_to_each_records_bits():
 
 def test_a_gpu_decode_of_a_large_tiled_tensor_takes_a_few_blocks_within_its_scratch_budget():
     # On a GPU every block is a dozen kernel launches: a 4096×4096 tensor in 64×64 tiles (4,096 chunks)
-    # took 128 blocks of the CPU's size, 33 ms a decode on an H200 against DeMo's 1–2 ms.
+    # took 128 blocks of the CPU's size, 33–58 ms a decode on an H200 against DeMo's 1–2 ms.
     from gradwire.dct import decode as dd
 
     gpu = torch.device("cuda")

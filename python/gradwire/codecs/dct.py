@@ -363,7 +363,7 @@ class DCTCodec(Codec):
             coeffs = _dct.dct_chunks(chunks).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            decoded = _dct.decode_level_chunks(idx, levels.to(torch.int16), scales, mins, dims)
+            decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
             idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
             row = 0
             for name, tensor, plan in members:

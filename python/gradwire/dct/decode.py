@@ -68,7 +68,7 @@ _INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = Ordered
 _EXACT_BLOCK_ELEMS = 1 << 18
 #: Scratch elements (float64) of one block on a GPU, 256 MiB. There each block costs a dozen kernel
 #: launches whatever its size, so blocks are as large as this allows: with the CPU's blocks a 4096×4096
-#: tensor in 64×64 tiles took 128 blocks, 33 ms a decode on an H200 against DeMo's 1–2 ms.
+#: tensor in 64×64 tiles took 128 blocks, 33–58 ms an encode or a decode on an H200 against DeMo's 1–2 ms.
 _EXACT_BLOCK_ELEMS_GPU = 1 << 25
 
 
