@@ -19,7 +19,11 @@ column is gradwire's encode + decode over DeMo's; the target is ≤ 1.0× at eve
 would cross the wire (DeMo: int64 + fp32 tensors; gradwire: the whole frame). Runs on the CPU and, where
 torch sees a CUDA GPU, on it too.
 
-Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda]
+``--routes`` adds a table per device: the exact decode (``gradwire.dct.decode_levels``) of the same
+record by each of its routes ("sparse", "rows", "dense": the same bits, other times) at every k, and
+the route the decoder picks, so the choice can be made by measurement on each kind of device.
+
+Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda] [--routes]
 """
 
 from __future__ import annotations
@@ -113,6 +117,30 @@ def bench_k(x: torch.Tensor, k: int, repeat: int) -> dict:
     return best
 
 
+def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
+    """Seconds of the exact decode of ``x``'s record at ``k`` by each route (best of ``repeat``), the bits
+    checked equal across routes, and the route the decoder chooses."""
+    from gradwire.codecs.dct import parse_record
+    from gradwire.dct import decode as dd
+
+    device = x.device
+    entry, _ = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles").compress(x)
+    p = parse_record(entry, device)
+    out, first = {}, None
+    for route in ("sparse", "rows", "dense"):
+        best = float("inf")
+        for _ in range(repeat):
+            t, y = run_once(lambda: dd.decode_levels(p.idx, p.levels, p.scales, p.mins, p.plan, route=route), device)
+            best = min(best, t)
+        if first is None:
+            first = y
+        elif not torch.equal(first, y):
+            raise AssertionError(f"route {route} decoded other bits at k = {k}")
+        out[route] = best
+    out["chosen"] = dd._choose_route(k, p.plan.chunk_shape, device)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--side", type=int, default=4096, help="the tensor is side × side fp32")
@@ -121,6 +149,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--devices", nargs="+", choices=["cpu", "cuda"], default=None,
                     help="where to run (default: the CPU, and a CUDA GPU where torch sees one)")
+    ap.add_argument("--routes", action="store_true", help="also time the exact decode's routes per k")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,6 +176,16 @@ def main() -> None:
                 f"{r['gw_err']:.3f} / {r['demo_err']:.3f}",
             )
         console.print(table)
+        if args.routes:
+            routes = Table(title=f"Exact decode by route, {args.side}×{args.side} on {device.type} (seconds, best of "
+                           f"{args.repeat}; the same bits by every route)")
+            for col in ("k of 4096", "sparse", "rows", "dense", "fastest", "chosen"):
+                routes.add_column(col, justify="right")
+            for k in args.topk:
+                r = route_times(x, k, args.repeat)
+                fastest = min(("sparse", "rows", "dense"), key=r.get)
+                routes.add_row(str(k), *(f"{r[n]:.4f}" for n in ("sparse", "rows", "dense")), fastest, r["chosen"])
+            console.print(routes)
 
 
 if __name__ == "__main__":
