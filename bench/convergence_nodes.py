@@ -141,7 +141,10 @@ def cells_for(nodes: int, args, task: str) -> list[Cell]:
 
 def carried_cells(args, task: str, nodes: int) -> list[Cell]:
     """The ledger's cells for ``task`` at ``nodes`` whose row is among ``--rows`` (at an H that the
-    invocation reports): what an earlier report printed from runs whose cache is gone."""
+    invocation reports): what an earlier report printed from runs whose cache is gone. Every carried
+    cell was trained at a constant lr, so a report of another schedule carries none."""
+    if args.schedule != "constant":
+        return []
     try:
         ledger = json.loads(args.ledger.read_text())
     except (OSError, ValueError):
