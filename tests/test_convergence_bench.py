@@ -394,3 +394,6 @@ def test_a_node_count_report_shows_carried_cells_until_a_run_of_their_row_replac
     assert "†" not in rows[0] and "†" in rows[1]
     gap = 100.0 * (2.1 / trained["held_out"] - 1.0)
     assert f"| {gap:+.1f} % |" in rows[1]
+    # The carried cells were trained at a constant lr: a report of another schedule shows none of them.
+    cn.main(common + ["--report-only", "--schedule", "cosine"])
+    assert "†" not in out.read_text()
