@@ -329,8 +329,9 @@ def write_report(by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[st
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     steps = next((cs[0].steps for cs in by_task.values() if cs), args.steps)
     per_node = f", {args.batch} sequences per node" if args.batch else ""
+    schedule = "" if args.schedule == "constant" else f", every row's lr on a {args.schedule} schedule (to 0.1× at the end)"
     lines = [
-        f"# Quality and bytes against the node count (issue 19){per_node}",
+        f"# Quality and bytes against the node count (issue 19){per_node}{schedule}",
         "",
         f"Written by `bench/convergence_nodes.py` on {now} from the runs in `{_shown(args.cache)}`"
         + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ": `python"
