@@ -248,16 +248,22 @@ Decoder = Callable[[Entry, Optional[torch.device]], torch.Tensor]
 _DECODERS: dict[int, Decoder] = {}
 
 
-def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
-    """Register the decoder of codec ``codec_id``; ``gradwire.decode`` finds it from the frame alone."""
+def _registrar(table: dict, codec_id: int, what: str) -> Callable:
+    """A decorator putting a function into ``table`` under ``codec_id``; a second, other function for
+    the same id is ``ValueError`` naming ``what`` it is."""
 
-    def deco(fn: Decoder) -> Decoder:
-        if codec_id in _DECODERS and _DECODERS[codec_id] is not fn:
-            raise ValueError(f"codec id {codec_id} already has a decoder")
-        _DECODERS[codec_id] = fn
+    def deco(fn):
+        if codec_id in table and table[codec_id] is not fn:
+            raise ValueError(f"codec id {codec_id} already has {what}")
+        table[codec_id] = fn
         return fn
 
     return deco
+
+
+def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
+    """Register the decoder of codec ``codec_id``; ``gradwire.decode`` finds it from the frame alone."""
+    return _registrar(_DECODERS, codec_id, "a decoder")
 
 
 def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -277,14 +283,7 @@ _BATCH_DECODERS: dict[int, BatchDecoder] = {}
 
 def register_batch_decoder(codec_id: int) -> Callable[[BatchDecoder], BatchDecoder]:
     """Register codec ``codec_id``'s decode of several records at once (:func:`decode_entries`)."""
-
-    def deco(fn: BatchDecoder) -> BatchDecoder:
-        if codec_id in _BATCH_DECODERS and _BATCH_DECODERS[codec_id] is not fn:
-            raise ValueError(f"codec id {codec_id} already has a batch decoder")
-        _BATCH_DECODERS[codec_id] = fn
-        return fn
-
-    return deco
+    return _registrar(_BATCH_DECODERS, codec_id, "a batch decoder")
 
 
 def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = None) -> list[torch.Tensor]:
@@ -316,14 +315,7 @@ _WEIGHTED_SUMS: dict[int, WeightedSum] = {}
 
 def register_weighted_sum(codec_id: int) -> Callable[[WeightedSum], WeightedSum]:
     """Register codec ``codec_id``'s fused weighted sum of records (:func:`weighted_sum_fused`)."""
-
-    def deco(fn: WeightedSum) -> WeightedSum:
-        if codec_id in _WEIGHTED_SUMS and _WEIGHTED_SUMS[codec_id] is not fn:
-            raise ValueError(f"codec id {codec_id} already has a weighted sum")
-        _WEIGHTED_SUMS[codec_id] = fn
-        return fn
-
-    return deco
+    return _registrar(_WEIGHTED_SUMS, codec_id, "a weighted sum")
 
 
 def weighted_sum_fused(
