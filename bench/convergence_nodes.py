@@ -47,14 +47,15 @@ DOC = cv.ROOT / "docs" / "convergence-nodes.md"
 #: The runs behind docs/convergence-nodes.md, kept in the repository so that a clean clone regenerates it.
 CACHE = Path(__file__).resolve().parent / "results" / "reencode.json"
 #: Cells an earlier report printed whose runs are not in :data:`CACHE` (their cache was lost with the machine
-#: that ran them): a report shows them, marked †, where the cache has no run of their row.
+#: that ran them): a report shows them, marked †, until the cache has a run of their row at an lr they tried
+#: (runs only at other lrs join a carried row's grid: :func:`_merged`).
 LEDGER = CACHE.with_name("convergence-nodes-ledger.json")
 ROWS = ("dense", "diloco", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300", "demo@300/frames", "demo@300/agg",
         "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000", "sparseloco@1000/agg:b2,d1000", "demo@1000/frames",
         "demo@1000/agg", "signloco/frames", "signloco/agg", "signloco+muon/agg")
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
-REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0)
-REPORT_DENSE_MULTS = (0.3, 1.0, 3.0)
+REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+REPORT_DENSE_MULTS = (0.3, 1.0, 2.0, 3.0, 10.0)
 REPORT_SEEDS = (0, 1, 2)
 
 
@@ -105,7 +106,8 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
 def cells_for(nodes: int, args, task: str) -> list[Cell]:
     """What the cache holds for ``task`` at ``nodes``, at every H of ``--H``: the first H's rows as they
     are, the others' SparseLoCo and DiLoCo rows labelled with their H (``… (H 4)``); then the ledger's
-    carried cells (:func:`carried_cells`) for the rows the cache has no run of; gaps against the one dense row."""
+    carried cells (:func:`carried_cells`), merged with the cache's runs of their row (:func:`_merged`); gaps
+    against the one dense row."""
     out = []
     for i, H in enumerate(args.H):
         for c in _cells_at(nodes, args, H, task):
@@ -124,8 +126,12 @@ def cells_for(nodes: int, args, task: str) -> list[Cell]:
                     if i:  # the first H's row is the headline; the others are told apart by their H
                         c.row = f"{c.row} H{H}"
                     out.append(c)
-    have = {c.row for c in out}
-    out += [c for c in carried_cells(args, task, nodes) if c.row not in have]
+    by_row = {c.row: i for i, c in enumerate(out)}
+    for carried in carried_cells(args, task, nodes):
+        if carried.row in by_row:
+            out[by_row[carried.row]] = _merged(carried, out[by_row[carried.row]])
+        else:
+            out.append(carried)
     dense = next((c for c in out if c.row == "dense"), None)
     for c in out:
         if dense is None or c is dense:
@@ -137,6 +143,23 @@ def cells_for(nodes: int, args, task: str) -> list[Cell]:
             c.gap_seeds = len(common)
     order = {r: i for i, r in enumerate(args.rows)}
     return sorted(out, key=lambda c: (order.get(c.row.split(" ")[0], 99), c.row))
+
+
+def _merged(carried: Cell, cached: Cell) -> Cell:
+    """A carried row and the cache's runs of the same row. Runs at an lr the carried row tried replace
+    it (the cache is the record); runs only at other lrs join it: the row is whichever best lr is lower
+    on seed 0, and it lists every lr tried. So a new lr beside a carried grid widens the grid without
+    dropping the carried seeds."""
+    carried_lrs = {_lr_of(h) for h in carried.tried}
+    if any(_lr_of(h) in carried_lrs for h in cached.tried) or 0 not in carried.held_out:
+        return cached
+    tried = sorted(set(carried.tried) | set(cached.tried), key=_lr_of)
+    if cached.held_out.get(0, math.inf) < carried.held_out[0]:
+        cached.tried = tried
+        return cached
+    carried.tried = tried
+    carried.seed0 = {**cached.seed0, carried.best_hp: carried.held_out[0]}
+    return carried
 
 
 def carried_cells(args, task: str, nodes: int) -> list[Cell]:
@@ -351,8 +374,8 @@ def write_report(by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[st
         lines += [
             f"Rows marked † are carried from `{_shown(args.ledger)}`: what an earlier report of this bench printed",
             "from its runs (same rows, settings and seeds), whose per-run records were lost with the machine",
-            "that made them. A report shows a carried row only where the cache has no run of that row at that",
-            "node count; a new run of the row replaces it.",
+            "that made them. A new run of the row at an lr the carried row tried replaces it; runs at other lrs",
+            "join its grid, and the row shows whichever best lr is lower on seed 0.",
             "",
         ]
     for task, cells in by_task.items():

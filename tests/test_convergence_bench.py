@@ -397,3 +397,27 @@ def test_a_node_count_report_shows_carried_cells_until_a_run_of_their_row_replac
     # The carried cells were trained at a constant lr: a report of another schedule shows none of them.
     cn.main(common + ["--report-only", "--schedule", "cosine"])
     assert "†" not in out.read_text()
+
+
+@pytest.mark.parametrize("carried_held, carried_shown", [(1e-4, True), (99.0, False)])
+def test_a_run_at_an_lr_a_carried_row_did_not_try_joins_its_grid(cv, tmp_path, carried_held, carried_shown):
+    """A run of a carried row at a new lr widens the row's grid instead of replacing its carried seeds: the
+    report shows whichever best is lower on seed 0 and lists the carried lr and the new one as tried."""
+    cn = _load_convergence_nodes(cv)
+    cache, ledger, out = tmp_path / "runs.json", tmp_path / "ledger.json", tmp_path / "report.md"
+    ledger.write_text(json.dumps({"cells": [{
+        "task": "digits", "nodes": 2, "row": "dense", "label": "dense AdamW", "best_hp": "lr=0.003",
+        "tried": ["lr=0.003"], "held_out": {"0": carried_held, "1": carried_held}, "up_bytes": 1000.0,
+        "down_bytes": 1000.0, "fp32": 300_000, "batch": 32, "steps": 4}]}))
+    common = ["--tasks", "digits", "--nodes", "2", "--steps", "4", "--rows", "dense", "--seeds", "0",
+              "--cache", str(cache), "--ledger", str(ledger), "--out", str(out)]
+    torch.set_num_threads(1)
+    cn.main(common + ["--dense-mults", "3", "--jobs", "1"])  # lr 0.009: not in the carried grid
+    (trained,) = json.loads(cache.read_text()).values()
+    assert trained["lr"] == pytest.approx(0.009)
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
+    assert ("†" in row) is carried_shown, row
+    if carried_shown:
+        assert "| 0.003 (0.003, 0.009) | 2 | 0.0001 / 0.0001 (mean 0.0001) |" in row, row
+    else:
+        assert f"| 0.009 (0.003, 0.009) | 1 | {trained['held_out']:.4f} |" in row, row
