@@ -398,13 +398,16 @@ READING = """## How to read it
 - **A scale-out keeps the per-node batch** (8 sequences of 64 bytes), so the global batch is 8 × N and
   dense AdamW at N nodes averages the same N nodes' gradients over the same steps. Each node count has its
   own dense row, with its lr tuned there.
-- **Thinner cells, and why.** On this 2-core machine a 2,048-step run of the byte LM takes about 1.3 CPU
-  minutes at 4 nodes, 5 at 16 and 20 at 64 (every node computes its own batch). So the 64-node rows have
+- **Thinner cells, and why.** On this 2-core machine a 2,048-step run of the byte LM with AdamW inside takes
+  about 1.3 CPU minutes at 4 nodes, 5 at 16 and 20 at 64 (every node computes its own batch); with the
+  server and frames in the loop dense AdamW takes about 30 at 64 nodes, and the Muon rows about an hour
+  (Muon orthogonalizes every node's step). So the 64-node rows have
   narrowed lr grids, and their second seed at the best lr only. The compressed rows' lr grids at 2,048
   steps hold the lrs that the 640-step sweep of docs/reencode-design.md found best (4 lrs per row
   there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran at 4, 16 and 64
   nodes (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16 and 64; dense over 0.003 / 0.01 / 0.03,
-  at 64 nodes 0.01 / 0.03; 2 seeds at the best lr). No DeMo rows on it.
+  at 64 nodes 0.01 / 0.03, and at 16 nodes also 0.1, where it ends at 2.81; 2 seeds at the best lr). No
+  DeMo rows on it.
 - **The char transformer's text is small** (419 k training characters of pydoc_data). At 16 nodes the
   2,048 steps read it about 40 times over, at 64 about 160 times. Dense AdamW's held-out loss is worse at 64
   nodes than at 16 (1.5082 against 1.4314), so its rows there measure overfitting as much as optimization,
