@@ -398,10 +398,9 @@ READING = """## How to read it
 - **A scale-out keeps the per-node batch** (8 sequences of 64 bytes), so the global batch is 8 × N and
   dense AdamW at N nodes averages the same N nodes' gradients over the same steps. Each node count has its
   own dense row, with its lr tuned there.
-- **Thinner cells, and why.** On this 2-core machine a 2,048-step run of the byte LM with AdamW inside takes
-  about 1.3 CPU minutes at 4 nodes, 5 at 16 and 20 at 64 (every node computes its own batch); with the
-  server and frames in the loop dense AdamW takes about 30 at 64 nodes, and the Muon rows about an hour
-  (Muon orthogonalizes every node's step). So the 64-node rows have
+- **Thinner cells, and why.** On this 2-core machine a 2,048-step run of the byte LM takes about 1.3 CPU
+  minutes at 4 nodes, 5 at 16 and 20 to 30 at 64 (every node computes its own batch), and with Muon inside
+  about an hour at 64 (Muon orthogonalizes every node's step). So the 64-node rows have
   narrowed lr grids, and their second seed at the best lr only. The compressed rows' lr grids at 2,048
   steps hold the lrs that the 640-step sweep of docs/reencode-design.md found best (4 lrs per row
   there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran at 4, 16 and 64
