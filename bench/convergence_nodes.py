@@ -153,13 +153,10 @@ def _merged(carried: Cell, cached: Cell) -> Cell:
     carried_lrs = {_lr_of(h) for h in carried.tried}
     if any(_lr_of(h) in carried_lrs for h in cached.tried) or 0 not in carried.held_out:
         return cached
-    tried = sorted(set(carried.tried) | set(cached.tried), key=_lr_of)
-    if cached.held_out.get(0, math.inf) < carried.held_out[0]:
-        cached.tried = tried
-        return cached
-    carried.tried = tried
-    carried.seed0 = {**cached.seed0, carried.best_hp: carried.held_out[0]}
-    return carried
+    shown = cached if cached.held_out.get(0, math.inf) < carried.held_out[0] else carried
+    shown.tried = sorted(set(carried.tried) | set(cached.tried), key=_lr_of)
+    shown.seed0 = {**cached.seed0, carried.best_hp: carried.held_out[0]}  # the ledger keeps only its best's
+    return shown
 
 
 def carried_cells(args, task: str, nodes: int) -> list[Cell]:
