@@ -445,8 +445,9 @@ READING = """## How to read it
   docs/convergence-nodes-cosine.md) split the 64-node gap. Dense Muon is 3.6 % better than dense AdamW
   there: the optimizer is not what is missing. Uncompressed DiLoCo with Muon inside, at MuLoCo's 11 local
   steps and lr, is +2.9 % (seed 0), past the 2 % target before anything is compressed; one bit both ways
-  adds 0.8 points on the same seed (+3.7 %). At 64 nodes and 8 sequences per node the local steps are most
-  of the gap, and a 1-bit codec needs 11 of them between syncs for 300×.
+  adds 0.8 points on the same seed (+3.7 %). A sync every 4 steps, nothing compressed, is still +2.3 %
+  (`diloco+muon (H 4)`). At 64 nodes and 8 sequences per node the local steps are most of the gap, and a
+  1-bit codec needs 11 of them between syncs for 300×.
 - **Rows marked (H 37)** send one bit per parameter every 37 local steps: 1,024× up and 1,020× down.
 - **DeMo** rows keep the bench's fixed `k` per chunk (16 of a 64×64 tile at 300×); the library's default
   is now proportional to a chunk's size, which at equal bytes trained better (docs/ALGORITHMS.md,
