@@ -266,7 +266,10 @@ def plot(cells: list[Cell], path: Path) -> None:
         base, _, down = row.partition("/")
         kind = "agg" if down.startswith("agg") else "frames"
         ls, mk = style[kind]
-        color = colors.get(base, "C5") if not _h_of(row) else {"sparseloco@300": "C1", "diloco": "C8"}.get(base.split(" ")[0], "C6")
+        # Rows at another H: their own colour per row and H, so two H of one row stay apart.
+        other_h = ({"sparseloco@300": "C1", "diloco": "C8"}.get(base.split(" ")[0])
+                   or {"H4": "C6", "H11": "C9"}.get(_h_of(row), "C6"))
+        color = colors.get(base, "C5") if not _h_of(row) else other_h
         title = cs[0].label.split(" ↓")[0].split(" (H ")[0]
         how = "" if base.startswith(("diloco", "dense")) else (" re-encoded aggregate" if kind == "agg" else " every frame")
         bits = f", {down.split(':b')[1].split(',')[0]}-bit values" if ":b" in down else ""
