@@ -74,13 +74,18 @@ on 2 cores; an interrupted run resumes from its cache): python bench/convergence
 --rows dense panthalia@100 panthalia@300 demo@300 demo@1000 sparseloco@300 sparseloco@1000 --steps 2048
 --out docs/convergence-2048.md.
 
+``--batched [--device cuda]`` trains the dense and local-step rows' nodes in one vmap call and one optimizer
+step (``bench/node_batch.py``): for a GPU, where the per-node loop is bound by kernel launches.
+
 Usage: python bench/convergence.py [--full] [--tasks digits chars stdlib] [--rows dense demo@300 ...]
-                                   [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--report-only]
+                                   [--steps N] [--seeds 0 1] [--nodes 4] [--H 8] [--batched --device cuda]
+                                   [--report-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -117,6 +122,8 @@ DEFAULT_ROWS = ("dense", "panthalia@300", "demo@300", "demo@1000", "sparseloco@3
 KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco", "signloco")
 #: The row kinds that run SparseLoCo's loop (local steps, a sync every H).
 LOCAL_KINDS = ("sparseloco", "diloco", "signloco")
+#: The rows ``--batched`` trains batched (the others keep the per-node loop).
+BATCHED_KINDS = ("dense",) + LOCAL_KINDS
 #: The learning-rate grids, as multiples of the task's base lr (AdamW, also SparseLoCo's and DiLoCo's inner
 #: AdamW) or absolute (DeMo's sign step, per task). The Panthalia path's grid sits lower: its AdamW sees
 #: sparse, delayed gradients and diverges at the dense row's best lr.
@@ -629,6 +636,8 @@ class Settings:
     outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
     dense_mults: Optional[tuple] = None  # --dense-mults: the dense row's lr multiples (default: its grid)
     schedule: str = "constant"  # --schedule: every row's lr over the steps (SCHEDULES)
+    batched: bool = False  # --batched: every node in one vmap call and one optimizer step (bench/node_batch.py)
+    device: str = "cpu"  # --device: where the batched nodes train (the codecs and frames stay on the CPU)
 
 
 #: ``--schedule``: the lr multiplier at step ``t`` of ``T`` (1-based), the same for every row — dense AdamW's lr,
@@ -766,8 +775,22 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         loss.backward()
         return float(loss.detach())
 
+    batched = settings.batched and row.kind in BATCHED_KINDS
+    if batched:
+        try:
+            from bench import node_batch  # python -m bench.convergence
+        except ImportError:
+            import node_batch  # python bench/convergence.py: bench/ is the script's directory
+
+    def node_batches() -> list:
+        return [task.batch(shards[i], gens[i]) for i in range(n)]
+
     if row.kind == "dense":
-        opts = muon_and_adamw(model, lr) if row.muon else [torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)]
+        trained = model
+        if batched:  # the optimizer steps a copy on the device; ``model`` (CPU) is copied from it to evaluate
+            trained = copy.deepcopy(model).to(settings.device)
+        opts = muon_and_adamw(trained, lr) if row.muon else \
+            [torch.optim.AdamW(trained.parameters(), lr=lr, weight_decay=0.0)]
     elif row.kind == "panthalia":
         from gradwire import ErrorFeedback
         from gradwire.accumulate import make_accumulator
@@ -797,15 +820,27 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         else:
             states = [SparseLoCoState(dct_codec("sparseloco", k)) for _ in range(n)]
         anchor = {nm: p.detach().clone() for nm, p in packer.pack(_params(model)).items()}
-        nodes = [task.build() for _ in range(n)]
-        for m in nodes:
-            m.load_state_dict(model.state_dict())
-        if row.muon:
-            inner = [muon_and_adamw(m, lr) for m in nodes]
-        elif row.noise != 1.0:
-            inner = [[LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)] for m in nodes]
+        if batched:  # one set of optimizers steps every node's stacks: ``inner[0]``
+            nodes = []
+            stacks = node_batch.NodeBatch(model, n, settings.device)
+            if row.muon:
+                head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]  # as muon_and_adamw
+                inner = [stacks.muon_and_adamw(lr, exclude=[head])]
+            elif row.noise != 1.0:
+                inner = [[LocalAdamW(stacks.tensors(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)]]
+            else:
+                inner = [[torch.optim.AdamW(stacks.tensors(), lr=lr, weight_decay=0.0)]]
         else:
-            inner = [[torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)] for m in nodes]
+            nodes = [task.build() for _ in range(n)]
+            for m in nodes:
+                m.load_state_dict(model.state_dict())
+            if row.muon:
+                inner = [muon_and_adamw(m, lr) for m in nodes]
+            elif row.noise != 1.0:
+                inner = [[LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)]
+                         for m in nodes]
+            else:
+                inner = [[torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)] for m in nodes]
         if row.down:
             downlink = Downlink(row, n, down_k, down_bits, outer)
             if downlink.outer is not None:  # the server holds the momentum; nodes apply the step as sent
@@ -825,7 +860,15 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         for o in opts_with_lr:
             for g in o.param_groups:
                 g["lr"] = lr
-        if row.kind == "dense":
+        if row.kind == "dense" and batched:
+            losses.extend(node_batch.dense_batched_grads(trained, task.loss, node_batches()))
+            for o in opts:
+                o.step()
+            if step in evals:
+                model.load_state_dict({k: v.cpu() for k, v in trained.state_dict().items()})
+            up_total += fp32
+            down_total += fp32
+        elif row.kind == "dense":
             acc = None
             for i in range(n):
                 losses.append(node_grad(model, i))
@@ -883,14 +926,19 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
             with torch.no_grad():
                 demo_update(_params(model), mean, lr)
         else:
+            if batched:
+                losses.extend(stacks.grads(task.loss, node_batches()))
+                for o in inner[0]:
+                    o.step()
             for i, m in enumerate(nodes):
                 losses.append(node_grad(m, i))
                 for o in inner[i]:
                     o.step()
             if step % H == 0:
                 read, frames = [], []
-                for i, m in enumerate(nodes):
-                    current = packer.pack({nm: p.detach() for nm, p in m.named_parameters()})
+                for i in range(n):
+                    weights = stacks.node(i) if batched else {nm: p.detach() for nm, p in nodes[i].named_parameters()}
+                    current = packer.pack(weights)
                     entries, nb, data = _roundtrip_bytes(states[i].compress(anchor, current), step // H, i)
                     read.append(entries)
                     frames.append(data)
@@ -908,6 +956,8 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                     for m in nodes + [model]:
                         for nm, p in m.named_parameters():
                             p.copy_(new[nm])
+                    if batched:
+                        stacks.load(new)
         if step in evals:
             curve.append((step, up_total, task.held_out_loss(model)))
         if tick:
@@ -959,6 +1009,8 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
     parts = [task, sc, row.key, hp, seed, settings.nodes, H, settings.evals, list(calib) if calib else None, 3]
     if settings.schedule != "constant":  # keys of constant-lr runs as before, so the caches stay valid
         parts.append(settings.schedule)
+    if settings.batched and row.kind in BATCHED_KINDS:  # the same run to float rounding: a run of its own
+        parts.append(f"batched:{settings.device}")
     desc = json.dumps(parts, sort_keys=True)
     return hashlib.sha1(desc.encode()).hexdigest()[:16]
 
@@ -1461,6 +1513,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="narrow the dense row's lr grid (multiples of the task's base lr; default 0.3 1 3)")
     ap.add_argument("--schedule", choices=list(SCHEDULES), default="constant",
                     help="every row's lr over the steps: constant, or cosine from 1 to 0.1 of the row's lr")
+    ap.add_argument("--batched", action="store_true",
+                    help="train the dense and local-step rows' nodes together: one vmap call and one optimizer step"
+                         " for every node (bench/node_batch.py; for a GPU, a run of its own in the cache)")
+    ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
@@ -1482,6 +1538,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         keep += ["--dense-mults", *map(str, args.dense_mults)] if args.dense_mults else []
         keep += ["--report-only"] if args.report_only else []
         keep += ["--cache", str(args.cache)] if args.cache != CACHE else []
+        keep += ["--batched", "--device", args.device] if args.batched else []
         return convergence_nodes.main(keep)
     args.nodes = args.nodes[0]
     _CACHE[0] = args.cache
@@ -1501,7 +1558,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps,
                         mults=tuple(args.mults) if args.mults else None,
                         outers=tuple(args.outers) if args.outers else None,
-                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule)
+                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule,
+                        batched=args.batched, device=args.device)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:

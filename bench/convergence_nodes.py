@@ -19,10 +19,17 @@ the row's best, and its held-out loss is the mean over every cached seed of that
 by seed against dense at its best lr, over the seeds both have. Each table line says which lrs were
 tried and on how many seeds.
 
+On a GPU, ``--batched --device cuda`` trains the dense and local-step rows' nodes together (one vmap call and
+one optimizer step for all of them, ``bench/node_batch.py``) instead of one node after another; the codecs and
+frames stay on the CPU. Those runs agree with the per-node loop to float rounding (tests/test_convergence_bench.py)
+and are cache entries of their own, so ``--report-only`` needs the same two flags to show them. On this
+repository's 2-core CPU the batched path is no faster (a 64-node MuLoCo step at 16 sequences per node: 10 %).
+
 Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--steps 2048] [--H 8 4]
            [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
            [--dense-mults 1 3] [--outers plain x1.5] [--signloco-H 11 37] [--cache bench/results/reencode.json]
-           [--ledger bench/results/convergence-nodes-ledger.json] [--report-only] [--out docs/convergence-nodes.md]
+           [--ledger bench/results/convergence-nodes-ledger.json] [--batched --device cuda] [--report-only]
+           [--out docs/convergence-nodes.md]
 """
 
 from __future__ import annotations
@@ -101,7 +108,8 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
     dense = REPORT_DENSE_MULTS if report else (tuple(args.dense_mults) if args.dense_mults else None)
     batch = {t: args.batch for t in args.tasks} if args.batch else {}
     return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks}, batch=batch,
-                       mults=mults, outers=tuple(args.outers), dense_mults=dense, schedule=args.schedule)
+                       mults=mults, outers=tuple(args.outers), dense_mults=dense, schedule=args.schedule,
+                       batched=args.batched, device=args.device)
 
 
 def cells_for(nodes: int, args, task: str) -> list[Cell]:
@@ -550,6 +558,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                          "a report picks the best lr and outer step on seed 0): plain (lr 1), x1.5, x2, nesterov, ...")
     ap.add_argument("--schedule", choices=list(cv.SCHEDULES), default="constant",
                     help="every row's lr over the steps (as convergence.py's --schedule)")
+    ap.add_argument("--batched", action="store_true",
+                    help="as convergence.py's --batched: every node in one vmap call (for a GPU; runs of their own)")
+    ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--ledger", type=Path, default=LEDGER,

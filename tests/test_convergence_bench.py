@@ -421,3 +421,65 @@ def test_a_run_at_an_lr_a_carried_row_did_not_try_joins_its_grid(cv, tmp_path, c
         assert "| 0.003 (0.003, 0.009) | 2 | 0.0001 / 0.0001 (mean 0.0001) |" in row, row
     else:
         assert f"| 0.009 (0.003, 0.009) | 1 | {trained['held_out']:.4f} |" in row, row
+
+
+@pytest.fixture(scope="module")
+def node_batch():
+    spec = importlib.util.spec_from_file_location("node_batch", BENCH.parent / "node_batch.py")
+    mod = importlib.util.module_from_spec(spec)
+    added = sys.modules.setdefault("node_batch", mod) is mod  # what bench/convergence.py imports
+    spec.loader.exec_module(mod)
+    yield mod
+    if added:
+        sys.modules.pop("node_batch", None)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+@pytest.mark.parametrize("shape", [(3, 8, 5), (3, 5, 8)])
+def test_batched_muon_is_torchs_muon_on_each_nodes_matrix(node_batch, shape):
+    """``BatchedMuon`` on an ``[N, A, B]`` stack moves each node's matrix as ``torch.optim.Muon`` (no weight decay,
+    lr matched to AdamW's RMS, as ``MuonAdamW``) moves it alone, wide and tall matrices alike."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    stack = torch.randn(*shape, generator=gen)
+    alone = [stack[i].clone() for i in range(shape[0])]
+    batched = node_batch.BatchedMuon([stack], lr=0.1)
+    each = [torch.optim.Muon([m], lr=0.1, weight_decay=0.0, adjust_lr_fn="match_rms_adamw") for m in alone]
+    start = stack.clone()
+    for _ in range(3):
+        g = torch.randn(*shape, generator=gen)
+        stack.grad = g
+        batched.step()
+        for i, (m, opt) in enumerate(zip(alone, each)):
+            m.grad = g[i].clone()
+            opt.step()
+    assert (stack - start).abs().max() > 0.05
+    for i, m in enumerate(alone):
+        torch.testing.assert_close(stack[i], m, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="stacks"):
+        node_batch.BatchedMuon([torch.zeros(4, 4)], lr=0.1)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+@pytest.mark.parametrize("row", ["dense", "dense+muon", "diloco", "signloco+muon/agg"])
+def test_batched_nodes_train_as_the_per_node_loop_does(cv, node_batch, row):
+    """``--batched`` (every node in one vmap call and one optimizer step) trains the char transformer's nodes on
+    the same batches to the per-node loop's curve, to float rounding, with the same bytes on the wire; it is a
+    cache entry of its own."""
+    torch.set_num_threads(1)
+    task = cv.CharsTask(cv.Scale(steps=8, batch=4, width=32, context=16))
+    spec = cv.RowSpec.parse(row)
+    runs = []
+    for batched in (False, True):
+        settings = cv.Settings(full=False, nodes=3, H=4, evals=2, batched=batched)
+        runs.append(cv.run_one(task, spec, 0.01, {"outer": "plain"}, 0, 8, settings, None))
+    looped, batched = runs
+    assert looped.curve[-1][2] < looped.curve[0][2] - 0.1
+    for (s0, up0, h0), (s1, up1, h1) in zip(looped.curve, batched.curve):
+        assert (s0, up0) == (s1, up1) and abs(h0 - h1) < 2e-3
+    assert abs(looped.train_loss - batched.train_loss) < 2e-3
+    assert (looped.up_bytes_per_step, looped.down_bytes_per_step) == (batched.up_bytes_per_step,
+                                                                       batched.down_bytes_per_step)
+    keys = {cv.run_key("chars", task.scale, spec, "lr=0.01", 0, cv.Settings(full=False, nodes=3, H=4, batched=b), None)
+            for b in (False, True)}
+    assert len(keys) == 2
