@@ -122,6 +122,8 @@ DEFAULT_ROWS = ("dense", "panthalia@300", "demo@300", "demo@1000", "sparseloco@3
 KINDS = ("dense", "panthalia", "demo", "sparseloco", "diloco", "signloco")
 #: The row kinds that run SparseLoCo's loop (local steps, a sync every H).
 LOCAL_KINDS = ("sparseloco", "diloco", "signloco")
+#: ``--shards``: where a node's samples come from.
+SHARDS = ("contiguous", "iid")
 #: The rows ``--batched`` trains batched (the others keep the per-node loop).
 BATCHED_KINDS = ("dense",) + LOCAL_KINDS
 #: The learning-rate grids, as multiples of the task's base lr (AdamW, also SparseLoCo's and DiLoCo's inner
@@ -638,6 +640,7 @@ class Settings:
     schedule: str = "constant"  # --schedule: every row's lr over the steps (SCHEDULES)
     batched: bool = False  # --batched: every node in one vmap call and one optimizer step (bench/node_batch.py)
     device: str = "cpu"  # --device: where the batched nodes train (the codecs and frames stay on the CPU)
+    shards: str = "contiguous"  # --shards: each node on its own slice of the data, or "iid": all on all of it
 
 
 #: ``--schedule``: the lr multiplier at step ``t`` of ``T`` (1-based), the same for every row — dense AdamW's lr,
@@ -755,7 +758,8 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
     model = task.build()
     packer = Packer(_params(model))
     fp32 = 4 * sum(p.numel() for p in model.parameters())
-    shards = task.shards(n)
+    # --shards iid: every node draws from the whole training set (its own generator), not from its own slice
+    shards = task.shards(n) if settings.shards == "contiguous" else task.shards(1) * n
     gens = [torch.Generator().manual_seed(seed * 1000 + 17 + i) for i in range(n)]
     H = settings.H
     evals = eval_steps(steps, settings)
@@ -1009,6 +1013,8 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
     parts = [task, sc, row.key, hp, seed, settings.nodes, H, settings.evals, list(calib) if calib else None, 3]
     if settings.schedule != "constant":  # keys of constant-lr runs as before, so the caches stay valid
         parts.append(settings.schedule)
+    if settings.shards != "contiguous":
+        parts.append(f"shards:{settings.shards}")
     if settings.batched and row.kind in BATCHED_KINDS:  # the same run to float rounding: a run of its own
         parts.append(f"batched:{settings.device}")
     desc = json.dumps(parts, sort_keys=True)
@@ -1517,6 +1523,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="train the dense and local-step rows' nodes together: one vmap call and one optimizer step"
                          " for every node (bench/node_batch.py; for a GPU, a run of its own in the cache)")
     ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
+    ap.add_argument("--shards", choices=SHARDS, default="contiguous",
+                    help="contiguous: node i trains on the i-th slice of the training data (the default); iid: every"
+                         " node draws from all of it (a diagnostic of how much the slices' differences cost)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
@@ -1539,6 +1548,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         keep += ["--report-only"] if args.report_only else []
         keep += ["--cache", str(args.cache)] if args.cache != CACHE else []
         keep += ["--batched", "--device", args.device] if args.batched else []
+        keep += ["--shards", args.shards]
         return convergence_nodes.main(keep)
     args.nodes = args.nodes[0]
     _CACHE[0] = args.cache
@@ -1559,7 +1569,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         mults=tuple(args.mults) if args.mults else None,
                         outers=tuple(args.outers) if args.outers else None,
                         dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule,
-                        batched=args.batched, device=args.device)
+                        batched=args.batched, device=args.device, shards=args.shards)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:

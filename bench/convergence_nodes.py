@@ -25,11 +25,15 @@ frames stay on the CPU. Those runs agree with the per-node loop to float roundin
 and are cache entries of their own, so ``--report-only`` needs the same two flags to show them. On this
 repository's 2-core CPU the batched path is no faster (a 64-node MuLoCo step at 16 sequences per node: 10 %).
 
+Node ``i`` trains on the ``i``-th contiguous slice of the training data (at 64 nodes a slice of the byte LM is
+about 0.45 MB, a few packages of the standard library). ``--shards iid`` lets every node draw from all of it: a
+diagnostic of what the slices' differences cost the local-step rows (runs of their own; ``--report-only`` needs it).
+
 Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--steps 2048] [--H 8 4]
            [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
            [--dense-mults 1 3] [--outers plain x1.5] [--signloco-H 11 37] [--cache bench/results/reencode.json]
-           [--ledger bench/results/convergence-nodes-ledger.json] [--batched --device cuda] [--report-only]
-           [--out docs/convergence-nodes.md]
+           [--ledger bench/results/convergence-nodes-ledger.json] [--batched --device cuda] [--shards iid]
+           [--report-only] [--out docs/convergence-nodes.md]
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Set
     batch = {t: args.batch for t in args.tasks} if args.batch else {}
     return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks}, batch=batch,
                        mults=mults, outers=tuple(args.outers), dense_mults=dense, schedule=args.schedule,
-                       batched=args.batched, device=args.device)
+                       batched=args.batched, device=args.device, shards=args.shards)
 
 
 def cells_for(nodes: int, args, task: str) -> list[Cell]:
@@ -561,6 +565,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--batched", action="store_true",
                     help="as convergence.py's --batched: every node in one vmap call (for a GPU; runs of their own)")
     ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
+    ap.add_argument("--shards", choices=cv.SHARDS, default="contiguous",
+                    help="as convergence.py's --shards: each node on its own slice (default), or iid (runs of their own)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--ledger", type=Path, default=LEDGER,

@@ -483,3 +483,20 @@ def test_batched_nodes_train_as_the_per_node_loop_does(cv, node_batch, row):
     keys = {cv.run_key("chars", task.scale, spec, "lr=0.01", 0, cv.Settings(full=False, nodes=3, H=4, batched=b), None)
             for b in (False, True)}
     assert len(keys) == 2
+
+
+def test_iid_shards_let_every_node_draw_from_all_the_training_data_in_a_run_of_their_own(cv, digits):
+    """``--shards iid`` (a diagnostic): the nodes train on windows of the whole training set instead of node i
+    on the i-th slice, so the run differs from the default one, and it is another cache entry."""
+    torch.set_num_threads(1)
+    spec = cv.RowSpec.parse("diloco")
+    runs = {}
+    for shards in cv.SHARDS:
+        settings = cv.Settings(full=False, nodes=4, H=4, evals=2, shards=shards)
+        runs[shards] = cv.run_one(digits, spec, 3e-3, {"outer": "plain"}, 0, 8, settings, None)
+    assert runs["iid"].held_out != runs["contiguous"].held_out
+    assert all(math.isfinite(r.held_out) and r.held_out < r.curve[0][2] for r in runs.values())
+    keys = {cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4, shards=s),
+                       None) for s in cv.SHARDS}
+    assert len(keys) == 2
+    assert cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4), None) in keys
