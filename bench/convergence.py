@@ -934,10 +934,11 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                 losses.extend(stacks.grads(task.loss, node_batches()))
                 for o in inner[0]:
                     o.step()
-            for i, m in enumerate(nodes):
-                losses.append(node_grad(m, i))
-                for o in inner[i]:
-                    o.step()
+            else:
+                for i, m in enumerate(nodes):
+                    losses.append(node_grad(m, i))
+                    for o in inner[i]:
+                        o.step()
             if step % H == 0:
                 read, frames = [], []
                 for i in range(n):
