@@ -229,12 +229,30 @@ def build_app(*, serve_settings: bool = True):
             if len(errors) == 1:
                 raise typer.BadParameter(errors[0][1], param_hint=f"'{errors[0][0]}'" if errors[0][0] else None) from None
             raise typer.BadParameter("; ".join(f"{opt}: {msg}" if opt else msg for opt, msg in errors)) from None
+        from gradwire_server.dirlock import DataDirError, DataDirLocked, check_data_dir, lock_holder
+
         if check:
             typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
+            # The data directory too: whether it is usable, and whether a live server holds it.
+            try:
+                check_data_dir(settings.data_dir)
+            except DataDirError as exc:
+                typer.echo(f"gradwire serve --check: {exc}", err=True)
+                raise typer.Exit(code=2) from None
+            pid = lock_holder(settings.data_dir)
+            if pid is not None:
+                typer.echo(f"gradwire serve --check: {DataDirLocked(Path(settings.data_dir), pid if pid > 0 else None)}",
+                           err=True)
+                raise typer.Exit(code=1)
             return
         import gradwire_server
 
-        gradwire_server.serve(settings)
+        try:
+            gradwire_server.serve(settings)
+        except DataDirError as exc:
+            # One line, no traceback: another server holds the directory (1), or it is unusable (2).
+            typer.echo(f"gradwire serve: {exc}", err=True)
+            raise typer.Exit(code=1 if isinstance(exc, DataDirLocked) else 2) from None
 
     app.command(name="serve")(_serve_command(run_server, ServerSettings))
 

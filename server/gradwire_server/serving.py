@@ -16,6 +16,7 @@ import uvicorn
 
 from .app import create_app
 from .connections import ConnectionLimits, ensure_descriptors, guarded_protocol
+from .dirlock import DataDirLock
 from .logs import logging_config
 from .settings import ServerSettings
 
@@ -42,6 +43,9 @@ class _Server(uvicorn.Server):
 def serve(settings: Optional[ServerSettings] = None) -> None:
     """Run the server with uvicorn until SIGINT/SIGTERM (graceful shutdown within ``shutdown_grace_s``)."""
     settings = settings or ServerSettings()
+    # The data directory first: a second server on a held directory (or an unusable one) stops here, at
+    # once and in one line, before it binds a port or reads the store (dirlock).
+    dir_lock = DataDirLock(settings.data_dir).acquire()
     log_config = logging_config(settings.log_json, settings.log_level)
     raised = ensure_descriptors(settings.max_connections)
     app = create_app(settings)
@@ -62,4 +66,7 @@ def serve(settings: Optional[ServerSettings] = None) -> None:
     if raised is not None:
         log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d for max_connections %d",
                  raised[0], raised[1], settings.max_connections)
-    _Server(config, on_shutdown=app.state.server.begin_shutdown).run()
+    try:
+        _Server(config, on_shutdown=app.state.server.begin_shutdown).run()
+    finally:
+        dir_lock.release()

@@ -67,6 +67,7 @@ from safetensors.torch import save as st_save
 
 from gradwire.state import pack_state_dict, unpack_state_dict
 
+from .dirlock import DataDirLock
 from .errors import Reason, Rejected, StorageFailed
 
 __all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write", "storage_failure"]
@@ -265,7 +266,8 @@ class Store:
 
     def __init__(self, data_dir: os.PathLike | str, max_stored_bytes: Optional[int] = None):
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # One server per directory (dirlock): a second store on a held directory raises DataDirLocked.
+        self._dir_lock = DataDirLock(self.data_dir).acquire()
         self.max_stored_bytes = max_stored_bytes
         self._lock = threading.RLock()
         self._db_path = self.data_dir / "gradwire.sqlite3"
@@ -317,6 +319,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._dir_lock.release()
 
     # -- transactions and the storage's health ----------------------------------------------------
 
