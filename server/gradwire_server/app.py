@@ -26,6 +26,7 @@ from .rounds import RoundEngine
 from .routes import health, nodes, runs, state, updates
 from .settings import ServerSettings
 from .store import Store
+from .token_gate import TokenGate
 
 __all__ = ["ServerContext", "create_app"]
 
@@ -140,6 +141,8 @@ def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
     app.state.server = ctx
 
     install_error_handlers(app, lambda reason, update: ctx.metrics.reject(reason, update=update))
+    # Outermost of the app's own layers: a body with no valid token is refused before anything reads it.
+    app.add_middleware(TokenGate, server=ctx)
 
     # The submission route first: it is the one every node hits every round, and routes match in order.
     for module in (updates, health, runs, nodes, state):

@@ -18,7 +18,7 @@ from fastapi import Request
 
 from .errors import Reason, Rejected
 
-__all__ = ["Principal", "admin", "hash_token", "new_token", "principal"]
+__all__ = ["Principal", "admin", "authenticate", "bearer_token", "hash_token", "new_token", "principal"]
 
 
 def new_token() -> str:
@@ -58,7 +58,11 @@ class Principal:
 
 
 def _bearer(request: Request) -> str:
-    header = request.headers.get("authorization")
+    return bearer_token(request.headers.get("authorization"))
+
+
+def bearer_token(header: Optional[str]) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header (401 ``missing_token`` when absent or malformed)."""
     if not header:
         raise Rejected(Reason.MISSING_TOKEN, "send 'Authorization: Bearer <token>'",
                        headers={"WWW-Authenticate": "Bearer"})
@@ -71,8 +75,11 @@ def _bearer(request: Request) -> str:
 
 async def principal(request: Request) -> Principal:
     """FastAPI dependency: authenticate the bearer token (401 ``missing_token`` / ``invalid_token``)."""
-    token = _bearer(request)
-    server = request.app.state.server
+    return authenticate(request.app.state.server, _bearer(request))
+
+
+def authenticate(server, token: str) -> Principal:
+    """Who ``token`` is: the admin or a node of the server's store (401 ``invalid_token`` when neither)."""
     token_hash = hash_token(token)
     if hmac.compare_digest(token_hash, server.admin_token_hash):
         return Principal(admin=True)

@@ -14,8 +14,13 @@ uvicorn's httptools protocol with these additions, all on the event loop's timer
 - **Response stall.** A client that reads nothing of a response for ``body_timeout_s`` is closed.
 - **Connection cap.** Beyond ``max_connections`` the oldest connection that is waiting for its request
   headers (a slow client, an idle keep-alive one, or one lingering) is closed to make room; when none is,
-  the new connection is closed. Sockets that never send a request cost at most ``max_connections``
-  descriptors, and never keep out a client that sends its request promptly: that one is always the newest.
+  the one stalled longest in a request body (nothing received for ``BODY_STALL_S``) is; when none is
+  either, the new connection is closed. Sockets that never send a request, or send a header block and
+  then stall in its body, cost at most ``max_connections`` descriptors, and never keep out a client that
+  sends its request promptly: that one is always the newest.
+- **Per-address cap.** Beyond ``max_connections_per_address`` connections from one client address, that
+  address's own oldest connection waiting for headers or stalled in a body is closed, else the new one:
+  one client cannot take the whole cap.
 - **Answered before the body.** The routes check what needs no body first (the token, the run, the round,
   one upload per node); a response that starts while the request body is still coming says
   ``Connection: close``, and once it completes the write side is shut (so the client reads its answer,
@@ -44,6 +49,8 @@ log = logging.getLogger("gradwire_server.connections")
 
 #: How long a connection answered before its body was read keeps discarding what the client still sends.
 LINGER_S = 2.0
+#: A request body from which nothing arrived for this long may be closed to make room at the caps.
+BODY_STALL_S = 0.25
 #: Descriptors kept beside the connections: SQLite, the files of catch-ups and submissions, the pools.
 FD_RESERVE = 256
 _LOG_EVERY_S = 10.0
@@ -53,7 +60,9 @@ CAUSES = {
     "body_rate": "body slower than min_body_rate",
     "response_stall": "read nothing of a response for body_timeout_s",
     "evicted": "waiting for headers, closed to make room at max_connections",
-    "refused": "refused at max_connections (none waiting for headers)",
+    "refused": "refused at max_connections (none waiting for headers or stalled in a body)",
+    "evicted_body": "stalled in a request body, closed to make room at max_connections",
+    "per_address": "closed at max_connections_per_address",
     "answered_before_body": "answered before its body was read, linger over",
 }
 
@@ -66,11 +75,12 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 20.0
     min_body_rate: int = 16 << 10
+    max_connections_per_address: int = 128  # 0: no per-address cap
 
     @classmethod
     def from_settings(cls, settings) -> "ConnectionLimits":
         return cls(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
-                   settings.min_body_rate)
+                   settings.min_body_rate, settings.max_connections_per_address)
 
 
 def ensure_descriptors(max_connections: int) -> Optional[tuple[int, int]]:
@@ -107,6 +117,9 @@ class ConnectionGuard:
         self.open: set["_GuardedProtocol"] = set()
         # Insertion-ordered: the first is the one that has waited longest.
         self._evictable: dict["_GuardedProtocol", None] = {}
+        # Connections receiving a request body, the one silent longest first (moved to the end by each byte).
+        self._bodies: dict["_GuardedProtocol", None] = {}
+        self._by_address: dict[str, int] = {}
         self.closed: dict[str, int] = {}
         self._unlogged: dict[str, int] = {}
         self._flush: Optional[asyncio.TimerHandle] = None
@@ -114,26 +127,66 @@ class ConnectionGuard:
         self.on_close: Callable[[str], None] = lambda cause: None
 
     def admit(self, conn: "_GuardedProtocol") -> None:
-        """A new connection: make room if the cap is reached (see the module's docstring)."""
+        """A new connection: make room if a cap is reached (see the module's docstring)."""
         self.open.add(conn)
         self.evictable(conn)
+        address, per_address = conn.address, self.limits.max_connections_per_address
+        if address is not None:
+            self._by_address[address] = self._by_address.get(address, 0) + 1
+            conn.counted_address = address
+            while per_address and self._by_address.get(address, 0) > per_address:
+                victim = self._victim(conn, lambda c: c.counted_address == address)
+                if victim is None:
+                    conn.close("per_address")
+                    return
+                victim.close("per_address")
         while len(self.open) > self.limits.max_connections:
-            victim = next(iter(self._evictable), None)
-            if victim is None or victim is conn:
+            victim = self._victim(conn)
+            if victim is None:
                 conn.close("refused")
                 return
-            victim.close("evicted")
+            victim.close("evicted" if victim in self._evictable else "evicted_body")
+
+    def _victim(self, new: "_GuardedProtocol", among=lambda c: True) -> Optional["_GuardedProtocol"]:
+        """The connection to close to make room for ``new``: the oldest waiting for headers, else the one
+        stalled longest in a body; ``None`` when neither exists (``new`` itself never is one)."""
+        for conn in self._evictable:
+            if conn is not new and among(conn):
+                return conn
+        now = new.loop.time()
+        for conn in self._bodies:
+            if now - conn.last_body_at < BODY_STALL_S:
+                break  # ordered by silence: the rest are more recent still
+            # Not one the server itself stopped reading (flow control while the route is busy).
+            if among(conn) and not conn.flow.read_paused:
+                return conn
+        return None
 
     def evictable(self, conn: "_GuardedProtocol") -> None:
+        self._bodies.pop(conn, None)
         self._evictable.pop(conn, None)
         self._evictable[conn] = None
 
+    def receiving(self, conn: "_GuardedProtocol") -> None:
+        """``conn`` is receiving a body and a byte just came (or the body began)."""
+        self._evictable.pop(conn, None)
+        self._bodies.pop(conn, None)
+        self._bodies[conn] = None
+
     def busy(self, conn: "_GuardedProtocol") -> None:
         self._evictable.pop(conn, None)
+        self._bodies.pop(conn, None)
 
     def forget(self, conn: "_GuardedProtocol") -> None:
+        if conn in self.open and conn.counted_address is not None:
+            left = self._by_address.get(conn.counted_address, 1) - 1
+            if left > 0:
+                self._by_address[conn.counted_address] = left
+            else:
+                self._by_address.pop(conn.counted_address, None)
         self.open.discard(conn)
         self._evictable.pop(conn, None)
+        self._bodies.pop(conn, None)
 
     def count(self, cause: str, loop: asyncio.AbstractEventLoop) -> None:
         self.closed[cause] = self.closed.get(cause, 0) + 1
@@ -203,12 +256,16 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._body_started = 0.0
         self._body_bytes = 0
         self._answered_early = False  # this response said Connection: close (it began before the body was in)
+        self.last_body_at = 0.0  # loop time of the body's last byte (or its start)
+        self.counted_address: Optional[str] = None  # the client address the guard counts this connection under
 
     # -- the phases ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _ClockedFlowControl(transport, self.loop.time)
+        peer = transport.get_extra_info("peername")
+        self.address: Optional[str] = peer[0] if isinstance(peer, (tuple, list)) and peer else None
         self._wait_for_headers()
         self.guard.admit(self)
 
@@ -225,6 +282,8 @@ class _GuardedProtocol(HttpToolsProtocol):
         if _expects_body(self.headers):
             self._phase = _Phase.BODY
             self._body_started, self._body_bytes = self.loop.time(), 0
+            self.last_body_at = self._body_started
+            self.guard.receiving(self)
             self.flow.restart_clock()
             self._arm(self.guard.limits.body_timeout_s, self._check_body_rate)
             self._say_close_if_answered_early(self.cycle)
@@ -258,12 +317,16 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        if self._phase is _Phase.BODY:
+            self.last_body_at = self.loop.time()
+            self.guard.receiving(self)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self._phase is _Phase.BODY:
             self._phase = _Phase.APP
+            self.guard.busy(self)
             self._disarm()
 
     def on_response_complete(self) -> None:

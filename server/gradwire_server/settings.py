@@ -62,7 +62,13 @@ class ServerSettings(BaseSettings):
     # Bounded connections (docs/SERVER.md, "Connections and deadlines"; gradwire_server.connections).
     max_connections: int = Field(
         512, ge=1, description="Open connections at most; beyond, the oldest one still waiting for its request "
-                               "headers is closed to make room (or the new one, when none waits).")
+                               "headers, else the one stalled longest in a request body, is closed to make room "
+                               "(or the new one, when none is).")
+    max_connections_per_address: int = Field(
+        128, ge=0, description="Open connections from one client address at most (0: no per-address cap); beyond, "
+                               "that address's oldest connection waiting for headers or stalled in a body is "
+                               "closed to make room (or the new one). Behind a reverse proxy every client shares "
+                               "the proxy's address: raise it to max_connections or set 0 there.")
     header_timeout_s: float = Field(
         10.0, gt=0, allow_inf_nan=False,
         description="A request's line and headers must arrive within this many seconds of the connection "
