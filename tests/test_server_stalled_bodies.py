@@ -95,8 +95,8 @@ def test_update_submission_without_a_token_is_refused_before_its_body(tmp_path):
 
 
 def test_stalled_bodies_with_a_valid_token_make_room_at_the_cap(tmp_path):
-    # 40 stalled admin uploads against a cap of 16, and more arriving with every normal request: once the
-    # first stalled ones are BODY_STALL_S old, every normal request is answered.
+    # 40 stalled admin uploads against a cap of 16, and more arriving with every normal request: the one
+    # silent longest makes room, so every normal request is answered.
     server = LiveServer(tmp_path / "data", env={"GRADWIRE_MAX_CONNECTIONS": "16",
                                                 "GRADWIRE_MAX_CONNECTIONS_PER_ADDRESS": "0"})
     socks = [_stalled_post(server.port, "/v1/runs", "test-admin") for _ in range(40)]

@@ -14,8 +14,10 @@ uvicorn's httptools protocol with these additions, all on the event loop's timer
 - **Response stall.** A client that reads nothing of a response for ``body_timeout_s`` is closed.
 - **Connection cap.** Beyond ``max_connections`` the oldest connection that is waiting for its request
   headers (a slow client, an idle keep-alive one, or one lingering) is closed to make room; when none is,
-  the one stalled longest in a request body (nothing received for ``BODY_STALL_S``) is; when none is
-  either, the new connection is closed. Sockets that never send a request, or send a header block and
+  the one stalled longest in a request body is (whichever has been silent longer: a connection that
+  waits for headers counts from when it began to wait, a body from its last byte; a body the server
+  itself stopped reading is never chosen); when none is either, the new connection is closed. An upload
+  in progress receives bytes every few milliseconds, so it is the last to be chosen. Sockets that never send a request, or send a header block and
   then stall in its body, cost at most ``max_connections`` descriptors, and never keep out a client that
   sends its request promptly: that one is always the newest.
 - **Per-address cap.** Beyond ``max_connections_per_address`` connections from one client address, that
@@ -49,8 +51,6 @@ log = logging.getLogger("gradwire_server.connections")
 
 #: How long a connection answered before its body was read keeps discarding what the client still sends.
 LINGER_S = 2.0
-#: A request body from which nothing arrived for this long may be closed to make room at the caps.
-BODY_STALL_S = 0.25
 #: Descriptors kept beside the connections: SQLite, the files of catch-ups and submissions, the pools.
 FD_RESERVE = 256
 _LOG_EVERY_S = 10.0
@@ -115,10 +115,11 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits):
         self.limits = limits
         self.open: set["_GuardedProtocol"] = set()
-        # Insertion-ordered: the first is the one that has waited longest.
-        self._evictable: dict["_GuardedProtocol", None] = {}
-        # Connections receiving a request body, the one silent longest first (moved to the end by each byte).
-        self._bodies: dict["_GuardedProtocol", None] = {}
+        # Insertion-ordered, with the loop time each began to wait: the first has waited longest.
+        self._evictable: dict["_GuardedProtocol", float] = {}
+        # Connections receiving a request body, with the time of their last byte: the one silent longest
+        # first (each byte moves its connection to the end).
+        self._bodies: dict["_GuardedProtocol", float] = {}
         self._by_address: dict[str, int] = {}
         self.closed: dict[str, int] = {}
         self._unlogged: dict[str, int] = {}
@@ -148,30 +149,26 @@ class ConnectionGuard:
             victim.close("evicted" if victim in self._evictable else "evicted_body")
 
     def _victim(self, new: "_GuardedProtocol", among=lambda c: True) -> Optional["_GuardedProtocol"]:
-        """The connection to close to make room for ``new``: the oldest waiting for headers, else the one
-        stalled longest in a body; ``None`` when neither exists (``new`` itself never is one)."""
-        for conn in self._evictable:
-            if conn is not new and among(conn):
-                return conn
-        now = new.loop.time()
-        for conn in self._bodies:
-            if now - conn.last_body_at < BODY_STALL_S:
-                break  # ordered by silence: the rest are more recent still
-            # Not one the server itself stopped reading (flow control while the route is busy).
-            if among(conn) and not conn.flow.read_paused:
-                return conn
-        return None
+        """The connection to close to make room for ``new``: of the one waiting longest for headers and the
+        one silent longest in a body, whichever has been silent longer; ``None`` when neither exists
+        (``new`` itself never is one)."""
+        waiting = next(((c, t) for c, t in self._evictable.items() if c is not new and among(c)), None)
+        # Not a body the server itself stopped reading (flow control while the route is busy).
+        body = next(((c, t) for c, t in self._bodies.items() if among(c) and not c.flow.read_paused), None)
+        if waiting is None or body is None:
+            return (waiting or body or (None,))[0]
+        return waiting[0] if waiting[1] <= body[1] else body[0]
 
     def evictable(self, conn: "_GuardedProtocol") -> None:
         self._bodies.pop(conn, None)
         self._evictable.pop(conn, None)
-        self._evictable[conn] = None
+        self._evictable[conn] = conn.loop.time()
 
     def receiving(self, conn: "_GuardedProtocol") -> None:
         """``conn`` is receiving a body and a byte just came (or the body began)."""
         self._evictable.pop(conn, None)
         self._bodies.pop(conn, None)
-        self._bodies[conn] = None
+        self._bodies[conn] = conn.loop.time()
 
     def busy(self, conn: "_GuardedProtocol") -> None:
         self._evictable.pop(conn, None)
@@ -256,7 +253,6 @@ class _GuardedProtocol(HttpToolsProtocol):
         self._body_started = 0.0
         self._body_bytes = 0
         self._answered_early = False  # this response said Connection: close (it began before the body was in)
-        self.last_body_at = 0.0  # loop time of the body's last byte (or its start)
         self.counted_address: Optional[str] = None  # the client address the guard counts this connection under
 
     # -- the phases ---------------------------------------------------------------------------------
@@ -282,7 +278,6 @@ class _GuardedProtocol(HttpToolsProtocol):
         if _expects_body(self.headers):
             self._phase = _Phase.BODY
             self._body_started, self._body_bytes = self.loop.time(), 0
-            self.last_body_at = self._body_started
             self.guard.receiving(self)
             self.flow.restart_clock()
             self._arm(self.guard.limits.body_timeout_s, self._check_body_rate)
@@ -318,7 +313,6 @@ class _GuardedProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._phase is _Phase.BODY:
-            self.last_body_at = self.loop.time()
             self.guard.receiving(self)
         super().on_body(body)
 
