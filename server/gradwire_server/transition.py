@@ -215,14 +215,33 @@ class RunState:
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         records = [u.frame.entries for u in updates]
+        verbatim = write_published(self.version, [u.raw for u in updates], weights, trim)
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
+            if len(published) > len(verbatim):
+                return self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
             # The codec's reconstruction is what every node decodes from those bytes (Codec.compress's
             # contract, as for AdamW's diff), so the frame is not decoded again here.
             self._apply_mean(recon)
             return published
         self._average(records, weights, trim)
-        return write_published(self.version, [u.raw for u in updates], weights, trim)
+        return verbatim
+
+    def _publish_verbatim_instead(self, records: Sequence[Sequence], weights: Sequence[float], trim: int,
+                                  recon: Mapping[str, torch.Tensor], verbatim: bytes) -> bytes:
+        """The re-encoded aggregate came out larger than the round's own frames (a few senders, small
+        tensors, a downlink budget above theirs): publish the frames verbatim, so that no version is ever
+        larger than the frames it replaces plus its header. Every node then applies the exact aggregate,
+        and the downlink buffer takes back what the re-encoding had moved out of it (``recon − mean``),
+        leaving the residual it held before this round. The choice and that arithmetic are a fixed
+        function of the logged updates, so a replay after a restart makes them again, bit for bit."""
+        assert self.downlink is not None
+        clock = _Clock(self.timings)
+        mean = exact_aggregate(records, weights, trim, device=self.device)
+        clock.lap("aggregate")
+        self.downlink.take_back({n: recon[n] - mean[n] for n in recon})
+        self._apply_mean(mean)
+        return verbatim
 
     def _reencoded_version(self, records: Sequence[Sequence], weights: Sequence[float],
                            trim: int) -> tuple[bytes, dict[str, torch.Tensor]]:
@@ -247,7 +266,13 @@ class RunState:
         agg = self.config.aggregation
         weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
         self._observe([u.norm for u in updates])
-        ours, recon = self._reencoded_version([u.frame.entries for u in updates], weights, trim)
+        records = [u.frame.entries for u in updates]
+        ours, recon = self._reencoded_version(records, weights, trim)
+        verbatim = write_published(self.version, [u.raw for u in updates], weights, trim)
+        if len(ours) > len(verbatim) and verbatim == published:
+            # The round published its frames verbatim: close_average made the same choice.
+            self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
+            return True
         if ours == published:
             self._apply_mean(recon)
             return True
