@@ -215,17 +215,24 @@ class RunState:
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         records = [u.frame.entries for u in updates]
-        verbatim = write_published(self.version, [u.raw for u in updates], weights, trim)
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
-            if len(published) > len(verbatim):
+            verbatim = self._verbatim(updates, weights, trim)
+            if verbatim is not None and len(published) > len(verbatim):
                 return self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
             # The codec's reconstruction is what every node decodes from those bytes (Codec.compress's
             # contract, as for AdamW's diff), so the frame is not decoded again here.
             self._apply_mean(recon)
             return published
         self._average(records, weights, trim)
-        return verbatim
+        return write_published(self.version, [u.raw for u in updates], weights, trim)
+
+    def _verbatim(self, updates: Sequence[Update], weights: Sequence[float], trim: int) -> Optional[bytes]:
+        """The round's frames verbatim as version ``version + 1`` (``None`` where an update came without its
+        bytes: callers that build updates by hand)."""
+        if not all(u.raw for u in updates):
+            return None
+        return write_published(self.version + 1, [u.raw for u in updates], weights, trim)
 
     def _publish_verbatim_instead(self, records: Sequence[Sequence], weights: Sequence[float], trim: int,
                                   recon: Mapping[str, torch.Tensor], verbatim: bytes) -> bytes:
@@ -268,8 +275,8 @@ class RunState:
         self._observe([u.norm for u in updates])
         records = [u.frame.entries for u in updates]
         ours, recon = self._reencoded_version(records, weights, trim)
-        verbatim = write_published(self.version, [u.raw for u in updates], weights, trim)
-        if len(ours) > len(verbatim) and verbatim == published:
+        verbatim = self._verbatim(updates, weights, trim)
+        if verbatim is not None and len(ours) > len(verbatim) and verbatim == published:
             # The round published its frames verbatim: close_average made the same choice.
             self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
             return True
