@@ -39,3 +39,13 @@ def test_the_default_model_has_gpt2_smalls_124m_parameters():
         sys.path.remove(str(BENCH_DIR))
     model = GPT2(vocab=50257, positions=1024, layers=12, width=768, heads=12)
     assert sum(p.numel() for p in model.parameters()) == 124_439_808  # GPT-2 small, output tied to the embedding
+
+
+def test_the_gpu_script_parses_and_runs_each_part_under_its_own_timeout():
+    script = BENCH_DIR / "gpu.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    for part in ("part install", "part tests", "part optimizer_step_10M", "part optimizer_step_100M",
+                 "part dct_codec", "part train_step"):
+        assert part in text, part
+    assert "--carry" not in text and 'carry=["dist", ".gpu-wheels"]' in text
