@@ -42,7 +42,6 @@ import collections
 import contextlib
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -52,8 +51,7 @@ from torch.utils._pytree import tree_flatten
 
 import gradwire.torch as gt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_reference import DeMoReference  # noqa: E402
+from demo_reference import DeMoReference  # bench/ is the script's folder, first on sys.path
 
 DEVICE = torch.device("cuda", 0)
 HOST = torch.device("cpu")

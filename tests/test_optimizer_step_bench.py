@@ -4,6 +4,7 @@ optimizers' real exchange sent per step, and the issue's targets printed as met 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,16 @@ import torch
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 BENCH = BENCH_DIR / "optimizer_step.py"
+
+
+def _bench(name: str):
+    """``bench/<name>.py`` as a module, registered under ``name`` (the benches import each other by name)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 def test_the_optimizer_step_bench_times_every_row_beside_adamw_and_the_reference(tmp_path):
@@ -57,11 +68,8 @@ def test_the_optimizer_step_bench_times_every_row_beside_adamw_and_the_reference
 def test_the_reference_rewrite_matches_demo_py_semantics():
     """One step of the rewritten DeMo on one parameter, checked against what demo.py's step means: the
     delta keeps what was not sent, the weights move by −lr·sign of the decoded top-k."""
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        from demo_reference import DeMoReference, smaller_split
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+    ref = _bench("demo_reference")
+    DeMoReference, smaller_split = ref.DeMoReference, ref.smaller_split
     assert smaller_split(4096, 64) == 64 and smaller_split(96, 64) == 48 and smaller_split(97, 64) == 1
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(128, 64))
@@ -81,9 +89,5 @@ def test_the_reference_rewrite_matches_demo_py_semantics():
 
 @pytest.mark.parametrize("tokens,sizes", [(["10M,100M"], [10e6, 100e6]), (["1.1e6", "3k"], [1.1e6, 3e3])])
 def test_the_params_option_reads_suffixes_and_commas(tokens, sizes):
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        import optimizer_step
-    finally:
-        sys.path.remove(str(BENCH_DIR))
-    assert optimizer_step.parse_sizes(tokens) == sizes
+    _bench("demo_reference")
+    assert _bench("optimizer_step").parse_sizes(tokens) == sizes

@@ -3,12 +3,23 @@ AdamW, DeMo and SparseLoCo, run on the CPU at a tiny size; and the default shape
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 BENCH = BENCH_DIR / "train_step.py"
+
+
+def _bench(name: str):
+    """``bench/<name>.py`` as a module, registered under ``name`` (the benches import each other by name)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 def test_the_train_step_bench_times_every_optimizer_beside_adamw_and_prints_the_target():
@@ -32,11 +43,7 @@ def test_the_train_step_bench_times_every_optimizer_beside_adamw_and_prints_the_
 
 
 def test_the_default_model_has_gpt2_smalls_124m_parameters():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        from train_step import GPT2
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+    GPT2 = _bench("train_step").GPT2
     model = GPT2(vocab=50257, positions=1024, layers=12, width=768, heads=12)
     assert sum(p.numel() for p in model.parameters()) == 124_439_808  # GPT-2 small, output tied to the embedding
 
