@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-rust test-python wheel install dev bench reliability wan fuzz fuzz-smoke fuzz-cmin clean
+.PHONY: demo test test-rust test-python wheel install dev bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -80,6 +80,20 @@ fuzz-smoke:
 
 fuzz-cmin:
 	rust/core/fuzz/fuzz.sh cmin
+
+# For bench/gpu.sh on a lent GPU machine (`make wheel gpu-wheels` builds both from this checkout) (Python 3.12, its own torch, no network): the abi3 wheel in dist/
+# and, in .gpu-wheels/ (git-ignored, well under 64 MiB), the wheels of the server's and the tests' Python
+# dependencies that machine's image lacks, at the versions the venv here runs, for CPython 3.12 on
+# x86-64 manylinux (pure-Python wheels where there are). --no-deps: each is named, nothing it needs twice.
+GPU_WHEELS ?= .gpu-wheels
+GPU_PLATFORMS := $(foreach n,2_17 2_24 2_28 2_31 2_34,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+gpu-wheels: $(VENV)/.created
+	@ls dist/*.whl >/dev/null 2>&1 || $(MAKE) wheel
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+	  --abi abi3 --abi none $(GPU_PLATFORMS) --platform any -d $(GPU_WHEELS) \
+	  $$($(PY) -c "import importlib.metadata as m; print(' '.join(f'{n}=={m.version(n)}' for n in ('fastapi', 'starlette', 'opentelemetry-api', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection', 'pydantic-settings', 'python-dotenv', 'uvicorn', 'httptools', 'watchfiles', 'websockets', 'blake3', 'zstandard', 'typing-extensions')))")
+	@du -sh $(GPU_WHEELS) && ls $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) dist target

@@ -6,8 +6,8 @@ The issue's case: a 4096×4096 fp32 tensor in 64×64 tiles, top-k per tile for k
   top-k, quantization, Rice-coded positions, the CRC-checked frame, and the exact reconstruction that
   error feedback subtracts (what every receiver decodes, bit for bit). *decode* is ``gradwire.decode``
   of the frame: parse, check, Rice decode, the exact decode (docs/FORMAT.md §5.2).
-- **DeMo**: bloc97/DeMo ``demo.py``'s ``TransformDCT`` and ``CompressDCT`` rewritten here op for op
-  (einops' rearranges as reshapes and permutes): int64 indices, fp32 values, no framing. *encode* is
+- **DeMo**: bloc97/DeMo ``demo.py``'s ``TransformDCT`` and ``CompressDCT`` rewritten op for op in
+  ``bench/demo_reference.py`` (einops' rearranges as reshapes and permutes): int64 indices, fp32 values, no framing. *encode* is
   what its ``step()`` does to send a tensor: ``encode`` (einsum DCT), ``compress`` (top-k of ``|x|``,
   gather) and the transmit estimate it subtracts from the momentum, ``decode(decompress(...))``;
   *decode* is what it does with a received payload: ``decompress`` (``scatter_reduce_`` mean) and
@@ -36,7 +36,8 @@ from rich.console import Console
 from rich.table import Table
 
 import gradwire
-from gradwire.dct import dct_basis
+
+from demo_reference import CodecReference
 
 
 def _sync(device: torch.device) -> None:
@@ -52,53 +53,10 @@ def run_once(fn, device: torch.device) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-class DeMoReference:
-    """``TransformDCT`` + ``CompressDCT`` of DeMo's ``demo.py`` for one 2-D tensor, op for op."""
-
-    def __init__(self, shape: tuple[int, int], chunk: int, device: torch.device):
-        self.n1, self.n2 = chunk, chunk
-        # demo.py builds f = _dct(I) and b = _idct(I): f = Dᵀ, b = D for the orthonormal DCT matrix D.
-        d = dct_basis(chunk, device)
-        self.f, self.b = d.T.contiguous(), d.contiguous()
-        self.shape = shape
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        y, x_ = x.shape[0] // self.n1, x.shape[1] // self.n2
-        t = x.reshape(y, self.n1, x_, self.n2)  # rearrange "(y h) (x w) -> y h x w"
-        return torch.einsum("...ijkl, jb, ld -> ...ikbd", t, self.f, self.f)
-
-    def decode(self, c: torch.Tensor) -> torch.Tensor:
-        t = torch.einsum("...ijkl, kb, ld -> ...ibjd", c, self.b, self.b)
-        return t.reshape(self.shape)  # rearrange "y h x w -> (y h) (x w)"
-
-    @staticmethod
-    def compress(c: torch.Tensor, k: int):
-        xshape = c.shape
-        flat = c.reshape(*xshape[:2], -1)  # rearrange "y x h w -> y x (h w)"
-        idx = torch.topk(flat.abs(), k=k, dim=-1, largest=True, sorted=False).indices
-        return idx, torch.gather(flat, -1, idx), xshape
-
-    @staticmethod
-    def decompress(idx: torch.Tensor, val: torch.Tensor, xshape) -> torch.Tensor:
-        x = torch.zeros((*xshape[:2], xshape[2] * xshape[3]), device=val.device, dtype=val.dtype)
-        x.scatter_reduce_(dim=-1, index=idx, src=val, reduce="mean", include_self=False)
-        return x.reshape(xshape)
-
-    def send(self, x: torch.Tensor, k: int):
-        """What ``step()`` does to send ``x``: the payload and the transmit estimate."""
-        idx, val, xshape = self.compress(self.encode(x), k)
-        estimate = self.decode(self.decompress(idx, val, xshape))
-        return (idx, val, xshape), estimate
-
-    def receive(self, payload) -> torch.Tensor:
-        idx, val, xshape = payload
-        return self.decode(self.decompress(idx, val, xshape))
-
-
 def bench_k(x: torch.Tensor, k: int, repeat: int) -> dict:
     device = x.device
     codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles", index_coding="rice")
-    demo = DeMoReference(tuple(x.shape), 64, device)
+    demo = CodecReference(tuple(x.shape), 64, device)
     best = {"gw_enc": float("inf"), "gw_dec": float("inf"), "demo_enc": float("inf"), "demo_dec": float("inf")}
     for _ in range(repeat):  # interleaved: both methods see the same load
         t, frame = run_once(lambda: codec.encode(x), device)

@@ -1,4 +1,4 @@
-"""One optimizer step of gradwire's DeMo and SparseLoCo beside ``torch.optim.AdamW.step()``, on the CPU or a GPU.
+"""One optimizer step of gradwire's DeMo and SparseLoCo beside ``torch.optim.AdamW`` and DeMo's reference, on the CPU or a GPU.
 
 What a training job pays per step for the optimizer itself, on one rank: the gradients are given (random,
 the same for every row), so the times hold no forward or backward pass. A one-rank process group
@@ -6,28 +6,41 @@ the same for every row), so the times hold no forward or backward pass. A one-ra
 default: pieces, exact mean, re-encoding, the frames), but with a single rank the collectives move
 no data between processes, so the figures are the compute a step costs, not the network.
 
-Rows, on the same parameters:
+Models (``--models``):
 
-- **torch AdamW**: ``torch.optim.AdamW(params, lr)`` (torch's default implementation for the device:
-  ``foreach``), the baseline every ratio is taken against;
-- **torch AdamW, fused** (on a GPU only): ``fused=True``;
-- **DeMo**: ``gradwire.torch.DeMo`` with its defaults (a DCT top-k exchange at every step);
-- **SparseLoCo, per step**: ``gradwire.torch.SparseLoCo`` with an inner ``torch.optim.AdamW`` and its
+- **linear**: width×width ``nn.Linear`` layers with biases (width 1024; 4096 from 50 M up), as many as make
+  ``--params`` (10 M → 10.5 M parameters in 20 tensors);
+- **many**: the many-tensor case, 48 layers of 256×256 with biases: 3.2 M parameters in 96 tensors;
+- **mlp**: a 1 M-parameter MLP, 512 → 1024 → 512 (4 tensors).
+
+Rows, each on its own copy of the same parameters and gradients:
+
+- **torch AdamW (foreach)**: ``torch.optim.AdamW(params, lr, foreach=True)``, the baseline of the × AdamW column;
+- **torch AdamW (fused)** (on a GPU only): ``fused=True``, the baseline of the × fused column;
+- **DeMo reference**: bloc97/DeMo ``demo.py``'s ``DeMo`` rewritten op for op (``bench/demo_reference.py``),
+  its defaults (top-32 of each 64×64 chunk), all-gathering through the same one-rank group;
+- **gradwire DeMo**: ``gradwire.torch.DeMo`` with its defaults;
+- **gradwire SparseLoCo, per step**: ``gradwire.torch.SparseLoCo`` with an inner ``torch.optim.AdamW`` of the
+  baseline's kind (foreach on the CPU, fused on a GPU, where its target is taken against fused AdamW) and its
   defaults (a sync every 8 steps): the mean over a whole cycle of local steps and one sync;
-- **SparseLoCo, the sync step**: the one step in 8 that encodes, exchanges and applies the outer step.
+- **gradwire SparseLoCo, the sync step**: the one step in 8 that encodes, exchanges and applies the outer step.
 
-Per row: milliseconds per step (the median of ``--repeat`` timed steps or cycles after warm-up, the
-device synchronized around each), its ratio to AdamW measured in the same run, and on a GPU the peak
-memory a step allocates beyond the parameters and gradients (``torch.cuda.max_memory_allocated``).
-The table also goes to ``bench/out/optimizer_step.md``.
+The rows are timed interleaved: each repeat steps every row once (SparseLoCo: its local steps, then its
+sync step, timed apart), so all rows see the same machine load. Per row: milliseconds per step (the
+fastest of ``--repeat`` after warm-up, the least disturbed on a shared machine as in ``bench/timing.py``;
+the device synchronized around each), its ratios to AdamW and to
+the reference measured in the same run, and on a GPU the memory a row holds and allocates beyond its
+parameters and gradients. The issue's targets are printed as met / missed lines. The table also goes to
+``bench/out/optimizer_step.md`` (``--out``).
 
-Usage: python bench/optimizer_step.py [--device cpu|cuda] [--params 10e6 100e6] [--repeat 5] [--threads N]
+Usage: python bench/optimizer_step.py [--device cpu|cuda] [--params 10M,100M] [--models linear,many,mlp]
+       [--repeat 5] [--threads N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import copy
 import time
 from pathlib import Path
 
@@ -35,16 +48,33 @@ import torch
 from torch import nn
 
 import gradwire.torch as gt
+from demo_reference import DeMoReference
 
 OUT = Path(__file__).resolve().parent / "out" / "optimizer_step.md"
 WIDTH = 1024
+MODELS = ("linear", "many", "mlp")
+SUFFIX = {"k": 1e3, "K": 1e3, "m": 1e6, "M": 1e6, "g": 1e9, "G": 1e9}
 
 
-def _model(params: float, device: torch.device) -> nn.Module:
-    """Linear width×width layers with biases, as many as make about ``params`` parameters (at least one)."""
-    width = WIDTH if params < 50e6 else 4 * WIDTH
-    layers = max(1, round(params / (width * width + width)))
-    return nn.Sequential(*(nn.Linear(width, width) for _ in range(layers))).to(device)
+def parse_sizes(tokens: list[str]) -> list[float]:
+    """``["10M,100M"]`` or ``["10e6", "1.1e6"]`` → parameter counts."""
+    out = []
+    for token in tokens:
+        for t in filter(None, token.split(",")):
+            out.append(float(t[:-1]) * SUFFIX[t[-1]] if t[-1] in SUFFIX else float(t))
+    return out
+
+
+def build_model(kind: str, params: float, device: torch.device) -> nn.Module:
+    if kind == "linear":
+        width = WIDTH if params < 50e6 else 4 * WIDTH
+        layers = max(1, round(params / (width * width + width)))
+        return nn.Sequential(*(nn.Linear(width, width) for _ in range(layers))).to(device)
+    if kind == "many":
+        return nn.Sequential(*(nn.Linear(256, 256) for _ in range(48))).to(device)
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512)).to(device)
+    raise ValueError(f"unknown model {kind!r}; one of {', '.join(MODELS)}")
 
 
 def _sync(device: torch.device) -> None:
@@ -52,123 +82,223 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _optimizer(row: str, model: nn.Module):
+def make_optimizer(row: str, model: nn.Module):
     params = list(model.parameters())
     if row == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3)
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
     if row == "adamw_fused":
         return torch.optim.AdamW(params, lr=1e-3, fused=True)
+    if row == "reference":
+        return DeMoReference(params, lr=1e-3)
     if row == "demo":
         return gt.DeMo(params, lr=1e-3)
-    return gt.SparseLoCo(params, torch.optim.AdamW(params, lr=1e-3))
+    if row == "sparseloco":
+        # The inner AdamW is the baseline's own kind: foreach on the CPU, fused on a GPU.
+        fused = params[0].device.type == "cuda"
+        inner = torch.optim.AdamW(params, lr=1e-3, **({"fused": True} if fused else {"foreach": True}))
+        return gt.SparseLoCo(params, inner)
+    raise ValueError(row)
 
 
-def _time_row(row: str, params: float, device: torch.device, repeat: int) -> dict:
-    torch.manual_seed(0)
-    model = _model(params, device)
-    gen = torch.Generator(device=device).manual_seed(1)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, device=device, generator=gen) * 1e-3
-    opt = _optimizer(row, model)
-    cycle = opt.sync_every if row == "sparseloco" else 1
+class Row:
+    """One optimizer on its own copy of the model, warmed up; :meth:`time_once` times one step (or one
+    SparseLoCo cycle: local steps and sync apart)."""
 
-    def run(steps: int) -> float:
-        _sync(device)
+    def __init__(self, row: str, base: nn.Module, grads: list[torch.Tensor], device: torch.device):
+        self.row, self.device = row, device
+        before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        self.model = copy.deepcopy(base)
+        for p, g in zip(self.model.parameters(), grads):
+            p.grad = g.clone()
+        held = sum(2 * p.numel() * p.element_size() for p in self.model.parameters())
+        self.opt = make_optimizer(row, self.model)
+        self.cycle = self.opt.sync_every if row == "sparseloco" else 1
+        self.run(2 * self.cycle)  # warm-up: state allocated, the exchange set up, caches filled
+        after = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        self.state_bytes = after - before - held
+        self.peak_extra = 0
+        self.ms: list[float] = []
+        self.local_ms: list[float] = []
+        self.sync_ms: list[float] = []
+
+    def run(self, steps: int) -> float:
+        _sync(self.device)
         t0 = time.perf_counter()
         for _ in range(steps):
-            opt.step()
-        _sync(device)
+            self.opt.step()
+        _sync(self.device)
         return time.perf_counter() - t0
 
-    run(2 * cycle)  # warm-up: state allocated, the exchange set up, caches filled
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    out = dict(row=row, numel=sum(p.numel() for p in model.parameters()))
-    if row == "sparseloco":
-        # Local steps and the sync step timed apart, one cycle at a time.
-        local, sync = [], []
-        for _ in range(repeat):
-            local.append(run(cycle - 1) / (cycle - 1))
-            sync.append(run(1))
-        out["ms"] = 1e3 * (statistics.median(local) * (cycle - 1) + statistics.median(sync)) / cycle
-        out["sync_ms"] = 1e3 * statistics.median(sync)
-        out["cycle"] = cycle
-    else:
-        out["ms"] = 1e3 * statistics.median(run(1) for _ in range(repeat))
-    if device.type == "cuda":
-        out["extra_mib"] = (torch.cuda.max_memory_allocated(device) - resident) / 2**20
-        out["state_mib"] = resident / 2**20
-    if hasattr(opt, "bytes_sent"):
-        out["sent_per_step"] = opt.bytes_sent / max(1, _steps_taken(opt))
-    del opt, model
+    def time_once(self) -> None:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            resident = torch.cuda.memory_allocated(self.device)
+        if self.row == "sparseloco":
+            self.local_ms.append(1e3 * self.run(self.cycle - 1) / (self.cycle - 1))
+            self.sync_ms.append(1e3 * self.run(1))
+        else:
+            self.ms.append(1e3 * self.run(1))
+        if cuda:
+            self.peak_extra = max(self.peak_extra, torch.cuda.max_memory_allocated(self.device) - resident)
+
+    def result(self) -> dict:
+        out = dict(row=self.row)
+        if self.row == "sparseloco":
+            local, sync = min(self.local_ms), min(self.sync_ms)
+            out.update(ms=(local * (self.cycle - 1) + sync) / self.cycle, sync_ms=sync, cycle=self.cycle)
+        else:
+            out["ms"] = min(self.ms)
+        if self.device.type == "cuda":
+            out["extra_mib"] = (self.state_bytes + self.peak_extra) / 2**20
+        if self.row == "reference":
+            out["sent_per_step"] = self.opt.bytes_sent
+        elif hasattr(self.opt, "bytes_sent"):
+            steps = getattr(self.opt, "steps", 0) or getattr(self.opt, "local_steps", 0)
+            out["sent_per_step"] = self.opt.bytes_sent / max(1, steps)
+        return out
+
+
+def rows_for(device: torch.device) -> list[str]:
+    return ["adamw"] + (["adamw_fused"] if device.type == "cuda" else []) + ["reference", "demo", "sparseloco"]
+
+
+def measure(kind: str, params: float, device: torch.device, repeat: int) -> list[dict]:
+    torch.manual_seed(0)
+    base = build_model(kind, params, device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    grads = [torch.randn(p.shape, device=device, generator=gen) * 1e-3 for p in base.parameters()]
+    rows = [Row(r, base, grads, device) for r in rows_for(device)]
+    for _ in range(repeat):  # interleaved: every row sees the same load
+        for r in rows:
+            r.time_once()
+    numel = sum(p.numel() for p in base.parameters())
+    tensors = len(list(base.parameters()))
+    out = []
+    for r in rows:
+        res = r.result()
+        res.update(model=kind, numel=numel, tensors=tensors, param_bytes=4 * numel)
+        out.append(res)
+    del rows
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
-
-
-def _steps_taken(opt) -> int:
-    return getattr(opt, "steps", 0) or getattr(opt, "local_steps", 0)
 
 
 def _rank(rank: int, world: int, args: dict) -> dict:
     device = torch.device(args["device"])
     if args["threads"]:
         torch.set_num_threads(args["threads"])
-    rows = ["adamw"] + (["adamw_fused"] if device.type == "cuda" else []) + ["demo", "sparseloco"]
+    cases = [(m, p) for m in args["models"] for p in (args["params"] if m == "linear" else [0])]
     results = []
-    for params in args["params"]:
-        for row in rows:
-            r = _time_row(row, params, device, args["repeat"])
-            r["params"] = params
-            print(f"{params / 1e6:.0f} M  {row:12s} {r['ms']:9.2f} ms", flush=True)
-            results.append(r)
+    for kind, params in cases:
+        rs = measure(kind, params, device, args["repeat"])
+        for r in rs:
+            print(f"{kind:6s} {r['numel'] / 1e6:6.1f} M  {r['row']:12s} {r['ms']:9.2f} ms", flush=True)
+        results += rs
     return dict(results=results, threads=torch.get_num_threads())
 
 
 NAMES = {
     "adamw": "torch AdamW (foreach)",
     "adamw_fused": "torch AdamW (fused)",
+    "reference": "DeMo reference (demo.py)",
     "demo": "gradwire DeMo",
     "sparseloco": "gradwire SparseLoCo, per step",
 }
 
 
+def _case(r: dict) -> tuple:
+    return (r["model"], r["numel"])
+
+
 def table(results: list[dict], device_name: str) -> list[str]:
     cuda = any("extra_mib" in r for r in results)
-    head = "| parameters | optimizer | ms / step | × AdamW | sent B / step |" + (" memory beyond params+grads, MiB |" if cuda else "")
-    lines = [f"On {device_name}, one rank.", "", head, "|" + "---:|---|---:|---:|---:|" + ("---:|" if cuda else "")]
-    base = {r["params"]: r["ms"] for r in results if r["row"] == "adamw"}
+    fused = any(r["row"] == "adamw_fused" for r in results)
+    head = ("| model | parameters | tensors | optimizer | ms / step | × AdamW |" + (" × fused AdamW |" if fused else "")
+            + " × reference | sent B / step |" + (" memory beyond params+grads, MiB |" if cuda else ""))
+    cols = head.count("|") - 1
+    lines = [f"On {device_name}, one rank.", "", head, "|" + "|".join(["---:"] * cols) + "|"]
+    base = {_case(r): r["ms"] for r in results if r["row"] == "adamw"}
+    fbase = {_case(r): r["ms"] for r in results if r["row"] == "adamw_fused"}
+    ref = {_case(r): r["ms"] for r in results if r["row"] == "reference"}
+
+    def line(r: dict, name: str, ms: float, sent: str, mem: str) -> str:
+        c = _case(r)
+        cells = [r["model"], f"{r['numel'] / 1e6:.1f} M", str(r["tensors"]), name, f"{ms:.2f}", f"{ms / base[c]:.2f}"]
+        if fused:
+            cells.append(f"{ms / fbase[c]:.2f}")
+        cells += [f"{ms / ref[c]:.2f}", sent]
+        if cuda:
+            cells.append(mem)
+        return "| " + " | ".join(cells) + " |"
+
     for r in results:
-        ratio = r["ms"] / base[r["params"]]
         sent = f"{r['sent_per_step']:,.0f}" if "sent_per_step" in r else "—"
-        mem = f" {r['extra_mib']:,.0f} |" if cuda else ""
-        lines.append(f"| {r['numel'] / 1e6:.1f} M | {NAMES[r['row']]} | {r['ms']:.2f} | {ratio:.2f} | {sent} |{mem}")
+        mem = f"{r['extra_mib']:,.0f}" if "extra_mib" in r else ""
+        lines.append(line(r, NAMES[r["row"]], r["ms"], sent, mem))
         if r["row"] == "sparseloco":
-            sync = r["sync_ms"]
-            lines.append(f"| {r['numel'] / 1e6:.1f} M | gradwire SparseLoCo, the sync step (1 in {r['cycle']}) "
-                         f"| {sync:.2f} | {sync / base[r['params']]:.2f} | | {'|' if cuda else ''}")
+            lines.append(line(r, f"gradwire SparseLoCo, the sync step (1 in {r['cycle']})", r["sync_ms"], "", ""))
     return lines
+
+
+def _verdict(what: str, value: float, limit: float, unit: str = "×") -> str:
+    ok = value <= limit
+    return f"target {what}: {value:.2f}{unit} (≤ {limit:g}{unit}) — {'met' if ok else 'missed'}"
+
+
+def targets(results: list[dict], cuda: bool) -> list[str]:
+    """The issue's targets this run measured, as met / missed lines."""
+    by = {(_case(r), r["row"]): r for r in results}
+    cases = sorted({_case(r) for r in results}, key=lambda c: (MODELS.index(c[0]), c[1]))
+    out = []
+    for c in cases:
+        label = f"{c[0]} {c[1] / 1e6:.1f} M"
+        demo, ref, adamw = by[(c, "demo")], by[(c, "reference")], by[(c, "adamw")]
+        slo = by[(c, "sparseloco")]
+        if not cuda:
+            if c[0] in ("linear", "many"):
+                out.append(_verdict(f"DeMo step / reference, {label}", demo["ms"] / ref["ms"], 1.0))
+            out.append(_verdict(f"SparseLoCo mean step / AdamW, {label}", slo["ms"] / adamw["ms"], 1.5))
+        else:
+            fused = by[(c, "adamw_fused")]
+            out.append(_verdict(f"DeMo step / reference, {label}", demo["ms"] / ref["ms"], 1.0))
+            out.append(_verdict(f"DeMo step / fused AdamW, {label}", demo["ms"] / fused["ms"], 5.0))
+            out.append(_verdict(f"SparseLoCo mean step / fused AdamW (its inner), {label}", slo["ms"] / fused["ms"], 1.2))
+            for row in ("demo", "sparseloco"):
+                r = by[(c, row)]
+                out.append(_verdict(f"{NAMES[row]} memory beyond params+grads / param bytes, {label}",
+                                    r["extra_mib"] * 2**20 / r["param_bytes"], 1.5))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--params", type=float, nargs="+", default=[10e6])
+    ap.add_argument("--params", nargs="+", default=["10M"],
+                    help="sizes of the linear model: 10M,100M or 10e6 100e6")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated, of linear, many, mlp (default: all three on the CPU, linear on a GPU)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     device = torch.device(a.device)
+    models = (a.models or ("linear" if device.type == "cuda" else ",".join(MODELS))).split(",")
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}; one of {', '.join(MODELS)}")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    args = dict(device=a.device, params=a.params, repeat=a.repeat, threads=a.threads)
+    args = dict(device=a.device, params=parse_sizes(a.params), models=models, repeat=a.repeat, threads=a.threads)
     (out,) = gt.spawn(_rank, 1, (args,), backend=backend, timeout_s=1800)
     results = out["results"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({out['threads']} threads)"
-    lines = table(results, f"{name}, torch {torch.__version__}")
+    lines = table(results, f"{name}, torch {torch.__version__}, fastest of {a.repeat} interleaved")
+    lines += [""] + targets(results, device.type == "cuda")
     print("\n".join(lines))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("# One optimizer step beside torch.optim.AdamW (bench/optimizer_step.py)\n\n" + "\n".join(lines) + "\n")
+    a.out.write_text("# One optimizer step beside torch.optim.AdamW and DeMo's reference (bench/optimizer_step.py)\n\n"
+                     + "\n".join(lines) + "\n")
     print(f"wrote {a.out}")
 
 
