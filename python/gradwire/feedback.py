@@ -22,6 +22,11 @@ from .frame import Entry, write_frame
 __all__ = ["ErrorFeedback"]
 
 
+def _owned(x: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether ``x`` (the input plus its residual) is a tensor of its own, not ``tensor``'s memory."""
+    return x.numel() > 0 and x.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+
+
 class ErrorFeedback:
     """Per-tensor residuals around ``codec``.
 
@@ -60,7 +65,25 @@ class ErrorFeedback:
         """
         xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
         done = self.codec.compress_bundle(xs)
+        owned = [n for n in tensors if tensors[n].dtype == torch.float32 and _owned(xs[n], tensors[n])]
+        if owned and self._records_copy():
+            # x + residual is a new tensor no record views: every new residual x − recon in place, one
+            # _foreach_sub_ (the same once-rounded subtractions, the same bits, no new tensors).
+            recons = [done[n][1] for n in owned]
+            if all(r.dtype == torch.float32 and r.device == xs[n].device for n, r in zip(owned, recons)):
+                torch._foreach_sub_([xs[n] for n in owned], recons)
+                for n in owned:
+                    self._residuals[n] = xs[n]
+                settled = set(owned)
+                return {n: done[n] if n in settled else self._settle(tensors[n], n, xs[n], *done[n])
+                        for n in tensors}
         return {n: self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
+
+    def _records_copy(self) -> bool:
+        """Whether the codec's records and reconstructions never view its input (it says so: the DCT
+        codec's are new host arrays and new tensors), so the input may become the residual in place."""
+        says = getattr(self.codec, "records_copy_input", None)
+        return bool(says()) if callable(says) else False
 
     def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
         if not tensor.is_floating_point():

@@ -21,7 +21,7 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
-from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
+from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
@@ -158,20 +158,36 @@ class SparseLoCoState:
         names = sorted(anchor)
         if set(current) != set(anchor):
             raise ValueError("anchor and current must name the same tensors")
+        in_place = updates_in_place(self.codec)
+        pgs, decayed, fresh = [], [], []
         for n in names:
             a, c = anchor[n], current[n]
             if tuple(a.shape) != tuple(c.shape):
                 raise ValueError(f"{n!r}: anchor has shape {tuple(a.shape)}, current {tuple(c.shape)}")
-            pg = torch.sub(a.detach().to(torch.float32), c.detach().to(device=a.device, dtype=torch.float32))
+            e = self.errors.get(n)
+            if e is not None and tuple(e.shape) != tuple(a.shape):
+                raise ValueError(f"{n!r} has shape {tuple(a.shape)}, its error buffer {tuple(e.shape)}")
+            pgs.append((a.detach().to(torch.float32), c.detach().to(device=a.device, dtype=torch.float32)))
+        # pg = anchor − current and e = error_decay·e + pg: one _foreach_ op each over every tensor, the
+        # buffers (this object's own) in place around a codec whose records never view them — the same
+        # once-rounded operations as tensor by tensor, so the same bits.
+        pg = torch._foreach_sub([a for a, _ in pgs], [c for _, c in pgs]) if pgs else []
+        for n, d in zip(names, pg):
             e = self.errors.get(n)
             if e is None:
-                e = pg
-            else:
-                if tuple(e.shape) != tuple(pg.shape):
-                    raise ValueError(f"{n!r} has shape {tuple(pg.shape)}, its error buffer {tuple(e.shape)}")
-                e = torch.add(torch.mul(e.to(pg.device), self.error_decay), pg)
+                self.errors[n] = d
+                continue
+            if e.device != d.device:
+                e = e.to(d.device)
+            elif not in_place:
+                e = e.clone()  # a record made at the last sync may view it: step a copy
+            decayed.append(e)
+            fresh.append(d)
             self.errors[n] = e
-        return send_and_keep_rest(self.codec, self.errors, names)
+        if decayed:
+            torch._foreach_mul_(decayed, self.error_decay)
+            torch._foreach_add_(decayed, fresh)
+        return send_and_keep_rest(self.codec, self.errors, names, in_place=in_place)
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""

@@ -321,6 +321,15 @@ class DCTCodec(Codec):
         entry = self._record(name, dtype, plan, k, *host)
         return entry, KeptCoefficients(plan, idx, levels, scales, mins)
 
+    def records_copy_input(self) -> bool:
+        """Whether this codec's records and reconstructions never view the tensors it is given (its
+        records are new host arrays, its reconstructions new tensors), so a caller may write those tensors
+        afterwards (error feedback and the node sides update their buffers in place); ``False`` for a
+        subclass with a compress of its own."""
+        cls = type(self)
+        return (cls.compress is DCTCodec.compress and cls.compress_bundle is DCTCodec.compress_bundle
+                and cls.compress_batched is DCTCodec.compress_batched)
+
     def compress_bundle(self, tensors):
         """As :meth:`Codec.compress_bundle`; on a GPU the tensors are compressed together.
 
