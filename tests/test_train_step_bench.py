@@ -1,0 +1,41 @@
+"""bench/train_step.py: a whole training step (forward, backward, optimizer) of a GPT-2-shaped model with
+AdamW, DeMo and SparseLoCo, run on the CPU at a tiny size; and the default shape is GPT-2 small's 124 M."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+BENCH = BENCH_DIR / "train_step.py"
+
+
+def test_the_train_step_bench_times_every_optimizer_beside_adamw_and_prints_the_target():
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--device", "cpu", "--batch", "2", "--seq", "32", "--layers", "2",
+         "--width", "64", "--heads", "2", "--vocab", "256", "--repeat", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    rows = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in lines if line.startswith("| "))}
+    assert {"torch AdamW", "gradwire DeMo", "gradwire SparseLoCo, mean step"} <= set(rows)
+    assert float(rows["torch AdamW"][2]) == 1.0
+    for name in ("gradwire DeMo", "gradwire SparseLoCo, mean step"):
+        assert float(rows[name][1]) > 0
+        loss = float(rows[name][4])
+        assert 0 < loss < 2 * 5.545  # a language model's cross-entropy near ln(256) at the start, finite
+    targets = [line for line in lines if line.startswith("target training step")]
+    assert len(targets) == 2 and all(t.endswith(("— met", "— missed", "— met (stretch met)")) for t in targets)
+    assert "batch 2 × 32 tokens, autocast bf16" in run.stdout
+
+
+def test_the_default_model_has_gpt2_smalls_124m_parameters():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        from train_step import GPT2
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    model = GPT2(vocab=50257, positions=1024, layers=12, width=768, heads=12)
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808  # GPT-2 small, output tied to the embedding
