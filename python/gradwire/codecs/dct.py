@@ -338,12 +338,17 @@ class DCTCodec(Codec):
         :meth:`compress_batched` runs every step once over all the chunks of one chunk shape.
         """
         # (Not for a subclass with a compress of its own: the batch would bypass it.)
-        if (len(tensors) > 1 and type(self).compress is DCTCodec.compress
-                and all(t.device.type != "cpu" for t in tensors.values())):
-            return self.compress_batched(tensors)
+        if len(tensors) > 1 and type(self).compress is DCTCodec.compress:
+            if all(t.device.type != "cpu" for t in tensors.values()):
+                return self.compress_batched(tensors)
+            if all(t.device.type == "cpu" for t in tensors.values()):
+                # On the CPU only the chunk shapes the Rust transform takes are stacked: every step there
+                # works chunk by chunk, so the records are byte for byte compress's (the matrix route's
+                # last bits could follow the batch's size); the other tensors go one by one.
+                return self.compress_batched(tensors, exact_only=True)
         return super().compress_bundle(tensors)
 
-    def compress_batched(self, tensors) -> dict[str, tuple[Entry, torch.Tensor]]:
+    def compress_batched(self, tensors, exact_only: bool = False) -> dict[str, tuple[Entry, torch.Tensor]]:
         """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked and
         transformed, selected, quantized, moved to the host and exactly decoded together.
 
@@ -352,6 +357,10 @@ class DCTCodec(Codec):
         transform's last bits follow the matrix library's choice for the batch's size, so a coefficient
         at a tie may be kept in place of another, and each record still decodes to exactly its
         reconstruction.
+
+        ``exact_only``: stack only the chunk shapes whose every step is chunk by chunk on this device (on
+        the CPU: 2-D power-of-two chunks, the Rust transform's), so each record is byte for byte
+        :meth:`compress`'s; any other tensor is compressed on its own.
         """
         groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, _dct.ChunkPlan]]] = {}
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
@@ -361,26 +370,33 @@ class DCTCodec(Codec):
                 out[name] = self.compress(tensor, name)
                 continue
             plan = self.plan(tensor.shape)
+            if exact_only and not _chunkwise_on_cpu(plan.chunk_shape):
+                out[name] = self.compress(tensor, name)
+                continue
             groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
         for dims, members in groups.items():
             c = members[0][2].chunk_numel
             k = self.chunk_topk(c)
-            chunks = torch.cat([
-                _dct.to_chunks(t.detach().to(torch.float32), plan).reshape(plan.num_chunks, *dims)
-                for _, t, plan in members
-            ])
-            coeffs = _dct.dct_chunks(chunks).reshape(-1, c)
+            chunks = _cut_into_chunks(members, dims, c)
+            coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
+            if chunks.device.type == "cpu":
+                # The Rust decode of a whole record, the stacked chunks taken as one flat record of them:
+                # each chunk is decoded on its own, exactly, so the same bits as record by record.
+                stacked = _dct.plan_flat((chunks.shape[0] * c,), dims)
+                decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
+            else:
+                decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
             idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
+            recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
             row = 0
-            for name, tensor, plan in members:
+            for (name, tensor, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
                 row += plan.num_chunks
                 entry = self._record(name, tensor.dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1),
                                      scales_h[rows], mins_h[rows])
-                out[name] = (entry, _dct.from_chunks(decoded[rows], plan).to(tensor.dtype))
+                out[name] = (entry, recon if recon.dtype == tensor.dtype else recon.to(tensor.dtype))
         return {name: out[name] for name in tensors}
 
     def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
@@ -447,6 +463,63 @@ class DCTCodec(Codec):
         return (
             f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
         )
+
+
+def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
+    """Whether the CPU transform of chunks of ``dims`` is the Rust one (2-D, sides powers of two up to
+    ``MATMUL_MAX_N``), which works chunk by chunk whatever the batch."""
+    return len(dims) == 2 and all(0 < n <= _dct.MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
+
+
+def _chunk_views(members, dims, chunk_rows: torch.Tensor, flat_of):
+    """Pairs ``(chunk-layout view, tensor-layout view)`` of each member's elements, and the padding's
+    views: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)`` member i's
+    elements in tensor order (a flat view). Tiles pair a ``(grid_u, grid_v, a, b)`` view of the rows with
+    the tensor's tiles permuted into that order — views only, so one ``_foreach_copy_`` moves them all."""
+    chunk_side, tensor_side, pads = [], [], []
+    row = 0
+    for i, (_, _, plan) in enumerate(members):
+        n, c = plan.num_chunks, plan.chunk_numel
+        rows = chunk_rows[row:row + n]
+        row += n
+        flat = flat_of(i)
+        if plan.mode == _dct.MODE_TILES and len(plan.chunk_shape) == 2:
+            (a, b), (gu, gv) = plan.chunk_shape, plan.grid
+            chunk_side.append(rows.view(gu, gv, a, b))
+            tensor_side.append(flat.view(gu, a, gv, b).permute(0, 2, 1, 3))
+        else:
+            numel = flat.numel()
+            chunk_side.append(rows.view(-1)[:numel])
+            tensor_side.append(flat)
+            if n * c > numel:
+                pads.append(rows.view(-1)[numel:])
+    return chunk_side, tensor_side, pads
+
+
+def _cut_into_chunks(members, dims, c: int) -> torch.Tensor:
+    """Every member's chunks (``to_chunks`` of each, float32) stacked ``(rows, C)``, written in place into
+    one new buffer: one ``_foreach_copy_`` (and one ``_foreach_zero_`` for flat chunks' padding) whatever
+    the number of tensors. Copies and float32 widening are exact: the same values as ``to_chunks``."""
+    total = sum(plan.num_chunks for _, _, plan in members)
+    device = members[0][1].device
+    out = torch.empty((total, c), dtype=torch.float32, device=device)
+    sources = [t.detach().reshape(-1) for _, t, _ in members]
+    dst, src, pads = _chunk_views(members, dims, out, lambda i: sources[i])
+    torch._foreach_copy_(dst, src)
+    if pads:
+        torch._foreach_zero_(pads)
+    return out
+
+
+def _put_back_chunks(decoded: torch.Tensor, members, dims) -> list[torch.Tensor]:
+    """Each member's decoded chunks put back into its tensor's shape (``from_chunks``), float32: views of
+    one new buffer, written by one ``_foreach_copy_``."""
+    sizes = [math.prod(plan.shape) for _, _, plan in members]
+    flat = torch.empty(sum(sizes), dtype=torch.float32, device=decoded.device)
+    parts = list(torch.split(flat, sizes)) if members else []
+    src, dst, _ = _chunk_views(members, dims, decoded, lambda i: parts[i])
+    torch._foreach_copy_(dst, src)
+    return [p.view(plan.shape) for p, (_, _, plan) in zip(parts, members)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,11 +781,10 @@ def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out:
     scales = torch.from_numpy(np.concatenate([np.array(p[4], dtype=np.float32) for p in parts])).to(dev)
     mins = torch.from_numpy(np.concatenate([np.array(p[5], dtype=np.float32) for p in parts])).to(dev)
     decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-    row = 0
-    for p, entry, i in zip(parts, entries, at):
-        plan = p[0]
-        out[i] = _dct.from_chunks(decoded[row:row + plan.num_chunks], plan).to(entry.dtype)
-        row += plan.num_chunks
+    # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
+    put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], -1), [(None, None, p[0]) for p in parts], dims)
+    for t, entry, i in zip(put_back, entries, at):
+        out[i] = t if t.dtype == entry.dtype else t.to(entry.dtype)
 
 
 @register_weighted_sum(DCTCodec.codec_id)

@@ -234,15 +234,17 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool, overwrite: bo
     return y.reshape(shape)
 
 
-def dct_chunks(chunks: torch.Tensor) -> torch.Tensor:
+def dct_chunks(chunks: torch.Tensor, *, overwrite: bool = False) -> torch.Tensor:
     """Transform a batch of chunks ``(num_chunks, *chunk_shape)``: an n-D DCT per chunk.
 
     Each chunk is transformed along each of its own dimensions; dimension 0, the chunk index, is never
-    transformed, so changing one chunk changes only that chunk's coefficients.
+    transformed, so changing one chunk changes only that chunk's coefficients. ``overwrite``: ``chunks``
+    is the caller's scratch, which the CPU's Rust transform may turn into the result in place (the same
+    bits, one pass over memory fewer).
     """
     if chunks.ndim < 2:
         raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(chunks.shape)}")
-    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False)
+    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False, overwrite=overwrite)
 
 
 def idct_chunks(coeffs: torch.Tensor) -> torch.Tensor:

@@ -381,6 +381,7 @@ class ShardedExchange(GroupMember):
             if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
                 raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
         parts: dict[str, torch.Tensor] = {}
+        theirs: list[Entry] = []
         for r, data in enumerate(frames):
             if not owned[r]:
                 if len(data):
@@ -391,7 +392,11 @@ class ShardedExchange(GroupMember):
                 # exact_mean of one record at weight 1 is its decode, which this rank holds already.
                 parts.update(mine_decoded)
                 continue
-            parts.update(exact_mean([got_r], weights=[1.0], device=device))
+            theirs += got_r
+        if theirs:
+            # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
+            # at weight 1, the same bits as owner by owner.
+            parts.update(exact_mean([theirs], weights=[1.0], device=device))
         sent += len(out_frame)
         received += sum(len(f) for r, f in enumerate(frames) if r != me)
         self.bytes_sent += sent
