@@ -342,9 +342,8 @@ class DCTCodec(Codec):
             if all(t.device.type != "cpu" for t in tensors.values()):
                 return self.compress_batched(tensors)
             if all(t.device.type == "cpu" for t in tensors.values()):
-                # On the CPU only the chunk shapes the Rust transform takes are stacked: every step there
-                # works chunk by chunk, so the records are byte for byte compress's (the matrix route's
-                # last bits could follow the batch's size); the other tensors go one by one.
+                # On the CPU every step but the matrix route's transform works chunk by chunk: stacked,
+                # the records are byte for byte compress's (that transform runs tensor by tensor).
                 return self.compress_batched(tensors, exact_only=True)
         return super().compress_bundle(tensors)
 
@@ -358,9 +357,10 @@ class DCTCodec(Codec):
         at a tie may be kept in place of another, and each record still decodes to exactly its
         reconstruction.
 
-        ``exact_only``: stack only the chunk shapes whose every step is chunk by chunk on this device (on
-        the CPU: 2-D power-of-two chunks, the Rust transform's), so each record is byte for byte
-        :meth:`compress`'s; any other tensor is compressed on its own.
+        ``exact_only``: stack only what works chunk by chunk on this device, so each record is byte for
+        byte :meth:`compress`'s: on the CPU the transform of chunks other than the Rust transform's (2-D,
+        sides powers of two) runs tensor by tensor, as :meth:`compress` runs it; selection, quantization
+        and the exact decode are stacked for every chunk shape.
         """
         groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, _dct.ChunkPlan]]] = {}
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
@@ -370,21 +370,24 @@ class DCTCodec(Codec):
                 out[name] = self.compress(tensor, name)
                 continue
             plan = self.plan(tensor.shape)
-            if exact_only and not _chunkwise_on_cpu(plan.chunk_shape):
-                out[name] = self.compress(tensor, name)
-                continue
             groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
         for dims, members in groups.items():
             c = members[0][2].chunk_numel
             k = self.chunk_topk(c)
-            chunks = _cut_into_chunks(members, dims, c)
-            coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
+            if exact_only and not _chunkwise_on_cpu(dims):
+                # The matrix route's last bits could follow the batch's size: each tensor's transform on
+                # its own, as compress runs it; selection, quantization and decode work chunk by chunk.
+                coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan)
+                                    for _, t, plan in members])
+            else:
+                chunks = _cut_into_chunks(members, dims, c)
+                coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            if chunks.device.type == "cpu":
+            if coeffs.device.type == "cpu":
                 # The Rust decode of a whole record, the stacked chunks taken as one flat record of them:
                 # each chunk is decoded on its own, exactly, so the same bits as record by record.
-                stacked = _dct.plan_flat((chunks.shape[0] * c,), dims)
+                stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
                 decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
             else:
                 decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
@@ -782,7 +785,7 @@ def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out:
     mins = torch.from_numpy(np.concatenate([np.array(p[5], dtype=np.float32) for p in parts])).to(dev)
     decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
     # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
-    put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], -1), [(None, None, p[0]) for p in parts], dims)
+    put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims)
     for t, entry, i in zip(put_back, entries, at):
         out[i] = t if t.dtype == entry.dtype else t.to(entry.dtype)
 
