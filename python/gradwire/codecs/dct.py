@@ -385,14 +385,17 @@ class DCTCodec(Codec):
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
             if coeffs.device.type == "cpu":
-                # The Rust decode of a whole record, the stacked chunks taken as one flat record of them:
-                # each chunk is decoded on its own, exactly, so the same bits as record by record.
-                stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
-                decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
+                # The Rust decode, record by record as compress runs it: it writes a matrix's tiles in
+                # place (no put-back pass over memory), and each call is one native pass, not kernels.
+                recons, row = [], 0
+                for _, _, plan in members:
+                    rows = slice(row, row + plan.num_chunks)
+                    row += plan.num_chunks
+                    recons.append(_reconstruct(idx[rows], levels[rows], scales[rows], mins[rows], plan))
             else:
                 decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
+                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
             idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
-            recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
             row = 0
             for (name, tensor, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
