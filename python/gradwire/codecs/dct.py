@@ -331,11 +331,12 @@ class DCTCodec(Codec):
                 and cls.compress_batched is DCTCodec.compress_batched)
 
     def compress_bundle(self, tensors):
-        """As :meth:`Codec.compress_bundle`; on a GPU the tensors are compressed together.
+        """As :meth:`Codec.compress_bundle`; the tensors are compressed together (:meth:`compress_batched`).
 
-        There each step of :meth:`compress` is a few kernel launches per tensor whatever its size, and a
+        On a GPU each step of :meth:`compress` is a few kernel launches per tensor whatever its size, and a
         bundle of many small tensors (the sharded exchange's pieces) spent its time launching them:
-        :meth:`compress_batched` runs every step once over all the chunks of one chunk shape.
+        :meth:`compress_batched` runs every step once over all the chunks of one chunk shape. On the CPU
+        the bundle is stacked where that keeps every byte of :meth:`compress`'s records.
         """
         # (Not for a subclass with a compress of its own: the batch would bypass it.)
         if len(tensors) > 1 and type(self).compress is DCTCodec.compress:
@@ -348,11 +349,12 @@ class DCTCodec(Codec):
         return super().compress_bundle(tensors)
 
     def compress_batched(self, tensors, exact_only: bool = False) -> dict[str, tuple[Entry, torch.Tensor]]:
-        """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked and
-        transformed, selected, quantized, moved to the host and exactly decoded together.
+        """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked (cut by one
+        ``_foreach_copy_``) and transformed, selected, quantized, moved to the host and exactly decoded
+        together (on the CPU the Rust decode runs record by record, writing each tensor in place).
 
         Every step works chunk by chunk, so on the CPU the records are byte for byte those of
-        :meth:`compress` and the reconstructions the same bits (a test holds it); on a GPU the forward
+        :meth:`compress` and the reconstructions the same bits (tests hold it); on a GPU the forward
         transform's last bits follow the matrix library's choice for the batch's size, so a coefficient
         at a tie may be kept in place of another, and each record still decodes to exactly its
         reconstruction.
