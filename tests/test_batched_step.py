@@ -61,8 +61,13 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("codec", CODECS, ids=repr)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_cpu_bundle_stacked_by_chunk_shape_gives_each_tensors_own_record_byte_for_byte(codec, dtype):
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_a_cpu_bundle_stacked_by_chunk_shape_gives_each_tensors_own_record_byte_for_byte(codec, dtype, large):
     tensors = _tensors(dtype)
+    if large:  # records of this size are decoded one by one into their tensors, smaller ones stacked
+        g = torch.Generator().manual_seed(5)
+        tensors = {"big0": torch.randn(1024, 512, generator=g).to(dtype), "b0": tensors["b0"],
+                   "big1": torch.randn(512, 1024, generator=g).to(dtype), "b1": tensors["b1"]}
     bundle = codec.compress_bundle(tensors)
     assert list(bundle) == list(tensors)
     for name, t in tensors.items():

@@ -386,14 +386,21 @@ class DCTCodec(Codec):
                 coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            if coeffs.device.type == "cpu":
-                # The Rust decode, record by record as compress runs it: it writes a matrix's tiles in
-                # place (no put-back pass over memory), and each call is one native pass, not kernels.
+            if coeffs.device.type == "cpu" and coeffs.numel() >= _CPU_STACKED_DECODE_MAX * len(members):
+                # Large records: the Rust decode, record by record as compress runs it, writes a matrix's
+                # tiles in place (no put-back pass over memory) and each call is one native pass.
                 recons, row = [], 0
                 for _, _, plan in members:
                     rows = slice(row, row + plan.num_chunks)
                     row += plan.num_chunks
                     recons.append(_reconstruct(idx[rows], levels[rows], scales[rows], mins[rows], plan))
+            elif coeffs.device.type == "cpu":
+                # Many small records: one Rust decode of all their chunks (taken as one flat record of
+                # them; each chunk is decoded on its own, exactly: the same bits) and one put-back copy,
+                # rather than a call per record.
+                stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
+                decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
+                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
             else:
                 decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
                 recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
@@ -471,6 +478,11 @@ class DCTCodec(Codec):
         return (
             f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
         )
+
+
+#: Mean elements per record from which :meth:`DCTCodec.compress_batched` decodes a CPU group record by record
+#: (into each tensor's own layout, no put-back pass) rather than stacked (one call for many small records).
+_CPU_STACKED_DECODE_MAX = 1 << 18
 
 
 def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
