@@ -491,12 +491,14 @@ def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
     return len(dims) == 2 and all(0 < n <= _dct.MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
 
 
-def _chunk_views(members, dims, chunk_rows: torch.Tensor, flat_of):
-    """Pairs ``(chunk-layout view, tensor-layout view)`` of each member's elements, and the padding's
-    views: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)`` member i's
-    elements in tensor order (a flat view). Tiles pair a ``(grid_u, grid_v, a, b)`` view of the rows with
-    the tensor's tiles permuted into that order — views only, so one ``_foreach_copy_`` moves them all."""
-    chunk_side, tensor_side, pads = [], [], []
+def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
+    """``(destinations, sources, padding)`` views moving every member's elements between the chunk layout
+    and its tensor's: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)``
+    member i's elements in tensor order (a flat view); ``into_chunks`` says which way. Tiles pair a
+    ``(grid_u, grid_v, a, b)`` view of the rows with the tensor's tiles, the permutation always on the
+    source side (a strided read into a contiguous write: the fast copy on the CPU). Views only, so one
+    ``_foreach_copy_`` moves them all."""
+    dst, src, pads = [], [], []
     row = 0
     for i, (_, _, plan) in enumerate(members):
         n, c = plan.num_chunks, plan.chunk_numel
@@ -505,15 +507,21 @@ def _chunk_views(members, dims, chunk_rows: torch.Tensor, flat_of):
         flat = flat_of(i)
         if plan.mode == _dct.MODE_TILES and len(plan.chunk_shape) == 2:
             (a, b), (gu, gv) = plan.chunk_shape, plan.grid
-            chunk_side.append(rows.view(gu, gv, a, b))
-            tensor_side.append(flat.view(gu, a, gv, b).permute(0, 2, 1, 3))
+            tiles, tensor = rows.view(gu, gv, a, b), flat.view(gu, a, gv, b)
+            if into_chunks:
+                dst.append(tiles)
+                src.append(tensor.permute(0, 2, 1, 3))
+            else:
+                dst.append(tensor)
+                src.append(tiles.permute(0, 2, 1, 3))
         else:
             numel = flat.numel()
-            chunk_side.append(rows.view(-1)[:numel])
-            tensor_side.append(flat)
+            chunked = rows.view(-1)[:numel]
+            dst.append(chunked if into_chunks else flat)
+            src.append(flat if into_chunks else chunked)
             if n * c > numel:
                 pads.append(rows.view(-1)[numel:])
-    return chunk_side, tensor_side, pads
+    return dst, src, pads
 
 
 def _cut_into_chunks(members, dims, c: int) -> torch.Tensor:
@@ -524,7 +532,7 @@ def _cut_into_chunks(members, dims, c: int) -> torch.Tensor:
     device = members[0][1].device
     out = torch.empty((total, c), dtype=torch.float32, device=device)
     sources = [t.detach().reshape(-1) for _, t, _ in members]
-    dst, src, pads = _chunk_views(members, dims, out, lambda i: sources[i])
+    dst, src, pads = _chunk_views(members, out, lambda i: sources[i], into_chunks=True)
     torch._foreach_copy_(dst, src)
     if pads:
         torch._foreach_zero_(pads)
@@ -537,7 +545,7 @@ def _put_back_chunks(decoded: torch.Tensor, members, dims) -> list[torch.Tensor]
     sizes = [math.prod(plan.shape) for _, _, plan in members]
     flat = torch.empty(sum(sizes), dtype=torch.float32, device=decoded.device)
     parts = list(torch.split(flat, sizes)) if members else []
-    src, dst, _ = _chunk_views(members, dims, decoded, lambda i: parts[i])
+    dst, src, _ = _chunk_views(members, decoded, lambda i: parts[i], into_chunks=False)
     torch._foreach_copy_(dst, src)
     return [p.view(plan.shape) for p, (_, _, plan) in zip(parts, members)]
 
