@@ -368,11 +368,13 @@ class DCTCodec(Codec):
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
         for name, tensor in tensors.items():
             rec.check_float_input(tensor)
-            if tensor.numel() == 0:  # an empty record of its own
-                out[name] = self.compress(tensor, name)
+            if tensor.numel() == 0:  # an empty record of its own, written on the host: no data to copy
+                entry, _ = self.compress(torch.empty(tensor.shape, dtype=tensor.dtype), name)
+                out[name] = (entry, torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device))
                 continue
             plan = self.plan(tensor.shape)
             groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
+        pending = []
         for dims, members in groups.items():
             c = members[0][2].chunk_numel
             k = self.chunk_topk(c)
@@ -404,7 +406,10 @@ class DCTCodec(Codec):
             else:
                 decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
                 recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
-            idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
+            pending.append((members, k, c, (idx, levels, scales, mins), recons))
+        # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
+        hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
+        for (members, k, c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
             row = 0
             for (name, tensor, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
@@ -413,6 +418,35 @@ class DCTCodec(Codec):
                                      scales_h[rows], mins_h[rows])
                 out[name] = (entry, recon if recon.dtype == tensor.dtype else recon.to(tensor.dtype))
         return {name: out[name] for name in tensors}
+
+    def _to_host_all(self, groups):
+        """:meth:`_to_host` (not flat) of each ``((idx, levels, scales, mins), c)``. Off the CPU the arrays
+        of every group are laid end to end as bytes on the device (each padded to 8 bytes, so every array
+        stays aligned) and copied to the host in ONE transfer, then cut back into typed views: one
+        device-to-host copy per exchange phase whatever the number of tensors or chunk shapes."""
+        if not groups or groups[0][0][0].device.type == "cpu":
+            return [self._to_host(*payload, c, flat=False) for payload, c in groups]
+        parts: list[torch.Tensor] = []
+        for (idx, levels, scales, mins), c in groups:
+            values = (levels - 128).to(torch.int8) if self.value_bits == VALUE_BITS else levels.to(torch.int32)
+            parts += [idx.to(torch.int16 if c <= (1 << 15) else torch.int32), values,
+                      scales.to(torch.float32), mins.to(torch.float32)]
+        pieces, spans = [], []
+        offset = 0
+        for t in parts:
+            raw = t.contiguous().reshape(-1).view(torch.uint8)
+            pad = -raw.numel() % 8
+            pieces.append(raw)
+            if pad:
+                pieces.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
+            spans.append((offset, t))
+            offset += raw.numel() + pad
+        blob = torch.cat(pieces).cpu().numpy()
+        arrays = []
+        for start, t in spans:
+            dtype = np.dtype(str(t.dtype).replace("torch.", ""))
+            arrays.append(blob[start:start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
+        return [tuple(arrays[4 * g:4 * g + 4]) for g in range(len(groups))]
 
     def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
         """``(positions, values, scales, mins)`` as numpy arrays, values as the record stores them (int8
