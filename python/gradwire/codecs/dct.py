@@ -836,12 +836,29 @@ def _decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) 
     return out  # type: ignore[return-value]
 
 
+def _to_device_all(arrays: Sequence[np.ndarray], dev: torch.device) -> list[torch.Tensor]:
+    """The host ``arrays`` on ``dev`` in one host-to-device copy: laid end to end as bytes (each padded to 8
+    bytes, so every one stays aligned), copied once, cut back into typed views."""
+    spans, offset = [], 0
+    for a in arrays:
+        spans.append(offset)
+        offset += a.nbytes + (-a.nbytes % 8)
+    blob = np.zeros(offset, dtype=np.uint8)
+    for a, start in zip(arrays, spans):
+        blob[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    moved = torch.from_numpy(blob).to(dev)
+    return [moved[start:start + a.nbytes].view(getattr(torch, a.dtype.name)).reshape(a.shape) if a.nbytes
+            else torch.empty(a.shape, dtype=getattr(torch, a.dtype.name), device=dev)
+            for a, start in zip(arrays, spans)]
+
+
 def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out: list) -> None:
-    idx = torch.from_numpy(np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts])).to(dev)
-    levels = torch.from_numpy(np.concatenate(
-        [np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts])).to(dev)
-    scales = torch.from_numpy(np.concatenate([np.array(p[4], dtype=np.float32) for p in parts])).to(dev)
-    mins = torch.from_numpy(np.concatenate([np.array(p[5], dtype=np.float32) for p in parts])).to(dev)
+    idx, levels, scales, mins = _to_device_all([
+        np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts]),
+        np.concatenate([np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts]),
+        np.concatenate([np.array(p[4], dtype=np.float32) for p in parts]),
+        np.concatenate([np.array(p[5], dtype=np.float32) for p in parts]),
+    ], dev)
     decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
     # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
     put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims)
