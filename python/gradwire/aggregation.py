@@ -149,6 +149,8 @@ def exact_mean(
     # one by one), at most _GPU_DECODE_ELEMS decoded values at a time.
     decoded: dict[tuple[int, str], torch.Tensor] = {}
     names = list(layout)
+    if _decodes_in_batches(dev):
+        return _device_mean(names, layout, per_sender, w32, dev)
     for at, name in enumerate(names):
         # The records' codec may do all of it in one pass (the DCT's, on the CPU): the same bits.
         fused = weighted_sum_fused([mine[name] for mine in per_sender], w32, dev)
@@ -170,6 +172,29 @@ def exact_mean(
             scaled = torch.mul(t, w, out=scaled) if scaled is not None else torch.mul(t, w)
             acc.add_(scaled)
         out[name] = acc
+    return out
+
+
+def _device_mean(names, layout, per_sender, w32: list[float], dev: torch.device) -> dict[str, torch.Tensor]:
+    """:func:`exact_mean` on a GPU: the records of as many tensors as :data:`_GPU_DECODE_ELEMS` allows decoded
+    together, then ``acc = t_0·w_0`` and ``acc = acc + t_i·w_i`` for all of them at once (``_foreach_`` ops:
+    the same two once-rounded operations per element, so the same bits, in launches that do not grow with
+    the number of tensors)."""
+    out: dict[str, torch.Tensor] = {}
+    at = 0
+    while at < len(names):
+        decoded: dict[tuple[int, str], torch.Tensor] = {}
+        _gpu_decode_batch(names[at:], layout, per_sender, dev, decoded)
+        taken = names[at:at + len({n for _, n in decoded})]
+        acc: Optional[list[torch.Tensor]] = None
+        for i, w in enumerate(w32):
+            ts = [decoded.pop((i, n)).to(torch.float32) for n in taken]
+            if acc is None:
+                acc = torch._foreach_mul(ts, w)
+            else:
+                torch._foreach_add_(acc, torch._foreach_mul(ts, w))
+        out.update(zip(taken, acc))
+        at += len(taken)
     return out
 
 

@@ -22,6 +22,11 @@ from .frame import Entry, write_frame
 __all__ = ["ErrorFeedback"]
 
 
+def _owned(x: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether ``x`` (the input plus its residual) is a tensor of its own, not ``tensor``'s memory."""
+    return x.numel() > 0 and x.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+
+
 class ErrorFeedback:
     """Per-tensor residuals around ``codec``.
 
@@ -58,11 +63,41 @@ class ErrorFeedback:
         in the tensor's dtype, so a sender that applies its own update (the server's downlink) need not
         decode the frame it just wrote.
         """
-        xs = {n: self._with_residual(t, n) for n, t in tensors.items()}
+        xs = self._with_residuals(tensors)
         done = self.codec.compress_bundle(xs)
+        owned = [n for n in tensors if tensors[n].dtype == torch.float32 and _owned(xs[n], tensors[n])]
+        if owned and self._records_copy():
+            # x + residual is a new tensor no record views: every new residual x − recon in place, one
+            # _foreach_sub_ (the same once-rounded subtractions, the same bits, no new tensors).
+            recons = [done[n][1] for n in owned]
+            if all(r.dtype == torch.float32 and r.device == xs[n].device for n, r in zip(owned, recons)):
+                torch._foreach_sub_([xs[n] for n in owned], recons)
+                for n in owned:
+                    self._residuals[n] = xs[n]
+                settled = set(owned)
+                return {n: done[n] if n in settled else self._settle(tensors[n], n, xs[n], *done[n])
+                        for n in tensors}
         return {n: self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
 
-    def _with_residual(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+    def _records_copy(self) -> bool:
+        """Whether the codec's records and reconstructions never view its input (it says so: the DCT
+        codec's are new host arrays and new tensors), so the input may become the residual in place."""
+        says = getattr(self.codec, "records_copy_input", None)
+        return bool(says()) if callable(says) else False
+
+    def _with_residuals(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every ``tensor + residual`` (:meth:`_with_residual`), the sums as one ``_foreach_add`` (the same
+        once-rounded additions, one dispatched operation however many tensors)."""
+        xs = {n: self._with_residual(t, n, add=False) for n, t in tensors.items()}
+        pairs = [(n, self._residuals[n].to(device=xs[n].device, dtype=torch.float32))
+                 for n in xs if n in self._residuals]
+        if pairs:
+            sums = torch._foreach_add([xs[n] for n, _ in pairs], [r for _, r in pairs])
+            for (n, _), x in zip(pairs, sums):
+                xs[n] = x
+        return xs
+
+    def _with_residual(self, tensor: torch.Tensor, name: str, add: bool = True) -> torch.Tensor:
         if not tensor.is_floating_point():
             raise ValueError(f"expected a floating-point tensor, got {tensor.dtype}")
         x = tensor.detach().to(torch.float32)
@@ -73,7 +108,8 @@ class ErrorFeedback:
                     f"tensor {name!r} has shape {tuple(x.shape)} but its residual has {tuple(r.shape)};"
                     " call reset(name) if the tensor changed"
                 )
-            x = x + r.to(device=x.device, dtype=torch.float32)
+            if add:
+                x = x + r.to(device=x.device, dtype=torch.float32)
         return x
 
     def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry,

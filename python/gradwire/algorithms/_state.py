@@ -28,15 +28,34 @@ def load_tensors(value: Any, what: str, copy: bool = True) -> dict[str, torch.Te
     return out
 
 
-def send_and_keep_rest(codec: Codec, buffers: MutableMapping[str, torch.Tensor], names: Sequence[str]) -> list[Entry]:
+def updates_in_place(codec: Codec) -> bool:
+    """Whether a node side may update its buffers in place around ``codec``: its records and
+    reconstructions never view the buffers' memory. The DCT codec's records are built from new host
+    arrays and its reconstructions are new tensors; another codec's record may view its input (a raw
+    float32 section), and writing the buffer would then change the record's bytes."""
+    says = getattr(codec, "records_copy_input", None)
+    return bool(says()) if callable(says) else False
+
+
+def send_and_keep_rest(codec: Codec, buffers: MutableMapping[str, torch.Tensor], names: Sequence[str],
+                       in_place: bool = False) -> list[Entry]:
     """The codec compresses ``buffers[name]`` for every name (one ``compress_bundle``, in the order given);
-    each buffer keeps what was not sent (``b − reconstruction``). Returns the records in that order."""
+    each buffer keeps what was not sent (``b − reconstruction``). Returns the records in that order.
+
+    ``in_place`` (the buffers are the caller's own and :func:`updates_in_place` holds for ``codec``):
+    the subtractions run in place, as one ``_foreach_sub_`` (the same once-rounded subtraction per
+    element, so the same bits), with no new model-sized tensors."""
     done = codec.compress_bundle({n: buffers[n] for n in names})
-    out = []
+    out = [done[n][0] for n in names]
+    if in_place and names:
+        recons = [done[n][1] for n in names]
+        bufs = [buffers[n] for n in names]
+        if all(r.device == b.device and r.dtype == torch.float32 for r, b in zip(recons, bufs)):
+            torch._foreach_sub_(bufs, recons)
+            return out
     for n in names:
-        entry, recon = done[n]
+        recon = done[n][1]
         buffers[n] = torch.sub(buffers[n], recon.to(device=buffers[n].device, dtype=torch.float32))
-        out.append(entry)
     return out
 
 

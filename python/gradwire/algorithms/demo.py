@@ -17,7 +17,7 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
-from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
+from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
 __all__ = ["DEMO", "DeMoConfig", "DeMoState", "default_demo_codec", "demo_codec_params", "demo_update"]
@@ -78,22 +78,36 @@ class DeMoState:
         sorted name order); ``m -= reconstruction``. Returns the records in sorted name order."""
         names = sorted(grads)
         lr = float(lr)
+        gs = []
         for n in names:
             g = grads[n]
             if not isinstance(g, torch.Tensor) or not g.is_floating_point():
                 raise ValueError(f"gradient {n!r} must be a floating-point tensor")
             g = g.detach().to(torch.float32)
             m = self.momenta.get(n)
+            if m is not None and tuple(m.shape) != tuple(g.shape):
+                raise ValueError(f"gradient {n!r} has shape {tuple(g.shape)}, its momentum {tuple(m.shape)}")
+            gs.append(g)
+        in_place = updates_in_place(self.codec)
+        # Separate multiply and add (no fused alpha): each op rounds once, on every device. The momenta
+        # are this object's own tensors, so (around a codec whose records never view them) they step in
+        # place, every tensor in one _foreach_ op each: the same operations, the same bits.
+        ms = []
+        for n, g in zip(names, gs):
+            m = self.momenta.get(n)
             if m is None:
                 m = torch.zeros_like(g)
-            elif tuple(m.shape) != tuple(g.shape):
-                raise ValueError(f"gradient {n!r} has shape {tuple(g.shape)}, its momentum {tuple(m.shape)}")
-            else:
+            elif m.device != g.device:
                 m = m.to(g.device)
-            # Separate multiply and add (no fused alpha): each op rounds once, on every device.
-            m = torch.add(torch.mul(m, self.beta), torch.mul(g, lr))
+            elif not in_place:
+                m = m.clone()  # a record made last step may view it: step a copy
+            ms.append(m)
+        if ms:
+            torch._foreach_mul_(ms, self.beta)
+            torch._foreach_add_(ms, torch._foreach_mul(gs, lr))
+        for n, m in zip(names, ms):
             self.momenta[n] = m
-        return send_and_keep_rest(self.codec, self.momenta, names)
+        return send_and_keep_rest(self.codec, self.momenta, names, in_place=in_place)
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""
@@ -128,15 +142,22 @@ def demo_update(
     missing = sorted(set(params) - set(mean))
     if missing:
         raise ValueError(f"no aggregate for {missing[:5]}")
+    names = sorted(params)
+    for n in names:
+        if tuple(mean[n].shape) != tuple(params[n].shape):
+            raise ValueError(f"aggregate {n!r} has shape {tuple(mean[n].shape)}, the parameter "
+                             f"{tuple(params[n].shape)}")
+    if not names:
+        return
     with torch.no_grad():
-        for n in sorted(params):
-            p = params[n]
-            m = mean[n]
-            if tuple(m.shape) != tuple(p.shape):
-                raise ValueError(f"aggregate {n!r} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}")
-            if weight_decay:
-                p.mul_(1.0 - lr * weight_decay)
-            p.add_(torch.sign(m.to(p.device)).to(p.dtype), alpha=-lr)
+        # One _foreach_ op per stage over every tensor (as torch.optim's foreach paths): each is the same
+        # elementwise operation as tensor by tensor, so the same bits.
+        ps = [params[n] for n in names]
+        signs = torch._foreach_sign([mean[n].to(params[n].device) for n in names])
+        signs = [s if s.dtype == p.dtype else s.to(p.dtype) for s, p in zip(signs, ps)]
+        if weight_decay:
+            torch._foreach_mul_(ps, 1.0 - lr * weight_decay)
+        torch._foreach_add_(ps, signs, alpha=-lr)
 
 
 class DeMoNode(NodeSide):

@@ -21,7 +21,7 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..codecs.dct import DCTCodec
 from ..frame import Entry
-from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back
+from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
@@ -158,20 +158,36 @@ class SparseLoCoState:
         names = sorted(anchor)
         if set(current) != set(anchor):
             raise ValueError("anchor and current must name the same tensors")
+        in_place = updates_in_place(self.codec)
+        pgs, decayed, fresh = [], [], []
         for n in names:
             a, c = anchor[n], current[n]
             if tuple(a.shape) != tuple(c.shape):
                 raise ValueError(f"{n!r}: anchor has shape {tuple(a.shape)}, current {tuple(c.shape)}")
-            pg = torch.sub(a.detach().to(torch.float32), c.detach().to(device=a.device, dtype=torch.float32))
+            e = self.errors.get(n)
+            if e is not None and tuple(e.shape) != tuple(a.shape):
+                raise ValueError(f"{n!r} has shape {tuple(a.shape)}, its error buffer {tuple(e.shape)}")
+            pgs.append((a.detach().to(torch.float32), c.detach().to(device=a.device, dtype=torch.float32)))
+        # pg = anchor − current and e = error_decay·e + pg: one _foreach_ op each over every tensor, the
+        # buffers (this object's own) in place around a codec whose records never view them — the same
+        # once-rounded operations as tensor by tensor, so the same bits.
+        pg = torch._foreach_sub([a for a, _ in pgs], [c for _, c in pgs]) if pgs else []
+        for n, d in zip(names, pg):
             e = self.errors.get(n)
             if e is None:
-                e = pg
-            else:
-                if tuple(e.shape) != tuple(pg.shape):
-                    raise ValueError(f"{n!r} has shape {tuple(pg.shape)}, its error buffer {tuple(e.shape)}")
-                e = torch.add(torch.mul(e.to(pg.device), self.error_decay), pg)
+                self.errors[n] = d
+                continue
+            if e.device != d.device:
+                e = e.to(d.device)
+            elif not in_place:
+                e = e.clone()  # a record made at the last sync may view it: step a copy
+            decayed.append(e)
+            fresh.append(d)
             self.errors[n] = e
-        return send_and_keep_rest(self.codec, self.errors, names)
+        if decayed:
+            torch._foreach_mul_(decayed, self.error_decay)
+            torch._foreach_add_(decayed, fresh)
+        return send_and_keep_rest(self.codec, self.errors, names, in_place=in_place)
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""
@@ -223,6 +239,7 @@ class OuterStep:
         if missing:
             raise ValueError(f"no mean delta for {missing[:5]}")
         with torch.no_grad():
+            rest: list[tuple[str, torch.Tensor, torch.Tensor]] = []
             for n in sorted(anchor):
                 a = anchor[n]
                 d = mean_delta[n]
@@ -231,25 +248,48 @@ class OuterStep:
                 d = d.to(device=a.device, dtype=torch.float32)
                 if self._stepped_natively(n, a, d):
                     continue
-                # In place where it can be, with the operations and their order unchanged (so the same
-                # rounding): each is one rounded multiply or add, and ``x + y`` rounds as ``y + x``.
-                if self.momentum:
-                    b = self.buffers.get(n)
-                    if b is None:
-                        b = d.clone()
-                    else:
-                        b = b.to(a.device)
-                        b.mul_(self.momentum).add_(d)
-                    self.buffers[n] = b
-                    owned = self.nesterov  # Nesterov's step is a new tensor; otherwise it is the buffer
-                    step = torch.mul(b, self.momentum).add_(d) if self.nesterov else b
-                else:
-                    owned, step = False, d
-                # Multiplying by 1.0 is exact, so an outer lr of 1 subtracts the step itself; the step is
-                # scaled in place only where it is this call's own tensor (not the buffer, not the delta).
-                if self.outer_lr != 1.0:
-                    step = step.mul_(self.outer_lr) if owned else torch.mul(step, self.outer_lr)
-                a.sub_(step.to(a.dtype))
+                rest.append((n, a, d))
+            if rest:
+                self._apply_foreach(rest)
+
+    def _apply_foreach(self, rest: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+        """:meth:`apply` for tensors the native step does not take (a GPU's), every stage one ``_foreach_``
+        op over all of them: the operations and their order unchanged (so the same rounding), in place
+        where they can be — each is one rounded multiply or add, and ``x + y`` rounds as ``y + x``."""
+        names = [n for n, _, _ in rest]
+        anchors = [a for _, a, _ in rest]
+        deltas = [d for _, _, d in rest]
+        if self.momentum:
+            held = [(i, self.buffers[n].to(anchors[i].device)) for i, n in enumerate(names) if n in self.buffers]
+            if held:
+                bs = [b for _, b in held]
+                torch._foreach_mul_(bs, self.momentum)
+                torch._foreach_add_(bs, [deltas[i] for i, _ in held])
+            buffers = dict(held)
+            for i, n in enumerate(names):
+                b = buffers.get(i)
+                if b is None:
+                    b = deltas[i].clone()
+                self.buffers[n] = b
+                buffers[i] = b
+            bufs = [buffers[i] for i in range(len(names))]
+            owned = self.nesterov  # Nesterov's step is a new tensor; otherwise it is the buffer
+            if self.nesterov:
+                steps = torch._foreach_mul(bufs, self.momentum)
+                torch._foreach_add_(steps, deltas)
+            else:
+                steps = bufs
+        else:
+            owned, steps = False, deltas
+        # Multiplying by 1.0 is exact, so an outer lr of 1 subtracts the step itself; the step is scaled
+        # in place only where it is this call's own tensor (not the buffer, not the delta).
+        if self.outer_lr != 1.0:
+            if owned:
+                torch._foreach_mul_(steps, self.outer_lr)
+            else:
+                steps = torch._foreach_mul(steps, self.outer_lr)
+        steps = [s if s.dtype == a.dtype else s.to(a.dtype) for s, a in zip(steps, anchors)]
+        torch._foreach_sub_(anchors, steps)
 
     def _stepped_natively(self, name: str, a: torch.Tensor, d: torch.Tensor) -> bool:
         """The step of one float32 CPU tensor in one pass (``gradwire._native.outer_step``: the same

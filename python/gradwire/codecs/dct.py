@@ -321,58 +321,132 @@ class DCTCodec(Codec):
         entry = self._record(name, dtype, plan, k, *host)
         return entry, KeptCoefficients(plan, idx, levels, scales, mins)
 
-    def compress_bundle(self, tensors):
-        """As :meth:`Codec.compress_bundle`; on a GPU the tensors are compressed together.
+    def records_copy_input(self) -> bool:
+        """Whether this codec's records and reconstructions never view the tensors it is given (its
+        records are new host arrays, its reconstructions new tensors), so a caller may write those tensors
+        afterwards (error feedback and the node sides update their buffers in place); ``False`` for a
+        subclass with a compress of its own."""
+        cls = type(self)
+        return (cls.compress is DCTCodec.compress and cls.compress_bundle is DCTCodec.compress_bundle
+                and cls.compress_batched is DCTCodec.compress_batched)
 
-        There each step of :meth:`compress` is a few kernel launches per tensor whatever its size, and a
+    def compress_bundle(self, tensors):
+        """As :meth:`Codec.compress_bundle`; the tensors are compressed together (:meth:`compress_batched`).
+
+        On a GPU each step of :meth:`compress` is a few kernel launches per tensor whatever its size, and a
         bundle of many small tensors (the sharded exchange's pieces) spent its time launching them:
-        :meth:`compress_batched` runs every step once over all the chunks of one chunk shape.
+        :meth:`compress_batched` runs every step once over all the chunks of one chunk shape. On the CPU
+        the bundle is stacked where that keeps every byte of :meth:`compress`'s records.
         """
         # (Not for a subclass with a compress of its own: the batch would bypass it.)
-        if (len(tensors) > 1 and type(self).compress is DCTCodec.compress
-                and all(t.device.type != "cpu" for t in tensors.values())):
-            return self.compress_batched(tensors)
+        if len(tensors) > 1 and type(self).compress is DCTCodec.compress:
+            if all(t.device.type != "cpu" for t in tensors.values()):
+                return self.compress_batched(tensors)
+            if all(t.device.type == "cpu" for t in tensors.values()):
+                # On the CPU every step but the matrix route's transform works chunk by chunk: stacked,
+                # the records are byte for byte compress's (that transform runs tensor by tensor).
+                return self.compress_batched(tensors, exact_only=True)
         return super().compress_bundle(tensors)
 
-    def compress_batched(self, tensors) -> dict[str, tuple[Entry, torch.Tensor]]:
-        """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked and
-        transformed, selected, quantized, moved to the host and exactly decoded together.
+    def compress_batched(self, tensors, exact_only: bool = False) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """:meth:`compress_bundle` with the chunks of every tensor of one chunk shape stacked (cut by one
+        ``_foreach_copy_``) and transformed, selected, quantized, moved to the host and exactly decoded
+        together (on the CPU the Rust decode runs record by record, writing each tensor in place).
 
         Every step works chunk by chunk, so on the CPU the records are byte for byte those of
-        :meth:`compress` and the reconstructions the same bits (a test holds it); on a GPU the forward
+        :meth:`compress` and the reconstructions the same bits (tests hold it); on a GPU the forward
         transform's last bits follow the matrix library's choice for the batch's size, so a coefficient
         at a tie may be kept in place of another, and each record still decodes to exactly its
         reconstruction.
+
+        ``exact_only``: stack only what works chunk by chunk on this device, so each record is byte for
+        byte :meth:`compress`'s: on the CPU the transform of chunks other than the Rust transform's (2-D,
+        sides powers of two) runs tensor by tensor, as :meth:`compress` runs it; selection, quantization
+        and the exact decode are stacked for every chunk shape.
         """
         groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, _dct.ChunkPlan]]] = {}
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
         for name, tensor in tensors.items():
             rec.check_float_input(tensor)
-            if tensor.numel() == 0:  # an empty record of its own
-                out[name] = self.compress(tensor, name)
+            if tensor.numel() == 0:  # an empty record of its own, written on the host: no data to copy
+                entry, _ = self.compress(torch.empty(tensor.shape, dtype=tensor.dtype), name)
+                out[name] = (entry, torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device))
                 continue
             plan = self.plan(tensor.shape)
             groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
+        pending = []
         for dims, members in groups.items():
             c = members[0][2].chunk_numel
             k = self.chunk_topk(c)
-            chunks = torch.cat([
-                _dct.to_chunks(t.detach().to(torch.float32), plan).reshape(plan.num_chunks, *dims)
-                for _, t, plan in members
-            ])
-            coeffs = _dct.dct_chunks(chunks).reshape(-1, c)
+            if exact_only and not _chunkwise_on_cpu(dims):
+                # The matrix route's last bits could follow the batch's size: each tensor's transform on
+                # its own, as compress runs it; selection, quantization and decode work chunk by chunk.
+                coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan)
+                                    for _, t, plan in members])
+            else:
+                chunks = _cut_into_chunks(members, dims, c)
+                coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-            idx_h, levels_h, scales_h, mins_h = self._to_host(idx, levels, scales, mins, c, flat=False)
+            if coeffs.device.type == "cpu" and coeffs.numel() >= _CPU_STACKED_DECODE_MAX * len(members):
+                # Large records: the Rust decode, record by record as compress runs it, writes a matrix's
+                # tiles in place (no put-back pass over memory) and each call is one native pass.
+                recons, row = [], 0
+                for _, _, plan in members:
+                    rows = slice(row, row + plan.num_chunks)
+                    row += plan.num_chunks
+                    recons.append(_reconstruct(idx[rows], levels[rows], scales[rows], mins[rows], plan))
+            elif coeffs.device.type == "cpu":
+                # Many small records: one Rust decode of all their chunks (taken as one flat record of
+                # them; each chunk is decoded on its own, exactly: the same bits) and one put-back copy,
+                # rather than a call per record.
+                stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
+                decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
+                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
+            else:
+                decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
+                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
+            pending.append((members, k, c, (idx, levels, scales, mins), recons))
+        # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
+        hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
+        for (members, k, c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
             row = 0
-            for name, tensor, plan in members:
+            for (name, tensor, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
                 row += plan.num_chunks
                 entry = self._record(name, tensor.dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1),
                                      scales_h[rows], mins_h[rows])
-                out[name] = (entry, _dct.from_chunks(decoded[rows], plan).to(tensor.dtype))
+                out[name] = (entry, recon if recon.dtype == tensor.dtype else recon.to(tensor.dtype))
         return {name: out[name] for name in tensors}
+
+    def _to_host_all(self, groups):
+        """:meth:`_to_host` (not flat) of each ``((idx, levels, scales, mins), c)``. Off the CPU the arrays
+        of every group are laid end to end as bytes on the device (each padded to 8 bytes, so every array
+        stays aligned) and copied to the host in ONE transfer, then cut back into typed views: one
+        device-to-host copy per exchange phase whatever the number of tensors or chunk shapes."""
+        if not groups or groups[0][0][0].device.type == "cpu":
+            return [self._to_host(*payload, c, flat=False) for payload, c in groups]
+        parts: list[torch.Tensor] = []
+        for (idx, levels, scales, mins), c in groups:
+            values = (levels - 128).to(torch.int8) if self.value_bits == VALUE_BITS else levels.to(torch.int32)
+            parts += [idx.to(torch.int16 if c <= (1 << 15) else torch.int32), values,
+                      scales.to(torch.float32), mins.to(torch.float32)]
+        pieces, spans = [], []
+        offset = 0
+        for t in parts:
+            raw = t.contiguous().reshape(-1).view(torch.uint8)
+            pad = -raw.numel() % 8
+            pieces.append(raw)
+            if pad:
+                pieces.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
+            spans.append((offset, t))
+            offset += raw.numel() + pad
+        blob = torch.cat(pieces).cpu().numpy()
+        arrays = []
+        for start, t in spans:
+            dtype = np.dtype(str(t.dtype).replace("torch.", ""))
+            arrays.append(blob[start:start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
+        return [tuple(arrays[4 * g:4 * g + 4]) for g in range(len(groups))]
 
     def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
         """``(positions, values, scales, mins)`` as numpy arrays, values as the record stores them (int8
@@ -438,6 +512,76 @@ class DCTCodec(Codec):
         return (
             f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
         )
+
+
+#: Mean elements per record from which :meth:`DCTCodec.compress_batched` decodes a CPU group record by record
+#: (into each tensor's own layout, no put-back pass) rather than stacked (one call for many small records).
+_CPU_STACKED_DECODE_MAX = 1 << 18
+
+
+def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
+    """Whether the CPU transform of chunks of ``dims`` is the Rust one (2-D, sides powers of two up to
+    ``MATMUL_MAX_N``), which works chunk by chunk whatever the batch."""
+    return len(dims) == 2 and all(0 < n <= _dct.MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
+
+
+def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
+    """``(destinations, sources, padding)`` views moving every member's elements between the chunk layout
+    and its tensor's: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)``
+    member i's elements in tensor order (a flat view); ``into_chunks`` says which way. Tiles pair a
+    ``(grid_u, grid_v, a, b)`` view of the rows with the tensor's tiles, the permutation always on the
+    source side (a strided read into a contiguous write: the fast copy on the CPU). Views only, so one
+    ``_foreach_copy_`` moves them all."""
+    dst, src, pads = [], [], []
+    row = 0
+    for i, (_, _, plan) in enumerate(members):
+        n, c = plan.num_chunks, plan.chunk_numel
+        rows = chunk_rows[row:row + n]
+        row += n
+        flat = flat_of(i)
+        if plan.mode == _dct.MODE_TILES and len(plan.chunk_shape) == 2:
+            (a, b), (gu, gv) = plan.chunk_shape, plan.grid
+            tiles, tensor = rows.view(gu, gv, a, b), flat.view(gu, a, gv, b)
+            if into_chunks:
+                dst.append(tiles)
+                src.append(tensor.permute(0, 2, 1, 3))
+            else:
+                dst.append(tensor)
+                src.append(tiles.permute(0, 2, 1, 3))
+        else:
+            numel = flat.numel()
+            chunked = rows.view(-1)[:numel]
+            dst.append(chunked if into_chunks else flat)
+            src.append(flat if into_chunks else chunked)
+            if n * c > numel:
+                pads.append(rows.view(-1)[numel:])
+    return dst, src, pads
+
+
+def _cut_into_chunks(members, dims, c: int) -> torch.Tensor:
+    """Every member's chunks (``to_chunks`` of each, float32) stacked ``(rows, C)``, written in place into
+    one new buffer: one ``_foreach_copy_`` (and one ``_foreach_zero_`` for flat chunks' padding) whatever
+    the number of tensors. Copies and float32 widening are exact: the same values as ``to_chunks``."""
+    total = sum(plan.num_chunks for _, _, plan in members)
+    device = members[0][1].device
+    out = torch.empty((total, c), dtype=torch.float32, device=device)
+    sources = [t.detach().reshape(-1) for _, t, _ in members]
+    dst, src, pads = _chunk_views(members, out, lambda i: sources[i], into_chunks=True)
+    torch._foreach_copy_(dst, src)
+    if pads:
+        torch._foreach_zero_(pads)
+    return out
+
+
+def _put_back_chunks(decoded: torch.Tensor, members, dims) -> list[torch.Tensor]:
+    """Each member's decoded chunks put back into its tensor's shape (``from_chunks``), float32: views of
+    one new buffer, written by one ``_foreach_copy_``."""
+    sizes = [math.prod(plan.shape) for _, _, plan in members]
+    flat = torch.empty(sum(sizes), dtype=torch.float32, device=decoded.device)
+    parts = list(torch.split(flat, sizes)) if members else []
+    dst, src, _ = _chunk_views(members, decoded, lambda i: parts[i], into_chunks=False)
+    torch._foreach_copy_(dst, src)
+    return [p.view(plan.shape) for p, (_, _, plan) in zip(parts, members)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -692,18 +836,34 @@ def _decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) 
     return out  # type: ignore[return-value]
 
 
+def _to_device_all(arrays: Sequence[np.ndarray], dev: torch.device) -> list[torch.Tensor]:
+    """The host ``arrays`` on ``dev`` in one host-to-device copy: laid end to end as bytes (each padded to 8
+    bytes, so every one stays aligned), copied once, cut back into typed views."""
+    spans, offset = [], 0
+    for a in arrays:
+        spans.append(offset)
+        offset += a.nbytes + (-a.nbytes % 8)
+    blob = np.zeros(offset, dtype=np.uint8)
+    for a, start in zip(arrays, spans):
+        blob[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    moved = torch.from_numpy(blob).to(dev)
+    return [moved[start:start + a.nbytes].view(getattr(torch, a.dtype.name)).reshape(a.shape) if a.nbytes
+            else torch.empty(a.shape, dtype=getattr(torch, a.dtype.name), device=dev)
+            for a, start in zip(arrays, spans)]
+
+
 def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out: list) -> None:
-    idx = torch.from_numpy(np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts])).to(dev)
-    levels = torch.from_numpy(np.concatenate(
-        [np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts])).to(dev)
-    scales = torch.from_numpy(np.concatenate([np.array(p[4], dtype=np.float32) for p in parts])).to(dev)
-    mins = torch.from_numpy(np.concatenate([np.array(p[5], dtype=np.float32) for p in parts])).to(dev)
+    idx, levels, scales, mins = _to_device_all([
+        np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts]),
+        np.concatenate([np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts]),
+        np.concatenate([np.array(p[4], dtype=np.float32) for p in parts]),
+        np.concatenate([np.array(p[5], dtype=np.float32) for p in parts]),
+    ], dev)
     decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-    row = 0
-    for p, entry, i in zip(parts, entries, at):
-        plan = p[0]
-        out[i] = _dct.from_chunks(decoded[row:row + plan.num_chunks], plan).to(entry.dtype)
-        row += plan.num_chunks
+    # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
+    put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims)
+    for t, entry, i in zip(put_back, entries, at):
+        out[i] = t if t.dtype == entry.dtype else t.to(entry.dtype)
 
 
 @register_weighted_sum(DCTCodec.codec_id)

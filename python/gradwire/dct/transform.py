@@ -198,8 +198,9 @@ def _fast_2d(x: torch.Tensor, ndim: int) -> bool:
     return all(0 < n <= MATMUL_MAX_N and n & (n - 1) == 0 for n in x.shape[-2:])
 
 
-def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tensor:
-    """1-D transforms along each of the last ``ndim`` dimensions of ``x``."""
+def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool, overwrite: bool = False) -> torch.Tensor:
+    """1-D transforms along each of the last ``ndim`` dimensions of ``x``; with ``overwrite`` (``x`` is the
+    caller's own scratch tensor) the native route transforms ``x`` itself, in place, where it can."""
     _check_float(x)
     if ndim > x.ndim:
         raise ValueError(f"cannot transform {ndim} dimensions of a {x.ndim}-D tensor")
@@ -209,7 +210,10 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
         # Lee's recursion in gradwire._native: n/2·log2(n) multiplications per length-n transform against
         # the products' n², and the same bits on every CPU and thread count (the server's AdamW close
         # runs two of these over the whole model each round).
-        y = torch.empty(shape, dtype=x.dtype).copy_(x.detach())  # one copy, contiguous, the input untouched
+        if overwrite and x.is_contiguous() and not x.requires_grad:
+            y = x  # the caller's scratch (a tile cut copies already): no second pass over memory
+        else:
+            y = torch.empty(shape, dtype=x.dtype).copy_(x.detach())  # one copy, contiguous, the input untouched
         _native.dct2_chunks(y.view(-1).numpy(), shape[-2], shape[-1], inverse, torch.get_num_threads())
         return y
     y = x.contiguous()
@@ -230,15 +234,17 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool) -> torch.Tens
     return y.reshape(shape)
 
 
-def dct_chunks(chunks: torch.Tensor) -> torch.Tensor:
+def dct_chunks(chunks: torch.Tensor, *, overwrite: bool = False) -> torch.Tensor:
     """Transform a batch of chunks ``(num_chunks, *chunk_shape)``: an n-D DCT per chunk.
 
     Each chunk is transformed along each of its own dimensions; dimension 0, the chunk index, is never
-    transformed, so changing one chunk changes only that chunk's coefficients.
+    transformed, so changing one chunk changes only that chunk's coefficients. ``overwrite``: ``chunks``
+    is the caller's scratch, which the CPU's Rust transform may turn into the result in place (the same
+    bits, one pass over memory fewer).
     """
     if chunks.ndim < 2:
         raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(chunks.shape)}")
-    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False)
+    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False, overwrite=overwrite)
 
 
 def idct_chunks(coeffs: torch.Tensor) -> torch.Tensor:
@@ -269,4 +275,8 @@ def encode_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
     """The DCT coefficients ``(num_chunks, C)`` of ``x`` cut per ``plan`` (in ``x``'s dtype)."""
     n = plan.num_chunks
     chunks = to_chunks(x, plan).reshape(n, *plan.chunk_shape)
-    return dct_chunks(chunks).reshape(n, plan.chunk_numel)
+    if chunks.ndim < 2:
+        raise ValueError(f"expected (num_chunks, *chunk_shape), got shape {tuple(chunks.shape)}")
+    # Cutting tiles (or padding) copies already: that copy is transformed in place, never x itself.
+    fresh = chunks.numel() > 0 and chunks.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    return _transform_trailing(chunks, chunks.ndim - 1, inverse=False, overwrite=fresh).reshape(n, plan.chunk_numel)

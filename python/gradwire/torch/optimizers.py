@@ -604,8 +604,9 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
             entries = self.node.compress(self.anchor, current)
             mean = exact_mean(self._exchange(entries, self.syncs), device=device)
         self.outer.apply(self.anchor, mean)
-        for n, p in current.items():
-            p.copy_(self.anchor[n])
+        if current:
+            # One _foreach_copy_ (exact copies, the same bits as tensor by tensor).
+            torch._foreach_copy_(list(current.values()), [self.anchor[n] for n in current])
         self.syncs += 1
 
     def state_dict(self) -> dict[str, Any]:

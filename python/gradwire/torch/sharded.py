@@ -353,12 +353,17 @@ class ShardedExchange(GroupMember):
         # The owner's mean of its pieces, re-encoded with its error feedback; or the refusal marker.
         refusal: Optional[BaseException] = None
         out_frame = b""
+        mine_decoded: dict[str, torch.Tensor] = {}
         try:
             if owned[me]:
                 records = [self._read(got[s], round, s, owned[me], "records for its pieces") for s in range(world)]
                 mean = exact_mean(records, device=device)
-                reencoded = self.feedback.compress_bundle({p.name: mean[p.name] for p in owned[me]})
-                out_frame = write_frame(reencoded, round=round, sender=me, bundle=True)
+                done = self.feedback.compress_bundle_reconstructed({p.name: mean[p.name] for p in owned[me]})
+                out_frame = write_frame([e for e, _ in done.values()], round=round, sender=me, bundle=True)
+                # What every rank decodes from this frame, bit for bit (the codec's reconstruction): the
+                # owner need not decode its own frame in phase 2.
+                mine_decoded = {n: r.to(device=device, dtype=torch.float32) if device is not None else
+                                r.to(torch.float32) for n, (_, r) in done.items()}
             elif any(len(f) for f in got):
                 raise FrameError(f"rank {me} owns no piece but was sent records")
         except (FrameError, ValueError) as exc:
@@ -376,13 +381,22 @@ class ShardedExchange(GroupMember):
             if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
                 raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
         parts: dict[str, torch.Tensor] = {}
+        theirs: list[Entry] = []
         for r, data in enumerate(frames):
             if not owned[r]:
                 if len(data):
                     raise FrameError(f"rank {r} owns no piece but sent {len(data)} bytes")
                 continue
             got_r = self._read(data, round, r, owned[r], "its re-encoded mean")
-            parts.update(exact_mean([got_r], weights=[1.0], device=device))
+            if r == me and mine_decoded:
+                # exact_mean of one record at weight 1 is its decode, which this rank holds already.
+                parts.update(mine_decoded)
+                continue
+            theirs += got_r
+        if theirs:
+            # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
+            # at weight 1, the same bits as owner by owner.
+            parts.update(exact_mean([theirs], weights=[1.0], device=device))
         sent += len(out_frame)
         received += sum(len(f) for r, f in enumerate(frames) if r != me)
         self.bytes_sent += sent
