@@ -33,9 +33,10 @@ def results_table(results: Sequence[DistributedResult]):
     title = (f"{first.title} ({first.params:,} parameters), {first.workers} nodes, {steps} steps per node, "
              "through the server")
     table = Table(title=title, caption="held-out: test loss and its gap to dense AdamW on the same steps and samples; "
-                                       "× up / × down: fp32 model bytes ÷ bytes a node sent / received per step")
+                                       "× up / × down: fp32 model bytes ÷ bytes a node sent / received per step; rounds missed: "
+                                       "rounds that closed without a node, over all nodes")
     for col in ("run", "held-out loss", "gap vs dense", "× up", "× down", "test acc", "bytes up/step",
-                "bytes down/step", "in sync", "s"):
+                "bytes down/step", "in sync", "rounds missed", "s"):
         table.add_column(col, justify="right")
     for r in results:
         gap = held_out_gap(r, dense)
@@ -49,6 +50,8 @@ def results_table(results: Sequence[DistributedResult]):
             f"{r.up_per_node_step:,.0f}",
             f"{r.down_per_node_step:,.0f}",
             f"{sum(h == r.server_hash for h in r.node_hashes.values())}/{r.workers}",
+            # Rounds a node joined late for (or closed without it): never hidden behind "in sync".
+            f"{r.rounds_missed}",
             f"{r.seconds:.0f}",
         )
     return table
