@@ -295,7 +295,9 @@ class _ExchangesFrames:
             tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
         else:
             tensors = [(n, tuple(local_tensor(p).shape)) for n, p, _ in named]
-        self._pieces = Pieces(tensors, self.node.codec, piece_numel)
+        world = dist.get_world_size(process_group) if process_group is not None or (
+            dist.is_available() and dist.is_initialized()) else 1
+        self._pieces = Pieces(tensors, self.node.codec, piece_numel, world)
         if downlink_codec is None:
             # The uplink's twin: the same class and parameters, a state of its own.
             downlink_codec = default_downlink() if codec is None else copy.deepcopy(codec)

@@ -1,0 +1,86 @@
+"""How evenly the sharded exchange spreads its bytes: the busiest and the idlest rank's bytes received per
+step at 2, 4 and 8 gloo ranks, DeMo and SparseLoCo with their defaults, on a model of 236 k parameters in 5
+tensors (an embedding, two linears, their biases), one run.
+
+Before the cut followed the world size, the largest tensor (131 k elements, under the fixed 262 k piece
+bound) stayed whole: one rank owned it and received every rank's records of it, three of eight ranks owned
+nothing, and the busiest rank's bytes received grew 4.3× from 2 to 8 ranks (SparseLoCo; DeMo 3.8×). A ring
+all-reduce's grow 2(n − 1)/n: 1.75× from 2 to 8. Target: ≤ 2.0×.
+
+Usage: python bench/exchange_balance.py [--ranks 2,4,8] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+import gradwire.torch as gt
+
+
+class Model(nn.Module):
+    """235,920 parameters in 5 tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(512, 256)
+        self.mid = nn.Linear(256, 384)
+        self.head = nn.Linear(384, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mid(self.embed(tokens).mean(1))))
+
+
+def _run(rank: int, world: int, which: str, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = Model()
+    if which == "demo":
+        opt = gt.DeMo(model.parameters(), lr=1e-3)
+    else:
+        opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=1e-3), sync_every=1)
+    g = torch.Generator().manual_seed(rank + 1)
+    for _ in range(steps):
+        tokens = torch.randint(0, 512, (8, 16), generator=g)
+        loss = model(tokens).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    owned = sum(p.numel for p in opt._exchange.owned(rank))
+    return {"sent": opt.bytes_sent / steps, "received": opt.bytes_received / steps, "owned": owned}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    worlds = [int(w) for w in args.ranks.split(",")]
+    params = sum(p.numel() for p in Model().parameters())
+    print(f"model: {params:,} parameters in {len(list(Model().parameters()))} tensors; bytes per rank per step\n")
+    print("| optimizer | ranks | sent (mean) | received: busiest | idlest | busiest / its sent | "
+          "parameters owned: most / fewest |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    busiest: dict[tuple[str, int], float] = {}
+    for which in ("demo", "sparseloco"):
+        for world in worlds:
+            rows = gt.spawn(_run, world, (which, args.steps), timeout_s=300)
+            most = max(rows, key=lambda r: r["received"])
+            busiest[(which, world)] = most["received"]
+            sent = sum(r["sent"] for r in rows) / world
+            print(f"| {which} | {world} | {sent:,.0f} | {most['received']:,.0f} | "
+                  f"{min(r['received'] for r in rows):,.0f} | {most['received'] / most['sent']:.2f} "
+                  f"(ring 2(n−1)/n: {2 * (world - 1) / world:.2f}) | "
+                  f"{max(r['owned'] for r in rows):,} / {min(r['owned'] for r in rows):,} |", flush=True)
+    lo, hi = min(worlds), max(worlds)
+    print()
+    for which in ("demo", "sparseloco"):
+        ratio = busiest[(which, hi)] / busiest[(which, lo)]
+        verdict = "met" if ratio <= 2.0 else "missed"
+        print(f"target {which}: the busiest rank's bytes received, {hi} ranks / {lo}: {ratio:.2f}× "
+              f"(≤ 2.0×; a ring all-reduce {2 * (hi - 1) / hi / (2 * (lo - 1) / lo):.2f}×) — {verdict}")
+
+
+if __name__ == "__main__":
+    main()
