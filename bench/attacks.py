@@ -22,6 +22,21 @@ the frame it would have sent:
 
 A refused frame is counted, and the node then submits its honest frame so the round still closes.
 
+Colluding attacks (``--nodes 8 --rogues 2``, ``--nodes 20 --rogues 5``: 25 %), from the literature on
+attacks that stay inside the honest spread; every colluder submits the same crafted update, re-encoded
+with the run's uplink codec and bound to the run:
+
+- ``alie`` (Baruch et al. 2019, "A Little Is Enough"): the honest updates' per-coordinate mean minus
+  ``z = 1.0`` standard deviations, from every honest node's update of the round (omniscient);
+  ``alie_own``: the same statistics estimated from the colluders' own genuine updates;
+- ``ipm_small``, ``ipm_large`` (Xie et al. 2020, inner-product manipulation): ``−0.1`` and ``−4`` times the
+  honest mean;
+- ``minmax``, ``minsum`` (Shejwalkar & Houmansadr, NDSS 2021): the honest mean plus ``γ`` times the
+  negative per-coordinate standard deviation, ``γ`` the largest (by bisection) whose distance to every
+  honest update (min-max) or whose sum of squared distances (min-sum) stays within the largest among the
+  honest updates themselves;
+- ``mimic`` (Karimireddy et al. 2022): every colluder repeats one honest node's update.
+
 Modes: ``adamw`` (the server's AdamW, compressed diff published), ``demo`` and ``sparseloco`` publishing
 the node frames verbatim (``publish="frames"``), and ``demo/agg`` and ``sparseloco/agg``: the re-encoded
 downlink (``publish="aggregate"``, the server's error feedback). Each row: the held-out loss of the run's
@@ -73,6 +88,8 @@ MODES: dict[str, dict] = {
                        "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}}},
 }
 ATTACKS = ("clean", "x1000", "x1e15", "flip", "flip_x1e15", "ef_poison", "copy", "replay", "other_run")
+#: Attacks by colluding nodes that craft one update from the honest ones (``--rogues`` of ``--nodes``).
+COLLUDING = ("alie", "alie_own", "ipm_small", "ipm_large", "minmax", "minsum", "mimic")
 
 
 def model(seed: int = 0) -> nn.Module:
@@ -174,6 +191,74 @@ class RunNode(Node):
         return self.version
 
 
+def _flat_update(frame: bytes) -> tuple[torch.Tensor, list[tuple[str, torch.Size]]]:
+    update = decode_bundle(strip_binding(read_frame(frame)))
+    layout = [(n, t.shape) for n, t in update.items()]
+    return torch.cat([t.reshape(-1).double() for t in update.values()]), layout
+
+
+def _encoded(flat: torch.Tensor, layout, round_: int, sender: int, run_id: str) -> bytes:
+    entries, at = [], 0
+    for name, shape in layout:
+        n = shape.numel()
+        t = flat[at:at + n].float().reshape(shape)
+        at += n
+        entries.append(gradwire.DCTCodec(**CODEC).compress(t, name)[0])
+    return write_frame([*entries, binding_entry(run_id, round_)], round=round_, sender=sender, bundle=True)
+
+
+def _largest_gamma(mu: torch.Tensor, p: torch.Tensor, honest: torch.Tensor, fits) -> float:
+    """The largest ``γ`` in [0, 64] with ``fits(μ + γ p)``, by bisection (Shejwalkar & Houmansadr)."""
+    lo, hi = 0.0, 64.0
+    if fits(mu + hi * p):
+        return hi
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mu + mid * p) else (lo, mid)
+    return lo
+
+
+def crafted(name: str, honest: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """The colluders' update for attack ``name`` from the honest updates (rows) and their own genuine ones."""
+    mu, sigma = honest.mean(0), honest.std(0, unbiased=len(honest) > 1)
+    if name == "alie":
+        return mu - 1.0 * sigma
+    if name == "alie_own":
+        return own.mean(0) - 1.0 * own.std(0, unbiased=len(own) > 1)
+    if name == "ipm_small":
+        return -0.1 * mu
+    if name == "ipm_large":
+        return -4.0 * mu
+    if name == "mimic":
+        return honest[0]
+    p = -sigma
+    dist = torch.cdist(honest, honest)
+    if name == "minmax":
+        bound = float(dist.max())
+        return mu + _largest_gamma(mu, p, honest, lambda m: float((honest - m).norm(dim=1).max()) <= bound) * p
+    if name == "minsum":
+        bound = float((dist ** 2).sum(1).max())
+        return mu + _largest_gamma(mu, p, honest, lambda m: float(((honest - m) ** 2).sum()) <= bound) * p
+    raise ValueError(f"unknown colluding attack {name!r}")
+
+
+def colluding_fn(name: str, honest_ids: Sequence[int], rogue_ids: Sequence[int]):
+    """A colluder's frame: it waits for the round's honest frames (and its fellows' genuine ones: the
+    colluders see every frame before it is sent), crafts the update and re-encodes it as its own."""
+
+    def attack(node: "RunNode", rnd: int, frame: bytes) -> Optional[bytes]:
+        got = [node.frames.wait(rnd, i, timeout=60) for i in (*honest_ids, *rogue_ids)]
+        if any(f is None for f in got):
+            return None
+        flats = [_flat_update(f) for f in got]
+        layout = flats[0][1]
+        rows = torch.stack([f for f, _ in flats])
+        update = crafted(name, rows[: len(honest_ids)], rows[len(honest_ids):])
+        return _encoded(update, layout, rnd, node.node_id, node.run_id)
+
+    return attack
+
+
 def attack_fn(name: str, donor: Optional[Frames]) -> Optional[Callable[[RunNode, int, bytes], Optional[bytes]]]:
     """The rogue node's frame for ``name`` (``None``: no rogue)."""
     if name == "clean":
@@ -237,11 +322,15 @@ def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
 
 
 def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: int,
-            donor: Optional[Frames] = None, task: float = 1.0) -> Outcome:
+            donor: Optional[Frames] = None, task: float = 1.0, nodes: int = N_NODES, rogues: int = 1) -> Outcome:
     """One run of ``mode`` under ``rule`` (``"default"``: the run's default) with ``attack``, ``rounds``
-    versions long; the rogue is node :data:`ROGUE`."""
+    versions long, on ``nodes`` nodes; the rogues are the last ``rogues`` node ids (:data:`ROGUE` alone by
+    default)."""
     t0 = time.perf_counter()
-    config = dict(MODES[mode], quorum=N_NODES, uplink={"codec": "dct", "params": CODEC})
+    n_nodes = nodes
+    rogue_ids = list(range(n_nodes - rogues + 1, n_nodes + 1))
+    honest_ids = list(range(1, n_nodes - rogues + 1))
+    config = dict(MODES[mode], quorum=n_nodes, uplink={"codec": "dct", "params": CODEC})
     if rule != "default":
         # "trimmed_mean:0.25": a rule with its trim fraction.
         name, _, trim = rule.partition(":")
@@ -251,9 +340,14 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
     admin.put_state(run_id, {n: p.detach() for n, p in model().named_parameters()})
     frames = Frames()
     nodes: list[RunNode] = []
-    for _ in range(N_NODES):
+    for _ in range(n_nodes):
         node_id, token = admin.register_node(run_id)
-        fn = attack_fn(attack, donor) if node_id == ROGUE else None
+        if node_id not in rogue_ids:
+            fn = None
+        elif attack in COLLUDING:
+            fn = colluding_fn(attack, honest_ids, rogue_ids)
+        else:
+            fn = attack_fn(attack, donor)
         nodes.append(RunNode(GradwireClient(server.url, token, timeout=60), run_id, model(), gradwire.DCTCodec(**CODEC),
                              node_id, wait=10, frames=frames, attack=fn))
     sync_every = MODES[mode].get("sparseloco", {}).get("sync_every", 1)
@@ -292,7 +386,8 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
 
 def run_table(modes: Sequence[str], attacks: Sequence[str], rules: Sequence[str], rounds: int,
               server: Optional[LoopbackServer] = None,
-              report: Optional[Callable[[Outcome, Outcome], None]] = None) -> list[tuple[Outcome, Outcome]]:
+              report: Optional[Callable[[Outcome, Outcome], None]] = None,
+              nodes: int = N_NODES, rogues: int = 1) -> list[tuple[Outcome, Outcome]]:
     """Every (mode, rule, attack): ``(attacked, clean)`` outcomes. The clean run of each mode and rule runs
     first, and, for ``other_run``, a clean run of the opposite task (the donor of its frames)."""
     own = server is None
@@ -302,11 +397,14 @@ def run_table(modes: Sequence[str], attacks: Sequence[str], rules: Sequence[str]
         server.start()
         for mode in modes:
             for rule in rules:
-                clean = run_one(server, mode, "clean", rule, rounds)
-                donor = run_one(server, mode, "clean", rule, rounds, task=-1.0) if "other_run" in attacks else None
+                size = dict(nodes=nodes, rogues=rogues)
+                clean = run_one(server, mode, "clean", rule, rounds, **size)
+                donor = (run_one(server, mode, "clean", rule, rounds, task=-1.0, **size) if "other_run" in attacks
+                         else None)
                 for attack in attacks:
                     got = clean if attack == "clean" else run_one(server, mode, attack, rule, rounds,
-                                                                  donor=None if donor is None else donor.frames)
+                                                                  donor=None if donor is None else donor.frames,
+                                                                  **size)
                     out.append((got, clean))
                     if report is not None:
                         report(got, clean)
@@ -335,17 +433,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=40, help="versions per run")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS) + list(COLLUDING))
+    p.add_argument("--nodes", type=int, default=N_NODES, help="nodes per run (quorum: all of them)")
+    p.add_argument("--rogues", type=int, default=1, help="how many of them attack (the last node ids)")
     p.add_argument("--rules", nargs="+", default=["default", "mean"],
                    help="'default' (the run's default, bounded_mean) and/or rule names (trimmed_mean:0.25 with its "
                         "trim fraction)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    print(f"{N_NODES} nodes, 1 rogue (node {ROGUE}), {args.rounds} versions per run, quorum {N_NODES}; "
-          f"ratio = held-out loss / the clean run's (same mode and rule); the bound: ratio <= 1.05\n")
+    print(f"{args.nodes} nodes, {args.rogues} rogue(s) (the last node ids), {args.rounds} versions per run, quorum "
+          f"{args.nodes}; ratio = held-out loss / the clean run's (same mode and rule)\n")
     print(HEADER, flush=True)
     run_table(args.modes, args.attacks, args.rules, args.rounds,
-              report=lambda got, clean: print(row_text(got, clean), flush=True))
+              report=lambda got, clean: print(row_text(got, clean), flush=True), nodes=args.nodes,
+              rogues=args.rogues)
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
 
 
