@@ -194,7 +194,12 @@ def test_the_outer_step_over_all_tensors_at_once_gives_the_native_steps_bits(mom
 
 @pytest.fixture(scope="module")
 def step_ops():
-    # Loaded from its file (bench/ is not a package): its emulated device and counters.
+    # Loaded from its file (bench/ is not a package): its emulated device and counters. It imports its
+    # sibling demo_reference by name, as a script whose folder is first on sys.path would.
+    if "demo_reference" not in sys.modules:
+        ref = importlib.util.spec_from_file_location("demo_reference", BENCH_DIR / "demo_reference.py")
+        sys.modules["demo_reference"] = importlib.util.module_from_spec(ref)
+        ref.loader.exec_module(sys.modules["demo_reference"])
     spec = importlib.util.spec_from_file_location("step_ops_for_batched_step", BENCH_DIR / "step_ops.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
