@@ -103,10 +103,13 @@ def test_composes_with_error_feedback_and_bundles():
 def test_codecs_may_be_given_by_name():
     acc = Accordion(low={"codec": "topk", "density": 0.5}, high={"codec": "topk", "k": 3})
     assert isinstance(acc.low, TopK) and acc.high.k == 3
-    # Accordion is a policy above the codecs, not a wire format: it is not in the registry.
-    assert "accordion" not in gradwire.CODECS
+    # Accordion is a policy above the codecs, not a wire format: not a wire codec, but a name that
+    # gradwire.make_codec builds like every name gradwire.codec_names() lists.
+    assert "accordion" not in gradwire.CODECS and "accordion" in gradwire.codec_names()
+    built = gradwire.make_codec("accordion", low={"codec": "topk", "k": 1}, high={"codec": "topk", "k": 1})
+    assert isinstance(built, Accordion)
     with pytest.raises(ValueError, match="unknown codec 'accordion'"):
-        gradwire.make_codec("accordion", low={"codec": "topk", "k": 1}, high={"codec": "topk", "k": 1})
+        gradwire.codecs.make_codec("accordion", low={"codec": "topk", "k": 1}, high={"codec": "topk", "k": 1})
     with pytest.raises(ValueError, match="'codec' key"):
         Accordion(low={"density": 0.5}, high=TopK(k=1))
     with pytest.raises(ValueError):

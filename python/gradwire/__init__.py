@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import wire
-from .codecs import CODECS, Codec, DCTCodec, IdentityCodec, make_codec
+from .codecs import CODECS, Codec, DCTCodec, IdentityCodec
 from .accordion import Accordion
 from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
 from .codecs import QSGD, GComp, GCompDecoderState
@@ -34,6 +34,10 @@ try:
     __version__ = _version("gradwire")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
+
+#: Every name of :func:`codec_names` (wire codecs and policies such as ``"accordion"``): one registry, one
+#: answer (``gradwire.codecs.make_codec`` builds the wire codecs alone, for the modules below the registry).
+make_codec = build_codec
 
 __all__ = [
     "Accordion",

@@ -20,8 +20,8 @@ With error feedback (``ErrorFeedback(Accordion(...))``) the tensors Accordion se
 residual; the norms it compares are of those sums.
 
 Accordion is a policy above the codecs, not one of them: it lives outside :mod:`gradwire.codecs` and
-outside the registry ``gradwire.CODECS`` (``make_codec("accordion")`` does not exist; build
-``gradwire.Accordion`` directly). It follows the :class:`~gradwire.codecs.base.Codec` protocol, so it
+outside the wire codecs' registry ``gradwire.CODECS``; ``gradwire.make_codec("accordion", low=…, high=…)``
+builds it through :mod:`gradwire.registry`, as every name of ``gradwire.codec_names()``. It follows the :class:`~gradwire.codecs.base.Codec` protocol, so it
 goes wherever a codec goes (``ErrorFeedback``, ``gradwire.torch.ddp_hook``), and builds the codecs it is
 given as mappings (``{"codec": "powersgd", "rank": 2}``) with the registry's :func:`make_codec`. This
 module imports :mod:`gradwire.codecs`, never the other way round.
