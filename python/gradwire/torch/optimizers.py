@@ -68,6 +68,7 @@ from ..codecs.base import Codec
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
+from ..registry import build_codec
 from .collectives import GroupMember, all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
 from .dtensor import ShardLayout, local_grad, local_tensor
@@ -133,6 +134,18 @@ class _Exchange(GroupMember):
             )
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_received = int(state["bytes_received"])
+
+
+def _codec_arg(value, what: str) -> Optional[Codec]:
+    """``codec=`` / ``downlink_codec=``: a codec, ``None`` (the algorithm's default), or a name of
+    :func:`gradwire.codec_names` built with its defaults (``"dct"``); anything else refused here, at
+    construction, rather than at the first step."""
+    if value is None or isinstance(value, Codec):
+        return value
+    if isinstance(value, str):
+        return build_codec(value)  # ValueError listing the known names for an unknown one
+    raise TypeError(f"{what} must be a gradwire codec (e.g. gradwire.DCTCodec(...)) or a name of "
+                    f"gradwire.codec_names(), got {type(value).__name__}")
 
 
 def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
@@ -210,6 +223,17 @@ class _ExchangesFrames:
     _pieces: Optional[Pieces] = None
     _paths: dict[int, str]
     _ddp_checked = False
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, while the optimizer is being built; refused afterwards (a ``ValueError`` saying so): the
+        frames name parameters by position and the exchange is laid out for them on every rank."""
+        if "_exchange" in self.__dict__:
+            name = type(self).__name__
+            raise ValueError(
+                f"{name}.add_param_group after construction is refused: every rank's frames name the parameters "
+                f"by their position (g<group>.p<index>) and the exchange was laid out for them; build a new "
+                f"{name} over every parameter group at once (torch.optim.Optimizer accepts a list of groups)")
+        super().add_param_group(param_group)  # type: ignore[misc]
 
     def _describe(self, message: str) -> str:
         """``message`` with each position followed by its module path: ``"g0.p3"`` → ``"g0.p3 (h.0.attn.weight)"``."""
@@ -396,6 +420,7 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
             raise ValueError(f"lr must be > 0, got {lr}")
         if weight_decay < 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        codec, downlink_codec = _codec_arg(codec, "codec"), _codec_arg(downlink_codec, "downlink_codec")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self._paths = _module_paths(self.param_groups)
         self._exchanged = [n for n, _, _ in _named(self.param_groups)]
@@ -530,6 +555,7 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         sync_every = int(sync_every)
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+        codec, downlink_codec = _codec_arg(codec, "codec"), _codec_arg(downlink_codec, "downlink_codec")
         super().__init__(params, {})
         mine = [id(p) for g in self.param_groups for p in g["params"]]
         theirs = [id(p) for g in inner.param_groups for p in g["params"]]
