@@ -24,6 +24,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+import sys
+
 import torch
 import torch.distributed as dist
 import typer
@@ -195,7 +197,11 @@ def main(
         results = gt.spawn(train, spawn, (cfg,), backend=backend, timeout_s=600)
         _report(cfg, results, spawn)
         return
-    rank, world = gt.init_from_env(backend)
+    try:
+        rank, world = gt.init_from_env(backend)
+    except gt.NoLauncherError as exc:  # started without torchrun: a usage error, not a traceback
+        print(f"{exc} (or start local ranks itself: --spawn 2)", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         result = train(rank, world, cfg)
         # Gather every rank's summary on all ranks as a fixed-size tensor (no pickled objects).

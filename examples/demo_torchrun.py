@@ -12,6 +12,7 @@ loss, the bytes this rank sent and the compression ratio against fp32 gradients.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,11 @@ def main() -> None:
                     help="send the whole model as one record (docs/FORMAT.md section 9)")
     args = ap.parse_args()
 
-    rank, world = gt.init_from_env("gloo")
+    try:
+        rank, world = gt.init_from_env("gloo")
+    except gt.NoLauncherError as exc:  # started without torchrun: a usage error, not a traceback
+        print(f"{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     model = make_model(args.width)
     teacher = make_model(64)
     g = torch.Generator().manual_seed(rank + 1)  # each rank its own data

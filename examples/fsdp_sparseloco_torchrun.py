@@ -22,6 +22,7 @@ CPU ranks use gloo; with CUDA GPUs (one per rank) the script uses NCCL and the r
 from __future__ import annotations
 
 import argparse
+import sys
 import os
 
 import torch
@@ -93,7 +94,11 @@ def main() -> None:
     if args.spawn:
         agree = all(gt.spawn(train, args.spawn, (args,), timeout_s=600))
     else:
-        rank, world = gt.init_from_env()
+        try:
+            rank, world = gt.init_from_env()
+        except gt.NoLauncherError as exc:  # started without torchrun: a usage error, not a traceback
+            print(f"{exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         agree = train(rank, world, args)
         # Every rank leaves the last collective before any tears the group down (else one can abort at exit).
         dist.barrier()

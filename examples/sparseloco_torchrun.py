@@ -13,6 +13,7 @@ the compression ratio per local step against fp32.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,11 @@ def main() -> None:
     if args.steps % args.sync_every:
         raise SystemExit("--steps must be a multiple of --sync-every (replicas agree after a sync)")
 
-    rank, world = gt.init_from_env("gloo")
+    try:
+        rank, world = gt.init_from_env("gloo")
+    except gt.NoLauncherError as exc:  # started without torchrun: a usage error, not a traceback
+        print(f"{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     model = make_model(args.width)
     teacher = make_model(64)
     g = torch.Generator().manual_seed(rank + 1)  # each rank its own data

@@ -25,7 +25,7 @@ from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_r
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
-from .launch import default_backend, init_from_env, spawn
+from .launch import NoLauncherError, default_backend, init_from_env, spawn
 from .muon import MuonAdamW, muon_split
 from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
@@ -48,6 +48,7 @@ __all__ = [
     "gradwire_hook",
     "hook_names",
     "init_from_env",
+    "NoLauncherError",
     "local_gradients_hook",
     "muon_split",
     "powersgd_hook",

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +34,14 @@ try:
 except ImportError:  # a torch built without distributed support
     pass
 
-__all__ = ["default_backend", "init_from_env", "spawn"]
+__all__ = ["NoLauncherError", "default_backend", "init_from_env", "spawn"]
+
+#: What torchrun (or any env:// launcher) sets for every rank.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class NoLauncherError(RuntimeError):
+    """The process was started without a launcher: ``init_from_env`` has no rank or world to join."""
 
 
 def default_backend() -> str:
@@ -50,7 +58,14 @@ def init_from_env(backend: Optional[str] = None, *, timeout_s: float = 300.0) ->
     """Join the process group ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…).
 
     Returns ``(rank, world_size)``. With NCCL the rank's GPU (``LOCAL_RANK``) becomes the current device.
+    Raises :class:`NoLauncherError` naming the variables a launcher sets when they are missing.
     """
+    missing = [v for v in LAUNCHER_VARIABLES if v not in os.environ]
+    if missing:
+        # Checked here: torch would otherwise fail deep in its rendezvous with "RANK expected".
+        script = sys.argv[0] if sys.argv and sys.argv[0] else "script.py"
+        raise NoLauncherError(f"{', '.join(missing)} not set: this process was not started by a launcher. Run it "
+                              f"under torchrun, e.g. `torchrun --nproc-per-node 2 {script}`")
     backend = backend or default_backend()
     _bind_device(backend, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
