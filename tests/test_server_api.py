@@ -312,3 +312,13 @@ def test_cli_flags_override_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GRADWIRE_MAX_FRAME_BYTES", "1000")
     s = ServerSettings(_cli_parse_args=["--port", "9001", "--data-dir", str(tmp_path), "--log-json", "true"])
     assert (s.port, s.data_dir, s.log_json, s.max_frame_bytes) == (9001, tmp_path, True, 1000)
+
+
+def test_a_body_that_is_not_json_says_where_and_what(live_server):
+    r = httpx.post(f"{live_server.url}/v1/runs", content=b'{"quorum": 2,\n "x": }',
+                   headers={"Authorization": f"Bearer {live_server.admin_token}", "Content-Type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"] == "invalid_request"
+    assert body["detail"] == "the body is not valid JSON: Expecting value at line 2, column 7 (byte 20)"

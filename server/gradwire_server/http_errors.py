@@ -88,7 +88,8 @@ def install_error_handlers(app: FastAPI, reject: Callable[[str, bool], None]) ->
             await _auth_dependencies(request)
         except Rejected as refused:
             return await _rejected(request, refused)
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        body = await request.body()
+        detail = "; ".join(_validation_message(e, body) for e in exc.errors())
         return answer(request, STATUS[Reason.INVALID_REQUEST], Reason.INVALID_REQUEST.value, detail)
 
     @app.exception_handler(StarletteHTTPException)
@@ -102,6 +103,21 @@ def install_error_handlers(app: FastAPI, reject: Callable[[str, bool], None]) ->
         return answer(request, exc.status_code, reason.value, str(exc.detail), headers)
 
     _document_errors(app)
+
+
+def _validation_message(error: dict, body: bytes) -> str:
+    """One validation error as ``where: what``; a body that is not JSON says where it breaks (line, column
+    and byte offset) and the decoder's own words, not FastAPI's bare "body.20: JSON decode error"."""
+    if error.get("type") == "json_invalid":
+        loc = error.get("loc", ())
+        at = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+        why = (error.get("ctx") or {}).get("error") or error.get("msg", "invalid JSON")
+        if at is None:
+            return f"the body is not valid JSON: {why}"
+        before = body[:at]
+        line, column = before.count(b"\n") + 1, at - (before.rfind(b"\n") + 1) + 1
+        return f"the body is not valid JSON: {why} at line {line}, column {column} (byte {at})"
+    return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
 
 
 #: The dependencies that authenticate and authorize (401, 404 for the run, 403): run before a 422.
