@@ -66,14 +66,20 @@ def main() -> None:
         loss.backward()
         opt.step()
         if rank == 0 and (step + 1) % args.sync_every == 0:
-            print(f"step {step + 1:4d} (sync {opt.syncs})  loss before sync {loss.item():.5f}", flush=True)
+            if opt.syncs == 1:
+                print("loss on rank 0's samples: its own replica just before a sync, then the synced model (the "
+                      "replica fits rank 0's samples alone; the synced model averages every rank's, so it fits "
+                      "them less closely)", flush=True)
+            with torch.no_grad():
+                synced = nn.functional.mse_loss(model(x), y).item()
+            print(f"step {step + 1:4d} (sync {opt.syncs})  replica {loss.item():.5f}  synced {synced:.5f}", flush=True)
 
     with torch.no_grad():
         final = nn.functional.mse_loss(model(x), y).item()
     dense = 4 * sum(p.numel() for p in model.parameters()) * args.steps
     agree = gt.replicas_agree(model)
     if rank == 0:
-        print(f"final loss (synced weights): {final:.5f}")
+        print(f"final loss of the synced model on rank 0's samples: {final:.5f}")
         print(f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
               f"received: {opt.bytes_received}")
         print(f"compression ratio vs fp32 per local step: {dense / opt.bytes_sent:.1f}x")
