@@ -120,7 +120,9 @@ def build_app(*, serve_settings: bool = True):
 
     from .demo.settings import DEFAULT_RUNS, RUNS, DemoSettings
 
-    app = typer.Typer(add_completion=False, no_args_is_help=True, help="gradwire: compressed gradient transport.")
+    # Plain click help, not rich panels: rich cuts long option names at 80 columns ("--checkpoint-eve…").
+    app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                      help="gradwire: compressed gradient transport.")
 
     def show_version(value: bool) -> None:
         if value:
