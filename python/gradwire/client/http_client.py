@@ -238,6 +238,12 @@ class GradwireClient:
         body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
         return int(body["node_id"]), str(body["token"])
 
+    def list_runs(self, limit: Optional[int] = None, after: Optional[str] = None) -> dict:
+        """``GET /v1/runs`` (admin): ``{"runs": [status, …], "next": run_id | None}``, oldest first; pass
+        ``next`` as ``after`` for the following page (``limit``: the server's default 100, at most 1000)."""
+        params = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
+        return self._request("GET", f"{API_PREFIX}/runs", params=params, idempotent=True).json()
+
     def status(self, run_id: str) -> dict:
         """``GET /v1/runs/{run_id}``: version, open round, weights hash, status, submissions, config."""
         return self._request("GET", f"{API_PREFIX}/runs/{run_id}", idempotent=True).json()

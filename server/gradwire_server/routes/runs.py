@@ -1,16 +1,17 @@
-"""``POST /v1/runs`` (create, admin), ``GET /v1/runs/{run_id}`` (status), and the admin's hold on a run:
+"""``POST /v1/runs`` (create, admin), ``GET /v1/runs`` (every run, paged, admin), ``GET /v1/runs/{run_id}`` (status), and the admin's hold on a run:
 ``POST …/pause``, ``POST …/resume``, ``DELETE /v1/runs/{run_id}``."""
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from gradwire.protocol import API_PREFIX
 
 from ..auth import Principal, admin, principal
+from ..errors import Reason, Rejected
 from ..config import RunConfig
 from .common import ERROR, server
 
@@ -50,6 +51,33 @@ async def create_run(request: Request, config: Optional[RunConfig] = None,
     if "max_frame_bytes" not in config.model_fields_set:
         config = config.model_copy(update={"max_frame_bytes": ctx.settings.max_frame_bytes})
     return RunCreated(run_id=await ctx.engine.create_run(config))
+
+
+#: Runs per page of ``GET /v1/runs``: the default, and the most one page holds.
+RUNS_PAGE, RUNS_PAGE_MAX = 100, 1000
+
+
+class RunPage(BaseModel):
+    runs: list[RunStatus] = Field(description="Runs in the order they were created, each as GET /v1/runs/{run_id} says.")
+    next: Optional[str] = Field(description="The last run of this page: pass it as `after` for the next page; null "
+                                            "on the last page.")
+
+
+@router.get("", response_model=RunPage, summary="Every run, oldest first, a page at a time (admin)",
+            responses={401: ERROR, 403: ERROR, 404: ERROR, 422: ERROR})
+async def list_runs(request: Request, limit: int = Query(RUNS_PAGE, ge=1, le=RUNS_PAGE_MAX),
+                    after: Optional[str] = Query(None, description="Start after this run (a page's `next`)."),
+                    who: Principal = Depends(admin)) -> dict:
+    engine = server(request).engine
+    ids = list(engine.runs)  # loaded oldest first, then created in order: the order of creation
+    start = 0
+    if after is not None:
+        if after not in engine.runs:
+            raise Rejected(Reason.NOT_FOUND, f"no run {after!r} to page after (deleted? start again without `after`)")
+        start = ids.index(after) + 1
+    page = ids[start:start + limit]
+    more = start + limit < len(ids)
+    return {"runs": [engine.status(r) for r in page], "next": page[-1] if more and page else None}
 
 
 @router.get("/{run_id}", response_model=RunStatus, summary="A run's version, open round and progress",
