@@ -15,6 +15,11 @@ use thiserror::Error;
 /// Convenience alias used throughout the crate.
 pub type Result<T, E = WireError> = std::result::Result<T, E>;
 
+/// Bytes as two hex digits each, space-separated (`47 57 49 52`): how every message shows raw bytes.
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+}
+
 /// Everything that can be wrong with an input to gradwire-core.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -249,7 +254,8 @@ pub enum WireError {
     FrameTooShort { got: usize },
 
     /// The first four bytes are not `GWIR`.
-    #[error("bad magic: expected 47 57 49 52 (\"GWIR\"), found {found:02x?}")]
+    // Both in one base: hex bytes, space-separated (`{:02x?}` printed `[47, 57, 49, 58]`, which reads as decimal).
+    #[error("bad magic: expected 47 57 49 52 (\"GWIR\"), found {}", hex_bytes(found))]
     BadMagic { found: [u8; 4] },
 
     /// A frame version this reader does not know.
@@ -544,7 +550,7 @@ mod tests {
         let e = WireError::BadMagic { found: *b"GWIX" };
         assert_eq!(
             e.to_string(),
-            "bad magic: expected 47 57 49 52 (\"GWIR\"), found [47, 57, 49, 58]"
+            "bad magic: expected 47 57 49 52 (\"GWIR\"), found 47 57 49 58"
         );
     }
 
