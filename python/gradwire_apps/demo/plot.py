@@ -1,4 +1,5 @@
-"""The demo's plot: training loss against steps, and against the bytes one node sent and received (PNG)."""
+"""The demo's plot: training loss against steps, and against the bytes one node sent and received, with each
+run's held-out loss, under a title naming the model, the nodes and the runs (PNG)."""
 
 from __future__ import annotations
 
@@ -24,16 +25,24 @@ def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    first = results[0]
+    fig.suptitle(f"{first.title} ({first.params:,} parameters), {first.workers} nodes through the server: "
+                 + "; ".join(r.label for r in results), fontsize=11)
     for r in results:
         loss = _smooth(r.losses)
         sent = list(accumulate(u / r.workers for u in r.up_bytes))
         received = list(accumulate(d / r.workers for d in r.down_bytes))
         label = f"{r.label} ({r.up_ratio:,.0f}× up, {r.down_ratio:,.0f}× down)"
-        axes[0].plot(range(1, len(loss) + 1), loss, label=label)
-        axes[1].plot(sent, loss, label=label)
-        axes[2].plot(received, loss, label=label)
-    ylabel = "training loss (8-step mean over nodes)"
+        (line,) = axes[0].plot(range(1, len(loss) + 1), loss, label=label)
+        axes[1].plot(sent, loss, label=label, color=line.get_color())
+        axes[2].plot(received, loss, label=label, color=line.get_color())
+        # The held-out loss the table reports, where each run ended: the measure that says who won.
+        ends = ((axes[0], len(loss)), (axes[1], sent[-1] if sent else 0), (axes[2], received[-1] if received else 0))
+        for ax, x in ends:
+            ax.plot([x], [r.test_loss], marker="*", markersize=12, color=line.get_color(), linestyle="none",
+                    label=f"{r.label}: held-out {r.test_loss:.3f}" if ax is axes[0] else None)
+    ylabel = "loss (line: training, 8-step mean; ★ held-out)"
     axes[0].set(xlabel="step (per node)", ylabel=ylabel, yscale="log")
     axes[1].set(xlabel="bytes one node sent", ylabel=ylabel, xscale="log", yscale="log")
     axes[2].set(xlabel="bytes one node received", ylabel=ylabel, xscale="log", yscale="log")
