@@ -34,7 +34,8 @@ def results_table(results: Sequence[DistributedResult]):
              "through the server")
     table = Table(title=title, caption="held-out: test loss and its gap to dense AdamW on the same steps and samples; "
                                        "× up / × down: fp32 model bytes ÷ bytes a node sent / received per step; rounds missed: "
-                                       "rounds that closed without a node, over all nodes")
+                                       "rounds that closed without a node, over all nodes; s: seconds from the workers' start to "
+                                       "the last version, the progress bar's clock")
     for col in ("run", "held-out loss", "gap vs dense", "× up", "× down", "test acc", "bytes up/step",
                 "bytes down/step", "in sync", "rounds missed", "s"):
         table.add_column(col, justify="right")
@@ -67,4 +68,5 @@ def result_json(r: DistributedResult) -> dict:
         "node_hashes": {str(k): v for k, v in r.node_hashes.items()}, "in_sync": r.in_sync,
         "joined": {str(k): v for k, v in r.joined.items()},
         "rounds_missed": r.rounds_missed, "state_loads": r.state_loads, "seconds": r.seconds,
+        "total_seconds": r.total_seconds,
     }
