@@ -9,8 +9,6 @@ byte, buffers and weights bit for bit. The operation count runs the library's de
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,8 @@ from gradwire.algorithms.sparseloco import default_sparseloco_codec
 from gradwire.codecs.dct import DCTCodec
 from gradwire.feedback import ErrorFeedback
 from gradwire.frame import write_frame
+
+from bench_modules import load_bench
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 
@@ -194,17 +194,8 @@ def test_the_outer_step_over_all_tensors_at_once_gives_the_native_steps_bits(mom
 
 @pytest.fixture(scope="module")
 def step_ops():
-    # Loaded from its file (bench/ is not a package): its emulated device and counters. It imports its
-    # sibling demo_reference by name, as a script whose folder is first on sys.path would.
-    if "demo_reference" not in sys.modules:
-        ref = importlib.util.spec_from_file_location("demo_reference", BENCH_DIR / "demo_reference.py")
-        sys.modules["demo_reference"] = importlib.util.module_from_spec(ref)
-        ref.loader.exec_module(sys.modules["demo_reference"])
-    spec = importlib.util.spec_from_file_location("step_ops_for_batched_step", BENCH_DIR / "step_ops.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    # Loaded from its file (bench/ is not a package): its emulated device and counters.
+    return load_bench("step_ops")
 
 
 def _ops_of_one_step(step_ops, row: str, tensors: int) -> int:

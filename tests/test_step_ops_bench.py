@@ -4,26 +4,18 @@ and the bench prints every row and target at tiny sizes on the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+from bench_modules import BENCH_DIR, load_bench
+
 BENCH = BENCH_DIR / "step_ops.py"
 
 
-def _bench(name: str):
-    """``bench/<name>.py`` as a module, registered under ``name`` (the benches import each other by name)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_bench = load_bench
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ ring all-reduce would, 2(n − 1)/n times what it sends — measured on the byte
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,14 +11,10 @@ import gradwire.torch as gt
 from gradwire.algorithms import default_demo_codec, default_sparseloco_codec
 from gradwire.torch.sharded import Pieces, assign_owners, balanced_piece_numel
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from bench_modules import load_bench
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("exchange_balance", ROOT / "bench" / "exchange_balance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("exchange_balance")
 
 
 SHAPES = [(512, 256), (384, 256), (384,), (16, 384), (16,)]
