@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-rust test-python wheel install dev bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
+.PHONY: demo test test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -28,6 +28,17 @@ wheel: $(VENV)/.created
 install: wheel
 	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
 	$(PIP) install -q "$$(ls dist/*.whl)[apps,test,bench]" ./server
+
+# Release files in dist/release: the abi3 wheel for manylinux2014 (glibc >= 2.17: it installs on older
+# distributions than `make wheel`'s manylinux_2_34 one; built with zig as the linker, ziglang from PyPI),
+# and the sdists of both packages (gradwire, gradwire-server).
+release: $(VENV)/.created
+	$(PIP) install -q "ziglang" "build>=1"
+	rm -rf dist/release
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --quiet --zig --compatibility manylinux2014 -o dist/release
+	$(VENV)/bin/maturin sdist --quiet -o dist/release
+	$(PY) -m build --sdist --outdir dist/release server
+	@ls dist/release
 
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
