@@ -36,7 +36,7 @@ release: $(VENV)/.created
 	$(PIP) install -q "ziglang" "build>=1"
 	rm -rf dist/release
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --quiet --zig --compatibility manylinux2014 -o dist/release
-	$(VENV)/bin/maturin sdist --quiet -o dist/release
+	$(VENV)/bin/maturin sdist -o dist/release
 	$(PY) -m build --sdist --outdir dist/release server
 	@ls dist/release
 

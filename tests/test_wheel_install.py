@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEELS = sorted((ROOT / "dist").glob("gradwire-*.whl"))
+#: `make wheel`'s (this machine's glibc) and, when `make release` ran, the manylinux2014 one.
+WHEELS = sorted((ROOT / "dist").glob("gradwire-*.whl")) + sorted((ROOT / "dist" / "release").glob("gradwire-*.whl"))
 
 ROUND_TRIP = """
 import gradwire, torch
@@ -31,7 +32,8 @@ print(gradwire.__file__)
 
 
 @pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make test` builds one first (make wheel)")
-def test_the_wheel_installs_and_round_trips_a_frame_in_a_fresh_venv(tmp_path):
+@pytest.mark.parametrize("wheel", WHEELS or [None], ids=lambda w: w.name if w else "none")
+def test_the_wheel_installs_and_round_trips_a_frame_in_a_fresh_venv(tmp_path, wheel):
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -39,7 +41,7 @@ def test_the_wheel_installs_and_round_trips_a_frame_in_a_fresh_venv(tmp_path):
     no_rust["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                                       if p and not (Path(p) / "cargo").exists() and not (Path(p) / "rustc").exists())
     assert shutil.which("cargo", path=no_rust["PATH"]) is None
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(WHEELS[-1])],
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, env=no_rust, timeout=300)
     # Then the dependencies (torch is GBs) from this environment, after the fresh one's own site-packages
     # (written after the install, so pip finds no gradwire but the wheel's).
