@@ -176,12 +176,14 @@ def _normal_clients(server: LoopbackServer, run_id: str, nodes: list[tuple[int, 
 
     def node(i: int) -> None:
         node_id, token = nodes[i]
-        g = torch.Generator().manual_seed(node_id)
-        grads = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
         with GradwireClient(server.url, token, timeout=30) as c:
             # The run's current round: a second call of this function (under attack) goes on from the first's.
             rnd = c.status(run_id)["version"]
             while time.monotonic() < end:
+                # A gradient of its own each round: the server refuses an update that repeats the records of
+                # an earlier round (409 replayed_update), as a node's real gradients never do.
+                g = torch.Generator().manual_seed(1000 * node_id + rnd)
+                grads = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
                 frame = codec.encode_bundle(grads, round=rnd, sender=node_id)
                 timed(lambda: c.submit(run_id, rnd, frame))
                 try:
