@@ -39,3 +39,20 @@ def test_digits_reassemble():
     x = torch.tensor([0, 1, -1, 63, 64, -64, -65, (1 << 50) + 12345, -(1 << 50)])
     total = sum(d.to(torch.int64) << (7 * i) for i, d in enumerate(int_digits(x)))
     assert torch.equal(total, x)
+
+
+@pytest.mark.parametrize("dims", [(64,), (8, 8), (16, 16), (64, 64), (5, 7)])
+@pytest.mark.parametrize("k", [1, 9])
+def test_integer_route_decodes_equal_bits(dims, k):
+    c = 1
+    for d in dims:
+        c *= d
+    g = torch.Generator().manual_seed(7 * c + k)
+    n = 4
+    idx = torch.stack([torch.randperm(c, generator=g)[:k].sort().values for _ in range(n)])
+    levels = torch.randint(0, 256, (n, k), generator=g)
+    scales = torch.rand(n, generator=g) * 1e-2
+    mins = -torch.rand(n, generator=g)
+    ref = decode.decode_level_chunks(idx, levels, scales, mins, dims, route="dense")
+    got = decode.decode_level_chunks(idx, levels, scales, mins, dims, route="integer")
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
