@@ -7,7 +7,8 @@ One namespace, ``gradwire.dct``, over four modules (each imports only the ones a
 - :mod:`.transform`: the cached bases (the one basis cache), :func:`dct` / :func:`idct` along an axis,
   :func:`dct_nd`, the per-chunk :func:`dct_chunks` / :func:`idct_chunks`, :func:`encode_chunks`;
 - :mod:`.quantize`: :func:`select_topk` and the per-row int8 grid (:func:`quantize_int8`);
-- :mod:`.decode`: :func:`decode_chunks` (float) and the bit-exact :func:`decode_levels` with its routes.
+- :mod:`.decode`: :func:`decode_chunks` (float) and the bit-exact :func:`decode_levels` with its routes;
+- :mod:`.integer`: exact int64 products through int8 digits and ``torch._int_mm`` (:func:`exact_int_mm`).
 
 The public names are re-exported here, so code calls ``gradwire.dct.X``. This is a plain re-export:
 assigning a name on ``gradwire.dct`` rebinds it here only. A setting such as ``MATMUL_MAX_N`` or
@@ -18,7 +19,7 @@ Patch a name there.
 
 from __future__ import annotations
 
-from . import chunks, decode, quantize, transform
+from . import chunks, decode, integer, quantize, transform
 from .chunks import (
     MAX_TILE,
     MODE_FLAT,
@@ -41,6 +42,7 @@ from .decode import (
     decode_levels_weighted_sum,
     fixed_point_bits,
 )
+from .integer import dense_level_sums_int, exact_int_mm, int_digits
 from .quantize import MIN_RANGE, dequantize_int8, quantize_int8, select_topk
 from .transform import (
     BASIS_CACHE_BYTES,
@@ -70,6 +72,9 @@ __all__ = [
     "dct_chunks",
     "dct_nd",
     "decode_chunks",
+    "dense_level_sums_int",
+    "exact_int_mm",
+    "int_digits",
     "dequantize_int8",
     "encode_chunks",
     "from_chunks",

@@ -170,6 +170,10 @@ def decode_level_chunks(
         b1 = min(n, b0 + block)
         nb = b1 - b0
         level_sum, offset_sum = _ROUTES[route](idx[b0:b1], levels[b0:b1], dims, bases)
+        if level_sum.dtype == torch.int64:
+            # The integer route's exact sums; the one rounding below stays the float64 route's (for now the
+            # combine with scale/min is float64, over the output only, not the transform's scratch).
+            level_sum, offset_sum = level_sum.to(torch.float64), offset_sum.to(torch.float64)
         chunk = level_sum.reshape(nb, *dims) * sc_all[b0:b1].reshape(shape1)
         chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
         out[b0:b1] = chunk
@@ -397,6 +401,17 @@ def _sparse_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int,
 
 
 _ROUTES = {"sparse": _sparse_level_sums, "rows": _rows_level_sums, "dense": _dense_level_sums}
+
+
+def _integer_level_sums(idx, levels, dims, bases):
+    """The "integer" route: the dense transform in int64 through int8 digits (:mod:`.integer`)."""
+    from .integer import dense_level_sums_int
+
+    return dense_level_sums_int(idx, levels, dims, bases)
+
+
+# Explicit only (``route="integer"``): equal bits to the others, tested; not yet chosen by _choose_route.
+_ROUTES["integer"] = _integer_level_sums
 
 
 def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
