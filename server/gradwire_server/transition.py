@@ -217,9 +217,9 @@ class RunState:
         records = [u.frame.entries for u in updates]
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
-            verbatim = self._verbatim(updates, weights, trim)
-            if verbatim is not None and len(published) > len(verbatim):
-                return self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
+            verbatim = self._verbatim_size(updates, weights, trim)
+            if verbatim is not None and len(published) > verbatim:
+                return self._publish_verbatim_instead(updates, records, weights, trim, recon)
             # The codec's reconstruction is what every node decodes from those bytes (Codec.compress's
             # contract, as for AdamW's diff), so the frame is not decoded again here.
             self._apply_mean(recon)
@@ -227,15 +227,17 @@ class RunState:
         self._average(records, weights, trim)
         return write_published(self.version, [u.raw for u in updates], weights, trim)
 
-    def _verbatim(self, updates: Sequence[Update], weights: Sequence[float], trim: int) -> Optional[bytes]:
-        """The round's frames verbatim as version ``version + 1`` (``None`` where an update came without its
-        bytes: callers that build updates by hand)."""
+    def _verbatim_size(self, updates: Sequence[Update], weights: Sequence[float], trim: int) -> Optional[int]:
+        """The bytes the round's frames would take published verbatim as version ``version + 1`` — its header
+        (the header of empty frames is the same) plus the frames — without concatenating them; ``None`` where
+        an update came without its bytes (callers that build updates by hand)."""
         if not all(u.raw for u in updates):
             return None
-        return write_published(self.version + 1, [u.raw for u in updates], weights, trim)
+        header = write_published(self.version + 1, [b""] * len(updates), weights, trim)
+        return len(header) + sum(len(u.raw) for u in updates)
 
-    def _publish_verbatim_instead(self, records: Sequence[Sequence], weights: Sequence[float], trim: int,
-                                  recon: Mapping[str, torch.Tensor], verbatim: bytes) -> bytes:
+    def _publish_verbatim_instead(self, updates: Sequence[Update], records: Sequence[Sequence],
+                                  weights: Sequence[float], trim: int, recon: Mapping[str, torch.Tensor]) -> bytes:
         """The re-encoded aggregate came out larger than the round's own frames (a few senders, small
         tensors, a downlink budget above theirs): publish the frames verbatim, so that no version is ever
         larger than the frames it replaces plus its header. Every node then applies the exact aggregate,
@@ -247,6 +249,7 @@ class RunState:
         mean = exact_aggregate(records, weights, trim, device=self.device)
         clock.lap("aggregate")
         self.downlink.take_back({n: recon[n] - mean[n] for n in recon})
+        verbatim = write_published(self.version + 1, [u.raw for u in updates], weights, trim)
         self._apply_mean(mean)
         return verbatim
 
@@ -275,10 +278,11 @@ class RunState:
         self._observe([u.norm for u in updates])
         records = [u.frame.entries for u in updates]
         ours, recon = self._reencoded_version(records, weights, trim)
-        verbatim = self._verbatim(updates, weights, trim)
-        if verbatim is not None and len(ours) > len(verbatim) and verbatim == published:
+        verbatim = self._verbatim_size(updates, weights, trim)
+        if (verbatim is not None and len(ours) > verbatim == len(published)
+                and write_published(self.version + 1, [u.raw for u in updates], weights, trim) == published):
             # The round published its frames verbatim: close_average made the same choice.
-            self._publish_verbatim_instead(records, weights, trim, recon, verbatim)
+            self._publish_verbatim_instead(updates, records, weights, trim, recon)
             return True
         if ours == published:
             self._apply_mean(recon)
