@@ -68,7 +68,13 @@ class GroupMember:
         return dist.get_rank(self.process_group) if self._distributed() else 0
 
     def world(self) -> int:
-        return dist.get_world_size(self.process_group) if self._distributed() else 1
+        return group_world_size(self.process_group)
+
+
+def group_world_size(process_group: Optional[dist.ProcessGroup]) -> int:
+    """The size of ``process_group`` (the default group when ``None``), or 1 without torch.distributed."""
+    distributed = process_group is not None or (dist.is_available() and dist.is_initialized())
+    return dist.get_world_size(process_group) if distributed else 1
 
 
 def comm_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:

@@ -69,7 +69,7 @@ from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from ..model_record import ModelSpec, check_model_entries, model_record_codec
 from ..registry import build_codec
-from .collectives import GroupMember, all_gather_bytes, comm_device
+from .collectives import GroupMember, all_gather_bytes, comm_device, group_world_size
 from .ddp_guard import check_not_all_reduced
 from .dtensor import ShardLayout, local_grad, local_tensor
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
@@ -319,9 +319,7 @@ class _ExchangesFrames:
             tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
         else:
             tensors = [(n, tuple(local_tensor(p).shape)) for n, p, _ in named]
-        world = dist.get_world_size(process_group) if process_group is not None or (
-            dist.is_available() and dist.is_initialized()) else 1
-        self._pieces = Pieces(tensors, self.node.codec, piece_numel, world)
+        self._pieces = Pieces(tensors, self.node.codec, piece_numel, group_world_size(process_group))
         if downlink_codec is None:
             # The uplink's twin: the same class and parameters, a state of its own.
             downlink_codec = default_downlink() if codec is None else copy.deepcopy(codec)
