@@ -35,7 +35,13 @@ with the run's uplink codec and bound to the run:
   negative per-coordinate standard deviation, ``γ`` the largest (by bisection) whose distance to every
   honest update (min-max) or whose sum of squared distances (min-sum) stays within the largest among the
   honest updates themselves;
-- ``mimic`` (Karimireddy et al. 2022): every colluder repeats one honest node's update.
+- ``mimic`` (Karimireddy et al. 2022): every colluder repeats one honest node's update;
+- ``adaptive``: ALIE against the default rule's own defence, knowing it and its reference point. The
+  colluders keep a mirror of the server's per-node deviation histories (:class:`gradwire.sender_history.
+  SenderHistory`, the server's defaults, fed every honest update of every round and the round's mean as its
+  reference) and each round pick the largest ``z`` (by bisection, up to 3) for which their updates
+  ``mean − z·std`` keep their histories under the level at which the server starts to take weight away
+  (95 % of it). Each colluder adds its own tiny noise, so that their updates are not counted once as copies.
 
 Modes: ``adamw`` (the server's AdamW, compressed diff published), ``demo`` and ``sparseloco`` publishing
 the node frames verbatim (``publish="frames"``), and ``demo/agg`` and ``sparseloco/agg``: the re-encoded
@@ -52,7 +58,9 @@ The whole default table (5 modes × 9 attacks × 2 rules, 40 versions: 100 runs 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,6 +74,7 @@ from gradwire.client import GradwireClient, Node
 from gradwire.client.errors import GradwireHTTPError
 from gradwire.binding import binding_entry, strip_binding
 from gradwire.frame import decode_bundle, read_frame, write_frame
+from gradwire.sender_history import SenderHistory
 from gradwire_server.launcher import LoopbackServer
 
 #: The uplink codec of every mode: a DCT top-k on flat chunks of 64, small enough for this model.
@@ -89,7 +98,7 @@ MODES: dict[str, dict] = {
 }
 ATTACKS = ("clean", "x1000", "x1e15", "flip", "flip_x1e15", "ef_poison", "copy", "replay", "other_run")
 #: Attacks by colluding nodes that craft one update from the honest ones (``--rogues`` of ``--nodes``).
-COLLUDING = ("alie", "alie_own", "ipm_small", "ipm_large", "minmax", "minsum", "mimic")
+COLLUDING = ("alie", "alie_own", "ipm_small", "ipm_large", "minmax", "minsum", "mimic", "adaptive")
 
 
 def model(seed: int = 0) -> nn.Module:
@@ -242,9 +251,69 @@ def crafted(name: str, honest: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown colluding attack {name!r}")
 
 
+class AdaptiveColluders:
+    """The ``adaptive`` attack (module docstring): one per run, shared by its colluders, which craft each
+    round's frames once, under a lock, and each take its own."""
+
+    def __init__(self, honest_ids: Sequence[int], rogue_ids: Sequence[int], margin: float = 0.95):
+        self.honest_ids, self.rogue_ids, self.margin = list(honest_ids), list(rogue_ids), margin
+        self.mirror = SenderHistory()  # the server's defaults
+        self.lock = threading.Lock()
+        self.crafted: dict[int, dict[int, bytes]] = {}
+        self.z: list[float] = []
+
+    def frame(self, node: "RunNode", rnd: int) -> Optional[bytes]:
+        with self.lock:
+            if rnd not in self.crafted:
+                self.crafted[rnd] = self._craft(node, rnd)
+            return self.crafted[rnd].get(node.node_id)
+
+    def _craft(self, node: "RunNode", rnd: int) -> dict[int, bytes]:
+        got = [node.frames.wait(rnd, i, timeout=60) for i in self.honest_ids]
+        if any(f is None for f in got):
+            return {}
+        flats = [_flat_update(f) for f in got]
+        layout = flats[0][1]
+        honest = torch.stack([f for f, _ in flats])
+        mu, sigma = honest.mean(0), honest.std(0, unbiased=len(honest) > 1)
+        honest_records = [strip_binding(read_frame(f)).entries for f in got]
+        ids = [*self.honest_ids, *self.rogue_ids]
+        noise = {r: torch.randn(mu.shape, generator=torch.Generator().manual_seed(1000 * rnd + r), dtype=mu.dtype)
+                 for r in self.rogue_ids}
+
+        def frames_for(z: float) -> dict[int, bytes]:
+            return {r: _encoded(mu - z * sigma + 1e-3 * sigma * noise[r], layout, rnd, r, node.run_id)
+                    for r in self.rogue_ids}
+
+        def trial(z: float) -> tuple[bool, SenderHistory, dict[int, bytes]]:
+            frames = frames_for(z)
+            records = honest_records + [strip_binding(read_frame(frames[r])).entries for r in self.rogue_ids]
+            mirror = copy.deepcopy(self.mirror)
+            mirror.observe(ids, records, [1.0] * len(ids))
+            scores = mirror.scores(ids)
+            level = mirror.multiple * statistics.median_low(scores)
+            return max(scores[len(self.honest_ids):]) <= self.margin * level, mirror, frames
+
+        lo, hi = 0.0, 3.0
+        best = trial(lo)
+        for _ in range(10):
+            mid = (lo + hi) / 2
+            got_mid = trial(mid)
+            if got_mid[0]:
+                lo, best = mid, got_mid
+            else:
+                hi = mid
+        self.mirror = best[1]
+        self.z.append(lo)
+        return best[2]
+
+
 def colluding_fn(name: str, honest_ids: Sequence[int], rogue_ids: Sequence[int]):
     """A colluder's frame: it waits for the round's honest frames (and its fellows' genuine ones: the
     colluders see every frame before it is sent), crafts the update and re-encodes it as its own."""
+    if name == "adaptive":
+        shared = AdaptiveColluders(honest_ids, rogue_ids)
+        return lambda node, rnd, frame: shared.frame(node, rnd)
 
     def attack(node: "RunNode", rnd: int, frame: bytes) -> Optional[bytes]:
         got = [node.frames.wait(rnd, i, timeout=60) for i in (*honest_ids, *rogue_ids)]
@@ -304,6 +373,7 @@ class Outcome:
     frames: Frames
     warnings: list[str]
     seconds: float
+    run_id: str = ""
 
 
 def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
@@ -340,12 +410,13 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
     admin.put_state(run_id, {n: p.detach() for n, p in model().named_parameters()})
     frames = Frames()
     nodes: list[RunNode] = []
+    colluders = colluding_fn(attack, honest_ids, rogue_ids) if attack in COLLUDING else None
     for _ in range(n_nodes):
         node_id, token = admin.register_node(run_id)
         if node_id not in rogue_ids:
             fn = None
-        elif attack in COLLUDING:
-            fn = colluding_fn(attack, honest_ids, rogue_ids)
+        elif colluders is not None:
+            fn = colluders
         else:
             fn = attack_fn(attack, donor)
         nodes.append(RunNode(GradwireClient(server.url, token, timeout=60), run_id, model(), gradwire.DCTCodec(**CODEC),
@@ -377,7 +448,7 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
     out = Outcome(mode, attack, rule, held_out_loss(state), published_max(admin, run_id, diff),
                   max(float(t.abs().max()) for t in state.values()), version,
                   [r for n in nodes for r in n.refused], frames, status.get("warnings", []),
-                  time.perf_counter() - t0)
+                  time.perf_counter() - t0, run_id)
     for n in nodes:
         n.client.close()
     admin.close()
@@ -429,6 +500,31 @@ HEADER = ("| mode | rule | attack | held-out loss | clean | ratio | max abs publ
           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 
 
+def pivot(rows: Sequence[tuple[str, str, str, float]]) -> str:
+    """The table docs/SERVER.md quotes, from ``(mode, rule, attack, ratio)`` rows: one line per attack, one
+    column per mode, each cell the default rule's ratio and the plain mean's (``default / mean``)."""
+    modes = list(dict.fromkeys(m for m, _, _, _ in rows))
+    attacks = list(dict.fromkeys(a for _, _, a, _ in rows if a != "clean"))
+    got = {(m, r, a): x for m, r, a, x in rows}
+    rules = list(dict.fromkeys(r for _, r, _, _ in rows))
+    head = " / ".join(rules)
+    lines = [f"| attack | {' | '.join(f'{m}: {head}' for m in modes)} |", "|---|" + "---:|" * len(modes)]
+    for a in attacks:
+        cells = [" / ".join(f"{got[(m, r, a)]:.3f}×" if (m, r, a) in got else "–" for r in rules) for m in modes]
+        lines.append(f"| {a} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def parse_rows(text: str) -> list[tuple[str, str, str, float]]:
+    """``(mode, rule, attack, ratio)`` of every row this bench printed (:func:`row_text`)."""
+    out = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0] in MODES:
+            out.append((cells[0], cells[1], cells[2], float(cells[5])))
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=40, help="versions per run")
@@ -439,15 +535,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--rules", nargs="+", default=["default", "mean"],
                    help="'default' (the run's default, bounded_mean) and/or rule names (trimmed_mean:0.25 with its "
                         "trim fraction)")
+    p.add_argument("--pivot-from", metavar="FILE", default=None,
+                   help="print the attack × mode table of a saved output of this bench, and run nothing")
     args = p.parse_args(argv)
+    if args.pivot_from:
+        with open(args.pivot_from, encoding="utf-8") as f:
+            print(pivot(parse_rows(f.read())))
+        return
     t0 = time.perf_counter()
     print(f"{args.nodes} nodes, {args.rogues} rogue(s) (the last node ids), {args.rounds} versions per run, quorum "
           f"{args.nodes}; ratio = held-out loss / the clean run's (same mode and rule)\n")
     print(HEADER, flush=True)
-    run_table(args.modes, args.attacks, args.rules, args.rounds,
-              report=lambda got, clean: print(row_text(got, clean), flush=True), nodes=args.nodes,
-              rogues=args.rogues)
-    print(f"\n{time.perf_counter() - t0:.0f} s in all")
+    done = run_table(args.modes, args.attacks, args.rules, args.rounds,
+                     report=lambda got, clean: print(row_text(got, clean), flush=True), nodes=args.nodes,
+                     rogues=args.rogues)
+    print(f"\n{time.perf_counter() - t0:.0f} s in all\n")
+    print(pivot([(got.mode, got.rule, got.attack, ratio(got, clean)) for got, clean in done]))
 
 
 if __name__ == "__main__":

@@ -641,6 +641,54 @@ class Settings:
     batched: bool = False  # --batched: every node in one vmap call and one optimizer step (bench/node_batch.py)
     device: str = "cpu"  # --device: where the batched nodes train (the codecs and frames stay on the CPU)
     shards: str = "contiguous"  # --shards: each node on its own slice of the data, or "iid": all on all of it
+    rule: str = "mean"  # --rule: how the DeMo / SparseLoCo rows weigh the nodes' frames (RoundRule)
+
+
+class RoundRule:
+    """The server's aggregation rule over one run's rounds (``--rule``), as ``gradwire_server.transition``
+    applies it: ``mean`` is ``exact_mean`` (every node ``1/n``, what the rows did before ``--rule``);
+    ``bounded_mean``, the server's default, clips to its level (capped by the run's recent levels:
+    ``NormHistory``), drops opposed updates and scales each node's weight by its trust
+    (``gradwire.sender_history``), with that state carried from round to round. :meth:`weights` gives a
+    round's ``(weights, trim)``, :meth:`mean` its exact aggregate."""
+
+    def __init__(self, rule: str):
+        from gradwire.aggregation import NormHistory, check_rule
+        from gradwire.sender_history import SenderHistory
+
+        self.rule = check_rule(rule)
+        self.norms = NormHistory(3.0, 8) if rule == "bounded_mean" else None  # the server's defaults
+        self.history = SenderHistory() if rule == "bounded_mean" else None
+        self.trusts: list[float] = []  # every node's trust of every round, for the report
+
+    def weights(self, records: Sequence) -> tuple[list[float], int]:
+        from gradwire.aggregation import update_norm, weights_and_trim
+        from gradwire.sender_history import trusted_weights
+
+        n = len(records)
+        if self.rule == "mean":
+            return [1.0 / n] * n, 0
+        norms = [update_norm(recs) for recs in records]
+        cap = self.norms.cap() if self.norms is not None else math.inf
+        coeffs, trim = weights_and_trim(self.rule, [1.0] * n, norms, 0.2, cap, records)
+        if self.norms is not None:
+            self.norms.observe(norms)
+        if self.history is not None:
+            senders = list(range(1, n + 1))
+            trust = self.history.trust(senders)
+            self.trusts.extend(trust)
+            coeffs = trusted_weights(coeffs, [1.0] * n, trust)
+            self.history.observe(senders, records, coeffs)
+        return coeffs, trim
+
+    def mean(self, records: Sequence) -> dict:
+        from gradwire.aggregation import exact_aggregate
+        from gradwire.algorithms import exact_mean
+
+        if self.rule == "mean":
+            return exact_mean(records)
+        weights, trim = self.weights(records)
+        return exact_aggregate(records, weights, trim)
 
 
 #: ``--schedule``: the lr multiplier at step ``t`` of ``T`` (1-based), the same for every row — dense AdamW's lr,
@@ -723,14 +771,15 @@ class Downlink:
         self.ef = ErrorFeedback(self.codec) if self.codec is not None and self.decay > 0.0 else None
         self.outer = outer if o.get("srv") else None  # the server's OuterStep (srv)
 
-    def publish(self, version: int, frames: Sequence[bytes], records: Sequence, anchor=None):
-        from gradwire.algorithms import exact_mean
+    def publish(self, version: int, frames: Sequence[bytes], records: Sequence, anchor=None,
+                rule: Optional[RoundRule] = None):
         from gradwire.published import read_published, write_published, write_published_aggregate
 
+        rule = rule or RoundRule("mean")
         if self.verbatim:
-            data = write_published(version, frames, [1.0 / self.n] * self.n)
+            data = write_published(version, frames, *rule.weights(records))
         else:
-            payload = exact_mean(records)
+            payload = rule.mean(records)
             if self.outer is not None:  # the server's outer step on the exact mean: the step to publish
                 zero = {nm: torch.zeros_like(anchor[nm]) for nm in anchor}
                 self.outer.apply(zero, payload)  # zero − outer_lr·step
@@ -754,6 +803,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
     """Train one row at one lr and seed; returns its curve and final losses."""
     t0 = time.perf_counter()
     n = settings.nodes
+    round_rule = RoundRule(settings.rule)
     torch.manual_seed(seed)
     model = task.build()
     packer = Packer(_params(model))
@@ -922,9 +972,9 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                 if downlink is None:
                     down_total += nb  # the server republishes every node's records
             if downlink is None:
-                mean = packer.unpack(exact_mean(read))
+                mean = packer.unpack(round_rule.mean(read))
             else:
-                applied, nb = downlink.publish(step, frames, read)
+                applied, nb = downlink.publish(step, frames, read, rule=round_rule)
                 down_total += nb
                 mean = packer.unpack(applied)
             with torch.no_grad():
@@ -952,9 +1002,9 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
                         down_total += nb
                 with torch.no_grad():
                     if downlink is None:
-                        outer.apply(anchor, exact_mean(read))
+                        outer.apply(anchor, round_rule.mean(read))
                     else:
-                        applied, nb = downlink.publish(step // H, frames, read, anchor)
+                        applied, nb = downlink.publish(step // H, frames, read, anchor, rule=round_rule)
                         down_total += nb
                         outer.apply(anchor, applied)
                     new = packer.unpack(anchor)
@@ -1018,6 +1068,8 @@ def run_key(task: str, scale: Scale, row: RowSpec, hp: str, seed: int, settings:
         parts.append(f"shards:{settings.shards}")
     if settings.batched and row.kind in BATCHED_KINDS:  # the same run to float rounding: a run of its own
         parts.append(f"batched:{settings.device}")
+    if settings.rule != "mean" and row.kind in ("demo", "sparseloco"):  # the rows --rule changes
+        parts.append(f"rule:{settings.rule}")
     desc = json.dumps(parts, sort_keys=True)
     return hashlib.sha1(desc.encode()).hexdigest()[:16]
 
@@ -1445,6 +1497,8 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
         f"{settings.nodes} nodes simulated in one process on disjoint shards, identical initial weights, the same"
         f" batches in every row; seeds {', '.join(map(str, seeds))}. Every compressed row goes through real"
         " codecs and real frames (written to bytes, counted, read back, aggregated from what was read).",
+        (f" DeMo and SparseLoCo aggregate the frames with the server's `{settings.rule}` rule and its state across"
+         " rounds (`RoundRule`), not the plain mean." if settings.rule != "mean" else ""),
         f" SparseLoCo: H = {settings.H} inner AdamW steps per round; its bytes are per *local* step (frame bytes / H).",
         " Uplink × = fp32 bytes of the model / one node's frame bytes per step, measured in training;"
         " downlink × = fp32 bytes / what each node receives per step (Panthalia: the server's compressed weight"
@@ -1530,6 +1584,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
+    ap.add_argument("--rule", default="mean", choices=["mean", "bounded_mean"],
+                    help="how the DeMo and SparseLoCo rows weigh the nodes' frames: mean (1/n each, the default) or "
+                         "the server's default rule, bounded_mean, with its state carried across rounds")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the cached runs")
     ap.add_argument("--out", type=Path, default=DOC, help="the markdown report (the PNG goes beside it)")
     ap.add_argument("--cache", type=Path, default=CACHE, help="the JSON file of finished runs")
@@ -1570,7 +1627,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         mults=tuple(args.mults) if args.mults else None,
                         outers=tuple(args.outers) if args.outers else None,
                         dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule,
-                        batched=args.batched, device=args.device, shards=args.shards)
+                        batched=args.batched, device=args.device, shards=args.shards, rule=args.rule)
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:

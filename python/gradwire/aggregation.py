@@ -86,6 +86,9 @@ __all__ = [
     "NormHistory",
     "RULES",
     "UNBOUNDED_RULES",
+    "WEIGHTED_RULES",
+    "pick",
+    "weighted_aggregate",
     "aggregate",
     "CLIP_MULTIPLE",
     "bounded_level",
@@ -95,6 +98,7 @@ __all__ = [
     "exact_mean",
     "exact_trimmed_mean",
     "OPPOSED_MADS",
+    "OPPOSED_MEDIANS",
     "opposed_senders",
     "sender_alignment",
     "rule_weights",
@@ -112,7 +116,7 @@ DEFAULT_RULE = "bounded_mean"
 #: The rules under which one node's update can move the aggregate without bound.
 UNBOUNDED_RULES = ("mean",)
 #: The rules that are a weighted mean of the senders' records (the others are coordinate-wise).
-_MEANS = ("bounded_mean", "mean", "clipped_mean")
+WEIGHTED_RULES = _MEANS = ("bounded_mean", "mean", "clipped_mean")
 #: The largest update L2 norm an aggregate takes: above it a sum of float32 values is no longer safely
 #: finite (10⁸ such updates still sum below float32's 3.4·10³⁸). No honest update comes near it.
 MAX_UPDATE_NORM = 1e30
@@ -442,6 +446,13 @@ def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[f
 #: way — and cost SparseLoCo's held-out loss 0.063 → 0.078; at 3 MADs it drops 10 and 108 of them, and
 #: still caught bench/attacks.py's flipped DeMo rogue in 40 rounds of 40 (at 4 MADs: 38).
 OPPOSED_MADS = 3.0
+#: ... and more than ``OPPOSED_MEDIANS`` times as opposed to the rest as the round's median update is aligned
+#: with it. A flipped update in a round of 4 points against the rest 2–3× as strongly as an honest one points
+#: with it (3× when honest updates are nearly orthogonal), while honest updates that are mostly noise have
+#: cosines of either sign around a small median: on bench/convergence.py's digits (4 nodes, SparseLoCo) the
+#: spread test alone dropped an honest update at cosine −0.023 against a median of 0.017, which cost 5 % of
+#: held-out loss.
+OPPOSED_MEDIANS = 2.0
 
 
 def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[float]:
@@ -516,7 +527,7 @@ def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float])
     outlier among the round's updates.
 
     With ``cᵢ`` each sender's :func:`sender_alignment`, ``m`` their median and ``d`` the median of
-    ``|cᵢ − m|``: sender ``i`` is dropped if ``cᵢ < min(0, m − OPPOSED_MADS·d)``, the most opposed first and
+    ``|cᵢ − m|``: sender ``i`` is dropped if ``cᵢ < min(0, m − OPPOSED_MADS·d, −OPPOSED_MEDIANS·|m|)``, the most opposed first and
     at most a minority, ``(n − 1) // 2`` of ``n`` (with 2 senders nobody can tell who is right, so none is).
 
     A flipped update (``−u``), however scaled, points against the honest ones by about as much as they
@@ -532,7 +543,10 @@ def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float])
     cos = sender_alignment(records, coeffs)
     mid = statistics.median(cos)
     spread = statistics.median(abs(c - mid) for c in cos)
-    below = min(0.0, mid - OPPOSED_MADS * spread)
+    # Against the rest OPPOSED_MEDIANS times as strongly as the round's median update points with it: in a
+    # round of a few nodes the spread of their cosines can be tiny, and an honest update that is mostly
+    # noise (its cosine a little below 0) would otherwise be an outlier (bench/convergence.py's digits).
+    below = min(0.0, mid - OPPOSED_MADS * spread, -OPPOSED_MEDIANS * abs(mid))
     worst = sorted((c, i) for i, c in enumerate(cos) if c < below)[:limit]
     dropped = {i for _, i in worst}
     return [i in dropped for i in range(n)]
@@ -603,16 +617,21 @@ def aggregate(
         weights = [1.0] * n
     elif len(weights) != n:
         raise ValueError(f"got {len(weights)} weights for {n} senders")
-    picked = _pick(records, names)
+    picked = pick(records, names)
     if rule in _MEANS:
-        coeffs = rule_weights(rule, weights, norms, cap, picked)
-        return {
-            name: transform_domain_sum([mine[j] for mine in picked], coeffs, device) for j, name in enumerate(names)
-        }
+        return weighted_aggregate(picked, names, rule_weights(rule, weights, norms, cap, picked), device)
     return exact_trimmed_mean(picked, trim_count(rule, n, trim_fraction), device)
 
 
-def _pick(records: Sequence[Sequence[Entry]], names: Sequence[str]) -> list[list[Entry]]:
+def weighted_aggregate(records: Sequence[Sequence[Entry]], names: Sequence[str], coeffs: Sequence[float],
+                       device: Optional[torch.device] = None) -> dict[str, torch.Tensor]:
+    """``{name: Σ coeffsᵢ · recordᵢ}`` for each of ``names``, summed in the codec's domain
+    (:func:`transform_domain_sum`): a weighted rule's aggregate once its coefficients are known."""
+    picked = pick(records, names)
+    return {name: transform_domain_sum([mine[j] for mine in picked], coeffs, device) for j, name in enumerate(names)}
+
+
+def pick(records: Sequence[Sequence[Entry]], names: Sequence[str]) -> list[list[Entry]]:
     """Each sender's records of ``names``, in that order; ``ValueError`` if a sender lacks one."""
     out: list[list[Entry]] = []
     for i, recs in enumerate(records):

@@ -21,6 +21,7 @@ import torch
 from gradwire import aggregation
 from gradwire.aggregation import RULES
 from gradwire.frame import Entry, Frame
+from gradwire.sender_history import SenderHistory, trusted_weights
 
 from .replays import update_digest
 
@@ -69,11 +70,25 @@ def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
 
 
 def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float,
-                      cap: float = math.inf) -> tuple[list[float], int]:
+                      cap: float = math.inf, history: Optional[SenderHistory] = None) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
-    ``cap``: ``bounded_mean``'s cap on the clip level)."""
-    return aggregation.weights_and_trim(rule, counted_once(updates), [u.norm for u in updates], trim_fraction,
-                                        cap, [u.frame.entries for u in updates])
+    ``cap``: ``bounded_mean``'s cap on the clip level; ``history``: its senders' deviation histories, stepped
+    past this round here, whose trust scales each weight: :mod:`gradwire.sender_history`)."""
+    counted = counted_once(updates)
+    weights, trim = aggregation.weights_and_trim(rule, counted, [u.norm for u in updates], trim_fraction,
+                                                 cap, [u.frame.entries for u in updates])
+    return _trusted(updates, counted, weights, history), trim
+
+
+def _trusted(updates: Sequence[Update], counted: Sequence[float], coeffs: list[float],
+             history: Optional[SenderHistory]) -> list[float]:
+    """``coeffs`` with each sender's trust from ``history`` (stepped past this round), or as they are."""
+    if history is None:
+        return coeffs
+    senders = [u.node_id for u in updates]
+    coeffs = trusted_weights(coeffs, counted, history.trust(senders))
+    history.observe(senders, [u.frame.entries for u in updates], coeffs)
+    return coeffs
 
 
 def aggregate(
@@ -83,8 +98,16 @@ def aggregate(
     trim_fraction: float = 0.2,
     device: Optional[torch.device] = None,
     cap: float = math.inf,
+    history: Optional[SenderHistory] = None,
 ) -> dict[str, torch.Tensor]:
     """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``
-    (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them)."""
-    return aggregation.aggregate([u.frame.entries for u in updates], names, rule, counted_once(updates),
-                                 [u.norm for u in updates], trim_fraction, device, cap)
+    (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them);
+    ``history`` as for :func:`published_weights`."""
+    counted = counted_once(updates)
+    records = [u.frame.entries for u in updates]
+    if history is None or rule not in aggregation.WEIGHTED_RULES:
+        return aggregation.aggregate(records, names, rule, counted, [u.norm for u in updates], trim_fraction,
+                                     device, cap)
+    coeffs = aggregation.rule_weights(rule, counted, [u.norm for u in updates], cap,
+                                      aggregation.pick(records, names))
+    return aggregation.weighted_aggregate(records, names, _trusted(updates, counted, coeffs, history), device)

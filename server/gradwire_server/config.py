@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
 from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES, NormHistory
+from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
 from gradwire.algorithms import DEFAULT_ALGORITHM, AdamWConfig, Algorithm, DeMoConfig, SparseLoCoConfig, algorithm_names, algorithms, \
     get_algorithm
 from gradwire.frame import MIN_FRAME_BYTES
@@ -86,6 +87,22 @@ class AggregationConfig(BaseModel):
                                           "median clip level of the last cap_rounds rounds.")
     cap_rounds: int = Field(8, ge=1, le=1024, description="bounded_mean: how many recent rounds' clip levels "
                                                           "the cap looks at.")
+
+    history_beta: float = Field(HISTORY_BETA, ge=0.0, lt=1.0, allow_inf_nan=False,
+                                description="bounded_mean: how much of each node's past deviations from its rounds "
+                                            "the server remembers (h = beta·h + deviation); a node whose history "
+                                            "grows past 1.5 × the round's lower median loses weight, and all of it at "
+                                            "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
+                                            "deviate the same way every round. 0 remembers only the round itself.")
+    trust_multiple: float = Field(TRUST_MULTIPLE, ge=1.0, allow_inf_nan=False,
+                                  description="bounded_mean: the multiple of the round's lower median history up to "
+                                              "which a node keeps its whole weight (none from twice it).")
+
+    def sender_history(self) -> Optional[SenderHistory]:
+        """A fresh :class:`~gradwire.sender_history.SenderHistory` for ``bounded_mean`` runs, else ``None``."""
+        if self.rule != "bounded_mean":
+            return None
+        return SenderHistory(self.history_beta, multiple=self.trust_multiple)
 
     def norm_history(self) -> Optional[NormHistory]:
         """A fresh :class:`~gradwire.aggregation.NormHistory` for ``bounded_mean`` runs, else ``None``."""

@@ -38,6 +38,7 @@ import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.aggregation import NormHistory, update_norm
+from gradwire.sender_history import SenderHistory
 from gradwire.algorithms import exact_aggregate
 from gradwire.codecs.dct import records_parsed_once
 from gradwire.frame import SERVER_SENDER, write_frame
@@ -92,6 +93,8 @@ class RunState:
     downlink: Optional[ErrorFeedback | ReencodeFeedback] = None
     #: ``bounded_mean``'s recent clip levels (its cap), stepped once per version; ``None`` for other rules.
     norms: Optional[NormHistory] = None
+    #: ``bounded_mean``'s per-node deviation histories (its trust in each node), stepped once per version.
+    senders: Optional[SenderHistory] = None
     algorithm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -106,6 +109,7 @@ class RunState:
         server_state = dict(server_state)
         downlink = server_state.pop("downlink", {})
         norms = server_state.pop("aggregation", {})
+        senders = server_state.pop("senders", {})
         if state.publishes_diffs:
             state.moments = (AdamWState.zeros_like(master) if moments is None
                              else AdamWState.from_tensors(moments, step=version, device=device))
@@ -113,6 +117,9 @@ class RunState:
         state.norms = config.aggregation.norm_history()
         if state.norms is not None:
             state.norms.load_state_dict(norms)
+        state.senders = config.aggregation.sender_history()
+        if state.senders is not None:
+            state.senders.load_state_dict(senders)
         if state.publishes_diffs:
             state.downlink = ErrorFeedback(config.downlink.build())
         elif config.reencodes:
@@ -169,7 +176,7 @@ class RunState:
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
         grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction, device=self.device,
-                          cap=self._cap())
+                          cap=self._cap(), history=self.senders)
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         if not self._work:
@@ -211,7 +218,7 @@ class RunState:
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         agg, clock = self.config.aggregation, _Clock(self.timings)
         # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         records = [u.frame.entries for u in updates]
@@ -274,7 +281,7 @@ class RunState:
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
         agg = self.config.aggregation
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap())
+        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
         self._observe([u.norm for u in updates])
         records = [u.frame.entries for u in updates]
         ours, recon = self._reencoded_version(records, weights, trim)
@@ -302,6 +309,9 @@ class RunState:
         if self.norms is not None:
             # The norms the server's validation computed for these frames, by the same function.
             self._observe([update_norm(recs) for recs in records])
+        if self.senders is not None:
+            # The trust the round was closed with is in its weights; the histories step by them.
+            self.senders.observe([f.sender for f in version.frames], records, version.weights)
         self._average(records, version.weights, version.trim)
 
     def _average(self, records: Sequence[Sequence], weights: Sequence[float], trim: int = 0) -> None:
@@ -344,6 +354,8 @@ class RunState:
             server_state["downlink"] = self.downlink.state_dict()
         if self.norms is not None:
             server_state["aggregation"] = self.norms.state_dict()
+        if self.senders is not None:
+            server_state["senders"] = self.senders.state_dict()
         return weights, moments, server_state
 
     def close_memory_bytes(self) -> int:

@@ -1,0 +1,108 @@
+"""Colluders inside the honest spread, through a real server: the default rule's per-node histories
+(gradwire.sender_history) take their weight away, the plain mean does not, and a restarted server (kill -9)
+weighs every later round exactly as an uninterrupted one."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from gradwire.published import read_published
+from live_server import LiveServer
+from server_helpers import dense_frame, make_run, random_grads
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "attacks.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("attacks_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["attacks_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with LiveServer(tmp_path_factory.mktemp("colluders")) as srv:
+        yield srv
+
+
+def _weights_by_sender(admin, run_id: str) -> list[dict[int, float]]:
+    return [{f.sender: w for f, w in zip(v.frames, v.weights)} for v in admin.published(run_id, 0).versions]
+
+
+@pytest.mark.parametrize("rule", ["default", "mean"])
+def test_alie_colluders_lose_their_weight_under_the_default_rule_only(server, rule):
+    """2 of 8 nodes send ALIE's mean − std of the honest updates, every round (bench/attacks.py), in a
+    demo run publishing the frames: the published weights show what the rule gave them."""
+    from gradwire.client import GradwireClient
+
+    bench = _bench()
+    rounds = 16
+    got = bench.run_one(server, "demo", "alie", rule, rounds, nodes=8, rogues=2)
+    assert got.versions == rounds and not got.refused
+    admin = GradwireClient(server.url, server.admin_token, timeout=60)
+    try:
+        versions = _weights_by_sender(admin, got.run_id)
+    finally:
+        admin.close()
+    rogues, honest = (7, 8), range(1, 7)
+    last = versions[-1]
+    if rule == "mean":
+        # Identical colluder updates count once (copies), but that one keeps a full share.
+        assert max(last[r] for r in rogues) == pytest.approx(max(last[h] for h in honest))
+        return
+    assert all(last[r] == 0.0 for r in rogues), last
+    assert all(last[h] > 0.0 for h in honest), last
+    assert sum(last[h] for h in honest) == pytest.approx(1.0)
+    # The first rounds, before any history, weigh every node alike.
+    assert versions[0][rogues[0]] == pytest.approx(versions[0][1])
+
+
+def test_a_restarted_server_trusts_every_node_as_an_uninterrupted_one(tmp_path):
+    """Four nodes, one of them adding the same bias to its update every round (a colluder's signature).
+    The server is killed (-9) after version 7, its last checkpoint at version 4, so the histories come back
+    from the checkpoint and from replaying versions 5 to 7 — an adamw run (from its logged updates), a
+    demo run publishing frames (from the published weights) and a re-encoded sparseloco run. Every byte
+    published after the restart must equal an uninterrupted twin server's, and the biased node must have
+    lost weight (else the test proves nothing)."""
+    env = {"GRADWIRE_CHECKPOINT_EVERY": "4", "GRADWIRE_CHECKPOINT_EVERY_VERSION_BELOW_BYTES": "0"}
+    configs = [{"algorithm": "adamw", "quorum": 4}, {"algorithm": "demo", "quorum": 4, "publish": "frames"},
+               {"algorithm": "sparseloco", "quorum": 4, "publish": "aggregate"}]
+
+    def frame(rnd: int, sender: int) -> bytes:
+        grads = random_grads(1000 * rnd + sender)
+        if sender == 4:
+            grads = {k: v + 1.0 for k, v in grads.items()}
+        return dense_frame(grads, rnd, sender)
+
+    published = []
+    for crash in (False, True):
+        with LiveServer(tmp_path / f"crash-{crash}", env=env) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as client:
+            runs = [make_run(client, srv.admin_token, n_nodes=4, **config) for config in configs]
+            for run in runs:
+                run.publish_rounds(frame, 0, 7)
+            if crash:
+                srv.kill()
+                srv.start()
+            got = []
+            for run in runs:
+                run.publish_rounds(frame, 7, 14)
+                r = client.get(run.url("/updates"), params={"since": 0}, headers=run.admin)
+                assert r.status_code == 200 and int(r.headers["X-Gradwire-Version"]) == 14
+                got.append(r.content)
+            published.append(got)
+            if crash:
+                assert "made frames other than the published ones" not in (srv.data_dir / "server.log").read_text()
+    assert published[0] == published[1]
+    demo = read_published(published[1][1])
+    last = {f.sender: w for f, w in zip(demo[-1].frames, demo[-1].weights)}
+    assert last[4] < 0.6 * last[1], last  # uniform weights would be equal
+    assert torch.isfinite(torch.tensor(demo[-1].weights)).all()
