@@ -10,6 +10,13 @@ gradwire.torch.local_gradients_hook on the Trainer's DDP module before the first
 its own gradient, and the optimizer's compressed exchange alone keeps the ranks' weights bit-identical
 (checked at the end). The Trainer builds its lr scheduler on the optimizer given: both optimizers take
 it (SparseLoCo's param groups are its inner AdamW's). Needs ``pip install transformers accelerate``.
+
+Checkpoints: ``--save-every N`` saves one every N steps, with gradwire.torch.hf_trainer.FullOptimizerState
+among the callbacks, so the optimizer file rank 0 writes holds every rank's share; ``--resume DIR`` resumes
+from one, on every rank (without the callback rank 1 would be refused: "this checkpoint is rank 0's").
+
+    torchrun --nproc-per-node 2 examples/hf_trainer.py --steps 8 --save-every 4
+    torchrun --nproc-per-node 2 examples/hf_trainer.py --steps 8 --resume /tmp/gradwire-hf-trainer/checkpoint-4
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import gradwire.torch as gt
+from gradwire.state import state_hash
+from gradwire.torch.hf_trainer import FullOptimizerState
 
 
 class TokenPatterns(torch.utils.data.Dataset):
@@ -64,6 +73,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--no-hook", action="store_true", help="leave DDP's all-reduce on (to see the refusal)")
     ap.add_argument("--out", default="/tmp/gradwire-hf-trainer")
+    ap.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: none)")
+    ap.add_argument("--resume", default=None, help="a checkpoint folder to resume from")
     args = ap.parse_args()
 
     torch.manual_seed(0)  # the same initial weights on every rank
@@ -77,14 +88,16 @@ def main() -> None:
 
     training = TrainingArguments(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8, gradient_accumulation_steps=2,
-        lr_scheduler_type="linear", warmup_steps=2, logging_steps=max(1, args.steps // 5), save_strategy="no",
+        lr_scheduler_type="linear", warmup_steps=2, logging_steps=max(1, args.steps // 5),
+        save_strategy="steps" if args.save_every else "no", save_steps=args.save_every or 500,
         report_to=[], use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True,
     )
     callback = LocalGradients()
     trainer = Trainer(model=model, args=training, train_dataset=TokenPatterns(512, config.vocab_size, 32),
-                      optimizers=(opt, None), callbacks=[] if args.no_hook else [callback])
+                      optimizers=(opt, None),
+                      callbacks=([] if args.no_hook else [callback]) + [FullOptimizerState()])
     callback.trainer = trainer
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=args.resume)
     if args.optimizer == "sparseloco" and opt.local_steps % opt.sync_every:
         opt.sync()  # the local steps since the last sync: one more outer step, so every rank ends identical
 
@@ -98,6 +111,7 @@ def main() -> None:
         print(f"bytes sent: {opt.bytes_sent}, received: {opt.bytes_received} ({world} ranks)")
         print(f"compression ratio vs fp32: {4 * numel * args.steps / opt.bytes_sent:.1f}x")
         print(f"replicas bit-identical: {agree}")
+        print(f"weights hash: {state_hash({n: p.detach() for n, p in model.named_parameters()})}")
     dist.barrier()
     dist.destroy_process_group()
     if not agree:

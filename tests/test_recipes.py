@@ -50,6 +50,24 @@ def test_hf_trainer_with_sparseloco_its_scheduler_and_ddp_wrapping():
     assert _ratio(out) > 100, out
 
 
+def _hash(out: str) -> str:
+    return re.search(r"weights hash: (\S+)", out).group(1)
+
+
+@_needs("transformers", "accelerate")
+def test_hf_trainer_resumes_every_rank_from_the_file_rank_zero_saved(tmp_path):
+    # The Trainer saves rank 0's optimizer file only and loads it on every rank; FullOptimizerState puts
+    # every rank's share in it, so rank 1 resumes (it was refused: "this checkpoint is rank 0's") and the
+    # resumed run ends on the uninterrupted run's weights, bit for bit.
+    run = ["--optimizer", "sparseloco", "--steps", "4", "--sync-every", "2"]
+    whole = _torchrun("hf_trainer.py", *run, "--out", str(tmp_path / "whole"))
+    _torchrun("hf_trainer.py", *run, "--save-every", "2", "--out", str(tmp_path / "saved"))
+    resumed = _torchrun("hf_trainer.py", *run, "--out", str(tmp_path / "saved"),
+                        "--resume", str(tmp_path / "saved" / "checkpoint-2"))
+    assert "replicas bit-identical: True" in resumed, resumed
+    assert _hash(resumed) == _hash(whole), (resumed, whole)
+
+
 @_needs("accelerate")
 @pytest.mark.parametrize("mode", ["hook", "demo"])
 def test_accelerate_recipe(mode):

@@ -73,10 +73,13 @@ from .collectives import GroupMember, all_gather_bytes, comm_device, group_world
 from .ddp_guard import check_not_all_reduced
 from .dtensor import ShardLayout, local_grad, local_tensor
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
+from .state_bytes import state_from_bytes, state_to_bytes
 
 __all__ = ["DeMo", "SparseLoCo"]
 
 _STATE_KEY = "gradwire"
+#: Under ``"gradwire"`` of a :meth:`_ExchangesFrames.full_state_dict`: every rank's share, in rank order.
+_FULL_KEY = "ranks"
 #: The two ways of exchanging records; the first is the default.
 EXCHANGES = ("sharded", "all_gather")
 
@@ -334,6 +337,38 @@ class _ExchangesFrames:
             name = self._pieces.tensor_of.get(name, name)
         return devices.get(name, first)
 
+    def full_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` with every rank's share under ``"gradwire"`` (collective: every rank of the
+        process group calls it, as FSDP's full optimizer state dict). Any rank's :meth:`load_state_dict`
+        of it takes that rank's own share, so one file resumes every rank; what the HF Trainer saves from
+        rank 0 only (the callback :class:`gradwire.torch.hf_trainer.FullOptimizerState` writes this form there). The shares
+        cross ranks as bytes (:mod:`gradwire.torch.state_bytes`), never pickled."""
+        out = self.state_dict()  # type: ignore[attr-defined]
+        mine = out[_STATE_KEY]
+        if self._exchange._distributed():
+            g = self.process_group
+            shares = all_gather_bytes(state_to_bytes(mine), g, device=comm_device(g),
+                                      limits=Limits(max_frame_bytes=1 << 46))
+            parts = [state_from_bytes(bytes(b)) for b in shares]
+        else:
+            parts = [mine]
+        out[_STATE_KEY] = {_FULL_KEY: parts, "world": len(parts)}
+        return out
+
+    def _own_share(self, mine: dict) -> dict:
+        """This rank's share of a :meth:`full_state_dict` (``mine`` as it is if it is one rank's already);
+        ``ValueError`` for a full state of another group size."""
+        if _FULL_KEY not in mine:
+            return mine
+        parts = mine[_FULL_KEY]
+        world, rank = self._exchange.world(), self._exchange.rank()
+        if len(parts) != world:
+            raise ValueError(
+                f"this full checkpoint holds the state of {len(parts)} ranks, this group has {world}: each rank's "
+                "momenta and error buffers are its share of that group's exchange (resume in a group of the "
+                "same size)")
+        return parts[rank]
+
     def _load_exchange(self, mine: dict, devices: dict) -> None:
         self._shards.check_state(mine.get("shards"))
         if self._pieces is not None:
@@ -488,10 +523,11 @@ class DeMo(_ExchangesFrames, torch.optim.Optimizer):
 
     @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another model (parameter
-        count or shapes), group size, rank (sharded) or exchange."""
+        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it);
+        ``ValueError`` for a checkpoint of another model (parameter count or shapes), group size, rank
+        (sharded) or exchange."""
         state_dict = dict(state_dict)
-        mine = state_dict.pop(_STATE_KEY)
+        mine = self._own_share(state_dict.pop(_STATE_KEY))
         self._check_model_shapes(mine)
         named = _named(self.param_groups)
         devices = {n: p.device for n, p, _ in named}
@@ -655,10 +691,11 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
 
     @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another model (parameter
-        count or shapes), group size, rank (sharded) or exchange."""
+        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it);
+        ``ValueError`` for a checkpoint of another model (parameter count or shapes), group size, rank
+        (sharded) or exchange."""
         state_dict = dict(state_dict)
-        mine = state_dict.pop(_STATE_KEY)
+        mine = self._own_share(state_dict.pop(_STATE_KEY))
         self._check_model_shapes(mine)
         devices = {n: p.device for n, p in _positions(self.param_groups).items()}
         unknown = [n for n in mine["anchor"] if n not in devices]
