@@ -73,6 +73,7 @@ from .collectives import GroupMember, all_gather_bytes, comm_device, group_world
 from .ddp_guard import check_not_all_reduced
 from .dtensor import ShardLayout, local_grad, local_tensor
 from .sharded import DEFAULT_PIECE_NUMEL, Pieces, ShardedExchange
+from .outer import OuterOptimizerFactory, TorchOuterStep
 from .state_bytes import state_from_bytes, state_to_bytes
 
 __all__ = ["DeMo", "SparseLoCo"]
@@ -554,7 +555,9 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
     becomes every rank's weights.
 
     The outer step is SGD with learning rate ``outer_lr``; ``outer_momentum`` (and ``nesterov``) add
-    momentum — DiLoCo's recipe is ``outer_lr=0.7, outer_momentum=0.9, nesterov=True``.
+    momentum — DiLoCo's recipe is ``outer_lr=0.7, outer_momentum=0.9, nesterov=True``. Or any torch
+    optimizer: ``outer_optimizer`` builds it over the anchor tensors it is given
+    (:class:`gradwire.torch.outer.TorchOuterStep`), e.g. ``lambda ps: torch.optim.Adam(ps, lr=1e-2)``.
     The inner optimizer's state stays local. The param groups are ``inner``'s own dicts (``params``
     must be the same parameters), so an lr scheduler built on this optimizer — as the HF Trainer builds
     it — or on ``inner`` sets the lr the local steps use. Parameters are exchanged by position in those
@@ -583,9 +586,13 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         exchange: str = "sharded",
         downlink_codec: Optional[Codec] = None,
         piece_numel: int = DEFAULT_PIECE_NUMEL,
+        outer_optimizer: Optional[OuterOptimizerFactory] = None,
     ):
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
+        if outer_optimizer is not None and (outer_lr != 1.0 or outer_momentum != 0.0 or nesterov):
+            raise ValueError("give either outer_optimizer or outer_lr/outer_momentum/nesterov: the outer "
+                             "optimizer carries its own learning rate and momentum")
         sync_every = int(sync_every)
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
@@ -604,13 +611,15 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         self.sync_every = sync_every
         uplink = codec if codec is not None else default_sparseloco_codec(sync_every)
         self.node = SparseLoCoState(model_record_codec(uplink) if model_record else uplink, error_decay=error_decay)
-        self.outer = OuterStep(outer_lr, outer_momentum, nesterov)
         self.local_steps = 0
         self.syncs = 0
         with torch.no_grad():
             self.anchor = {
                 n: local_tensor(p).detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)
             }
+        self._outer_factory = outer_optimizer
+        self.outer = (OuterStep(outer_lr, outer_momentum, nesterov) if outer_optimizer is None
+                      else TorchOuterStep(outer_optimizer, self.anchor))
         self.model_record = _ModelRecord(_named(self.param_groups)) if model_record else None
         self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_downlink(sync_every),
                              process_group, limits, model_record, piece_numel)
@@ -711,7 +720,15 @@ class SparseLoCo(_ExchangesFrames, torch.optim.Optimizer):
         self.node.errors = {
             n: e.to(self._device_of(n, devices, first) or e.device) for n, e in self.node.errors.items()
         }
-        self.outer.load_state_dict(mine["outer"])
-        self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
+        if self._outer_factory is not None:
+            # A torch optimizer steps the anchor tensors it was built over: build it over the loaded ones.
+            self.outer = TorchOuterStep(self._outer_factory, self.anchor)
+            self.outer.load_state_dict(mine["outer"])
+        else:
+            if "torch_optimizer" in mine["outer"]:
+                raise ValueError("this checkpoint's outer step is a torch optimizer: build SparseLoCo with the "
+                                 "same outer_optimizer to resume it")
+            self.outer.load_state_dict(mine["outer"])
+            self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
         self.local_steps = int(mine["local_steps"])
         self.syncs = int(mine["syncs"])
