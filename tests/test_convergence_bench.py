@@ -500,3 +500,26 @@ def test_iid_shards_let_every_node_draw_from_all_the_training_data_in_a_run_of_t
                        None) for s in cv.SHARDS}
     assert len(keys) == 2
     assert cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4), None) in keys
+
+
+def test_the_round_rule_is_the_plain_mean_or_the_servers_default_with_its_state(cv):
+    import gradwire
+    from gradwire.aggregation import exact_mean
+
+    codec = gradwire.DCTCodec(chunk_shape=[64], topk=16)
+    g = torch.Generator().manual_seed(0)
+
+    def round_records(biased: bool):
+        updates = [torch.randn(4, 64, generator=g) for _ in range(4)]
+        if biased:
+            updates[3] = updates[3] + 1.0  # node 4 deviates the same way every round
+        return [[codec.compress(u, "w")[0]] for u in updates]
+
+    plain = cv.RoundRule("mean")
+    recs = round_records(False)
+    assert plain.weights(recs) == ([0.25] * 4, 0)
+    assert torch.equal(plain.mean(recs)["w"], exact_mean(recs)["w"])
+    default = cv.RoundRule("bounded_mean")
+    shares = [default.weights(round_records(True))[0][3] for _ in range(12)]
+    assert shares[0] == pytest.approx(0.25)  # no history yet
+    assert shares[-1] < 0.1, shares  # the persistent deviator lost its weight
