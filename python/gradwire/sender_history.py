@@ -3,7 +3,7 @@ defence against colluders who stay inside the honest spread (ALIE, min-max, min-
 
 Why a history. Within one round an ALIE or min-max update cannot be told from an honest one: its norm and
 its distance to the others are theirs (Baruch et al. 2019; Shejwalkar & Houmansadr 2021). What gives it away
-is time. An honest update's deviation from its round, ``rᵢ = uᵢ − ū``, is mostly minibatch noise, new each
+is time. An honest update's deviation from its round's median, ``rᵢ = uᵢ − ū``, is mostly minibatch noise, new each
 round; a colluder's points the same way round after round (ALIE's ``−σ`` is negative in every coordinate),
 since that bias is the attack. So the server keeps, per sender, a momentum of its deviations,
 ``hᵢ ← β·hᵢ + rᵢ``: noise adds up as ``√(Σ β²ᵗ)`` = ``1/√(1−β²)`` rounds' worth, a steady bias as
@@ -13,9 +13,9 @@ rather than to the updates, so that what is aggregated stays the senders' own up
 stays a weighted mean of their records).
 
 The trust (:meth:`SenderHistory.trust`, from the rounds before the one closing; :meth:`SenderHistory.observe`
-then folds that round in, from what its published version records): with ``m`` the lower median of the round's ``‖hᵢ‖``, a sender up to
-``TRUST_MULTIPLE · m`` keeps its weight, one at twice that or more gets none, and the weight falls linearly
-in between. At least half of every round (those at or below the median) keeps its weight, so fewer than half
+then folds that round in, from what its published version records): with ``m`` the lower median of the
+round's ``‖hᵢ‖``, a sender up to ``TRUST_MULTIPLE · m`` keeps its weight, one at twice that or more gets
+none, and the weight falls linearly in between. At least half of every round (those at or below the median) keeps its weight, so fewer than half
 of the senders can never shut out the rest. An attacker that knows the rule and keeps its history under the
 level must shrink its bias per round to about ``TRUST_MULTIPLE · √((1−β)/(1+β))`` ≈ 0.34 honest deviations
 (``bench/attacks.py``'s ``adaptive`` attack does exactly that). The price: an honest node whose data differ
@@ -27,8 +27,8 @@ per sender, whatever the model size; every coefficient of an update (the DCT's k
 orthonormal basis, where every sender's records of a tensor share one, else the decoded values) is added
 into one bucket with a sign, both fixed by a hash of its tensor and position. A sketch preserves inner
 products and norms in expectation, which is all the score needs. Everything here is float64 in a fixed
-order on the CPU: a restarted server replays a run's rounds through :meth:`SenderHistory.observe` and gets the
-same trust, bit for bit.
+order on the CPU: a restarted server replays a run's rounds through :meth:`SenderHistory.observe` and gets
+the same trust, bit for bit.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ def trusted_weights(coeffs: Sequence[float], weights: Sequence[float], trust: Se
 
 class SenderHistory:
     """A run's per-sender deviation momenta (module docstring). The server keeps one per ``bounded_mean``
-    run, takes each round's trust from it (:meth:`trust`) and folds the closed round in (:meth:`observe`), saves it with each checkpoint (:meth:`state_dict`)
-    and replays it with the versions since, as it does :class:`~gradwire.aggregation.NormHistory`."""
+    run, takes each round's trust from it (:meth:`trust`), folds the closed round in (:meth:`observe`), saves
+    it with each checkpoint (:meth:`state_dict`) and replays it with the versions since, as it does
+    :class:`~gradwire.aggregation.NormHistory`."""
 
     def __init__(self, beta: float = HISTORY_BETA, buckets: int = SKETCH_BUCKETS,
                  multiple: float = TRUST_MULTIPLE):
