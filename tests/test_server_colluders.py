@@ -106,3 +106,18 @@ def test_a_restarted_server_trusts_every_node_as_an_uninterrupted_one(tmp_path):
     last = {f.sender: w for f, w in zip(demo[-1].frames, demo[-1].weights)}
     assert last[4] < 0.6 * last[1], last  # uniform weights would be equal
     assert torch.isfinite(torch.tensor(demo[-1].weights)).all()
+
+
+def test_only_runs_whose_versions_are_a_mean_of_the_nodes_records_keep_histories():
+    # AdamW runs keep bounded_mean without histories (server/gradwire_server/transition.py says why);
+    # the plain mean keeps none anywhere.
+    from gradwire_server.config import RunConfig
+    from gradwire_server.transition import RunState
+
+    weights = {"w": torch.zeros(4, 4)}
+    for config, kept in (({"algorithm": "adamw"}, False), ({"algorithm": "demo"}, True),
+                         ({"algorithm": "sparseloco"}, True),
+                         ({"algorithm": "demo", "aggregation": {"rule": "mean"}}, False)):
+        state = RunState.load(RunConfig.model_validate(config), 0, weights, None, {}, torch.device("cpu"))
+        assert (state.senders is not None) == kept, config
+        assert ("senders" in state.checkpoint()[2]) == kept, config

@@ -413,8 +413,25 @@ class NormHistory:
         return f"NormHistory(factor={self.factor}, rounds={self.rounds}, levels={self.levels})"
 
 
+#: ``bounded_mean`` drops an update whose cosine with the rest of its round is negative and more than
+#: ``OPPOSED_MADS`` median absolute deviations below the round's median cosine (:func:`opposed_senders`).
+#: On ``gradwire demo`` (8 honest nodes) the bare sign test (cosine < 0) dropped 69 of 320 SparseLoCo
+#: updates and 574 of 2,560 DeMo ones — late in training honest updates are mostly noise and point every
+#: way — and cost SparseLoCo's held-out loss 0.063 → 0.078; at 3 MADs it drops 10 and 108 of them, and
+#: still caught bench/attacks.py's flipped DeMo rogue in 40 rounds of 40 (at 4 MADs: 38).
+OPPOSED_MADS = 3.0
+#: ... and more than ``OPPOSED_MEDIANS`` times as opposed to the rest as the round's median update is aligned
+#: with it. A flipped update in a round of 4 points against the rest 2–3× as strongly as an honest one points
+#: with it (3× when honest updates are nearly orthogonal), while honest updates that are mostly noise have
+#: cosines of either sign around a small median: on bench/convergence.py's digits (4 nodes, SparseLoCo) the
+#: spread test alone dropped an honest update at cosine −0.023 against a median of 0.017, which cost 5 % of
+#: held-out loss.
+OPPOSED_MEDIANS = 2.0
+
+
 def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None,
-                 cap: float = math.inf, records: Optional[Sequence[Sequence[Entry]]] = None) -> list[float]:
+                 cap: float = math.inf, records: Optional[Sequence[Sequence[Entry]]] = None,
+                 opposed_medians: float = OPPOSED_MEDIANS) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
     (``cᵢ`` from :func:`clip_factors`: to the median norm, or to :func:`bounded_level` with ``cap``;
@@ -435,27 +452,13 @@ def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[f
     coeffs = [w * c / total for w, c in zip(weights, clip)]
     if rule != "bounded_mean" or records is None:
         return coeffs
-    opposed = opposed_senders(records, coeffs)
+    opposed = opposed_senders(records, coeffs, opposed_medians)
     if not any(opposed):
         return coeffs
     kept = sum(w for w, o in zip(weights, opposed) if not o)
     return [0.0 if o else w * c / kept for w, c, o in zip(weights, clip, opposed)]
 
 
-#: ``bounded_mean`` drops an update whose cosine with the rest of its round is negative and more than
-#: ``OPPOSED_MADS`` median absolute deviations below the round's median cosine (:func:`opposed_senders`).
-#: On ``gradwire demo`` (8 honest nodes) the bare sign test (cosine < 0) dropped 69 of 320 SparseLoCo
-#: updates and 574 of 2,560 DeMo ones — late in training honest updates are mostly noise and point every
-#: way — and cost SparseLoCo's held-out loss 0.063 → 0.078; at 3 MADs it drops 10 and 108 of them, and
-#: still caught bench/attacks.py's flipped DeMo rogue in 40 rounds of 40 (at 4 MADs: 38).
-OPPOSED_MADS = 3.0
-#: ... and more than ``OPPOSED_MEDIANS`` times as opposed to the rest as the round's median update is aligned
-#: with it. A flipped update in a round of 4 points against the rest 2–3× as strongly as an honest one points
-#: with it (3× when honest updates are nearly orthogonal), while honest updates that are mostly noise have
-#: cosines of either sign around a small median: on bench/convergence.py's digits (4 nodes, SparseLoCo) the
-#: spread test alone dropped an honest update at cosine −0.023 against a median of 0.017, which cost 5 % of
-#: held-out loss.
-OPPOSED_MEDIANS = 2.0
 
 
 def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[float]:
@@ -525,12 +528,15 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
     return out
 
 
-def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[bool]:
+def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float],
+                    medians: float = OPPOSED_MEDIANS) -> list[bool]:
     """Which senders ``bounded_mean`` drops: those whose update points against the rest of the round, as an
     outlier among the round's updates.
 
     With ``cᵢ`` each sender's :func:`sender_alignment`, ``m`` their median and ``d`` the median of
-    ``|cᵢ − m|``: sender ``i`` is dropped if ``cᵢ < min(0, m − OPPOSED_MADS·d, −OPPOSED_MEDIANS·|m|)``, the most opposed first and
+    ``|cᵢ − m|``: sender ``i`` is dropped if ``cᵢ < min(0, m − OPPOSED_MADS·d, −medians·|m|)`` (``medians``:
+    :data:`OPPOSED_MEDIANS` where the server also weighs nodes by their histories; 0, the spread test alone,
+    where it does not: AdamW runs), the most opposed first and
     at most a minority, ``(n − 1) // 2`` of ``n`` (with 2 senders nobody can tell who is right, so none is).
 
     A flipped update (``−u``), however scaled, points against the honest ones by about as much as they
@@ -549,7 +555,7 @@ def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float])
     # Against the rest OPPOSED_MEDIANS times as strongly as the round's median update points with it: in a
     # round of a few nodes the spread of their cosines can be tiny, and an honest update that is mostly
     # noise (its cosine a little below 0) would otherwise be an outlier (bench/convergence.py's digits).
-    below = min(0.0, mid - OPPOSED_MADS * spread, -OPPOSED_MEDIANS * abs(mid))
+    below = min(0.0, mid - OPPOSED_MADS * spread, -medians * abs(mid))
     worst = sorted((c, i) for i, c in enumerate(cos) if c < below)[:limit]
     dropped = {i for _, i in worst}
     return [i in dropped for i in range(n)]
@@ -601,9 +607,10 @@ def aggregate(
     trim_fraction: float = 0.0,
     device: Optional[torch.device] = None,
     cap: float = math.inf,
+    opposed_medians: float = OPPOSED_MEDIANS,
 ) -> dict[str, torch.Tensor]:
     """``{name: aggregate}`` of the senders' ``records`` under ``rule``, for each of ``names`` in that
-    order (the server's AdamW mode).
+    order (the server's AdamW mode; ``opposed_medians``: :func:`opposed_senders`'s).
 
     ``records[i]`` holds sender ``i``'s records, at least one for each of ``names``; ``weights`` are the
     senders' (staleness) weights (default 1 each) and ``norms`` their update norms (``clipped_mean`` and
@@ -622,7 +629,8 @@ def aggregate(
         raise ValueError(f"got {len(weights)} weights for {n} senders")
     picked = pick(records, names)
     if rule in _MEANS:
-        return weighted_aggregate(picked, names, rule_weights(rule, weights, norms, cap, picked), device)
+        return weighted_aggregate(picked, names, rule_weights(rule, weights, norms, cap, picked, opposed_medians),
+                                  device)
     return exact_trimmed_mean(picked, trim_count(rule, n, trim_fraction), device)
 
 

@@ -89,7 +89,7 @@ class AggregationConfig(BaseModel):
                                                           "the cap looks at.")
 
     history_beta: float = Field(HISTORY_BETA, ge=0.0, lt=1.0, allow_inf_nan=False,
-                                description="bounded_mean: how much of each node's past deviations from its rounds "
+                                description="bounded_mean, DeMo and SparseLoCo runs: how much of each node's past deviations from its rounds "
                                             "the server remembers (h = beta·h + deviation); a node whose history "
                                             "grows past 1.5 × the round's lower median loses weight, and all of it at "
                                             "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
