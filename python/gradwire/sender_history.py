@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .accumulate import entry_coefficients
+from .accumulate import Coefficients, entry_coefficients
 from .frame import Entry
 
 __all__ = ["HISTORY_BETA", "SKETCH_BUCKETS", "TRUST_MULTIPLE", "SenderHistory", "trusted_weights", "update_sketch"]
@@ -71,31 +71,37 @@ def update_sketch(records: Sequence[Entry], buckets: int = SKETCH_BUCKETS, dense
     coefficients, or with ``dense`` the decoded values) goes into bucket ``h mod buckets`` with sign ``±1``,
     ``h`` a hash of its tensor's name and position. Linear: the sketch of a weighted sum is the weighted sum
     of the sketches."""
+    return _sketch([(e.name, entry_coefficients(e, dense=dense)) for e in records], buckets)
+
+
+def _sketch(views: Sequence[tuple[str, Coefficients]], buckets: int) -> np.ndarray:
+    """:func:`update_sketch` of records already read as ``(name, coefficients)``."""
     out = np.zeros(buckets, dtype=np.float64)
-    for e in records:
-        view = entry_coefficients(e, dense=dense)
+    for name, view in views:
         values = np.ascontiguousarray(view.values.detach().cpu().numpy(), dtype=np.float64)
         if values.size == 0:
             continue
         positions = (np.arange(view.size, dtype=np.int64) if view.idx is None
                      else np.ascontiguousarray(view.idx.detach().cpu().numpy(), dtype=np.int64))
-        h = _positions_hash(e.name, positions)
+        h = _positions_hash(name, positions)
         bucket = (h >> np.uint64(32)) % np.uint64(buckets)
         sign = np.where((h >> np.uint64(16)) & np.uint64(1), 1.0, -1.0)
         out += np.bincount(bucket.astype(np.int64), weights=sign * values, minlength=buckets)
     return out
 
 
-def _shared_basis(records: Sequence[Sequence[Entry]]) -> bool:
-    """Whether every sender's records of each tensor share one coefficient basis (else the sketches are
-    taken of the decoded values)."""
-    first = {e.name: entry_coefficients(e) for e in records[0]}
-    for recs in records[1:]:
-        for e in recs:
-            mine, theirs = entry_coefficients(e), first.get(e.name)
-            if theirs is None or mine.basis != theirs.basis or mine.size != theirs.size:
-                return False
-    return True
+def _round_views(records: Sequence[Sequence[Entry]]) -> list[list[tuple[str, Coefficients]]]:
+    """Every sender's records as ``(name, coefficients)``, each record read once: the codec's coefficients
+    where every sender's records of each tensor share one basis, else (one sender chunked otherwise) the
+    decoded values of all of them."""
+    views = [[(e.name, entry_coefficients(e)) for e in recs] for recs in records]
+    first = dict(views[0])
+    for mine in views[1:]:
+        for name, view in mine:
+            theirs = first.get(name)
+            if theirs is None or view.basis != theirs.basis or view.size != theirs.size:
+                return [[(e.name, entry_coefficients(e, dense=True)) for e in recs] for recs in records]
+    return views
 
 
 def trusted_weights(coeffs: Sequence[float], weights: Sequence[float], trust: Sequence[float]) -> list[float]:
@@ -161,8 +167,7 @@ class SenderHistory:
             raise ValueError(f"got {len(senders)} senders, {len(coeffs)} coefficients for {len(records)} updates")
         if not records:
             return
-        dense = not _shared_basis(records)
-        sketches = [update_sketch(recs, self.buckets, dense) for recs in records]
+        sketches = [_sketch(views, self.buckets) for views in _round_views(records)]
         counted = [s for a, s in zip(coeffs, sketches) if a > 0.0] or sketches
         reference = np.median(np.stack(counted), axis=0)
         for node, s in zip(senders, sketches):
