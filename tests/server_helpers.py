@@ -161,3 +161,32 @@ def train_together(nodes: Sequence, loss: Callable[[torch.nn.Module, int, int], 
         t.join(timeout=timeout)
     assert not errors, errors
     assert not any(t.is_alive() for t in threads)
+
+
+def published_across_a_crash(data_dir, env: dict, configs: Sequence[dict], frame: Callable[[int, int], bytes],
+                             n_nodes: int, crash_after: int, last: int) -> tuple[list[bytes], list[bytes]]:
+    """Every config's run published to version ``last`` twice: by a server left alone, and by one killed
+    (-9) and restarted once version ``crash_after`` is out. Returns each run's ``/updates`` bytes from both,
+    ``(uninterrupted, restarted)``; the restarted server must not have logged a replay that made other frames."""
+    from live_server import LiveServer  # a subprocess server: only the tests that crash one need it
+
+    published = []
+    for crash in (False, True):
+        with LiveServer(data_dir / f"crash-{crash}", env=env) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as client:
+            runs = [make_run(client, srv.admin_token, n_nodes=n_nodes, **config) for config in configs]
+            for run in runs:
+                run.publish_rounds(frame, 0, crash_after)
+            if crash:
+                srv.kill()
+                srv.start()
+            got = []
+            for run in runs:
+                run.publish_rounds(frame, crash_after, last)
+                r = client.get(run.url("/updates"), params={"since": 0}, headers=run.admin)
+                assert r.status_code == 200 and int(r.headers["X-Gradwire-Version"]) == last
+                got.append(r.content)
+            published.append(got)
+            if crash:
+                assert "made frames other than the published ones" not in (srv.data_dir / "server.log").read_text()
+    return published[0], published[1]

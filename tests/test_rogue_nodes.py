@@ -23,7 +23,7 @@ from gradwire.aggregation import (CLIP_MULTIPLE, NormHistory, bounded_level, opp
                                   sender_alignment)
 from gradwire_server.config import RunConfig
 from live_server import LiveServer
-from server_helpers import dense_frame, make_run, random_grads
+from server_helpers import dense_frame, make_run, published_across_a_crash, random_grads
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "attacks.py"
 
@@ -306,24 +306,6 @@ def test_a_restarted_run_clips_as_an_uninterrupted_one(tmp_path):
     def frame(rnd: int, sender: int) -> bytes:
         return dense_frame(random_grads(rnd, scale=1e6 if rnd >= 6 else 1.0), rnd, sender)
 
-    published = []
-    for crash in (False, True):
-        with LiveServer(tmp_path / f"crash-{crash}", env=env) as srv, \
-                httpx.Client(base_url=srv.url, timeout=30) as client:
-            runs = [make_run(client, srv.admin_token, n_nodes=1, **config) for config in configs]
-            for run in runs:
-                run.publish_rounds(frame, 0, 7)
-            if crash:
-                srv.kill()
-                srv.start()
-            got = []
-            for run in runs:
-                run.publish_rounds(frame, 7, 9)
-                r = client.get(run.url("/updates"), params={"since": 0}, headers=run.admin)
-                assert r.status_code == 200 and int(r.headers["X-Gradwire-Version"]) == 9
-                got.append(r.content)
-            published.append(got)
-            if crash:
-                assert "made frames other than the published ones" not in (srv.data_dir / "server.log").read_text()
-    assert published[0][0] == published[1][0]  # adamw
-    assert published[0][1] == published[1][1]  # demo
+    uninterrupted, restarted = published_across_a_crash(tmp_path, env, configs, frame, 1, 7, 9)
+    assert uninterrupted[0] == restarted[0]  # adamw
+    assert uninterrupted[1] == restarted[1]  # demo

@@ -8,13 +8,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from gradwire.published import read_published
 from live_server import LiveServer
-from server_helpers import dense_frame, make_run, random_grads
+from server_helpers import dense_frame, published_across_a_crash, random_grads
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "attacks.py"
 
@@ -82,27 +81,9 @@ def test_a_restarted_server_trusts_every_node_as_an_uninterrupted_one(tmp_path):
             grads = {k: v + 1.0 for k, v in grads.items()}
         return dense_frame(grads, rnd, sender)
 
-    published = []
-    for crash in (False, True):
-        with LiveServer(tmp_path / f"crash-{crash}", env=env) as srv, \
-                httpx.Client(base_url=srv.url, timeout=30) as client:
-            runs = [make_run(client, srv.admin_token, n_nodes=4, **config) for config in configs]
-            for run in runs:
-                run.publish_rounds(frame, 0, 7)
-            if crash:
-                srv.kill()
-                srv.start()
-            got = []
-            for run in runs:
-                run.publish_rounds(frame, 7, 14)
-                r = client.get(run.url("/updates"), params={"since": 0}, headers=run.admin)
-                assert r.status_code == 200 and int(r.headers["X-Gradwire-Version"]) == 14
-                got.append(r.content)
-            published.append(got)
-            if crash:
-                assert "made frames other than the published ones" not in (srv.data_dir / "server.log").read_text()
-    assert published[0] == published[1]
-    demo = read_published(published[1][1])
+    uninterrupted, restarted = published_across_a_crash(tmp_path, env, configs, frame, 4, 7, 14)
+    assert uninterrupted == restarted
+    demo = read_published(restarted[1])
     last = {f.sender: w for f, w in zip(demo[-1].frames, demo[-1].weights)}
     assert last[4] < 0.6 * last[1], last  # uniform weights would be equal
     assert torch.isfinite(torch.tensor(demo[-1].weights)).all()

@@ -9,34 +9,26 @@ import io
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import gradwire.torch as gt
 from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, shard
 from gradwire.torch.state_bytes import StateBytesError, state_from_bytes, state_to_bytes
-from test_torch_sharded_exchange import PIECE, _make, _net, _train
+from test_torch_sharded_exchange import PIECE, _make, _net, _train, interrupted_run
 
 
 def _resume_from_rank_zeros_file(rank: int, world: int, which: str, exchange: str, path: str) -> dict:
     x, y = shard(rank)
     kw = dict(piece_numel=PIECE) if exchange == "sharded" else dict(exchange="all_gather")
-    whole = _net()
-    opt_whole = _make(which, whole, **kw)
-    _train(opt_whole, whole, x, y, 6)
 
-    first = _net()
-    opt_first = _make(which, first, **kw)
-    _train(opt_first, first, x, y, 4)
-    full = opt_first.full_state_dict()  # collective: every rank calls it
-    if rank == 0:  # the HF Trainer saves rank 0's file only ...
-        torch.save(full, path)
-    dist.barrier()
-    saved = torch.load(path, weights_only=True)  # ... and every rank loads that one file
-    resumed = _net()
-    resumed.load_state_dict(first.state_dict())
-    opt_resumed = _make(which, resumed, **kw)
-    opt_resumed.load_state_dict(saved)
-    _train(opt_resumed, resumed, x, y, 2)
+    def rank_zeros_file(opt):
+        full = opt.full_state_dict()  # collective: every rank calls it
+        if rank == 0:  # the HF Trainer saves rank 0's file only ...
+            torch.save(full, path)
+        dist.barrier()
+        return torch.load(path, weights_only=True)  # ... and every rank loads that one file
+
+    run = interrupted_run(lambda m: _make(which, m, **kw), x, y, rank_zeros_file)
+    whole, resumed, saved = run.whole, run.resumed, run.saved
     out = dict(same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
                identical=all_ranks_equal(flat_parameters(resumed)),
                shares=len(saved["gradwire"]["ranks"]))

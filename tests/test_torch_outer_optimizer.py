@@ -9,7 +9,7 @@ from torch import nn
 
 import gradwire.torch as gt
 from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, shard
-from test_torch_sharded_exchange import PIECE, _net, _train
+from test_torch_sharded_exchange import PIECE, _net, _train, interrupted_run
 
 NESTEROV = dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True)
 
@@ -32,21 +32,10 @@ def _make(model: nn.Module, outer, **kw):
 def _run(rank: int, world: int, outer_name: str) -> dict:
     outer = {"sgd": _sgd, "adam": _adam}[outer_name]
     x, y = shard(rank)
-    whole = _net()
-    opt_whole = _make(whole, outer)
-    _train(opt_whole, whole, x, y, 6)
+    run = interrupted_run(lambda m: _make(m, outer), x, y, lambda o: checkpoint_roundtrip(o.state_dict()))
+    whole, resumed, saved = run.whole, run.resumed, run.saved
     own = _net()
     _train(_make(own, "own"), own, x, y, 6)
-
-    first = _net()
-    opt_first = _make(first, outer)
-    _train(opt_first, first, x, y, 4)
-    saved = checkpoint_roundtrip(opt_first.state_dict())
-    resumed = _net()
-    resumed.load_state_dict(first.state_dict())
-    opt_resumed = _make(resumed, outer)
-    opt_resumed.load_state_dict(saved)
-    _train(opt_resumed, resumed, x, y, 2)
     start = flat_parameters(_net())
     return dict(
         identical=all_ranks_equal(flat_parameters(whole)),

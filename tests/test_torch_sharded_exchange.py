@@ -9,6 +9,9 @@ bit-identically and are refused in a group of another size, and a refusal that r
 from __future__ import annotations
 
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -366,23 +369,44 @@ def _train(opt, model, x, y, steps):
         opt.step()
 
 
+@dataclass
+class Interrupted:
+    """One model trained uninterrupted and again stopped, checkpointed and resumed (:func:`interrupted_run`)."""
+
+    whole: nn.Module
+    opt_whole: Any
+    first: Any  # the optimizer that was stopped
+    saved: dict
+    resumed: nn.Module
+    opt_resumed: Any
+
+
+def interrupted_run(make, x, y, checkpoint, steps: int = 6, at: int = 4) -> Interrupted:
+    """``make(model)``'s optimizer trained ``steps`` steps, and again from the same start stopped after ``at``:
+    ``checkpoint(optimizer)`` is what a fresh optimizer over the stopped model's weights loads to train the
+    rest."""
+    whole = _net()
+    opt_whole = make(whole)
+    _train(opt_whole, whole, x, y, steps)
+    first = _net()
+    opt_first = make(first)
+    _train(opt_first, first, x, y, at)
+    saved = checkpoint(opt_first)
+    resumed = _net()
+    resumed.load_state_dict(first.state_dict())
+    opt_resumed = make(resumed)
+    opt_resumed.load_state_dict(saved)
+    _train(opt_resumed, resumed, x, y, steps - at)
+    return Interrupted(whole, opt_whole, opt_first, saved, resumed, opt_resumed)
+
+
 def _resume_run(rank: int, world: int, which: str, model_record: bool) -> dict:
     x, y = shard(rank)
     kw = dict(piece_numel=PIECE, model_record=model_record)
-    whole = _net()
-    opt_whole = _make(which, whole, **kw)
-    _train(opt_whole, whole, x, y, 6)
-
-    first = _net()
-    opt_first = _make(which, first, **kw)
-    _train(opt_first, first, x, y, 4)
-    saved = checkpoint_roundtrip(opt_first.state_dict())
+    run = interrupted_run(lambda m: _make(which, m, **kw), x, y, lambda o: checkpoint_roundtrip(o.state_dict()))
+    whole, opt_whole, opt_first, saved = run.whole, run.opt_whole, run.first, run.saved
+    resumed, opt_resumed = run.resumed, run.opt_resumed
     owner = saved["gradwire"]["owner"]["residuals"]
-    resumed = _net()
-    resumed.load_state_dict(first.state_dict())
-    opt_resumed = _make(which, resumed, **kw)
-    opt_resumed.load_state_dict(saved)
-    _train(opt_resumed, resumed, x, y, 2)
     out = dict(
         same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
         counters=[opt_whole.bytes_sent, opt_whole.bytes_received]
