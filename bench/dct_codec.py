@@ -78,7 +78,7 @@ def bench_k(x: torch.Tensor, k: int, repeat: int) -> dict:
 def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
     """Seconds of the exact decode of ``x``'s record at ``k`` by each route (best of ``repeat``), the bits
     checked equal across routes, and the route the decoder chooses."""
-    from gradwire.codecs.dct import parse_record
+    from gradwire.codecs.dct_parse import parse_record
     from gradwire.dct import decode as dd
 
     device = x.device

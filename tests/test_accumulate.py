@@ -7,7 +7,8 @@ import torch
 
 import gradwire
 from gradwire.accumulate import DenseAccumulator, entry_norm, make_accumulator
-from gradwire.codecs.dct import DCTAccumulator, parse_record
+from gradwire.codecs.dct_domain import DCTAccumulator
+from gradwire.codecs.dct_parse import parse_record
 
 
 def _records(codec, shape, n, seed=0):

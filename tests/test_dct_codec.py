@@ -506,7 +506,7 @@ def test_tile_fallback_uses_the_configured_chunk_shape():
 
 
 def test_records_parsed_once_shares_a_parse_per_record_object_inside_the_block():
-    from gradwire.codecs.dct import parse_record, records_parsed_once
+    from gradwire.codecs.dct_parse import parse_record, records_parsed_once
 
     entry, _ = DCTCodec(mode="tiles", topk=8).compress(_rand((128, 64), seed=31))
     twin = read_frame(write_frame([entry])).entries[0]  # equal bytes, another object
@@ -623,11 +623,11 @@ def _mixed_records(seed: int):
 
 
 def test_records_decoded_together_are_bit_identical_to_each_decoded_alone(monkeypatch):
-    from gradwire.codecs import dct as cd
+    from gradwire.codecs import dct_decode as cd
     from gradwire.frame import decode_entries, decode_entry
 
     entries = _mixed_records(1)
-    assert cd._decode_dct_batch(entries, torch.device("cpu")) is None  # the CPU decodes one by one
+    assert cd.decode_dct_batch(entries, torch.device("cpu")) is None  # the CPU decodes one by one
     monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
     monkeypatch.setattr(cd, "_BATCH_DECODE_ELEMS", 5000)  # several batches per chunk shape
     together = decode_entries(entries)
@@ -637,7 +637,7 @@ def test_records_decoded_together_are_bit_identical_to_each_decoded_alone(monkey
 
 
 def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_batch_is_decoded(monkeypatch):
-    from gradwire.codecs import dct as cd
+    from gradwire.codecs import dct_decode as cd
     from gradwire.frame import Entry, decode_entries
 
     entries = _mixed_records(2)
@@ -656,14 +656,14 @@ def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_b
 
 def test_the_exact_mean_with_records_decoded_together_has_the_same_bits(monkeypatch):
     from gradwire import aggregation
-    from gradwire.codecs import dct as cd
+    from gradwire.codecs import dct_decode as cd
 
     senders = [_mixed_records(s) for s in range(3)]
     weights = [0.5, 0.3, 0.2]
     alone = aggregation.exact_mean(senders, weights)
     monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
     monkeypatch.setattr(aggregation, "_decodes_in_batches", lambda dev: True)
-    monkeypatch.setattr(cd, "_weighted_sum_dct", lambda *a: None)
+    monkeypatch.setattr(cd, "weighted_sum_dct", lambda *a: None)
     monkeypatch.setattr(aggregation, "weighted_sum_fused", lambda *a: None)
     for limit in (1 << 26, 20_000):  # every tensor in one batch; a few at a time
         monkeypatch.setattr(aggregation, "_GPU_DECODE_ELEMS", limit)

@@ -35,11 +35,12 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, Union
 
 import torch
 
-from .codecs import dct, make_codec, minmax, powersgd, sign, sparse, threelc
+from .capabilities import capabilities_of, provide
+from .codecs import make_codec
 from .codecs import record as rec
 from .codecs import statedict as sd
 from .codecs.base import Codec
-from .frame import ELEM_BF16, Entry
+from .frame import Entry
 
 __all__ = ["Accordion", "AccordionDecision", "register_setting_reader", "setting_of"]
 
@@ -255,81 +256,25 @@ def _key(setting: Mapping[str, Any]) -> tuple:
 
 
 SettingReader = Callable[[Entry], dict]
-_READERS: dict[int, SettingReader] = {}
 
 
 def register_setting_reader(codec_id: int) -> Callable[[SettingReader], SettingReader]:
-    """Register how :func:`setting_of` describes records of ``codec_id`` (from their params)."""
-
-    def deco(fn: SettingReader) -> SettingReader:
-        _READERS[codec_id] = fn
-        return fn
-
-    return deco
+    """Register how :func:`setting_of` describes records of ``codec_id`` (from their params): the
+    codec's ``setting`` capability (:mod:`gradwire.capabilities`)."""
+    return lambda fn: provide(codec_id, "setting", fn)
 
 
 def setting_of(entry: Entry) -> dict:
     """The codec setting a record was made with, read from its codec id and params alone.
 
     ``{"codec": name, ...parameters}``, e.g. ``{"codec": "powersgd", "rank": 2}`` or
-    ``{"codec": "topk", "k": 410, "density": 0.1}``. Records of codecs without a registered reader
-    give ``{"codec_id": id, "params": hex}``.
+    ``{"codec": "topk", "k": 410, "density": 0.1}``. Records of codecs that declare no ``setting``
+    capability give ``{"codec_id": id, "params": hex}``.
     """
-    reader = _READERS.get(entry.codec)
+    reader = capabilities_of(entry.codec).setting
     if reader is None:
         return {"codec_id": entry.codec, "params": entry.params.hex()}
     try:
         return reader(entry)
     except Exception as e:  # a record too short for its layout
         raise rec.bad(entry, "setting_of", f"params do not fit the codec's layout ({e})") from None
-
-
-def _register_builtin_readers() -> None:
-    @register_setting_reader(0)
-    def _identity(entry: Entry) -> dict:
-        data = entry.sections.get("data")
-        if entry.section_elems.get("data") == ELEM_BF16:
-            return {"codec": "identity", "wire_dtype": "bfloat16"}
-        return {"codec": "identity", "wire_dtype": str(data.dtype) if data is not None else None}
-
-    @register_setting_reader(1)
-    def _dct(entry: Entry) -> dict:
-        p = dct.unpack_params(entry.params)
-        mode = {0: "flat", 1: "tiles"}.get(p["mode"], p["mode"])
-        return {"codec": "dct", "mode": mode, "chunk_shape": p["chunk_shape"], "topk": p["k"]}
-
-    @register_setting_reader(2)
-    def _threelc(entry: Entry) -> dict:
-        return {"codec": "3lc", "sparsity": round(threelc.unpack_params(entry.params)["sparsity"], 6)}
-
-    @register_setting_reader(5)
-    def _onebit(entry: Entry) -> dict:
-        return {"codec": "onebit"}
-
-    @register_setting_reader(6)
-    def _signsgd(entry: Entry) -> dict:
-        return {"codec": "signsgd", **sign.unpack_params(entry.params)}
-
-    @register_setting_reader(7)
-    def _topk(entry: Entry) -> dict:
-        k = sparse.unpack_topk_params(entry.params)["k"]
-        return {"codec": "topk", "k": k, "density": k / entry.numel if entry.numel else 0.0}
-
-    @register_setting_reader(8)
-    def _randomk(entry: Entry) -> dict:
-        p = sparse.unpack_randomk_params(entry.params)
-        k = p["k"]
-        return {"codec": "randomk", "k": k, "density": k / entry.numel if entry.numel else 0.0,
-                "unbiased": bool(p["scaled"])}
-
-    @register_setting_reader(9)
-    def _powersgd(entry: Entry) -> dict:
-        p = powersgd.unpack_params(entry.params)
-        return {"codec": "powersgd", "rank": p["rank"], "dense": p["mode"] == powersgd.MODE_DENSE}
-
-    @register_setting_reader(10)
-    def _minmax(entry: Entry) -> dict:
-        return {"codec": "minmax", **minmax.unpack_params(entry.params)}
-
-
-_register_builtin_readers()

@@ -1,7 +1,7 @@
 """Summing many records of one tensor, in the codec's own domain where the codec allows it.
 
 A codec that is linear in its transform domain (the DCT: orthonormal, so sums and L2 norms are the same
-in both domains) registers an accumulator factory with :func:`register_accumulator`. Its accumulator adds
+in both domains) declares an accumulator factory (its ``accumulator`` capability, :mod:`gradwire.capabilities`). Its accumulator adds
 each record's sparse coefficients into one coefficient array and runs one inverse transform at the end,
 so the cost of a sum grows with the bytes received, not with senders × parameters. Every other codec
 falls back to :class:`DenseAccumulator`, which decodes each record and adds the dense tensors.
@@ -17,6 +17,7 @@ from typing import Callable, Hashable, Optional, Protocol
 
 import torch
 
+from .capabilities import capabilities_of, provide
 from .frame import Entry, decode_entry
 
 __all__ = [
@@ -67,38 +68,25 @@ class DenseAccumulator:
 
 
 AccumulatorFactory = Callable[[Entry, Optional[torch.device]], Accumulator]
-_FACTORIES: dict[int, AccumulatorFactory] = {}
-_NORMS: dict[int, Callable[[Entry], float]] = {}
-_COEFFICIENTS: dict[int, Callable[[Entry], "Coefficients"]] = {}
 
 
 def register_accumulator(codec_id: int) -> Callable[[AccumulatorFactory], AccumulatorFactory]:
-    """Register a transform-domain accumulator for codec ``codec_id``.
+    """Register a transform-domain accumulator for codec ``codec_id`` (its ``accumulator`` capability).
 
     The factory gets the first record of the sum and the device; later records of other parameters must
     still be accepted (an accumulator may decode those densely).
     """
-
-    def deco(factory: AccumulatorFactory) -> AccumulatorFactory:
-        _FACTORIES[codec_id] = factory
-        return factory
-
-    return deco
+    return lambda factory: provide(codec_id, "accumulator", factory)
 
 
 def register_norm(codec_id: int) -> Callable[[Callable[[Entry], float]], Callable[[Entry], float]]:
     """Register how to compute the L2 norm of a record's tensor without decoding it densely."""
-
-    def deco(fn: Callable[[Entry], float]) -> Callable[[Entry], float]:
-        _NORMS[codec_id] = fn
-        return fn
-
-    return deco
+    return lambda fn: provide(codec_id, "norm", fn)
 
 
 def make_accumulator(first: Entry, device: Optional[torch.device] = None) -> Accumulator:
     """The best accumulator for records like ``first``: its codec's own, or a dense one."""
-    factory = _FACTORIES.get(first.codec)
+    factory = capabilities_of(first.codec).accumulator
     if factory is not None:
         return factory(first, device)
     return DenseAccumulator(tuple(first.shape), device)
@@ -106,7 +94,7 @@ def make_accumulator(first: Entry, device: Optional[torch.device] = None) -> Acc
 
 def entry_norm(entry: Entry) -> float:
     """L2 norm of the tensor a record decodes to (in the codec's domain where it registered one)."""
-    fn = _NORMS.get(entry.codec)
+    fn = capabilities_of(entry.codec).norm
     if fn is not None:
         return float(fn(entry))
     # In float64: float32 squares overflow from |x| ≈ 1.8e19, so finite values would read as infinite.
@@ -131,18 +119,13 @@ class Coefficients:
 
 def register_coefficients(codec_id: int) -> Callable[[Callable[[Entry], Coefficients]], Callable[[Entry], Coefficients]]:
     """Register how to read a record of ``codec_id`` as sparse coordinates in an orthonormal basis."""
-
-    def deco(fn: Callable[[Entry], Coefficients]) -> Callable[[Entry], Coefficients]:
-        _COEFFICIENTS[codec_id] = fn
-        return fn
-
-    return deco
+    return lambda fn: provide(codec_id, "coefficients", fn)
 
 
 def entry_coefficients(entry: Entry, dense: bool = False) -> Coefficients:
     """The record's :class:`Coefficients`: its codec's sparse ones where it registered them (and
     ``dense`` is false), else the decoded tensor flattened, in the basis ``("dense", shape)``."""
-    fn = None if dense else _COEFFICIENTS.get(entry.codec)
+    fn = None if dense else capabilities_of(entry.codec).coefficients
     if fn is not None:
         return fn(entry)
     flat = decode_entry(entry).to(torch.float32).to(torch.float64).reshape(-1)

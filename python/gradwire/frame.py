@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from . import _native
+from .capabilities import capabilities_of, provide
 from .errors import FrameError
 from .wire import BytesLike, as_u8
 
@@ -242,48 +243,34 @@ def read_frame(data: BytesLike, *, limits: Optional[Limits] = None) -> Frame:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoding: every codec registers a function from a record to a dense tensor under its id.
+# Decoding: every codec declares its decoder (and what else it can do with its records) under its id,
+# in one gradwire.capabilities.CodecCapabilities.
 
 Decoder = Callable[[Entry, Optional[torch.device]], torch.Tensor]
-_DECODERS: dict[int, Decoder] = {}
-
-
-def _registrar(table: dict, codec_id: int, what: str) -> Callable:
-    """A decorator putting a function into ``table`` under ``codec_id``; a second, other function for
-    the same id is ``ValueError`` naming ``what`` it is."""
-
-    def deco(fn):
-        if codec_id in table and table[codec_id] is not fn:
-            raise ValueError(f"codec id {codec_id} already has {what}")
-        table[codec_id] = fn
-        return fn
-
-    return deco
 
 
 def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
-    """Register the decoder of codec ``codec_id``; ``gradwire.decode`` finds it from the frame alone."""
-    return _registrar(_DECODERS, codec_id, "a decoder")
+    """Register the decoder of codec ``codec_id``; ``gradwire.decode`` finds it from the frame alone
+    (its ``decode`` capability, :func:`gradwire.capabilities.provide`)."""
+    return lambda fn: provide(codec_id, "decode", fn)
 
 
 def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.Tensor:
     """Decode one record into a dense tensor of its shape and dtype."""
-    try:
-        fn = _DECODERS[entry.codec]
-    except KeyError:
-        raise FrameError(f"record {entry.name!r}: unknown codec id {entry.codec}") from None
+    fn = capabilities_of(entry.codec).decode
+    if fn is None:
+        raise FrameError(f"record {entry.name!r}: unknown codec id {entry.codec}")
     return fn(entry, device)
 
 
 #: A codec's decode of several of its records at once (:func:`decode_entries`): the tensors
 #: :func:`decode_entry` gives, in order, or ``None`` where it does not apply to these records.
 BatchDecoder = Callable[[Sequence[Entry], Optional[torch.device]], Optional[list]]
-_BATCH_DECODERS: dict[int, BatchDecoder] = {}
 
 
 def register_batch_decoder(codec_id: int) -> Callable[[BatchDecoder], BatchDecoder]:
     """Register codec ``codec_id``'s decode of several records at once (:func:`decode_entries`)."""
-    return _registrar(_BATCH_DECODERS, codec_id, "a batch decoder")
+    return lambda fn: provide(codec_id, "decode_batch", fn)
 
 
 def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = None) -> list[torch.Tensor]:
@@ -298,7 +285,7 @@ def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = No
     for i, entry in enumerate(entries):
         by_codec.setdefault(entry.codec, []).append(i)
     for codec, at in by_codec.items():
-        batch = _BATCH_DECODERS.get(codec)
+        batch = capabilities_of(codec).decode_batch
         got = batch([entries[i] for i in at], device) if batch is not None and len(at) > 1 else None
         if got is None:
             got = [decode_entry(entries[i], device) for i in at]
@@ -310,12 +297,11 @@ def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = No
 #: A codec's fused ``Σ_i w_i · decode(entries[i])`` (see :func:`weighted_sum_fused`): the float32 result,
 #: or ``None`` where it does not apply to these records.
 WeightedSum = Callable[[Sequence[Entry], Sequence[float], Optional[torch.device]], Optional[torch.Tensor]]
-_WEIGHTED_SUMS: dict[int, WeightedSum] = {}
 
 
 def register_weighted_sum(codec_id: int) -> Callable[[WeightedSum], WeightedSum]:
     """Register codec ``codec_id``'s fused weighted sum of records (:func:`weighted_sum_fused`)."""
-    return _registrar(_WEIGHTED_SUMS, codec_id, "a weighted sum")
+    return lambda fn: provide(codec_id, "weighted_sum", fn)
 
 
 def weighted_sum_fused(
@@ -335,7 +321,7 @@ def weighted_sum_fused(
     codec = entries[0].codec
     if any(e.codec != codec for e in entries):
         return None
-    fn = _WEIGHTED_SUMS.get(codec)
+    fn = capabilities_of(codec).weighted_sum
     return None if fn is None else fn(entries, weights, device)
 
 

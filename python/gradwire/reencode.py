@@ -43,7 +43,8 @@ from . import dct as _dct
 from .aggregation import _by_name, exact_mean, exact_trimmed_mean, sender_weights
 from .codecs import statedict as sd
 from .codecs.base import Codec
-from .codecs.dct import DCTCodec, ParsedRecord, parse_record
+from .codecs.dct import DCTCodec
+from .codecs.dct_parse import ParsedRecord, parse_record
 from .feedback import ErrorFeedback
 from .frame import Entry
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from . import dct_capabilities  # noqa: F401  (declares the DCT codec's capabilities)
 from .base import Codec
 from .dct import DCTCodec
 from .gcomp import GComp, GCompDecoderState

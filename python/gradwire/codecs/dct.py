@@ -18,43 +18,36 @@ scales, minimums) crosses to the host. The reconstruction :meth:`DCTCodec.compre
 by the very function the decoder runs on the same quantized data, so it equals what receivers decode,
 bit for bit on the same device.
 
-The decoder treats every record as hostile: each field and section is checked, with a
-:class:`~gradwire.errors.FrameError` naming the rule, before the dense output is allocated.
+The codec's records are read by four modules beside this one: :mod:`.dct_parse` (every record checked
+as hostile input, with a :class:`~gradwire.errors.FrameError` naming the rule, before the dense output
+is allocated), :mod:`.dct_decode` (the decoders: one record, many at once, the fused weighted sum),
+:mod:`.dct_domain` (sums, norms and inner products in the coefficient domain) and
+:mod:`.dct_capabilities` (the codec's capability object, which the frame readers find by codec id).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import math
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from .. import _native
 from .. import dct as _dct
 from .. import wire
-from ..accumulate import Coefficients, register_accumulator, register_coefficients, register_norm
-from ..errors import FrameError
-from ..frame import Entry, decode_entry, register_batch_decoder, register_decoder, register_weighted_sum
+from ..frame import Entry
 from . import record as rec
 from .base import Codec
 
 __all__ = [
-    "DCTAccumulator",
     "DCTCodec",
     "KeptCoefficients",
     "MAX_CHUNK_NUMEL",
-    "ParsedRecord",
-    "dct_record_norm",
     "dequantize_levels",
     "index_bits_for",
     "index_stream_sizes",
     "pack_params",
-    "parse_record",
     "quantize_levels",
     "unpack_params",
 ]
@@ -384,7 +377,7 @@ class DCTCodec(Codec):
                 coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan)
                                     for _, t, plan in members])
             else:
-                chunks = _cut_into_chunks(members, dims, c)
+                chunks = _dct.cut_into_chunks(members, dims, c)
                 coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             idx, top = _dct.select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
@@ -402,10 +395,10 @@ class DCTCodec(Codec):
                 # rather than a call per record.
                 stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
                 decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
-                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
+                recons = _dct.put_back_chunks(decoded.reshape(-1, c), members, dims)
             else:
                 decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-                recons = _put_back_chunks(decoded.reshape(-1, c), members, dims)
+                recons = _dct.put_back_chunks(decoded.reshape(-1, c), members, dims)
             pending.append((members, k, c, (idx, levels, scales, mins), recons))
         # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
         hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
@@ -523,480 +516,3 @@ def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
     """Whether the CPU transform of chunks of ``dims`` is the Rust one (2-D, sides powers of two up to
     ``MATMUL_MAX_N``), which works chunk by chunk whatever the batch."""
     return len(dims) == 2 and all(0 < n <= _dct.MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
-
-
-def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
-    """``(destinations, sources, padding)`` views moving every member's elements between the chunk layout
-    and its tensor's: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)``
-    member i's elements in tensor order (a flat view); ``into_chunks`` says which way. Tiles pair a
-    ``(grid_u, grid_v, a, b)`` view of the rows with the tensor's tiles, the permutation always on the
-    source side (a strided read into a contiguous write: the fast copy on the CPU). Views only, so one
-    ``_foreach_copy_`` moves them all."""
-    dst, src, pads = [], [], []
-    row = 0
-    for i, (_, _, plan) in enumerate(members):
-        n, c = plan.num_chunks, plan.chunk_numel
-        rows = chunk_rows[row:row + n]
-        row += n
-        flat = flat_of(i)
-        if plan.mode == _dct.MODE_TILES and len(plan.chunk_shape) == 2:
-            (a, b), (gu, gv) = plan.chunk_shape, plan.grid
-            tiles, tensor = rows.view(gu, gv, a, b), flat.view(gu, a, gv, b)
-            if into_chunks:
-                dst.append(tiles)
-                src.append(tensor.permute(0, 2, 1, 3))
-            else:
-                dst.append(tensor)
-                src.append(tiles.permute(0, 2, 1, 3))
-        else:
-            numel = flat.numel()
-            chunked = rows.view(-1)[:numel]
-            dst.append(chunked if into_chunks else flat)
-            src.append(flat if into_chunks else chunked)
-            if n * c > numel:
-                pads.append(rows.view(-1)[numel:])
-    return dst, src, pads
-
-
-def _cut_into_chunks(members, dims, c: int) -> torch.Tensor:
-    """Every member's chunks (``to_chunks`` of each, float32) stacked ``(rows, C)``, written in place into
-    one new buffer: one ``_foreach_copy_`` (and one ``_foreach_zero_`` for flat chunks' padding) whatever
-    the number of tensors. Copies and float32 widening are exact: the same values as ``to_chunks``."""
-    total = sum(plan.num_chunks for _, _, plan in members)
-    device = members[0][1].device
-    out = torch.empty((total, c), dtype=torch.float32, device=device)
-    sources = [t.detach().reshape(-1) for _, t, _ in members]
-    dst, src, pads = _chunk_views(members, out, lambda i: sources[i], into_chunks=True)
-    torch._foreach_copy_(dst, src)
-    if pads:
-        torch._foreach_zero_(pads)
-    return out
-
-
-def _put_back_chunks(decoded: torch.Tensor, members, dims) -> list[torch.Tensor]:
-    """Each member's decoded chunks put back into its tensor's shape (``from_chunks``), float32: views of
-    one new buffer, written by one ``_foreach_copy_``."""
-    sizes = [math.prod(plan.shape) for _, _, plan in members]
-    flat = torch.empty(sum(sizes), dtype=torch.float32, device=decoded.device)
-    parts = list(torch.split(flat, sizes)) if members else []
-    dst, src, _ = _chunk_views(members, decoded, lambda i: parts[i], into_chunks=False)
-    torch._foreach_copy_(dst, src)
-    return [p.view(plan.shape) for p, (_, _, plan) in zip(parts, members)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding
-
-
-_CODEC = "dct"
-
-
-def _bad(entry: Entry, rule: str) -> FrameError:
-    return rec.bad(entry, _CODEC, rule)
-
-
-def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int, int, int]:
-    """Validate ``entry.params`` against the record's shape.
-
-    Returns ``(plan, k, index_bits, value_bits, index_coding)``; ``index_bits`` is the coding's
-    parameter (packed width or Rice parameter).
-    """
-    p = entry.params
-    if len(p) < 2:
-        raise _bad(entry, f"params must be at least 2 bytes (mode, chunk_ndim), got {len(p)}")
-    mode, nd = p[0], p[1]
-    if mode not in _MODE_NAMES:
-        raise _bad(entry, f"mode must be 0 (flat) or 1 (tiles), got {mode}")
-    if not 1 <= nd <= MAX_CHUNK_NDIM:
-        raise _bad(entry, f"chunk_ndim must lie in 1..{MAX_CHUNK_NDIM}, got {nd}")
-    want_len = 2 + 4 * nd + _TAIL.size
-    if len(p) != want_len:
-        raise _bad(entry, f"params length must be {want_len} bytes for chunk_ndim {nd}, got {len(p)}")
-    chunk_shape = struct.unpack_from(f"<{nd}I", p, 2)
-    if any(d < 1 for d in chunk_shape):
-        raise _bad(entry, f"chunk_shape dimensions must be >= 1, got {chunk_shape}")
-    c = 1
-    for d in chunk_shape:
-        c *= d
-    if c > MAX_CHUNK_NUMEL:
-        raise _bad(entry, f"chunk element count C = {c} exceeds 2^16")
-    if max(chunk_shape) > MAX_CHUNK_SIDE:
-        raise _bad(entry, f"chunk side {max(chunk_shape)} exceeds {MAX_CHUNK_SIDE}")
-    k, index_bits, value_bits, index_coding, pad_count = _TAIL.unpack_from(p, 2 + 4 * nd)
-    if not 1 <= k <= c:
-        raise _bad(entry, f"k must satisfy 1 <= k <= C = {c}, got {k}")
-    want_bits = index_bits_for(c)
-    if index_coding == INDEX_CODING_FIXED:
-        if index_bits != want_bits:
-            raise _bad(
-                entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}"
-            )
-    elif index_coding == INDEX_CODING_RICE:
-        if index_bits > want_bits:
-            raise _bad(
-                entry, f"index_coding 1 (Rice): the parameter (index_bits) must be <= {want_bits} for C = {c},"
-                f" got {index_bits}"
-            )
-    else:
-        raise _bad(entry, f"index_coding must be 0 (fixed-width) or 1 (Rice), got {index_coding}")
-    if value_bits not in VALUE_BITS_CHOICES:
-        raise _bad(entry, f"value_bits must be 8, 4, 2 or 1, got {value_bits}")
-
-    numel = entry.numel
-    if mode == _dct.MODE_FLAT:
-        want_pad = (c - numel % c) % c
-        if pad_count != want_pad:
-            raise _bad(entry, f"pad_count must be (C - numel mod C) mod C = {want_pad}, got {pad_count}")
-        plan = _dct.plan_flat(entry.shape, chunk_shape)
-    else:
-        if pad_count != 0:
-            raise _bad(entry, f"pad_count must be 0 in mode 1 (tiles), got {pad_count}")
-        if numel < 1:
-            raise _bad(entry, "mode 1 (tiles) needs a tensor of at least one element")
-        want_shape = _dct.tile_chunk_shape(entry.shape)
-        if tuple(chunk_shape) != want_shape:
-            raise _bad(
-                entry,
-                f"mode 1 (tiles) chunk_shape must be {want_shape} for tensor shape {tuple(entry.shape)}"
-                f" (recomputed), got {tuple(chunk_shape)}",
-            )
-        plan = _dct.plan_tiles(entry.shape)
-    return plan, k, index_bits, value_bits, index_coding
-
-
-def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int, value_bits: int, coding: int):
-    rec.expect_sections(entry, _CODEC, SECTIONS)
-
-    n = plan.num_chunks
-    total = n * k
-    c = plan.chunk_numel
-    if coding == INDEX_CODING_FIXED:
-        idx_bytes = rec.section(
-            entry, _CODEC, "idx", np.uint8, (total * bits + 7) // 8, "ceil(num_chunks * k * index_bits / 8)"
-        )
-    else:
-        idx_bytes = rec.byte_section(entry, _CODEC, "idx")
-    if value_bits == VALUE_BITS:
-        val = rec.section(entry, _CODEC, "val", np.int8, total, "num_chunks * k")
-    else:
-        val = rec.section(
-            entry, _CODEC, "val", np.uint8, (total * value_bits + 7) // 8, f"ceil(num_chunks * k * {value_bits} / 8)"
-        )
-    scale = rec.section(entry, _CODEC, "scale", np.float32, n, "num_chunks")
-    mins = rec.section(entry, _CODEC, "min", np.float32, n, "num_chunks")
-
-    # The Rust decoders check length, padding, order and range, and bound what they allocate by the
-    # bytes they are given.
-    if coding == INDEX_CODING_FIXED:
-        idx = rec.wire_call(entry, _CODEC, "section 'idx'", wire.unpack_bits_exact, idx_bytes, bits, total)
-    else:
-        idx = rec.wire_call(entry, _CODEC, "section 'idx'", wire.rice_decode, idx_bytes, total, c, bits, k)
-    if value_bits == VALUE_BITS:
-        levels = val.astype(np.int16) + 128
-    else:
-        levels = rec.wire_call(
-            entry, _CODEC, "section 'val'", wire.unpack_bits_exact, val, value_bits, total
-        ).astype(np.int16)
-    idx = np.asarray(idx).reshape(n, k)
-    if total and int(idx.max()) >= c:
-        raise _bad(entry, f"index out of range: every index must be < C = {c}, got {int(idx.max())}")
-    if k > 1 and n and not bool(np.all(idx[:, 1:] > idx[:, :-1])):
-        raise _bad(entry, "indices must be strictly ascending within each chunk (no repeats)")
-    if not bool(np.all(np.isfinite(scale))):
-        raise _bad(entry, "scales must be finite")
-    if not bool(np.all(scale > 0)):
-        raise _bad(entry, "scales must be > 0")
-    if not bool(np.all(np.isfinite(mins))):
-        raise _bad(entry, "mins must be finite")
-    with np.errstate(over="ignore", invalid="ignore"):
-        top = scale * np.float32((1 << value_bits) - 1)
-        ok = np.isfinite(top) & np.isfinite(top + mins)
-    if not bool(np.all(ok)):
-        raise _bad(
-            entry, "dequantized coefficients must be finite ((2^value_bits - 1) * scale + min overflows float32)"
-        )
-    return idx, levels, scale, mins
-
-
-@dataclass(frozen=True)
-class ParsedRecord:
-    """A DCT record after every check: what it decodes to, before the inverse transform.
-
-    ``idx`` (int64, ``(num_chunks, k)``) holds each chunk's positions, strictly ascending; ``values``
-    (float32, same shape) the dequantized coefficients at those positions. Both live on the device
-    :func:`parse_record` was given.
-    """
-
-    plan: _dct.ChunkPlan
-    k: int
-    idx: torch.Tensor
-    values: torch.Tensor
-    #: The same coefficients as grid levels: ``values == levels * scales + mins`` per chunk, levels
-    #: integers in [0, 2^value_bits - 1]; what the bit-exact decode (``gradwire.dct.decode_levels``)
-    #: works from.
-    levels: torch.Tensor
-    scales: torch.Tensor
-    mins: torch.Tensor
-
-
-#: Inside :func:`records_parsed_once`: ``{(id(entry), device): (entry, ParsedRecord)}``.
-_PARSED: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("gradwire_dct_parsed", default=None)
-
-
-@contextlib.contextmanager
-def records_parsed_once() -> Iterator[None]:
-    """Within the block, :func:`parse_record` parses each record object once per device and hands every
-    later caller the same :class:`ParsedRecord` (which none of them modifies).
-
-    A server's round close reads each node record several times — its direction check, its norm, the
-    aggregate — and at 64 nodes the parsing was a third of the close. The records must not change inside
-    the block; they are held until it ends, so an ``id`` is never reused for another record.
-    """
-    token = _PARSED.set({})
-    try:
-        yield
-    finally:
-        _PARSED.reset(token)
-
-
-def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedRecord:
-    """Validate a DCT record as hostile input and return its positions and dequantized coefficients.
-
-    The one parser of the codec's sections: the decoder, the transform-domain accumulator and the norm
-    all go through it, so a new index coding or value width is added here once.
-    """
-    memo = _PARSED.get()
-    if memo is None:
-        return _parse_record(entry, device)
-    key = (id(entry), str(torch.device("cpu") if device is None else torch.device(device)))
-    if key not in memo:  # the entry is held with its parse, so its id names no other record meanwhile
-        memo[key] = (entry, _parse_record(entry, device))
-    return memo[key][1]
-
-
-def _checked_sections(entry: Entry):
-    """``(plan, k, idx, levels, scales, mins)`` of a DCT record as host arrays, every field checked."""
-    rec.check_record_dtype(entry, _CODEC)
-    plan, k, bits, value_bits, coding = _check_params(entry)
-    return (plan, k) + tuple(_check_sections(entry, plan, k, bits, value_bits, coding))
-
-
-def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
-    plan, k, idx, levels, scale, mins = _checked_sections(entry)
-    # Everything is checked; only now is anything of the record's size allocated.
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    idx_t = torch.from_numpy(idx.astype(np.int64)).to(dev)
-    lv_t = torch.from_numpy(np.asarray(levels, dtype=np.int16)).reshape(plan.num_chunks, k).to(dev)
-    s_t = torch.from_numpy(np.array(scale, dtype=np.float32)).to(dev)
-    m_t = torch.from_numpy(np.array(mins, dtype=np.float32)).to(dev)
-    return ParsedRecord(plan, k, idx_t, dequantize_levels(lv_t, s_t, m_t), lv_t, s_t, m_t)
-
-
-@register_decoder(DCTCodec.codec_id)
-def _decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
-    """Decode a DCT record, validating every field as hostile input first."""
-    return _reconstruct_levels(parse_record(entry, device)).to(entry.dtype)
-
-
-#: Output elements of one batch of :func:`_decode_dct_batch` (float32: 256 MiB).
-_BATCH_DECODE_ELEMS = 1 << 26
-
-
-def _decodes_stacked(dev: torch.device) -> bool:
-    """Whether :func:`_decode_dct_batch` applies on ``dev``: not on the CPU, where the Rust decode of one
-    record at a time is faster."""
-    return dev.type != "cpu"
-
-
-@register_batch_decoder(DCTCodec.codec_id)
-def _decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) -> Optional[list[torch.Tensor]]:
-    """DCT records decoded together on a GPU: the records of one chunk shape and ``k`` stacked, one exact
-    decode (:func:`gradwire.dct.decode_level_chunks`, which decodes each chunk on its own: the same bits as
-    record by record), in batches of at most :data:`_BATCH_DECODE_ELEMS` outputs. ``None`` on the CPU,
-    where the Rust decode of one record at a time is the fast path. Every record is checked before
-    anything of the batch is allocated on the device."""
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    if not _decodes_stacked(dev):
-        return None
-    checked = [_checked_sections(e) for e in entries]
-    groups: dict[tuple, list[int]] = {}
-    for i, (plan, k, *_rest) in enumerate(checked):
-        groups.setdefault((plan.chunk_shape, k), []).append(i)
-    out: list[Optional[torch.Tensor]] = [None] * len(entries)
-    for (dims, _k), members in groups.items():
-        batch: list[int] = []
-        size = 0
-        for j, i in enumerate(members):
-            batch.append(i)
-            size += checked[i][0].num_chunks * checked[i][0].chunk_numel
-            if size >= _BATCH_DECODE_ELEMS or j == len(members) - 1:
-                _decode_stacked([checked[b] for b in batch], dims, dev, [entries[b] for b in batch],
-                                batch, out)
-                batch, size = [], 0
-    return out  # type: ignore[return-value]
-
-
-def _to_device_all(arrays: Sequence[np.ndarray], dev: torch.device) -> list[torch.Tensor]:
-    """The host ``arrays`` on ``dev`` in one host-to-device copy: laid end to end as bytes (each padded to 8
-    bytes, so every one stays aligned), copied once, cut back into typed views."""
-    spans, offset = [], 0
-    for a in arrays:
-        spans.append(offset)
-        offset += a.nbytes + (-a.nbytes % 8)
-    blob = np.zeros(offset, dtype=np.uint8)
-    for a, start in zip(arrays, spans):
-        blob[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    moved = torch.from_numpy(blob).to(dev)
-    return [moved[start:start + a.nbytes].view(getattr(torch, a.dtype.name)).reshape(a.shape) if a.nbytes
-            else torch.empty(a.shape, dtype=getattr(torch, a.dtype.name), device=dev)
-            for a, start in zip(arrays, spans)]
-
-
-def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out: list) -> None:
-    idx, levels, scales, mins = _to_device_all([
-        np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts]),
-        np.concatenate([np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts]),
-        np.concatenate([np.array(p[4], dtype=np.float32) for p in parts]),
-        np.concatenate([np.array(p[5], dtype=np.float32) for p in parts]),
-    ], dev)
-    decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-    # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
-    put_back = _put_back_chunks(decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims)
-    for t, entry, i in zip(put_back, entries, at):
-        out[i] = t if t.dtype == entry.dtype else t.to(entry.dtype)
-
-
-@register_weighted_sum(DCTCodec.codec_id)
-def _weighted_sum_dct(
-    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]
-) -> Optional[torch.Tensor]:
-    """The fused weighted sum of float32 DCT records chunked alike, on the CPU
-    (:func:`gradwire.dct.decode_levels_weighted_sum`); ``None`` for anything else."""
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    if dev.type != "cpu" or any(e.dtype != torch.float32 for e in entries):
-        return None
-    parsed = [parse_record(e, dev) for e in entries]
-    plan = parsed[0].plan
-    if any(p.plan != plan for p in parsed[1:]):
-        return None
-    return _dct.decode_levels_weighted_sum(
-        [(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan
-    )
-
-
-def _reconstruct_levels(parsed: ParsedRecord) -> torch.Tensor:
-    return _dct.decode_levels(parsed.idx, parsed.levels, parsed.scales, parsed.mins, parsed.plan)
-
-
-# ---------------------------------------------------------------------------------------------
-# Summing records in the transform domain (gradwire.accumulate)
-
-
-class DCTAccumulator:
-    """A weighted sum of DCT records of one tensor, added coefficient by coefficient.
-
-    The DCT is linear and orthonormal, so the sum of decoded records is the inverse transform of the
-    summed coefficients: records with the first record's layout (same mode, chunk shape, padding) are
-    added into one ``(num_chunks, C)`` float32 array and :meth:`finish` runs one inverse transform.
-    Records with another layout are decoded densely into a side sum. Each record's positions are
-    distinct, so its addition is a gather, an add and a scatter with no colliding writes: the same
-    records added in the same order give bit-identical sums on any device (no atomics).
-    """
-
-    def __init__(self, first: Entry, device: Optional[torch.device] = None):
-        self.device = torch.device("cpu") if device is None else torch.device(device)
-        self.shape = tuple(first.shape)
-        self.plan: Optional[_dct.ChunkPlan] = None
-        self.coeffs: Optional[torch.Tensor] = None  # (num_chunks * C,) float32
-        self.side: Optional[torch.Tensor] = None  # dense sum of records of another layout
-        self.count = 0
-
-    def add(self, entry: Entry, weight: float = 1.0) -> None:
-        if tuple(entry.shape) != self.shape:
-            raise ValueError(f"record {entry.name!r} has shape {tuple(entry.shape)}, the sum has {self.shape}")
-        if entry.codec != DCTCodec.codec_id:
-            self._add_dense(decode_entry(entry, self.device), weight)
-            return
-        parsed = parse_record(entry, self.device)
-        if self.plan is None:
-            self.plan = parsed.plan
-            self.coeffs = torch.zeros(parsed.plan.num_chunks * parsed.plan.chunk_numel, dtype=torch.float32,
-                                      device=self.device)
-        if parsed.plan != self.plan:
-            self._add_dense(_reconstruct_levels(parsed), weight)
-            return
-        c = self.plan.chunk_numel
-        if self.device.type == "cpu":
-            # One Rust pass, chunk row by chunk row: the same float32 operations as below.
-            w32 = float(torch.tensor(float(weight), dtype=torch.float32))
-            _native.scatter_add_rows(parsed.idx.contiguous().reshape(-1).numpy(),
-                                     parsed.values.contiguous().reshape(-1).numpy(), parsed.k, c, w32,
-                                     self.coeffs.numpy())
-            self.count += 1
-            return
-        flat = (parsed.idx + torch.arange(parsed.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
-        vals = parsed.values.reshape(-1)
-        if weight != 1.0:
-            vals = vals * weight
-        # index_select / index_copy_ rather than coeffs[flat] (advanced indexing is slow); the positions
-        # of one record are distinct, so the copy has no colliding writes (and no atomics on CUDA).
-        self.coeffs.index_copy_(0, flat, self.coeffs.index_select(0, flat) + vals)
-        self.count += 1
-
-    def _add_dense(self, t: torch.Tensor, weight: float) -> None:
-        t = t.to(device=self.device, dtype=torch.float32)
-        if weight != 1.0:
-            t = t * weight
-        self.side = t if self.side is None else self.side + t
-        self.count += 1
-
-    def finish(self) -> torch.Tensor:
-        """The dense float32 sum: one inverse transform of the summed coefficients, plus the side sum."""
-        out = None
-        if self.coeffs is not None:
-            n, cs = self.plan.num_chunks, self.plan.chunk_shape
-            # One float32 inverse transform of the summed coefficients: fast, and reproducible wherever
-            # the same torch build runs with the same thread count (the ranks of one DDP job); unlike
-            # decoding a single frame it is not bit-exact across machines (docs/DISTRIBUTED.md).
-            out = _dct.from_chunks(_dct.idct_chunks(self.coeffs.reshape(n, *cs)), self.plan)
-        if self.side is not None:
-            out = self.side if out is None else out + self.side
-        if out is None:
-            return torch.zeros(self.shape, dtype=torch.float32, device=self.device)
-        return out
-
-
-@register_accumulator(DCTCodec.codec_id)
-def _dct_accumulator(first: Entry, device: Optional[torch.device]) -> DCTAccumulator:
-    return DCTAccumulator(first, device)
-
-
-@register_norm(DCTCodec.codec_id)
-def dct_record_norm(entry: Entry) -> float:
-    """L2 norm of a DCT record from its coefficients alone (Parseval: the transform is orthonormal).
-
-    Exact when the record has no padding (mode 1, or mode 0 with ``numel`` a multiple of ``C``). With
-    mode-0 padding the inverse transform also spreads energy into the padded tail, which decoding drops,
-    so this is then an upper bound on the decoded tensor's norm — the safe side for a norm ceiling or
-    for clipping.
-    """
-    # The server validates every submission through here, so it stays in NumPy on the checked sections:
-    # the same float32 coefficients as parse_record's, without building tensors.
-    rec.check_record_dtype(entry, _CODEC)
-    plan, k, bits, value_bits, coding = _check_params(entry)
-    _, levels, scale, mins = _check_sections(entry, plan, k, bits, value_bits, coding)
-    values = levels.reshape(plan.num_chunks, k).astype(np.float32) * scale[:, None] + mins[:, None]
-    # Not np.dot: BLAS's threads cost more than this small sum.
-    return math.sqrt(float(np.square(values, dtype=np.float64).sum()))
-
-
-@register_coefficients(DCTCodec.codec_id)
-def dct_record_coefficients(entry: Entry) -> Coefficients:
-    """A DCT record's kept coefficients as positions in its chunk plan's coefficient space (the transform
-    is orthonormal, so inner products there are the decoded tensors' — exact without padding, as for
-    :func:`dct_record_norm`)."""
-    parsed = parse_record(entry)
-    c = parsed.plan.chunk_numel
-    flat = (parsed.idx + torch.arange(parsed.plan.num_chunks).unsqueeze(1) * c).reshape(-1)
-    return Coefficients(("dct", parsed.plan), parsed.plan.num_chunks * c, flat,
-                        parsed.values.reshape(-1).to(torch.float64))

@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..frame import Entry, Frame, decode_entry, read_frame, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry, Frame, decode_entry, read_frame
 from ..wire import BytesLike
 from . import record as rec
 from . import statedict as sd
@@ -631,7 +632,6 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-@register_decoder(GComp.codec_id)
 def _decode_registered(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     return decode_gcomp(entry, device)
 
@@ -696,3 +696,9 @@ class GCompDecoderState:
 
     def reset(self) -> None:
         self._books.clear()
+
+
+
+
+
+CAPABILITIES = declare(CodecCapabilities(GComp.codec_id, "gcomp", decode=_decode_registered))

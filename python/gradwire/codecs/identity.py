@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import ELEM_BF16, Entry
 from . import record as rec
 from .base import Codec
 
@@ -44,7 +45,6 @@ class IdentityCodec(Codec):
         return f"IdentityCodec(wire_dtype={self.wire_dtype})"
 
 
-@register_decoder(IdentityCodec.codec_id)
 def _decode_identity(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     rec.no_params(entry, _CODEC)
@@ -52,3 +52,14 @@ def _decode_identity(entry: Entry, device: Optional[torch.device]) -> torch.Tens
     t = rec.float_section(entry, _CODEC, "data", entry.numel, "numel", allowed=rec.FLOAT_DTYPES, finite=False)
     t = t.reshape(entry.shape).to(entry.dtype)
     return t if device is None else t.to(device)
+
+
+def _identity_setting(entry: Entry) -> dict:
+    data = entry.sections.get("data")
+    if entry.section_elems.get("data") == ELEM_BF16:
+        return {"codec": "identity", "wire_dtype": "bfloat16"}
+    return {"codec": "identity", "wire_dtype": str(data.dtype) if data is not None else None}
+
+
+CAPABILITIES = declare(CodecCapabilities(IdentityCodec.codec_id, "identity", decode=_decode_identity,
+                                         setting=_identity_setting))

@@ -19,7 +19,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry
 from . import record as rec
 from .base import Codec
 
@@ -115,7 +116,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(chunk=chunk)
 
 
-@register_decoder(MinMaxUInt8.codec_id)
 def _decode_minmax(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     (chunk,) = rec.params(entry, _CODEC, _PARAMS, "u32 chunk")
@@ -143,3 +143,11 @@ def _decode_minmax(entry: Entry, device: Optional[torch.device]) -> torch.Tensor
         chunk,
     )
     return out.reshape(entry.shape).to(entry.dtype)
+
+
+def _minmax_setting(entry: Entry) -> dict:
+    return {"codec": "minmax", **unpack_params(entry.params)}
+
+
+CAPABILITIES = declare(CodecCapabilities(MinMaxUInt8.codec_id, "minmax", decode=_decode_minmax,
+                                         setting=_minmax_setting))

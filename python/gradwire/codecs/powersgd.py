@@ -26,7 +26,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry
 from ..lowrank import compressible, initial_q, name_seed, orthogonalize_
 from . import record as rec
 from . import statedict as sd
@@ -191,7 +192,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(mode=mode, rank=rank)
 
 
-@register_decoder(PowerSGD.codec_id)
 def _decode_powersgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     mode, rank = rec.params(entry, _CODEC, _PARAMS, "u8 mode, u32 rank")
@@ -216,3 +216,12 @@ def _decode_powersgd(entry: Entry, device: Optional[torch.device]) -> torch.Tens
         raise rec.bad(entry, _CODEC, f"sections 'p' and 'q' must share an element type, got {p.dtype} and {q.dtype}")
     out = powersgd_decompress(p.reshape(rows, rank).to(dev), q.reshape(cols, rank).to(dev))
     return out.reshape(entry.shape).to(entry.dtype)
+
+
+def _powersgd_setting(entry: Entry) -> dict:
+    p = unpack_params(entry.params)
+    return {"codec": "powersgd", "rank": p["rank"], "dense": p["mode"] == MODE_DENSE}
+
+
+CAPABILITIES = declare(CodecCapabilities(PowerSGD.codec_id, "powersgd", decode=_decode_powersgd,
+                                         setting=_powersgd_setting))

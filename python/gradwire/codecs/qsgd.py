@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry
 from . import record as rec
 from . import statedict as sd
 from .base import Codec
@@ -180,7 +181,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(levels=levels, bucket=bucket, elias=_ELIAS_NAMES.get(elias, elias), nnz=nnz)
 
 
-@register_decoder(QSGD.codec_id)
 def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     levels, bucket, elias, nnz = rec.params(entry, _CODEC, _PARAMS, "u32 levels, u32 bucket, u8 elias, u64 nnz")
@@ -211,3 +211,8 @@ def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     out = _sparse_dequantize(pos_t, lv_t, norms_t, levels, bucket, n)
     return out.reshape(entry.shape).to(entry.dtype)
 
+
+
+
+
+CAPABILITIES = declare(CodecCapabilities(QSGD.codec_id, "qsgd", decode=_decode_qsgd))

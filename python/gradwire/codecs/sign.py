@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry
 from . import record as rec
 from .base import Codec
 
@@ -155,7 +156,6 @@ def unpack_params(params: bytes) -> dict:
 # Decoding
 
 
-@register_decoder(OneBit.codec_id)
 def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     codec = "onebit"
     rec.check_record_dtype(entry, codec)
@@ -176,7 +176,6 @@ def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-@register_decoder(SignSGD.codec_id)
 def _decode_signsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     codec = "signsgd"
     rec.check_record_dtype(entry, codec)
@@ -194,3 +193,17 @@ def _decode_signsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tenso
     dev = torch.device("cpu") if device is None else torch.device(device)
     out = _decode_scaled(nonneg.to(dev), torch.tensor(np.float32(s), device=dev))
     return out.reshape(entry.shape).to(entry.dtype)
+
+
+def _onebit_setting(entry: Entry) -> dict:
+    return {"codec": "onebit"}
+
+
+def _signsgd_setting(entry: Entry) -> dict:
+    return {"codec": "signsgd", **unpack_params(entry.params)}
+
+
+ONEBIT_CAPABILITIES = declare(CodecCapabilities(OneBit.codec_id, "onebit", decode=_decode_onebit,
+                                                setting=_onebit_setting))
+SIGNSGD_CAPABILITIES = declare(CodecCapabilities(SignSGD.codec_id, "signsgd", decode=_decode_signsgd,
+                                                 setting=_signsgd_setting))

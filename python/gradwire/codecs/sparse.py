@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..accumulate import register_accumulator, register_norm
-from ..frame import Entry, decode_entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry, decode_entry
 from . import record as rec
 from . import statedict as sd
 from .base import Codec
@@ -385,7 +385,6 @@ def _randomk_parts(entry: Entry, device: Optional[torch.device]) -> tuple[torch.
     return random_k_indices(seed, entry.numel, k, device), values
 
 
-@register_decoder(TopK.codec_id)
 def _decode_topk(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     idx, values = _topk_parts(entry)
     dev = torch.device("cpu") if device is None else torch.device(device)
@@ -393,7 +392,6 @@ def _decode_topk(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-@register_decoder(RandomK.codec_id)
 def _decode_randomk(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     dev = torch.device("cpu") if device is None else torch.device(device)
     idx, values = _randomk_parts(entry, dev)
@@ -447,19 +445,35 @@ class SparseAccumulator:
         return self.total.reshape(self.shape)
 
 
-@register_accumulator(TopK.codec_id)
-@register_accumulator(RandomK.codec_id)
 def _sparse_accumulator(first: Entry, device: Optional[torch.device]) -> SparseAccumulator:
     return SparseAccumulator(tuple(first.shape), device)
 
 
-@register_norm(TopK.codec_id)
 def _topk_norm(entry: Entry) -> float:
     _, values = _topk_parts(entry)
     return float(values.to(torch.float32).to(entry.dtype).to(torch.float64).norm())
 
 
-@register_norm(RandomK.codec_id)
 def _randomk_norm(entry: Entry) -> float:
     _, _, values = _randomk_values(entry)
     return float(values.to(torch.float32).to(entry.dtype).to(torch.float64).norm())
+
+
+def _topk_setting(entry: Entry) -> dict:
+    k = unpack_topk_params(entry.params)["k"]
+    return {"codec": "topk", "k": k, "density": k / entry.numel if entry.numel else 0.0}
+
+
+def _randomk_setting(entry: Entry) -> dict:
+    p = unpack_randomk_params(entry.params)
+    k = p["k"]
+    return {"codec": "randomk", "k": k, "density": k / entry.numel if entry.numel else 0.0,
+            "unbiased": bool(p["scaled"])}
+
+
+TOPK_CAPABILITIES = declare(CodecCapabilities(TopK.codec_id, "topk", decode=_decode_topk,
+                                              accumulator=_sparse_accumulator, norm=_topk_norm,
+                                              setting=_topk_setting))
+RANDOMK_CAPABILITIES = declare(CodecCapabilities(RandomK.codec_id, "randomk", decode=_decode_randomk,
+                                                 accumulator=_sparse_accumulator, norm=_randomk_norm,
+                                                 setting=_randomk_setting))

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..frame import Entry, register_decoder
+from ..capabilities import CodecCapabilities, declare
+from ..frame import Entry
 from . import record as rec
 from .base import Codec
 
@@ -115,7 +116,6 @@ def unpack_params(params: bytes) -> dict:
     return dict(sparsity=sparsity)
 
 
-@register_decoder(ThreeLC.codec_id)
 def _decode_threelc(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     (sparsity,) = rec.params(entry, _CODEC, _PARAMS, "f32 sparsity")
@@ -134,3 +134,10 @@ def _decode_threelc(entry: Entry, device: Optional[torch.device]) -> torch.Tenso
     q = torch.from_numpy(np.asarray(trits, dtype=np.int8)).to(dev)
     m_t = torch.tensor(np.float32(m), device=dev)
     return dequantize(q, m_t).reshape(entry.shape).to(entry.dtype)
+
+
+def _threelc_setting(entry: Entry) -> dict:
+    return {"codec": "3lc", "sparsity": round(unpack_params(entry.params)["sparsity"], 6)}
+
+
+CAPABILITIES = declare(CodecCapabilities(ThreeLC.codec_id, "3lc", decode=_decode_threelc, setting=_threelc_setting))

@@ -12,11 +12,13 @@ Chunking:
   103-row embedding has 1-row tiles) an encoder falls back to mode 0 (:func:`plan_tiles_or_flat`).
 
 A :class:`ChunkPlan` records one such cut; :func:`to_chunks` and :func:`from_chunks` move between a
-tensor and the flat-chunk layout ``(num_chunks, C)``.
+tensor and the flat-chunk layout ``(num_chunks, C)``; :func:`cut_into_chunks` and :func:`put_back_chunks`
+do it for many tensors of one chunk shape at once, stacked in one buffer, by one ``_foreach_copy_``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -27,12 +29,14 @@ __all__ = [
     "MODE_FLAT",
     "MODE_TILES",
     "ChunkPlan",
+    "cut_into_chunks",
     "from_chunks",
     "largest_divisor_at_most",
     "plan_chunks",
     "plan_flat",
     "plan_tiles",
     "plan_tiles_or_flat",
+    "put_back_chunks",
     "small_tiles",
     "tile_chunk_shape",
     "to_chunks",
@@ -210,3 +214,65 @@ def from_chunks(chunks: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
         return flat.reshape(plan.shape)
     (a, b), (gu, gv) = plan.chunk_shape, plan.grid
     return flat.reshape(gu, gv, a, b).permute(0, 2, 1, 3).reshape(plan.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Many tensors' chunks stacked: ``members`` are ``(name, tensor, plan)`` of one chunk shape, in order.
+
+def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
+    """``(destinations, sources, padding)`` views moving every member's elements between the chunk layout
+    and its tensor's: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)``
+    member i's elements in tensor order (a flat view); ``into_chunks`` says which way. Tiles pair a
+    ``(grid_u, grid_v, a, b)`` view of the rows with the tensor's tiles, the permutation always on the
+    source side (a strided read into a contiguous write: the fast copy on the CPU). Views only, so one
+    ``_foreach_copy_`` moves them all."""
+    dst, src, pads = [], [], []
+    row = 0
+    for i, (_, _, plan) in enumerate(members):
+        n, c = plan.num_chunks, plan.chunk_numel
+        rows = chunk_rows[row:row + n]
+        row += n
+        flat = flat_of(i)
+        if plan.mode == MODE_TILES and len(plan.chunk_shape) == 2:
+            (a, b), (gu, gv) = plan.chunk_shape, plan.grid
+            tiles, tensor = rows.view(gu, gv, a, b), flat.view(gu, a, gv, b)
+            if into_chunks:
+                dst.append(tiles)
+                src.append(tensor.permute(0, 2, 1, 3))
+            else:
+                dst.append(tensor)
+                src.append(tiles.permute(0, 2, 1, 3))
+        else:
+            numel = flat.numel()
+            chunked = rows.view(-1)[:numel]
+            dst.append(chunked if into_chunks else flat)
+            src.append(flat if into_chunks else chunked)
+            if n * c > numel:
+                pads.append(rows.view(-1)[numel:])
+    return dst, src, pads
+
+
+def cut_into_chunks(members, dims, c: int) -> torch.Tensor:
+    """Every member's chunks (:func:`to_chunks` of each, float32) stacked ``(rows, C)``, written in place into
+    one new buffer: one ``_foreach_copy_`` (and one ``_foreach_zero_`` for flat chunks' padding) whatever
+    the number of tensors. Copies and float32 widening are exact: the same values as ``to_chunks``."""
+    total = sum(plan.num_chunks for _, _, plan in members)
+    device = members[0][1].device
+    out = torch.empty((total, c), dtype=torch.float32, device=device)
+    sources = [t.detach().reshape(-1) for _, t, _ in members]
+    dst, src, pads = _chunk_views(members, out, lambda i: sources[i], into_chunks=True)
+    torch._foreach_copy_(dst, src)
+    if pads:
+        torch._foreach_zero_(pads)
+    return out
+
+
+def put_back_chunks(decoded: torch.Tensor, members, dims) -> list[torch.Tensor]:
+    """Each member's decoded chunks put back into its tensor's shape (:func:`from_chunks`), float32: views of
+    one new buffer, written by one ``_foreach_copy_``."""
+    sizes = [math.prod(plan.shape) for _, _, plan in members]
+    flat = torch.empty(sum(sizes), dtype=torch.float32, device=decoded.device)
+    parts = list(torch.split(flat, sizes)) if members else []
+    dst, src, _ = _chunk_views(members, decoded, lambda i: parts[i], into_chunks=False)
+    torch._foreach_copy_(dst, src)
+    return [p.view(plan.shape) for p, (_, _, plan) in zip(parts, members)]
