@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import gradwire.torch as gt
-import gradwire.torch.optimizers as optimizers
+import gradwire.torch.all_gather_exchange as optimizers  # where the all-gather exchange finds its collective
 import gradwire.torch.sharded as sharded
 from gradwire.algorithms import DEFAULT_SYNC_EVERY
 from gradwire.state import state_hash

@@ -20,6 +20,7 @@ from torch import nn
 import gradwire
 import gradwire.torch as gt
 import gradwire.torch.sharded as sharded
+import gradwire.torch.all_gather_exchange as all_gather_exchange
 from distributed_toys import IN, CLASSES, all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, shard
 from gradwire.aggregation import exact_mean
 from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_downlink, demo_update
@@ -320,13 +321,13 @@ def _all_gather_reference_run(rank: int, world: int, steps: int) -> dict:
     x, y = shard(rank)
     model, ref = _net(), _net()
     frames = []
-    real = gt.optimizers.all_gather_bytes
+    real = all_gather_exchange.all_gather_bytes
 
     def spy(payload, group=None, **kw):
         frames.append(bytes(payload))
         return real(payload, group, **kw)
 
-    gt.optimizers.all_gather_bytes = spy
+    all_gather_exchange.all_gather_bytes = spy
     opt = gt.DeMo(model.parameters(), lr=0.01, beta=0.9, weight_decay=0.1, exchange="all_gather")
     node = DeMoState(default_demo_codec(), beta=0.9)
     same, sent, received = True, 0, 0

@@ -1,0 +1,138 @@
+"""DeMo as a ``torch.optim.Optimizer`` on torch.distributed (see :mod:`gradwire.torch.optimizers`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms import DeMoState, default_demo_codec, demo_update
+from ..codecs.base import Codec
+from ..frame import Entry, Limits
+from ..model_record import model_record_codec
+from .dtensor import local_grad, local_tensor
+from .optimizer_base import _STATE_KEY, ExchangingOptimizer, _codec_arg, _module_paths, _named, _names_parameters
+from .sharded import DEFAULT_PIECE_NUMEL
+
+__all__ = ["DeMo"]
+
+
+class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
+    """DeMo (Peng et al. 2024): decoupled momentum, its DCT top-k exchanged, sign step.
+
+    After ``backward()``, :meth:`step` adds ``lr·grad`` to each parameter's decayed momentum
+    (``beta``), encodes the momenta with ``codec`` (default :func:`gradwire.algorithms.default_demo_codec`:
+    22 coefficients per full 64×64 tile and a smaller chunk's share of them, ≥ 300× fewer bytes than fp32
+    per step sent and received on a 240 k-parameter embedding-and-linears model, ≈ 456× on a 1024×1024
+    weight, 356× on a 6.8 M GPT-2 whose embedding has 29×64 tiles: bench/gpt2_bytes.py,
+    docs/RECIPES.md), subtracts what it sent, all-gathers
+    the frames, averages them exactly and applies ``−lr·sign(mean)`` plus decoupled weight decay
+    (``p *= 1 − lr·weight_decay``). ``lr`` and ``weight_decay`` are read from each param group at every
+    step, so LR schedulers work. A parameter whose ``grad`` is ``None`` counts as a zero gradient (every
+    rank must send the same tensors); parameters with ``requires_grad=False`` are left alone.
+
+    ``process_group``: the group to average over (default: the default group). ``limits`` bound what a
+    peer's frame may announce. ``model_record=True`` sends the whole model as one record (its momenta
+    flattened in parameter order, named after the model spec's hash: docs/FORMAT.md section 9), so the
+    per-record overhead of a frame no longer grows with the number of tensors; the codec's chunks then
+    run across tensor boundaries (a tile-mode DCT codec cuts the vector into flat chunks of its
+    ``chunk_shape``), and every rank must hold the same parameter shapes (a rank whose spec
+    differs is refused with ``FrameError`` of kind ``model_spec_mismatch``).
+
+    ``exchange``: ``"sharded"`` (the default: each rank owns pieces of the parameters, receives every
+    rank's records of them, averages them and sends the mean re-encoded with ``downlink_codec`` — by
+    default the uplink codec's twin — under its own error feedback; see :mod:`gradwire.torch.sharded`)
+    or ``"all_gather"`` (every rank reads every rank's frame). ``piece_numel`` bounds a piece of the
+    sharded exchange, in elements (tensors above it are cut at the codec's chunk boundaries).
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        *,
+        codec: Optional[Codec] = None,
+        beta: float = 0.999,
+        weight_decay: float = 0.0,
+        process_group: Optional[dist.ProcessGroup] = None,
+        limits: Optional[Limits] = None,
+        model_record: bool = False,
+        exchange: str = "sharded",
+        downlink_codec: Optional[Codec] = None,
+        piece_numel: int = DEFAULT_PIECE_NUMEL,
+    ):
+        if not lr > 0.0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        codec, downlink_codec = _codec_arg(codec, "codec"), _codec_arg(downlink_codec, "downlink_codec")
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self._paths = _module_paths(self.param_groups)
+        self._exchanged = [n for n, _, _ in _named(self.param_groups)]
+        uplink = codec if codec is not None else default_demo_codec()
+        self.node = DeMoState(model_record_codec(uplink) if model_record else uplink, beta=beta)
+        self.steps = 0
+        self._setup_exchange(exchange, codec, downlink_codec, default_demo_codec, process_group, limits,
+                             model_record, piece_numel)
+
+    @_names_parameters
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._first_step_checks()
+        if self._fixed_exchange():
+            added, removed = self._changed_trainable(self._exchanged)
+            if added or removed:
+                self._refuse_changed_trainable(added, removed, "build a new DeMo after changing requires_grad")
+        named = _named(self.param_groups)
+        device = named[0][1].device if named else None
+        entries: list[Entry] = []
+        if self.model_record is not None:
+            # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
+            scaled = {n: torch.mul(local_grad(p).to(torch.float32), g["lr"]) for n, p, g in named}
+            entries = self.node.compress(self._route.prepare(scaled), 1.0)
+        else:
+            for group in self.param_groups:
+                grads = {n: local_grad(p) for n, p, g in named if g is group}
+                if grads:
+                    entries += self.node.compress(self._route.prepare(grads), group["lr"])
+        mean = self._route.mean(entries, self.steps, device)
+        for group in self.param_groups:
+            params = {n: local_tensor(p) for n, p, g in named if g is group}
+            if params:
+                demo_update(params, {n: mean[n] for n in params}, group["lr"], group["weight_decay"])
+        self.steps += 1
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state (param groups) plus ``"gradwire"``: the momenta and codec state, the
+        step counter and the byte counters; sharded, also the group's size, this rank and the owner's
+        error feedback (a sharded checkpoint resumes only in a group of the same size, on the same rank)."""
+        out = super().state_dict()
+        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, "shapes": self._model_shapes(),
+                           **self._shards.state_dict(),
+                           **self._exchange.state_dict()}
+        return out
+
+    @_names_parameters
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it);
+        ``ValueError`` for a checkpoint of another model (parameter count or shapes), group size, rank
+        (sharded) or exchange."""
+        state_dict = dict(state_dict)
+        mine = self._own_share(state_dict.pop(_STATE_KEY))
+        self._check_model_shapes(mine)
+        named = _named(self.param_groups)
+        devices = {n: p.device for n, p, _ in named}
+        first = named[0][1].device if named else None
+        self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
+        super().load_state_dict(state_dict)
+        self.node.load_state_dict(mine["node"])
+        self.node.momenta = {
+            n: m.to(self._device_of(n, devices, first) or m.device) for n, m in self.node.momenta.items()
+        }
+        self.steps = int(mine["steps"])

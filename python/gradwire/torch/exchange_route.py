@@ -1,0 +1,112 @@
+"""How the DeMo and SparseLoCo optimizers exchange a step's tensors: which exchange (sharded or
+all-gather), whether the model travels as one record, and the one place that turns the node's tensors
+into what it compresses and the exchanged records back into a mean per parameter.
+
+The four combinations (sharded or all-gather, model record or not) differ in two places only, so
+:class:`ExchangeRoute` holds both and each optimizer's step reads the same three lines whatever the
+combination: ``route.prepare`` the tensors, the node compresses them, ``route.mean`` of its records.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms import exact_mean
+from ..codecs.base import Codec
+from ..frame import Entry, Limits
+from ..model_record import ModelSpec, check_model_entries, model_record_codec
+from .all_gather_exchange import AllGatherExchange
+from .collectives import group_world_size
+from .dtensor import ShardLayout, local_tensor
+from .sharded import Pieces, ShardedExchange
+
+__all__ = ["EXCHANGES", "ExchangeRoute", "ModelRecordLayout"]
+
+#: The two ways of exchanging records; the first is the default.
+EXCHANGES = ("sharded", "all_gather")
+
+
+class ModelRecordLayout:
+    """The whole-model record of an optimizer's parameters (docs/FORMAT.md section 9): every tensor
+    flattened in parameter order into one float32 vector that travels as one record named after the
+    spec's hash, so a step's frame has one record's overhead whatever the number of tensors."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor, dict]]):
+        self.spec = ModelSpec([(n, torch.float32, tuple(local_tensor(p).shape)) for n, p, _ in named])
+        self.name = self.spec.record_name
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {self.name: self.spec.flatten({n: t.to(torch.float32) for n, t in tensors.items()})}
+
+    def mean(self, per_rank: list[list[Entry]], device) -> dict[str, torch.Tensor]:
+        """The exact mean of every rank's model record, as views per parameter name; ``FrameError``
+        (``model_spec_mismatch`` / ``invalid_model_record``) if a rank sent anything else."""
+        for entries in per_rank:
+            check_model_entries(entries, self.spec)
+        return self.spec.unflatten(exact_mean(per_rank, device=device)[self.name])
+
+
+class ExchangeRoute:
+    """One optimizer's exchange: built once from its parameters (``named``: ``(name, parameter, group)``
+    by position), it owns the exchange (``exchange``: a :class:`~gradwire.torch.sharded.ShardedExchange`
+    or an :class:`~gradwire.torch.all_gather_exchange.AllGatherExchange`), the sharded ``pieces`` (what
+    the node's buffers are keyed by; ``None`` all-gathered), the ``model_record`` layout (``None``:
+    per-tensor records) and ``shards``, the FSDP shards this rank holds (checked against
+    ``process_group``)."""
+
+    def __init__(self, kind: str, named: Sequence[tuple[str, torch.Tensor, dict]], node_codec: Codec,
+                 codec: Optional[Codec], downlink_codec: Optional[Codec], default_downlink: Callable[[], Codec],
+                 process_group: Optional[dist.ProcessGroup], limits: Optional[Limits], model_record: bool,
+                 piece_numel: int):
+        if kind not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {', '.join(map(repr, EXCHANGES))}, got {kind!r}")
+        self.kind = kind
+        self.model_record = ModelRecordLayout(list(named)) if model_record else None
+        self.shards = ShardLayout([(n, p) for n, p, _ in named], process_group)
+        self.pieces: Optional[Pieces] = None
+        self.exchange: Any
+        if kind == "all_gather":
+            if downlink_codec is not None:
+                raise ValueError("downlink_codec is the owners' codec of exchange='sharded'; all_gather has none")
+            self.exchange = AllGatherExchange(process_group, limits)
+            return
+        if self.model_record is not None:
+            tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
+        else:
+            tensors = [(n, tuple(local_tensor(p).shape)) for n, p, _ in named]
+        self.pieces = Pieces(tensors, node_codec, piece_numel, group_world_size(process_group))
+        if downlink_codec is None:
+            # The uplink's twin: the same class and parameters, a state of its own.
+            downlink_codec = default_downlink() if codec is None else copy.deepcopy(codec)
+        if self.model_record is not None:
+            downlink_codec = model_record_codec(downlink_codec)
+        self.exchange = ShardedExchange(self.pieces, downlink_codec, process_group, limits,
+                                        model_record=model_record)
+
+    def prepare(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the node compresses for these per-parameter tensors: as they are, the model flattened
+        into one vector, cut into the sharded exchange's pieces, or both."""
+        if self.model_record is not None:
+            tensors = self.model_record.flatten(tensors)
+        return self.pieces.cut(tensors) if self.pieces is not None else tensors
+
+    def mean(self, entries: list[Entry], round: int, device) -> dict[str, torch.Tensor]:
+        """Every rank's exact mean of these records, per parameter name, on ``device`` (collective)."""
+        mr = self.model_record
+        if self.pieces is not None:
+            mean = self.exchange(entries, round, device)  # each tensor's (or the model vector's) mean
+            return mr.spec.unflatten(mean[mr.name]) if mr is not None else mean
+        per_rank = self.exchange(entries, round)
+        return mr.mean(per_rank, device) if mr is not None else exact_mean(per_rank, device=device)
+
+    def load_state_dict(self, mine: dict, devices: dict) -> None:
+        """The exchange's part of a checkpoint; ``ValueError`` for another exchange, group or shards."""
+        self.shards.check_state(mine.get("shards"))
+        if self.pieces is not None:
+            self.exchange.load_state_dict(mine, devices)
+        else:
+            self.exchange.load_state_dict(mine)
