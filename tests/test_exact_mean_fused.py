@@ -115,3 +115,28 @@ def test_the_native_mean_names_bad_senders_and_writes_nothing():
         _native.dct_decode_folded_mean([one, one], w2[:1], 4, 4, flat, flat, out)
     assert err.value.kind == "length_mismatch"
     assert (out == 7.0).all()
+
+
+def test_one_weighted_sum_serves_the_exact_mean_the_transform_domain_sum_and_every_codec():
+    shapes = {"w": (16, 24), "b": (24,)}
+    senders = _records(shapes, [3, 5, 7], seed=4)
+    weights = [0.5, 0.3, 0.2]
+    mean = exact_mean(senders, weights)
+    for j, name in enumerate(shapes):
+        column = [recs[j] for recs in senders]
+        exact = agg.weighted_sum(column, weights)
+        assert torch.equal(exact, mean[name])  # the fused pass and the definition: the same bits
+        inexact = agg.weighted_sum(column, weights, exact=False)
+        assert torch.equal(inexact, agg.transform_domain_sum(column, weights))
+        # The exact decode's basis is fixed-point (2^-s): the float transform agrees to about 1e-5.
+        assert torch.allclose(inexact, exact, atol=2e-5)
+    # A codec with no fused pass and no accumulator: the same sum, record by record, either way.
+    gen = torch.Generator().manual_seed(5)
+    qs = [gradwire.QSGD(levels=8).compress(torch.randn(40, generator=gen), "q")[0] for _ in range(3)]
+    by_hand = sum(gradwire.decode_entry(e) * w for e, w in zip(qs, weights))
+    assert torch.allclose(agg.weighted_sum(qs, weights), by_hand, atol=1e-6)
+    assert torch.allclose(agg.weighted_sum(qs, weights, exact=False), by_hand, atol=1e-6)
+    with pytest.raises(ValueError, match="got 2 weights for 3 records"):
+        agg.weighted_sum(qs, weights[:2])
+    with pytest.raises(ValueError, match="at least one record"):
+        agg.weighted_sum([], [])

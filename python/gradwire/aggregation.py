@@ -149,37 +149,54 @@ def exact_mean(
     dev = torch.device("cpu") if device is None else torch.device(device)
     layout, per_sender = _by_name(records)
 
-    # Python floats rounded to float32 once, so every device multiplies by the same number.
-    w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
-    out: dict[str, torch.Tensor] = {}
-    # On a GPU the records of several tensors are decoded together (decode_entries: the same tensors as
-    # one by one), at most _GPU_DECODE_ELEMS decoded values at a time.
-    decoded: dict[tuple[int, str], torch.Tensor] = {}
-    names = list(layout)
+    w32 = [_float32(w) for w in weights]
     if _decodes_in_batches(dev):
-        return _device_mean(names, layout, per_sender, w32, dev)
-    for at, name in enumerate(names):
-        # The records' codec may do all of it in one pass (the DCT's, on the CPU): the same bits.
-        fused = weighted_sum_fused([mine[name] for mine in per_sender], w32, dev)
-        if fused is not None:
-            out[name] = fused
+        return _device_mean(list(layout), layout, per_sender, w32, dev)
+    return {name: weighted_sum([mine[name] for mine in per_sender], w32, dev) for name in layout}
+
+
+def _float32(w: float) -> float:
+    """``w`` rounded to float32 once, so every device multiplies by the same number."""
+    return float(torch.tensor(float(w), dtype=torch.float32))
+
+
+def weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device=None, *, exact: bool = True) -> torch.Tensor:
+    """``Σ wᵢ · decode(entries[i])`` of one tensor's records, in the given order, float32: the one weighted
+    sum of records (:func:`exact_mean` runs it per tensor, :func:`transform_domain_sum` is its inexact
+    form, the DDP hook takes either).
+
+    ``exact`` (the default): bit-identical wherever it runs — each weight rounded to float32, then
+    ``acc = t_0·w_0`` and ``acc = acc + t_i·w_i`` elementwise (see the module docstring), in one pass by
+    the records' codec where it offers one (its ``weighted_sum`` capability: the DCT's on the CPU), else
+    record by record. ``exact=False``: in the codec's domain where it offers an accumulator (one inverse
+    transform for the sum: fast, deterministic on one machine, not across BLAS builds or thread counts).
+    """
+    if not entries:
+        raise ValueError("a weighted sum needs at least one record")
+    if len(weights) != len(entries):
+        raise ValueError(f"got {len(weights)} weights for {len(entries)} records")
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if not exact:
+        acc = make_accumulator(entries[0], dev)
+        for e, w in zip(entries, weights):
+            acc.add(e, w)
+        return acc.finish()
+    w32 = [_float32(w) for w in weights]
+    fused = weighted_sum_fused(entries, w32, dev)
+    if fused is not None:
+        return fused
+    total: Optional[torch.Tensor] = None
+    scaled: Optional[torch.Tensor] = None  # one product buffer, reused across records
+    for e, w in zip(entries, w32):
+        t = decode_entry(e, dev).to(torch.float32)
+        if total is None:
+            total = torch.mul(t, w)
             continue
-        if _decodes_in_batches(dev) and not decoded:
-            _gpu_decode_batch(names[at:], layout, per_sender, dev, decoded)
-        acc: Optional[torch.Tensor] = None
-        scaled: Optional[torch.Tensor] = None  # one product buffer per tensor, reused across senders
-        for i, (mine, w) in enumerate(zip(per_sender, w32)):
-            t = decoded.pop((i, name)) if (i, name) in decoded else decode_entry(mine[name], dev)
-            t = t.to(torch.float32)
-            if acc is None:
-                acc = torch.mul(t, w)
-                continue
-            # The same two correctly rounded operations as acc + t·w, into buffers this loop owns (a
-            # decoded tensor may view its record's bytes, so it is never written).
-            scaled = torch.mul(t, w, out=scaled) if scaled is not None else torch.mul(t, w)
-            acc.add_(scaled)
-        out[name] = acc
-    return out
+        # The same two correctly rounded operations as total + t·w, into buffers this loop owns (a
+        # decoded tensor may view its record's bytes, so it is never written).
+        scaled = torch.mul(t, w, out=scaled) if scaled is not None else torch.mul(t, w)
+        total.add_(scaled)
+    return total
 
 
 def _device_mean(names, layout, per_sender, w32: list[float], dev: torch.device) -> dict[str, torch.Tensor]:
@@ -588,14 +605,12 @@ def transform_domain_sum(
     entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
 ) -> torch.Tensor:
     """``Σ wᵢ · decode(entries[i])`` of one tensor's records, summed in the codec's domain where it
-    registered an accumulator (:func:`gradwire.accumulate.make_accumulator`), in the given order. Fast,
-    deterministic on one machine, not bit-exact across BLAS or thread counts (see the module docstring)."""
+    declared an accumulator (:func:`gradwire.accumulate.make_accumulator`), in the given order:
+    :func:`weighted_sum` with ``exact=False``. Fast, deterministic on one machine, not bit-exact across
+    BLAS or thread counts (see the module docstring)."""
     if not entries:
         raise ValueError("transform_domain_sum needs at least one record")
-    acc = make_accumulator(entries[0], device)
-    for e, w in zip(entries, weights):
-        acc.add(e, w)
-    return acc.finish()
+    return weighted_sum(entries, weights, device, exact=False)
 
 
 def aggregate(

@@ -39,8 +39,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ..accumulate import make_accumulator
-from ..algorithms import exact_mean
+from ..aggregation import weighted_sum
 from ..codecs import Codec
 from ..registry import build_codec
 from ..errors import FrameError
@@ -233,12 +232,7 @@ def _decode_into(bucket: _BucketInFlight) -> None:
 def _rank_order_sum(column: list, device: torch.device) -> torch.Tensor:
     """Every rank's record of one tensor, summed in rank order: exactly on the CPU (bit-identical on any
     thread count), through the codec's accumulator on GPUs."""
-    if device.type == "cpu":
-        return exact_mean([[e] for e in column], [1.0] * len(column))[column[0].name]
-    acc = make_accumulator(column[0], device)
-    for e in column:
-        acc.add(e)
-    return acc.finish()
+    return weighted_sum(column, [1.0] * len(column), device, exact=device.type == "cpu")
 
 
 def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
