@@ -15,15 +15,19 @@ turn, so all see the same load):
 - **torch AdamW**: ``fused=True`` on a GPU, ``foreach=True`` on the CPU;
 - **gradwire DeMo**: ``gradwire.torch.DeMo`` with its defaults, as a group of one (no process group: the
   exchange writes, reads and decodes its frames, no collective moves bytes);
+- **gradwire DeMo, overlapped**: ``overlap=True``: each bucket's momentum step and encode start during the
+  backward pass (:mod:`gradwire.torch.overlap`), on a side stream on a GPU and a worker thread on the CPU;
 - **gradwire SparseLoCo**: with an inner AdamW as above and its defaults (a sync every 8 steps): the mean
   step over whole cycles.
 
 Per row: milliseconds per step (the fastest of ``--repeat``, as ``bench/timing.py`` takes it; SparseLoCo: of
 whole cycles, per step), its ratio to
 AdamW, and on a GPU the peak memory. The issue's target is printed as met / missed: the step with DeMo or
-SparseLoCo ≤ 1.10× the step with AdamW (stretch 1.05×).
+SparseLoCo ≤ 1.10× the step with AdamW (stretch 1.05×). And how much of the exchange the overlap hides:
+``(DeMo − DeMo overlapped) / (DeMo − AdamW)``, the share of what DeMo adds to a step that no longer
+delays it.
 
-Usage: python bench/train_step.py [--device cuda] [--batch 8] [--seq 1024] [--repeat 3]
+Usage: python bench/train_step.py [--device cuda] [--batch 8] [--seq 1024] [--repeat 3] [--rows adamw demo ...]
        [--layers 12 --width 768 --heads 12 --vocab 50257] [--autocast bf16|none]
 """
 
@@ -105,6 +109,8 @@ def make_optimizer(row: str, model: nn.Module, device: torch.device):
         return adamw()
     if row == "demo":
         return gt.DeMo(params, lr=1e-4)
+    if row == "demo_overlap":
+        return gt.DeMo(params, lr=1e-4, overlap=True)
     return gt.SparseLoCo(params, adamw())
 
 
@@ -145,7 +151,8 @@ class Row:
             self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))
 
 
-NAMES = {"adamw": "torch AdamW", "demo": "gradwire DeMo", "sparseloco": "gradwire SparseLoCo, mean step"}
+NAMES = {"adamw": "torch AdamW", "demo": "gradwire DeMo", "demo_overlap": "gradwire DeMo, overlapped",
+         "sparseloco": "gradwire SparseLoCo, mean step"}
 
 
 def main() -> None:
@@ -160,6 +167,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--autocast", choices=["bf16", "none"], default="bf16")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--rows", nargs="+", choices=list(NAMES), default=list(NAMES),
+                    help="the rows to run (AdamW, the baseline, always runs)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -170,14 +179,15 @@ def main() -> None:
     numel = sum(p.numel() for p in base.parameters())
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen).to(device) for _ in range(8)]
-    rows = [Row(r, base, device, a.autocast == "bf16") for r in ("adamw", "demo", "sparseloco")]
+    names = ["adamw"] + [r for r in NAMES if r in a.rows and r != "adamw"]
+    rows = [Row(r, base, device, a.autocast == "bf16") for r in names]
     for r in rows:  # warm-up: a whole cycle each, state allocated, kernels chosen
         r.timed(batches)
         r.ms.clear()
     for _ in range(a.repeat):
         for r in rows:
             r.timed(batches)
-            print(f"{r.row:10s} {r.ms[-1]:9.1f} ms / step", flush=True)
+            print(f"{r.row:12s} {r.ms[-1]:9.1f} ms / step", flush=True)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({torch.get_num_threads()} threads)"
     base_ms = min(rows[0].ms)
     lines = [f"A training step on {where}, torch {torch.__version__}: {kind}, {numel / 1e6:.1f} M parameters, "
@@ -193,6 +203,12 @@ def main() -> None:
         verdict = "met (stretch met)" if ratio <= 1.05 else "met" if ratio <= 1.10 else "missed"
         lines.append(f"target training step with {NAMES[r.row]} / with AdamW: {ratio:.3f}× (≤ 1.10×, stretch 1.05×) "
                      f"— {verdict}")
+    ms = {r.row: min(r.ms) for r in rows}
+    if "demo" in ms and "demo_overlap" in ms:
+        added = ms["demo"] - ms["adamw"]
+        hidden = (ms["demo"] - ms["demo_overlap"]) / added if added > 0 else float("nan")
+        lines.append(f"overlap: DeMo adds {added:.1f} ms to a step without overlap and "
+                     f"{ms['demo_overlap'] - ms['adamw']:.1f} ms with it: {100 * hidden:.0f} % of it hidden")
     print("\n".join(lines))
 
 

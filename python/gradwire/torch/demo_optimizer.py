@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -11,8 +12,9 @@ from ..algorithms import DeMoState, default_demo_codec, demo_update
 from ..codecs.base import Codec
 from ..frame import Entry, Limits
 from ..model_record import model_record_codec
-from .dtensor import local_grad, local_tensor
+from .dtensor import is_dtensor, local_grad, local_tensor
 from .optimizer_base import _STATE_KEY, ExchangingOptimizer, _codec_arg, _module_paths, _named, _names_parameters
+from .overlap import DEFAULT_BUCKET_NUMEL, GradientBuckets
 from .sharded import DEFAULT_PIECE_NUMEL
 
 __all__ = ["DeMo"]
@@ -45,6 +47,13 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
     default the uplink codec's twin — under its own error feedback; see :mod:`gradwire.torch.sharded`)
     or ``"all_gather"`` (every rank reads every rank's frame). ``piece_numel`` bounds a piece of the
     sharded exchange, in elements (tensors above it are cut at the codec's chunk boundaries).
+
+    ``overlap=True`` starts each bucket's momentum step and encode (about ``bucket_numel`` elements, in
+    backward order) as soon as the backward pass has produced its gradients, on a worker thread (and a side
+    stream on a GPU), as DDP's communication hooks do; :meth:`step` then waits for them, exchanges and
+    applies. The records, and so the weights, are the same as without overlap. Run the earlier backward
+    passes of gradient accumulation inside ``with opt.no_sync():``; clipping or unscaling the gradients
+    between ``backward()`` and ``step()`` does not reach what was encoded (:mod:`gradwire.torch.overlap`).
     """
 
     def __init__(
@@ -61,6 +70,8 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         exchange: str = "sharded",
         downlink_codec: Optional[Codec] = None,
         piece_numel: int = DEFAULT_PIECE_NUMEL,
+        overlap: bool = False,
+        bucket_numel: int = DEFAULT_BUCKET_NUMEL,
     ):
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0, got {lr}")
@@ -75,6 +86,45 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         self.steps = 0
         self._setup_exchange(exchange, codec, downlink_codec, default_demo_codec, process_group, limits,
                              model_record, piece_numel)
+        if overlap:
+            self._start_overlap(bucket_numel)
+
+    def _start_overlap(self, bucket_numel: int) -> None:
+        """``overlap=True``: each bucket's momentum step and encode start when its gradients are ready."""
+        if self.model_record is not None:
+            raise ValueError("overlap=True encodes buckets of parameters as their gradients arrive; "
+                             "model_record=True sends the whole model as one record, which waits for the last "
+                             "gradient: build DeMo with one or the other")
+        if getattr(self.node.codec, "bundle_budget", False):
+            raise ValueError(f"overlap=True encodes each bucket on its own; {self.node.codec!r} spends one budget "
+                             "across all tensors at once: build DeMo with overlap=False for it")
+        named = _named(self.param_groups)
+        if any(is_dtensor(p) for _, p, _ in named):
+            raise ValueError("overlap=True is for replicated parameters (DDP or one process); FSDP2 shards "
+                             "reduce their gradients after the backward hooks: build DeMo with overlap=False")
+        self._overlap_named = named
+        self._buckets = GradientBuckets(named, self._encode_bucket, bucket_numel)
+
+    def _encode_bucket(self, indices: list[int]) -> list[Entry]:
+        """One bucket's momentum step and records (run by the overlap worker)."""
+        group = self._overlap_named[indices[0]][2]
+        grads = {self._overlap_named[i][0]: local_grad(self._overlap_named[i][1]) for i in indices}
+        return self.node.compress(self._route.prepare(grads), group["lr"])
+
+    def _overlapped_entries(self) -> list[Entry]:
+        """Every bucket's records in the order the step without overlap makes them: by param group, then
+        by name (each group's records come from one compress, in sorted name order)."""
+        group_index = {id(g): gi for gi, g in enumerate(self.param_groups)}
+        group_of = {n: group_index[id(g)] for n, _, g in self._overlap_named}
+        tensor_of = self._pieces.tensor_of if self._pieces is not None else {}
+        entries = [e for bucket in self._buckets.collect() for e in bucket]
+        return sorted(entries, key=lambda e: (group_of[tensor_of.get(e.name, e.name)], e.name))
+
+    def no_sync(self):
+        """A context manager for the backward passes of gradient accumulation but the last: with
+        ``overlap=True`` they only accumulate gradients (nothing is encoded until the last pass); without
+        overlap it does nothing, so the same training loop serves both."""
+        return self._buckets.no_sync() if self._buckets is not None else contextlib.nullcontext()
 
     @_names_parameters
     @torch.no_grad()
@@ -91,7 +141,9 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         named = _named(self.param_groups)
         device = named[0][1].device if named else None
         entries: list[Entry] = []
-        if self.model_record is not None:
+        if self._buckets is not None:
+            entries = self._overlapped_entries()
+        elif self.model_record is not None:
             # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
             scaled = {n: torch.mul(local_grad(p).to(torch.float32), g["lr"]) for n, p, g in named}
             entries = self.node.compress(self._route.prepare(scaled), 1.0)

@@ -18,6 +18,7 @@ from ..registry import build_codec
 from .collectives import all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
 from .exchange_route import ExchangeRoute, ModelRecordLayout
+from .reshard import reshard_share
 from .sharded import Pieces
 from .state_bytes import state_from_bytes, state_to_bytes
 
@@ -94,6 +95,7 @@ class ExchangingOptimizer:
     _exchange: Any
     _pieces: Optional[Pieces] = None
     model_record: Optional[ModelRecordLayout] = None
+    _buckets: Optional[Any] = None  # DeMo's GradientBuckets with overlap=True
     _paths: dict[int, str]
     _ddp_checked = False
 
@@ -133,8 +135,9 @@ class ExchangingOptimizer:
             check_not_all_reduced(params, labels, type(self).__name__)
 
     def _fixed_exchange(self) -> bool:
-        """Whether the set of exchanged tensors is fixed at construction (sharded pieces, a model record)."""
-        return self._pieces is not None or self.model_record is not None
+        """Whether the set of exchanged tensors is fixed at construction (sharded pieces, a model record,
+        the overlap's hooks)."""
+        return self._pieces is not None or self.model_record is not None or self._buckets is not None
 
     def _changed_trainable(self, exchanged) -> tuple[list[str], list[str]]:
         """The parameters that require a gradient now but are not exchanged, and the reverse."""
@@ -148,11 +151,12 @@ class ExchangingOptimizer:
             what.append(f"{', '.join(map(self._label, added[:3]))} now require{'s' if len(added) == 1 else ''} a gradient")
         if removed:
             what.append(f"{', '.join(map(self._label, removed[:3]))} no longer require{'s' if len(removed) == 1 else ''} one")
-        mode = "exchange='sharded'" if self._pieces is not None else "model_record=True"
+        mode = ("exchange='sharded'" if self._pieces is not None else "model_record=True"
+                if self.model_record is not None else "overlap=True")
         raise ValueError(
             f"{type(self).__name__}: {' and '.join(what)}; with {mode} the tensors exchanged are fixed when the "
-            f"optimizer is built: {rebuild}, or build it with exchange='all_gather' and model_record=False, "
-            "which follow requires_grad as it changes"
+            f"optimizer is built: {rebuild}, or build it with exchange='all_gather', model_record=False and "
+            "overlap=False, which follow requires_grad as it changes"
         )
 
     def _model_shapes(self) -> dict[str, list[int]]:
@@ -195,7 +199,8 @@ class ExchangingOptimizer:
     def full_state_dict(self) -> dict[str, Any]:
         """:meth:`state_dict` with every rank's share under ``"gradwire"`` (collective: every rank of the
         process group calls it, as FSDP's full optimizer state dict). Any rank's :meth:`load_state_dict`
-        of it takes that rank's own share, so one file resumes every rank; what the HF Trainer saves from
+        of it takes that rank's own share, so one file resumes every rank (in a group of another size too:
+        :mod:`gradwire.torch.reshard`); what the HF Trainer saves from
         rank 0 only (the callback :class:`gradwire.torch.hf_trainer.FullOptimizerState` writes this form there). The shares
         cross ranks as bytes (:mod:`gradwire.torch.state_bytes`), never pickled."""
         out = self.state_dict()  # type: ignore[attr-defined]
@@ -211,18 +216,22 @@ class ExchangingOptimizer:
         return out
 
     def _own_share(self, mine: dict) -> dict:
-        """This rank's share of a :meth:`full_state_dict` (``mine`` as it is if it is one rank's already);
-        ``ValueError`` for a full state of another group size."""
+        """This rank's share of a :meth:`full_state_dict` (``mine`` as it is if it is one rank's already); of a
+        full state saved by a group of another size, the share :func:`gradwire.torch.reshard.reshard_share`
+        makes for this rank (each rank's buffers averaged, the owners' residual cut anew)."""
         if _FULL_KEY not in mine:
             return mine
         parts = mine[_FULL_KEY]
         world, rank = self._exchange.world(), self._exchange.rank()
-        if len(parts) != world:
-            raise ValueError(
-                f"this full checkpoint holds the state of {len(parts)} ranks, this group has {world}: each rank's "
-                "momenta and error buffers are its share of that group's exchange (resume in a group of the "
-                "same size)")
-        return parts[rank]
+        if len(parts) == world:
+            return parts[rank]
+        # Another group size: each rank's buffers become their mean, the owners' residuals are cut anew.
+        route = self._route
+        sharded = route.pieces is not None
+        return reshard_share(parts, kind=route.kind, world=world, rank=rank,
+                             old_pieces=route.pieces_for(len(parts)) if sharded else None,
+                             new_pieces=route.pieces if sharded else None,
+                             owned=[p.name for p in self._exchange.owned(rank)] if sharded else [])
 
     def _load_exchange(self, mine: dict, devices: dict) -> None:
         self._route.load_state_dict(mine, devices)

@@ -1,0 +1,181 @@
+"""Encoding gradients while the backward pass still runs: buckets of parameters, each encoded as soon as
+all its gradients are ready, as DDP's communication hooks start a bucket's all-reduce.
+
+:class:`GradientBuckets` cuts an optimizer's parameters into buckets of about ``bucket_numel`` elements
+in reverse order (the order the backward pass produces their gradients), registers a post-accumulate-grad
+hook on each parameter and, once every gradient of a bucket has arrived, hands the bucket to one worker
+thread that encodes it (``encode(bucket)``: the optimizer's momentum step and compression of those
+parameters). On a GPU the worker runs on a side stream that first waits for the gradients' stream, so
+its kernels interleave with the rest of the backward pass; on the CPU it runs beside autograd's threads.
+:meth:`GradientBuckets.collect` (the optimizer's step) waits for the worker, encodes the buckets whose
+hooks did not fire (parameters that got no gradient), and returns every bucket's records.
+
+Each bucket is encoded once per step, from the gradients as the backward pass left them. So:
+
+- gradient accumulation over several backward passes runs the earlier passes inside :meth:`no_sync`
+  (as with DDP); a gradient accumulated again after its bucket was encoded is refused at the step, with
+  a ``RuntimeError`` saying so, rather than silently sending the first pass alone;
+- whatever changes the gradients between ``backward()`` and ``step()`` (clipping, unscaling) does not
+  reach what was encoded: clip inside the loss, or build the optimizer with ``overlap=False``.
+
+The records are those the optimizer's step makes without overlap (the codec compresses each tensor on
+its own: the same records, byte for byte on the CPU), and every rank applies the same exact mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+__all__ = ["DEFAULT_BUCKET_NUMEL", "GradientBuckets", "cut_buckets"]
+
+#: Elements per bucket: 2^22 (16 MiB of float32 gradients), about DDP's 25 MB default.
+DEFAULT_BUCKET_NUMEL = 1 << 22
+
+
+def cut_buckets(params: Sequence[tuple[str, torch.Tensor, Any]], bucket_numel: int) -> list[list[int]]:
+    """Indices into ``params`` (``(name, parameter, key)``), cut into buckets in reverse order: a bucket
+    closes once it holds ``bucket_numel`` elements or the next parameter has another ``key`` (its param
+    group: one bucket, one learning rate)."""
+    if int(bucket_numel) < 1:
+        raise ValueError(f"bucket_numel must be >= 1, got {bucket_numel}")
+    buckets: list[list[int]] = []
+    size = 0
+    key = object()
+    for i in reversed(range(len(params))):
+        _, p, k = params[i]
+        if not buckets or size >= bucket_numel or k is not key:
+            buckets.append([])
+            size = 0
+            key = k
+        buckets[-1].append(i)
+        size += p.numel()
+    return buckets
+
+
+class GradientBuckets:
+    """Post-accumulate-grad hooks that encode each bucket of ``params`` once its gradients are ready
+    (see the module docstring). ``encode(indices)`` encodes the parameters ``params[i]`` for ``i`` in
+    ``indices`` and returns their records; it runs on one worker thread, one bucket at a time, in the
+    order the buckets became ready."""
+
+    def __init__(self, params: Sequence[tuple[str, torch.Tensor, Any]], encode: Callable[[list[int]], list],
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+        self.params = list(params)
+        self.buckets = cut_buckets(self.params, bucket_numel)
+        self._encode = encode
+        self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
+        self._lock = threading.Lock()
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._syncing = True
+        self._reset()
+        devices = {p.device for _, p, _ in self.params}
+        self._cuda = next((d for d in devices if d.type == "cuda"), None)
+        self._side = torch.cuda.Stream(self._cuda) if self._cuda is not None else None
+        # The hooks hold this object weakly: an optimizer dropped by its user stops encoding.
+        ref = weakref.ref(self)
+        self._handles = [p.register_post_accumulate_grad_hook(_hook(ref, i)) for i, (_, p, _) in enumerate(self.params)]
+
+    def _reset(self) -> None:
+        self._ready = [set() for _ in self.buckets]
+        self._started: dict[int, Future] = {}
+        self._again: list[int] = []  # parameters whose gradient grew after their bucket was encoded
+
+    # -- the hooks ---------------------------------------------------------------------------------
+
+    def _grad_ready(self, i: int) -> None:
+        if not self._syncing:
+            return
+        b = self._bucket_of[i]
+        with self._lock:
+            if b in self._started:
+                self._again.append(i)
+                return
+            self._ready[b].add(i)
+            if len(self._ready[b]) < len(self.buckets[b]):
+                return
+            self._started[b] = self._submit(b)
+
+    def _submit(self, b: int) -> Future:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-encode")
+        event = None
+        if self._side is not None:
+            # The gradients were written on the backward pass's stream: the side stream waits for them.
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self._cuda))
+        return self._executor.submit(self._run, b, event)
+
+    def _run(self, b: int, event) -> list:
+        if self._side is None:
+            with torch.no_grad():
+                return self._encode(self.buckets[b])
+        with torch.cuda.device(self._cuda), torch.cuda.stream(self._side), torch.no_grad():
+            self._side.wait_event(event)
+            return self._encode(self.buckets[b])
+
+    # -- the step ----------------------------------------------------------------------------------
+
+    def collect(self) -> list:
+        """Every bucket's records (in bucket order), after the worker is done: those encoded during the
+        backward pass and, now, those whose gradients never all arrived. Resets for the next step.
+        ``RuntimeError`` if a gradient grew after its bucket was encoded (a second backward pass outside
+        :meth:`no_sync`)."""
+        with self._lock:
+            started, again = dict(self._started), list(self._again)
+            for b in range(len(self.buckets)):
+                if b not in started:
+                    started[b] = self._submit(b)
+            self._reset()
+        try:
+            out = [started[b].result() for b in range(len(self.buckets))]
+        finally:
+            if self._side is not None:
+                torch.cuda.current_stream(self._cuda).wait_stream(self._side)
+        if again:
+            names = ", ".join(self.params[i][0] for i in again[:3])
+            raise RuntimeError(
+                f"the gradient of {names} was accumulated again after its bucket had been encoded: with "
+                "overlap=True each step encodes the gradients of one backward pass; run the earlier passes "
+                "of gradient accumulation inside `with optimizer.no_sync():`, or build the optimizer with "
+                "overlap=False (this step's update used the first pass only)")
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside the block only accumulate gradients (no bucket is encoded): the earlier
+        micro-batches of gradient accumulation, as with DDP's ``no_sync``."""
+        previous, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = previous
+
+    def close(self) -> None:
+        """Remove the hooks and stop the worker."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _hook(ref: "weakref.ref[GradientBuckets]", i: int) -> Callable[[torch.Tensor], None]:
+    def hook(_param: torch.Tensor) -> None:
+        buckets = ref()
+        if buckets is not None:
+            buckets._grad_ready(i)
+
+    return hook

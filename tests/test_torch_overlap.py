@@ -1,0 +1,125 @@
+"""DeMo with ``overlap=True``: each bucket's momentum step and encode start during the backward pass, and
+the step applies exactly what the step without overlap applies, on real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradwire.state import state_hash
+import gradwire.torch as gt
+from distributed_toys import all_ranks_equal, flat_parameters, shard
+from gradwire.torch.overlap import cut_buckets
+from test_torch_sharded_exchange import PIECE, _net
+
+
+def _demo(model, overlap: bool, **kw):
+    return gt.DeMo(model.parameters(), lr=0.005, beta=0.9, overlap=overlap, **kw)
+
+
+def _overlap_run(rank: int, world: int, exchange: str) -> dict:
+    x, y = shard(rank)
+    kw = dict(exchange=exchange, piece_numel=PIECE)
+    plain, over = _net(), _net()
+    opt_plain = _demo(plain, False, **kw)
+    opt_over = _demo(over, True, bucket_numel=2000, **kw)  # the toy model in 3 buckets
+    started_in_backward = []
+    for _ in range(4):
+        for model, opt in ((plain, opt_plain), (over, opt_over)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            if opt is opt_over:  # every bucket was handed to the worker by the hooks, before the step
+                started_in_backward.append(len(opt._buckets._started))
+            opt.step()
+    return dict(same=torch.equal(flat_parameters(plain), flat_parameters(over)),
+                identical=all_ranks_equal(flat_parameters(over)),
+                buckets=len(opt_over._buckets.buckets), started=started_in_backward,
+                sent=(opt_plain.bytes_sent, opt_over.bytes_sent))
+
+
+@pytest.mark.parametrize("exchange", ["sharded", "all_gather"])
+def test_overlapped_steps_apply_the_bits_of_the_steps_without_overlap_on_two_gloo_ranks(exchange):
+    for r in gt.spawn(_overlap_run, 2, (exchange,), timeout_s=90):
+        assert r["same"] and r["identical"]
+        assert r["buckets"] == 3 and r["started"] == [3] * 4
+        assert r["sent"][0] == r["sent"][1]  # the same frames, byte for byte
+
+
+def _accumulation_run(rank: int, world: int) -> dict:
+    x, y = shard(rank)
+    halves = [(x[:128], y[:128]), (x[128:], y[128:])]
+    plain, over = _net(), _net()
+    opt_plain, opt_over = _demo(plain, False), _demo(over, True, bucket_numel=2000)
+    for _ in range(3):
+        for model, opt in ((plain, opt_plain), (over, opt_over)):
+            opt.zero_grad()
+            with opt.no_sync():  # the earlier micro-batch only accumulates, with or without overlap
+                nn.functional.cross_entropy(model(halves[0][0]), halves[0][1]).backward()
+            nn.functional.cross_entropy(model(halves[1][0]), halves[1][1]).backward()
+            opt.step()
+    out = dict(same=torch.equal(flat_parameters(plain), flat_parameters(over)))
+    # A second backward pass outside no_sync is refused at the step, naming a parameter and the remedy.
+    opt_over.zero_grad()
+    for half in halves:
+        nn.functional.cross_entropy(over(half[0]), half[1]).backward()
+    try:
+        opt_over.step()
+        out["refused"] = None
+    except RuntimeError as e:
+        out["refused"] = str(e)
+    dist.barrier()
+    return out
+
+
+def test_gradient_accumulation_runs_its_earlier_passes_in_no_sync_and_a_stray_pass_is_refused():
+    for r in gt.spawn(_accumulation_run, 2, (), timeout_s=90):
+        assert r["same"]
+        assert "was accumulated again after its bucket had been encoded" in r["refused"]
+        assert "optimizer.no_sync()" in r["refused"]
+
+
+class _WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(8, 4)
+        self.unused = nn.Linear(8, 4)  # never in the graph: its hooks never fire
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_parameters_that_get_no_gradient_are_encoded_at_the_step_as_without_overlap():
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(3))
+    hashes = []
+    for overlap in (False, True):
+        torch.manual_seed(1)
+        model = _WithUnused()
+        opt = gt.DeMo(model.parameters(), lr=0.01, overlap=overlap, bucket_numel=40)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        hashes.append(state_hash(model.state_dict()))
+    assert hashes[0] == hashes[1]
+
+
+def test_overlap_refuses_at_construction_what_it_cannot_encode_by_bucket():
+    model = _net()
+    with pytest.raises(ValueError, match="model_record=True sends the whole model as one record"):
+        _demo(model, True, model_record=True)
+    with pytest.raises(ValueError, match="bucket_numel must be >= 1"):
+        _demo(model, True, bucket_numel=0)
+
+
+def test_buckets_follow_the_backward_order_and_never_mix_param_groups():
+    def p(n):
+        return torch.zeros(n)
+
+    g1, g2 = {}, {}
+    params = [("a", p(10), g1), ("b", p(10), g1), ("c", p(30), g1), ("d", p(5), g2), ("e", p(5), g2)]
+    # Reversed: e, d (group 2), then c, b, a (group 1) in buckets of at least 25 elements.
+    assert cut_buckets(params, 25) == [[4, 3], [2], [1, 0]]
+    assert cut_buckets(params, 1000) == [[4, 3], [2, 1, 0]]
+    assert cut_buckets(params, 1) == [[4], [3], [2], [1], [0]]
