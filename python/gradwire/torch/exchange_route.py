@@ -78,6 +78,7 @@ class ExchangeRoute:
             tensors = [(self.model_record.name, (self.model_record.spec.numel,))]
         else:
             tensors = [(n, tuple(local_tensor(p).shape)) for n, p, _ in named]
+        self._cut = (tensors, node_codec, piece_numel)
         self.pieces = Pieces(tensors, node_codec, piece_numel, group_world_size(process_group))
         if downlink_codec is None:
             # The uplink's twin: the same class and parameters, a state of its own.
@@ -86,6 +87,13 @@ class ExchangeRoute:
             downlink_codec = model_record_codec(downlink_codec)
         self.exchange = ShardedExchange(self.pieces, downlink_codec, process_group, limits,
                                         model_record=model_record)
+
+    def pieces_for(self, world: int) -> Pieces:
+        """The pieces a group of ``world`` ranks cuts this optimizer's tensors into (sharded only)."""
+        if self.pieces is None:
+            raise ValueError("exchange='all_gather' cuts no pieces")
+        tensors, codec, piece_numel = self._cut
+        return Pieces(tensors, codec, piece_numel, world)
 
     def prepare(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What the node compresses for these per-parameter tensors: as they are, the model flattened
