@@ -23,15 +23,17 @@ def test_the_train_step_bench_times_every_optimizer_beside_adamw_and_prints_the_
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     rows = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in lines if line.startswith("| "))}
-    assert {"torch AdamW", "gradwire DeMo", "gradwire SparseLoCo, mean step"} <= set(rows)
+    names = ("gradwire DeMo", "gradwire DeMo, overlapped", "gradwire SparseLoCo, mean step")
+    assert {"torch AdamW", *names} <= set(rows)
     assert float(rows["torch AdamW"][2]) == 1.0
-    for name in ("gradwire DeMo", "gradwire SparseLoCo, mean step"):
+    for name in names:
         assert float(rows[name][1]) > 0
         loss = float(rows[name][4])
         assert 0 < loss < 2 * 5.545  # a language model's cross-entropy near ln(256) at the start, finite
     targets = [line for line in lines if line.startswith("target training step")]
-    assert len(targets) == 2 and all(t.endswith(("— met", "— missed", "— met (stretch met)")) for t in targets)
+    assert len(targets) == 3 and all(t.endswith(("— met", "— missed", "— met (stretch met)")) for t in targets)
     assert "batch 2 × 32 tokens, autocast bf16" in run.stdout
+    assert [line for line in lines if line.startswith("overlap: DeMo adds") and line.endswith("% of it hidden")]
 
 
 def test_the_default_model_has_gpt2_smalls_124m_parameters():
