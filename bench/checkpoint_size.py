@@ -65,8 +65,15 @@ def main() -> None:
             opt.step()
         base = nbytes(m.state_dict())
         state = opt.state_dict()
-        mine = state["gradwire"]
-        parts = {k: nbytes(v) for k, v in mine.items() if isinstance(v, dict)}
+        # Per-parameter state (torch's "state": momentum, error, anchor, outer momentum, the inner
+        # optimizer's "inner.*"), grouped by kind; then the dict parts of "gradwire" (the owner's residual).
+        kinds: dict[str, dict] = {}
+        for i, fields in state["state"].items():
+            for k, v in fields.items():
+                if isinstance(v, torch.Tensor) and v.ndim:
+                    kinds.setdefault("inner" if k.startswith("inner.") else k, {})[f"{i}.{k}"] = v
+        parts = {k: nbytes(v) for k, v in kinds.items()}
+        parts.update({k: nbytes(v) for k, v in state["gradwire"].items() if isinstance(v, dict)})
         rows.append((label, nbytes(state), parts))
 
     numel = sum(p.numel() for p in model(args.width, dtype).parameters())

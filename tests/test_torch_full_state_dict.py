@@ -58,7 +58,7 @@ def test_every_rank_resumes_bit_identically_from_rank_zeros_full_state_file(tmp_
         assert "this checkpoint is rank 0's; this is rank 1" in results[1]["refused"]
 
 
-def test_a_full_state_of_another_group_size_is_refused():
+def test_a_full_state_of_another_group_size_is_resharded_into_this_ones():
     x, y = shard(0)
     model = _net()
     opt = _make("demo", model, piece_numel=PIECE)
@@ -66,9 +66,14 @@ def test_a_full_state_of_another_group_size_is_refused():
     full = checkpoint_roundtrip(opt.full_state_dict())
     assert len(full["gradwire"]["ranks"]) == 1
     _make("demo", _net(), piece_numel=PIECE).load_state_dict(full)  # a group of one takes its own share
+    # Two identical shares, as two ranks that held the same state: their mean is that state, so a group of
+    # one resumes with this one's momenta (gradwire.torch.reshard; tests/test_torch_reshard.py for real groups).
     two = dict(full, gradwire=dict(full["gradwire"], ranks=full["gradwire"]["ranks"] * 2, world=2))
-    with pytest.raises(ValueError, match="holds the state of 2 ranks, this group has 1"):
-        _make("demo", _net(), piece_numel=PIECE).load_state_dict(two)
+    resumed = _make("demo", _net(), piece_numel=PIECE)
+    resumed.load_state_dict(two)
+    mine, theirs = resumed.full_state_dict()["gradwire"]["ranks"][0], full["gradwire"]["ranks"][0]
+    assert all(torch.equal(mine["params"][n]["momentum"], f["momentum"]) for n, f in theirs["params"].items())
+    assert resumed.steps == 2 and resumed.bytes_sent == 0  # counters start afresh in the new group
 
 
 def test_state_bytes_round_trip_every_kind_of_value():

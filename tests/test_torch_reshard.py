@@ -18,12 +18,10 @@ def _kw(exchange: str) -> dict:
     return dict(piece_numel=PIECE) if exchange == "sharded" else dict(exchange="all_gather")
 
 
-def _buffers(opt, share: dict) -> dict[str, torch.Tensor]:
-    """A share's node buffers (momenta or error buffers), by tensor."""
-    node = share["node"]
-    buffers = node["momenta"] if "momenta" in node else node["errors"]
-    pieces = opt._route.pieces_for(share["world"]) if opt._route.pieces is not None else None
-    return pieces.join(buffers) if pieces is not None else dict(buffers)
+def _buffers(share: dict) -> dict[str, torch.Tensor]:
+    """A share's per-parameter buffers (DeMo's momenta or SparseLoCo's error buffers), by parameter."""
+    return {n: f.get("momentum", f.get("error")) for n, f in share["params"].items()
+            if "momentum" in f or "error" in f}
 
 
 def _residual(opt, parts: list[dict]) -> dict[str, torch.Tensor]:
@@ -54,12 +52,12 @@ def _resume(rank: int, world: int, which: str, exchange: str, path: str) -> dict
     opt = _make(which, model, **_kw(exchange))
     opt.load_state_dict(saved["optimizer"])
     old = saved["optimizer"]["gradwire"]["ranks"]
-    mine = opt.state_dict()["gradwire"]
-    mean_old = {n: torch.stack([_buffers(opt, p)[n] for p in old]).sum(0) / len(old) for n in _buffers(opt, old[0])}
-    out = dict(world=world,
-               mean_taken=all(torch.allclose(_buffers(opt, mine)[n], m, atol=1e-7) for n, m in mean_old.items()))
+    now = opt.full_state_dict()["gradwire"]["ranks"]  # collective
+    mine = _buffers(now[rank])
+    mean_old = {n: torch.stack([_buffers(p)[n] for p in old]).sum(0) / len(old) for n in _buffers(old[0])}
+    out = dict(world=world, buffers=len(mine),
+               mean_taken=all(torch.allclose(mine[n], m, atol=1e-7) for n, m in mean_old.items()))
     if exchange == "sharded":
-        now = opt.full_state_dict()["gradwire"]["ranks"]  # collective
         before, after = _residual(opt, old), _residual(opt, now)
         out["residual_kept"] = all(torch.equal(before[n], after[n]) for n in before)
         out["residual_nonzero"] = any(bool(t.abs().sum() > 0) for t in before.values())
@@ -82,7 +80,7 @@ def test_a_full_state_saved_by_one_group_size_resumes_in_another(tmp_path, which
     path = str(tmp_path / "checkpoint.pt")
     gt.spawn(_save, old_world, (which, exchange, path), timeout_s=120)
     for r in gt.spawn(_resume, new_world, (which, exchange, path), timeout_s=120):
-        assert r["world"] == new_world
+        assert r["world"] == new_world and r["buffers"] == 6  # the toy model's 6 tensors
         assert r["mean_taken"], "each new rank's buffers are the old ranks' mean"
         if exchange == "sharded":
             assert r["residual_nonzero"] and r["residual_kept"], "the owners' residual is cut again, whole"

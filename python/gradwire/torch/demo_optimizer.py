@@ -13,7 +13,16 @@ from ..codecs.base import Codec
 from ..frame import Entry, Limits
 from ..model_record import model_record_codec
 from .dtensor import is_dtensor, local_grad, local_tensor
-from .optimizer_base import _STATE_KEY, ExchangingOptimizer, _codec_arg, _module_paths, _named, _names_parameters
+from .optimizer_base import (
+    _STATE_KEY,
+    ExchangingOptimizer,
+    _codec_arg,
+    _module_paths,
+    _named,
+    _names_parameters,
+    _packed_index,
+    _step_of,
+)
 from .overlap import DEFAULT_BUCKET_NUMEL, GradientBuckets
 from .sharded import DEFAULT_PIECE_NUMEL
 
@@ -158,33 +167,51 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
             if params:
                 demo_update(params, {n: mean[n] for n in params}, group["lr"], group["weight_decay"])
         self.steps += 1
+        self._mark_state(self.steps)
         return loss
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer state (param groups) plus ``"gradwire"``: the momenta and codec state, the
-        step counter and the byte counters; sharded, also the group's size, this rank and the owner's
-        error feedback (a sharded checkpoint resumes only in a group of the same size, on the same rank)."""
+        """torch's form: each parameter's ``"momentum"`` (float32, the parameter's local shape) and
+        ``"step"`` under ``"state"``, the param groups; and ``"gradwire"``: the codec's state, the step
+        counter, the parameter shapes and the exchange's state (the byte counters; sharded, also the group's
+        size, this rank, the pieces and the owner's error feedback, by piece).
+
+        ``torch.distributed.checkpoint`` keeps ``"state"`` and ``"param_groups"`` only, so a state dict it
+        hands back resumes without ``"gradwire"``: momenta and step restored, the owners' error feedback
+        and byte counters started afresh, at any group size (docs/DISTRIBUTED.md, "Checkpoints")."""
         out = super().state_dict()
-        out[_STATE_KEY] = {"node": self.node.state_dict(), "steps": self.steps, "shapes": self._model_shapes(),
-                           **self._shards.state_dict(),
+        index = _packed_index(self.param_groups)
+        step = torch.tensor(float(self.steps))
+        momenta = self._like_parameters(
+            self._with_zeros(self._per_param(self.node.momenta), [n for n, _, _ in _named(self.param_groups)]))
+        out["state"] = {index[n]: {"momentum": m, "step": step.clone()} for n, m in momenta.items()}
+        out[_STATE_KEY] = {"node": {"codec": self.node.codec.state_dict()}, "steps": self.steps,
+                           "shapes": self._model_shapes(), **self._shards.state_dict(),
                            **self._exchange.state_dict()}
         return out
 
     @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it);
-        ``ValueError`` for a checkpoint of another model (parameter count or shapes), group size, rank
-        (sharded) or exchange."""
-        state_dict = dict(state_dict)
-        mine = self._own_share(state_dict.pop(_STATE_KEY))
-        self._check_model_shapes(mine)
+        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it, at any
+        group size; or what ``torch.distributed.checkpoint`` hands back: torch's part only); ``ValueError``
+        for a checkpoint of another model (parameter count or shapes), rank (sharded) or exchange."""
+        share, per_param, torch_part = self._split_state(state_dict)
         named = _named(self.param_groups)
         devices = {n: p.device for n, p, _ in named}
         first = named[0][1].device if named else None
-        self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
-        super().load_state_dict(state_dict)
-        self.node.load_state_dict(mine["node"])
+        if share is not None:
+            self._check_model_shapes(share)
+            self._load_exchange(share, devices)  # first: a checkpoint of another exchange or group is refused
+        super().load_state_dict(torch_part)
+        node = share["node"] if share is not None else {"codec": self.node.codec.state_dict()}
+        if "momenta" in node:  # a checkpoint from before the per-parameter state: the node's own buffers
+            momenta = node["momenta"]
+        else:
+            momenta = self._node_buffers({n: f["momentum"] for n, f in per_param.items() if "momentum" in f})
+        self.node.load_state_dict({"momenta": momenta, "codec": node["codec"]})
         self.node.momenta = {
             n: m.to(self._device_of(n, devices, first) or m.device) for n, m in self.node.momenta.items()
         }
-        self.steps = int(mine["steps"])
+        self.steps = int(share["steps"]) if share is not None else _step_of(per_param)
+        if per_param or self.steps:
+            self._mark_state(self.steps)

@@ -40,7 +40,7 @@ except ImportError:  # torch 2.1 to 2.4
     except ImportError:  # a torch build without distributed
         DTensor = Replicate = Shard = None
 
-__all__ = ["ShardLayout", "is_dtensor", "local_grad", "local_tensor"]
+__all__ = ["ShardLayout", "is_dtensor", "like_parameter", "local_grad", "local_tensor"]
 
 #: The fix for the usual mistakes, quoted by the errors below.
 _HOW = ("FSDP inside a replica group, gradwire across them: build the mesh as "
@@ -62,6 +62,15 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
         return t
     with torch.no_grad():  # outside autograd to_local() hands back the local tensor itself, not a copy
         return t.to_local()
+
+
+def like_parameter(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``t``, this rank's state of parameter ``p`` (its local shape), as ``p`` is: a ``DTensor`` on ``p``'s
+    mesh with ``p``'s placements if ``p`` is one (so ``torch.distributed.checkpoint`` saves each shard's
+    state with its shard and reshards it as it reshards ``p``), else ``t`` itself."""
+    if not is_dtensor(p):
+        return t
+    return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def local_grad(p: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from ..frame import Limits
 from ..registry import build_codec
 from .collectives import all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
+from .dtensor import like_parameter, local_tensor
 from .exchange_route import ExchangeRoute, ModelRecordLayout
 from .reshard import reshard_share
 from .sharded import Pieces
@@ -85,6 +86,53 @@ def _names_parameters(method):
             raise
 
     return named
+
+
+#: Per-parameter state keys of the inner optimizer (SparseLoCo) carry this prefix.
+INNER = "inner."
+
+
+def _packed_index(param_groups) -> dict[str, int]:
+    """Each parameter position's index in torch's packed ``state_dict()["state"]`` (parameters counted in
+    group order)."""
+    out, i = {}, 0
+    for gi, group in enumerate(param_groups):
+        for pi, _ in enumerate(group["params"]):
+            out[f"g{gi}.p{pi}"] = i
+            i += 1
+    return out
+
+
+def _by_position(packed: dict, param_groups) -> dict[str, dict]:
+    """torch's packed ``"state"`` (by index) as ``{position name: state}``."""
+    name_of = {i: n for n, i in _packed_index(param_groups).items()}
+    return {name_of[int(i)]: dict(fields) for i, fields in packed.items()}
+
+
+def _from_saved_indices(packed: dict, saved_groups) -> dict[str, dict]:
+    """The ``"state"`` of a saved state dict by position name, its parameter ids read from its own
+    ``param_groups`` (as torch's ``load_state_dict`` maps them)."""
+    name_of = {pid: f"g{gi}.p{pi}" for gi, g in enumerate(saved_groups) for pi, pid in enumerate(g["params"])}
+    out = {}
+    for pid, fields in packed.items():
+        if pid not in name_of:
+            raise ValueError(f"the checkpoint's state names parameter id {pid!r}, which none of its param groups holds")
+        out[name_of[pid]] = dict(fields)
+    return out
+
+
+def _nonzero(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The buffers of a checkpoint, or none if every one is all zeros (what a state dict holds before the
+    buffers exist: a zero buffer and none step alike)."""
+    return buffers if any(bool(t.any()) for t in buffers.values()) else {}
+
+
+def _step_of(per_param: dict[str, dict], key: str = "step") -> int:
+    """The step counter kept per parameter (the same in each): 0 if none is kept."""
+    steps = {int(fields[key]) for fields in per_param.values() if key in fields}
+    if len(steps) > 1:
+        raise ValueError(f"the checkpoint's parameters disagree on {key!r}: {sorted(steps)[:4]}")
+    return steps.pop() if steps else 0
 
 
 class ExchangingOptimizer:
@@ -198,13 +246,18 @@ class ExchangingOptimizer:
 
     def full_state_dict(self) -> dict[str, Any]:
         """:meth:`state_dict` with every rank's share under ``"gradwire"`` (collective: every rank of the
-        process group calls it, as FSDP's full optimizer state dict). Any rank's :meth:`load_state_dict`
-        of it takes that rank's own share, so one file resumes every rank (in a group of another size too:
-        :mod:`gradwire.torch.reshard`); what the HF Trainer saves from
-        rank 0 only (the callback :class:`gradwire.torch.hf_trainer.FullOptimizerState` writes this form there). The shares
-        cross ranks as bytes (:mod:`gradwire.torch.state_bytes`), never pickled."""
+        process group calls it, as FSDP's full optimizer state dict). A share is that rank's ``"gradwire"``
+        section with its per-parameter state under ``"params"`` (by position name). Any rank's
+        :meth:`load_state_dict` of it takes that rank's own share, so one file resumes every rank (in a
+        group of another size too: :mod:`gradwire.torch.reshard`); what the HF Trainer saves from rank 0
+        only (the callback :class:`gradwire.torch.hf_trainer.FullOptimizerState` writes this form there).
+        The shares cross ranks as bytes (:mod:`gradwire.torch.state_bytes`), never pickled."""
+        if self._shards.state_dict():
+            raise ValueError("full_state_dict gathers every rank's state into one file; these parameters are FSDP2 "
+                             "shards: save them with torch.distributed.checkpoint (get_optimizer_state_dict), which "
+                             "keeps each shard's state with its shard")
         out = self.state_dict()  # type: ignore[attr-defined]
-        mine = out[_STATE_KEY]
+        mine = dict(out[_STATE_KEY], params=_by_position(out["state"], self.param_groups))
         if self._exchange._distributed():
             g = self.process_group
             shares = all_gather_bytes(state_to_bytes(mine), g, device=comm_device(g),
@@ -212,6 +265,7 @@ class ExchangingOptimizer:
             parts = [state_from_bytes(bytes(b)) for b in shares]
         else:
             parts = [mine]
+        out["state"] = {}  # every rank's is in its share
         out[_STATE_KEY] = {_FULL_KEY: parts, "world": len(parts)}
         return out
 
@@ -232,6 +286,92 @@ class ExchangingOptimizer:
                              old_pieces=route.pieces_for(len(parts)) if sharded else None,
                              new_pieces=route.pieces if sharded else None,
                              owned=[p.name for p in self._exchange.owned(rank)] if sharded else [])
+
+    def _split_state(self, state_dict: dict[str, Any]) -> tuple[Optional[dict], dict[str, dict], dict]:
+        """A state dict given to ``load_state_dict`` as ``(share, per-parameter state, torch's part)``:
+        this rank's ``"gradwire"`` share (``None`` for a state dict without it: what
+        ``torch.distributed.checkpoint`` hands back), the per-parameter state by position name (from the
+        share of a full state dict, else from ``"state"``) and ``{"state": {}, "param_groups": ...}`` for
+        torch's own ``load_state_dict``."""
+        state_dict = dict(state_dict)
+        gw = state_dict.pop(_STATE_KEY, None)
+        share = self._own_share(gw) if gw is not None else None
+        if share is not None:
+            self._check_model_shapes(share)
+            self._shards.check_state(share.get("shards"))
+        if share is not None and "params" in share:
+            per_param = dict(share["params"])
+        else:
+            per_param = _from_saved_indices(state_dict.get("state", {}), state_dict["param_groups"])
+        # gradwire's own per-parameter state of an FSDP parameter is a DTensor in the state dict: its shard here.
+        per_param = {n: {k: (local_tensor(v) if not k.startswith(INNER) else v) for k, v in f.items()}
+                     for n, f in per_param.items()}
+        self._check_param_state(per_param)
+        return share, per_param, {"state": {}, "param_groups": state_dict["param_groups"]}
+
+    def _check_param_state(self, per_param: dict[str, dict]) -> None:
+        """``ValueError`` for per-parameter state of a parameter this optimizer lacks or of another shape."""
+        positions = _positions(self.param_groups)
+        for n, fields in per_param.items():
+            if n not in positions:
+                raise ValueError(f"this checkpoint is of another model: it holds state of {n}, a parameter this "
+                                 "optimizer does not have")
+            shape = tuple(local_tensor(positions[n]).shape)
+            for k, t in fields.items():
+                if isinstance(t, torch.Tensor) and t.ndim and not k.startswith(INNER) and tuple(t.shape) != shape:
+                    raise ValueError(f"this checkpoint is of another model: its {k} of {self._label(n)} has shape "
+                                     f"{tuple(t.shape)}, the parameter {shape}")
+
+    def _mark_state(self, step: int) -> None:
+        """``self.state[p]["step"]`` for every trainable parameter, as torch's optimizers keep it.
+
+        The buffers themselves live with the node side, cut as the exchange sends them (pieces, a model
+        record); :meth:`state_dict` presents them per parameter. ``self.state`` is not empty after a step,
+        so ``torch.distributed.checkpoint``'s ``get_optimizer_state_dict``, which steps an optimizer whose
+        ``state`` is empty (with zero gradients and learning rate 0) to create its state, never steps
+        this one once it has state (a DeMo step at learning rate 0 still decays and sends its momenta)."""
+        t = torch.tensor(float(step))
+        for _, p, _ in _named(self.param_groups):
+            self.state[p]["step"] = t.clone()
+
+    def _per_param(self, buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Node buffers (keyed by piece, model record or parameter) as one float32 tensor per parameter
+        position, copies: pieces joined, a model record unflattened."""
+        if not buffers:
+            return {}
+        route = self._route
+        if route.pieces is not None:
+            buffers = route.pieces.join(buffers)
+        if route.model_record is not None:
+            buffers = route.model_record.spec.unflatten(buffers[route.model_record.name])
+        return {n: t.detach().clone().contiguous() for n, t in buffers.items()}
+
+    def _like_parameters(self, per_param: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-parameter state as its parameter is: a ``DTensor`` for an FSDP parameter (``like_parameter``)."""
+        positions = _positions(self.param_groups)
+        return {n: like_parameter(t, positions[n]) for n, t in per_param.items()}
+
+    def _with_zeros(self, per_param: dict[str, torch.Tensor], names) -> dict[str, torch.Tensor]:
+        """``per_param`` with a float32 zero buffer for each of ``names`` it lacks: a state dict has the same
+        keys before a buffer exists as after (``torch.distributed.checkpoint`` loads only the keys of the
+        state dict it loads into); a zero buffer is loaded as none (:func:`_nonzero`)."""
+        positions = _positions(self.param_groups)
+        out = dict(per_param)
+        for n in names:
+            if n not in out:
+                out[n] = torch.zeros_like(local_tensor(positions[n]), dtype=torch.float32)
+        return out
+
+    def _node_buffers(self, per_param: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`_per_param` undone: per-parameter tensors as the node's buffers (float32 copies, on each
+        parameter's device)."""
+        per_param = _nonzero(per_param)
+        if not per_param:
+            return {}
+        positions = _positions(self.param_groups)
+        on_device = {n: t.detach().to(device=local_tensor(positions[n]).device, dtype=torch.float32)
+                     for n, t in per_param.items()}
+        return {n: t.clone().contiguous() for n, t in self._route.prepare(on_device).items()}
 
     def _load_exchange(self, mine: dict, devices: dict) -> None:
         self._route.load_state_dict(mine, devices)

@@ -3,8 +3,8 @@
 A share of the state is either **the same on every rank** (the step counters, SparseLoCo's anchor and
 outer state: kept as rank 0 saved them) or **each rank's own**:
 
-- the node's buffers (DeMo's momenta, SparseLoCo's error buffers) and SparseLoCo's inner optimizer state
-  (AdamW's moments): what each rank has not sent yet, or its local statistics. The new group's ranks each
+- the per-parameter buffers (DeMo's momenta, SparseLoCo's error buffers) and SparseLoCo's inner optimizer
+  state (AdamW's moments): what each rank has not sent yet, or its local statistics. The new group's ranks each
   take **their mean over the old ranks**: the exchange averages the ranks, so the mean of what is left
   to send is what the old group would still have delivered, and every new rank starts alike;
 - the sharded exchange's owner error feedback: what the owners' re-encoded means left out, one piece per
@@ -27,8 +27,9 @@ from .sharded import Pieces
 
 __all__ = ["reshard_share"]
 
-# Keys of a share that hold each rank's own state; every other key is the same on every rank.
-_NODE, _INNER, _OWNER = "node", "inner", "owner"
+#: Per-parameter state that is each rank's own (averaged); the inner optimizer's floating-point state too.
+PER_RANK = ("momentum", "error")
+_INNER = "inner."
 
 
 def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, rank: int,
@@ -44,20 +45,22 @@ def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, 
     if any(p.get("shards") for p in parts):
         raise ValueError(f"this full checkpoint holds the state of {len(parts)} ranks of FSDP-sharded parameters, "
                          f"this group has {world}: sharded parameters resume in a group of the same size")
+    if any("params" not in p for p in parts):
+        raise ValueError(f"this full checkpoint holds the state of {len(parts)} ranks, this group has {world}, and "
+                         "it predates per-parameter state: resume it in a group of the same size, then save it again")
     if old_pieces is not None:
         names = [p.name for p in old_pieces.pieces]
         for r, part in enumerate(parts):
             if list(part.get("pieces", names)) != names:
                 raise ValueError(f"rank {r}'s pieces in this checkpoint are cut otherwise than this optimizer cuts "
                                  f"them for {len(parts)} ranks: build it with the piece_numel and codec it was saved with")
+    _stateless([p["node"].get("codec") for p in parts], "uplink codec")
     share = dict(parts[0])
-    share[_NODE] = _mean_node([p[_NODE] for p in parts], old_pieces, new_pieces)
-    if _INNER in share:
-        share[_INNER] = _mean_inner([p[_INNER] for p in parts])
+    share["params"] = _mean_params([p["params"] for p in parts])
     share.update(world=world, rank=rank, bytes_sent=0, bytes_received=0)
     if new_pieces is not None:
         share["pieces"] = [p.name for p in new_pieces.pieces]
-        share[_OWNER] = _owner_feedback([p[_OWNER] for p in parts], old_pieces, new_pieces, owned)
+        share["owner"] = _owner_feedback([p["owner"] for p in parts], old_pieces, new_pieces, owned)
     return share
 
 
@@ -75,47 +78,29 @@ def _mean(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return acc.div_(len(tensors))
 
 
-def _per_tensor(buffers: Mapping[str, torch.Tensor], pieces: Optional[Pieces]) -> dict[str, torch.Tensor]:
-    """One rank's buffers by tensor (its pieces joined)."""
-    if pieces is None or not buffers:
-        return dict(buffers)
-    return pieces.join(buffers)
+def _own(key: str, value: Any) -> bool:
+    """Whether per-parameter ``key`` is each rank's own state (else it is the same on every rank)."""
+    if key in PER_RANK:
+        return True
+    return key.startswith(_INNER) and key != _INNER + "step" and isinstance(value, torch.Tensor) \
+        and value.is_floating_point()
 
 
-def _cut(tensors: Mapping[str, torch.Tensor], pieces: Optional[Pieces]) -> dict[str, torch.Tensor]:
-    if pieces is None:
-        return {n: t.contiguous() for n, t in tensors.items()}
+def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict:
+    """Each parameter's state: each rank's own averaged over the ranks that hold it, the rest rank 0's."""
+    out: dict[str, dict] = {}
+    for n in ranks[0]:
+        fields = dict(ranks[0][n])
+        for k, v in ranks[0][n].items():
+            if _own(k, v):
+                held = [r[n][k] for r in ranks if n in r and k in r[n]]
+                fields[k] = _mean(held).to(v.dtype)
+        out[n] = fields
+    return out
+
+
+def _cut(tensors: Mapping[str, torch.Tensor], pieces: Pieces) -> dict[str, torch.Tensor]:
     return {n: t.clone().contiguous() for n, t in pieces.cut(tensors).items()}
-
-
-def _mean_node(nodes: Sequence[Mapping[str, Any]], old: Optional[Pieces], new: Optional[Pieces]) -> dict:
-    out: dict[str, Any] = {}
-    for key, value in nodes[0].items():
-        if key == "codec":
-            _stateless([n["codec"] for n in nodes], "uplink codec")
-            out[key] = value
-            continue
-        joined = [_per_tensor(n[key], old) for n in nodes]
-        names = list(joined[0])
-        if any(list(j) != names for j in joined):
-            raise ValueError(f"the ranks of this checkpoint hold {key} of different tensors: it cannot be averaged")
-        out[key] = _cut({n: _mean([j[n] for j in joined]) for n in names}, new)
-    return out
-
-
-def _mean_inner(states: Sequence[Mapping[str, Any]]) -> dict:
-    """SparseLoCo's inner optimizer: each parameter's floating-point state averaged, the rest (its step
-    count, the param groups) rank 0's."""
-    out = dict(states[0])
-    per_param = {}
-    for idx, fields in states[0]["state"].items():
-        merged = dict(fields)
-        for k, v in fields.items():
-            if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point():
-                merged[k] = _mean([s["state"][idx][k] for s in states]).to(v.dtype)
-        per_param[idx] = merged
-    out["state"] = per_param
-    return out
 
 
 def _owner_feedback(owners: Sequence[Mapping[str, Any]], old: Pieces, new: Pieces, owned: Sequence[str]) -> dict:

@@ -20,12 +20,16 @@ from ..model_record import model_record_codec
 from .dtensor import local_tensor
 from .optimizer_base import (
     _STATE_KEY,
+    INNER,
     ExchangingOptimizer,
     _codec_arg,
     _module_paths,
     _named,
     _names_parameters,
+    _nonzero,
+    _packed_index,
     _positions,
+    _step_of,
 )
 from .outer import OuterOptimizerFactory, TorchOuterStep
 from .sharded import DEFAULT_PIECE_NUMEL
@@ -122,6 +126,7 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
         self.local_steps += 1
         if self.local_steps % self.sync_every == 0:
             self.sync()
+        self._mark_state(self.local_steps)
         return loss
 
     @torch.no_grad()
@@ -155,17 +160,43 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
         self.syncs += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state, the anchor, error buffers and codec state, the outer optimizer's
-        state, the step and sync counters and the byte counters (under ``"gradwire"``); sharded, also the
-        group's size, this rank and the owner's error feedback, as in :meth:`DeMo.state_dict`."""
+        """torch's form: under ``"state"`` each parameter's ``"anchor"``, ``"error"`` (its error buffer),
+        ``"outer_momentum"`` (with the built-in outer step's momentum), its inner optimizer's state with
+        keys prefixed ``"inner."`` and the counters ``"step"`` (local steps) and ``"syncs"``; the param
+        groups (the inner optimizer's); and ``"gradwire"``: the codec's state, a torch ``outer_optimizer``'s
+        state, the counters, the parameter shapes and the exchange's state, as in :meth:`DeMo.state_dict`.
+
+        A state dict from ``torch.distributed.checkpoint`` (torch's part only) resumes with a fresh owner
+        error feedback and byte counters, and a torch ``outer_optimizer`` without its state."""
         out = super().state_dict()
+        index = _packed_index(self.param_groups)
+        name_of = {i: n for n, i in index.items()}
+        per: dict[str, dict[str, Any]] = {}
+        for n, a in self._like_parameters({n: a.detach().clone() for n, a in self.anchor.items()}).items():
+            per.setdefault(n, {})["anchor"] = a
+        for n, e in self._like_parameters(self._with_zeros(self._per_param(self.node.errors), self.anchor)).items():
+            per.setdefault(n, {})["error"] = e
+        outer = self.outer.state_dict()
+        if isinstance(self.outer, OuterStep):
+            buffers = outer.pop("buffers")
+            if self.outer.momentum:
+                buffers = self._with_zeros(buffers, self.anchor)
+            for n, b in self._like_parameters(buffers).items():
+                per.setdefault(n, {})["outer_momentum"] = b
+        inner = self.inner.state_dict()
+        if _torch_form(inner):
+            for i, fields in inner["state"].items():
+                per.setdefault(name_of[int(i)], {}).update({INNER + k: v for k, v in fields.items()})
+        for fields in per.values():
+            fields["step"] = torch.tensor(float(self.local_steps))
+            fields["syncs"] = torch.tensor(float(self.syncs))
+        out["state"] = {index[n]: fields for n, fields in per.items()}
         out[_STATE_KEY] = {
-            "inner": self.inner.state_dict(),
-            "anchor": {n: a.clone() for n, a in self.anchor.items()},
-            "node": self.node.state_dict(),
-            "outer": self.outer.state_dict(),
+            "node": {"codec": self.node.codec.state_dict()},
+            "outer": outer,
             "local_steps": self.local_steps,
             "syncs": self.syncs,
+            **({} if _torch_form(inner) else {"inner": inner}),  # an inner optimizer of its own form, whole
             "shapes": self._model_shapes(),
             **self._shards.state_dict(),
             **self._exchange.state_dict(),
@@ -174,36 +205,63 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
 
     @_names_parameters
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it);
-        ``ValueError`` for a checkpoint of another model (parameter count or shapes), group size, rank
-        (sharded) or exchange."""
-        state_dict = dict(state_dict)
-        mine = self._own_share(state_dict.pop(_STATE_KEY))
-        self._check_model_shapes(mine)
+        """Continue from :meth:`state_dict` (or :meth:`full_state_dict`: this rank's share of it, at any
+        group size; or what ``torch.distributed.checkpoint`` hands back: torch's part only); ``ValueError``
+        for a checkpoint of another model (parameter count or shapes), rank (sharded) or exchange."""
+        share, per_param, torch_part = self._split_state(state_dict)
         devices = {n: p.device for n, p in _positions(self.param_groups).items()}
-        unknown = [n for n in mine["anchor"] if n not in devices]
+        if share is not None:
+            self._check_model_shapes(share)
+            self._load_exchange(share, devices)  # first: a checkpoint of another exchange or group is refused
+        legacy = share is not None and "anchor" in share  # from before the per-parameter state
+        anchor = share["anchor"] if legacy else {n: f["anchor"] for n, f in per_param.items() if "anchor" in f}
+        unknown = [n for n in anchor if n not in devices]
         if unknown:
             raise ValueError(f"the saved anchor names parameters this optimizer does not have: {unknown[:5]}")
-        self._load_exchange(mine, devices)  # first: a checkpoint of another exchange or group is refused as is
-        super().load_state_dict(state_dict)
-        self.inner.load_state_dict(mine["inner"])
+        super().load_state_dict(torch_part)
+        if share is not None and "inner" in share:
+            self.inner.load_state_dict(share["inner"])
+        elif _torch_form(self.inner.state_dict()):
+            index = _packed_index(self.param_groups)
+            inner_state = {index[n]: {k[len(INNER):]: v for k, v in f.items() if k.startswith(INNER)}
+                           for n, f in per_param.items()}
+            self.inner.load_state_dict({"state": {i: f for i, f in inner_state.items() if f},
+                                        "param_groups": torch_part["param_groups"]})
         self.param_groups = self.inner.param_groups  # load_state_dict made new group dicts on both: one again
-        self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in mine["anchor"].items()}
-        self.node.load_state_dict(mine["node"])
+        self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in anchor.items()}
+        node = share["node"] if share is not None else {"codec": self.node.codec.state_dict()}
+        errors = node["errors"] if "errors" in node else self._node_buffers(
+            {n: f["error"] for n, f in per_param.items() if "error" in f})
+        self.node.load_state_dict({"errors": errors, "codec": node["codec"]})
         first = next(iter(devices.values()), None)
         self.node.errors = {
             n: e.to(self._device_of(n, devices, first) or e.device) for n, e in self.node.errors.items()
         }
+        outer = dict(share["outer"]) if share is not None else {}
         if self._outer_factory is not None:
             # A torch optimizer steps the anchor tensors it was built over: build it over the loaded ones.
             self.outer = TorchOuterStep(self._outer_factory, self.anchor)
-            self.outer.load_state_dict(mine["outer"])
+            if share is not None:  # (torch.distributed.checkpoint keeps no outer optimizer state: it starts afresh)
+                self.outer.load_state_dict(outer)
         else:
-            if "torch_optimizer" in mine["outer"]:
+            if "torch_optimizer" in outer:
                 raise ValueError("this checkpoint's outer step is a torch optimizer: build SparseLoCo with the "
                                  "same outer_optimizer to resume it")
-            self.outer.load_state_dict(mine["outer"])
+            if "buffers" not in outer:
+                outer["buffers"] = _nonzero({n: f["outer_momentum"] for n, f in per_param.items()
+                                             if "outer_momentum" in f})
+            self.outer.load_state_dict(outer)
             self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
-        self.local_steps = int(mine["local_steps"])
-        self.syncs = int(mine["syncs"])
+        if share is not None:
+            self.local_steps, self.syncs = int(share["local_steps"]), int(share["syncs"])
+        else:
+            self.local_steps, self.syncs = _step_of(per_param), _step_of(per_param, "syncs")
+        if self.local_steps:
+            self._mark_state(self.local_steps)
 
+
+def _torch_form(state: dict) -> bool:
+    """Whether an optimizer's state dict is torch's own form (``"state"`` by packed index and
+    ``"param_groups"``), which SparseLoCo spreads over its parameters; another form (``MuonAdamW``'s)
+    is kept whole under ``"gradwire"``."""
+    return set(state) == {"state", "param_groups"}
