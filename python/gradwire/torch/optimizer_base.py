@@ -330,9 +330,9 @@ class ExchangingOptimizer:
         so ``torch.distributed.checkpoint``'s ``get_optimizer_state_dict``, which steps an optimizer whose
         ``state`` is empty (with zero gradients and learning rate 0) to create its state, never steps
         this one once it has state (a DeMo step at learning rate 0 still decays and sends its momenta)."""
-        t = torch.tensor(float(step))
+        t = torch.tensor(float(step))  # one tensor, shared: the step's operations do not grow with the tensors
         for _, p, _ in _named(self.param_groups):
-            self.state[p]["step"] = t.clone()
+            self.state[p]["step"] = t
 
     def _per_param(self, buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Node buffers (keyed by piece, model record or parameter) as one float32 tensor per parameter
