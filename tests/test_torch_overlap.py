@@ -123,3 +123,26 @@ def test_buckets_follow_the_backward_order_and_never_mix_param_groups():
     assert cut_buckets(params, 25) == [[4, 3], [2], [1, 0]]
     assert cut_buckets(params, 1000) == [[4, 3], [2, 1, 0]]
     assert cut_buckets(params, 1) == [[4], [3], [2], [1], [0]]
+
+
+def _under_ddp_run(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    x, y = shard(rank)
+    weights = []
+    for overlap in (False, True):
+        model = _net()
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        ddp.register_comm_hook(None, gt.local_gradients_hook)  # each rank keeps its own gradient
+        opt = _demo(model, overlap, piece_numel=PIECE, **({"bucket_numel": 2000} if overlap else {}))
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        weights.append(flat_parameters(model))
+    return dict(same=torch.equal(*weights), identical=all_ranks_equal(weights[1]))
+
+
+def test_overlap_under_ddp_with_the_local_gradients_hook_applies_the_same_bits():
+    for r in gt.spawn(_under_ddp_run, 2, (), timeout_s=90):
+        assert r["same"] and r["identical"]
