@@ -147,6 +147,11 @@ class Algorithm:
         raise ValueError(f"algorithm {self.name!r} publishes {self.publication!r} versions, which are not "
                          "applied from a mean")
 
+    def default_codec(self, config: Any) -> Optional[tuple[str, dict[str, Any]]]:
+        """The codec (a ``gradwire.build_codec`` name and its parameters) a node sends with when it is
+        given none (``gradwire.torch.AlgorithmOptimizer``); ``None``: the transport's own default."""
+        return None
+
     def default_downlink(self, config: Any) -> Optional[tuple[str, dict[str, Any]]]:
         """The codec (a ``gradwire.build_codec`` name and its parameters) that re-encodes a ``"mean"``
         version's aggregate when the run names none; ``None``: the server's general default."""

@@ -199,6 +199,9 @@ class DeMoAlgorithm(Algorithm):
     takes_model_record = True
     summary = "nodes send the top-k DCT of their decoupled momentum; everyone applies -lr·sign(mean)"
 
+    def default_codec(self, config) -> tuple[str, dict[str, Any]]:
+        return "dct", demo_codec_params()
+
     def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
         return "dct", demo_codec_params()
 

@@ -404,6 +404,9 @@ class SparseLoCoAlgorithm(Algorithm):
     summary = ("nodes take sync_every local AdamW steps, then send their compressed pseudo-gradient with "
                "error feedback; everyone applies the outer step to the last synced weights")
 
+    def default_codec(self, config) -> tuple[str, dict[str, Any]]:
+        return "dct", sparseloco_codec_params(self.config(config).sync_every)
+
     def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
         return "dct", sparseloco_downlink_params(self.config(config).sync_every)
 

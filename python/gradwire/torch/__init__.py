@@ -7,6 +7,8 @@
   (frames all-gathered, averaged exactly; every rank ends bit-identical); under DDP, its comm hook must
   be :func:`local_gradients_hook` (:func:`skip_ddp_all_reduce`), else :class:`DenseAllReduceError`;
   :func:`average_buffers` for BatchNorm's running statistics.
+- :class:`AlgorithmOptimizer` — any registered algorithm whose versions publish a mean, by name, through
+  the registry alone (its node side and ``apply``): a new algorithm needs no optimizer class of its own.
 - :class:`MuonAdamW` / :func:`muon_split` — Muon on the hidden matrices and AdamW on the rest as one optimizer,
   e.g. SparseLoCo's inner optimizer (MuLoCo).
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from .buffers import average_buffers
 from .collectives import all_gather_bytes, exchange_bytes
 from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_reduce
+from .algorithm_optimizer import AlgorithmOptimizer
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
@@ -32,6 +35,7 @@ from .powersgd import PowerSGDState, powersgd_hook
 from .replicas import replicas_agree
 
 __all__ = [
+    "AlgorithmOptimizer",
     "DeMo",
     "DenseAllReduceError",
     "GradwireHookState",
