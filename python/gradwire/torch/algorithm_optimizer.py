@@ -27,13 +27,13 @@ from ..algorithms import get_algorithm
 from ..codecs.base import Codec
 from ..frame import Limits
 from ..registry import build_codec
-from .all_gather_exchange import AllGatherExchange
+from .all_gather_exchange import AllGatherExchange, ReportsFrameBytes
 from .ddp_guard import check_not_all_reduced
 
 __all__ = ["AlgorithmOptimizer"]
 
 
-class AlgorithmOptimizer(torch.optim.Optimizer):
+class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
     """The registered algorithm ``algorithm`` (a name of ``gradwire.algorithms.algorithm_names()`` whose
     versions publish a mean) over ``module``'s trainable parameters, named by their module paths; every
     rank all-gathers every rank's frame (module docstring). ``codec``: the uplink codec, or a name of
@@ -92,14 +92,6 @@ class AlgorithmOptimizer(torch.optim.Optimizer):
         self.side.synced()
         self.rounds += 1
         return loss
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._exchange.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        return self._exchange.bytes_received
 
     def state_dict(self) -> dict[str, Any]:
         """torch's param groups and ``"gradwire"``: the algorithm's name, its node side's and its own state,

@@ -11,7 +11,7 @@ from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Entry, Limits, read_frame, write_frame
 from .collectives import GroupMember, all_gather_bytes, comm_device
 
-__all__ = ["AllGatherExchange"]
+__all__ = ["AllGatherExchange", "ReportsFrameBytes"]
 
 
 class AllGatherExchange(GroupMember):
@@ -67,3 +67,19 @@ class AllGatherExchange(GroupMember):
             )
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_received = int(state["bytes_received"])
+
+
+class ReportsFrameBytes:
+    """``bytes_sent`` / ``bytes_received`` of an optimizer, read from its exchange (``self._exchange``)."""
+
+    _exchange: "AllGatherExchange"
+
+    @property
+    def bytes_sent(self) -> int:
+        """This rank's frame bytes, cumulative."""
+        return self._exchange.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        """The other ranks' frame bytes this rank read, cumulative."""
+        return self._exchange.bytes_received

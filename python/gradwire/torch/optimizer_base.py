@@ -15,6 +15,7 @@ import torch.distributed as dist
 from ..codecs.base import Codec
 from ..frame import Limits
 from ..registry import build_codec
+from .all_gather_exchange import ReportsFrameBytes
 from .collectives import all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
 from .dtensor import like_parameter, local_tensor
@@ -135,7 +136,7 @@ def _step_of(per_param: dict[str, dict], key: str = "step") -> int:
     return steps.pop() if steps else 0
 
 
-class ExchangingOptimizer:
+class ExchangingOptimizer(ReportsFrameBytes):
     """What both optimizers report: their codec, process group and cumulative frame bytes; how they set
     up their exchange; the checks of their first step and of a checkpoint; how errors name parameters."""
 
@@ -394,12 +395,3 @@ class ExchangingOptimizer:
     def process_group(self) -> Optional[dist.ProcessGroup]:
         return self._exchange.process_group
 
-    @property
-    def bytes_sent(self) -> int:
-        """This rank's frame bytes, cumulative."""
-        return self._exchange.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        """The other ranks' frame bytes this rank read, cumulative."""
-        return self._exchange.bytes_received
