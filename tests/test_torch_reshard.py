@@ -26,10 +26,12 @@ def _buffers(share: dict) -> dict[str, torch.Tensor]:
 
 def _residual(opt, parts: list[dict]) -> dict[str, torch.Tensor]:
     """The owners' residuals of every rank, joined into one per tensor (zeros where none is held)."""
+    from gradwire.torch.reshard import _owner_feedback
+
     pieces = opt._route.pieces_for(len(parts))
-    held = {}
-    for p in parts:
-        held.update(p["owner"]["residuals"])
+    # Every owner's residuals in parameter space (the coefficient domain's by their inverse transform), uncut.
+    held = _owner_feedback([p["owner"] for p in parts], pieces, pieces, [q.name for q in pieces.pieces],
+                           opt.downlink_codec)["residuals"]
     return pieces.join({p.name: held.get(p.name, torch.zeros(p.shape)).reshape(p.shape) for p in pieces.pieces})
 
 

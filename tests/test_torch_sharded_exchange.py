@@ -407,13 +407,15 @@ def _resume_run(rank: int, world: int, which: str, model_record: bool) -> dict:
     run = interrupted_run(lambda m: _make(which, m, **kw), x, y, lambda o: checkpoint_roundtrip(o.state_dict()))
     whole, opt_whole, opt_first, saved = run.whole, run.opt_whole, run.first, run.saved
     resumed, opt_resumed = run.resumed, run.opt_resumed
-    owner = saved["gradwire"]["owner"]["residuals"]
+    held = saved["gradwire"]["owner"]  # the owner's residuals, in parameter space or in the DCT coefficient domain
+    owner = {**held["residuals"], **{n: c["chunks"] for n, c in held.get("coefficients", {}).items()}}
     out = dict(
         same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
         counters=[opt_whole.bytes_sent, opt_whole.bytes_received]
         == [opt_resumed.bytes_sent, opt_resumed.bytes_received],
         owner=sorted(owner), owned=[p.name for p in opt_first._exchange.owned(rank)],
         residual=any(bool(r.abs().sum() > 0) for r in owner.values()),
+        coefficient_domain=sorted(held.get("coefficients", {})),
         identical=all_ranks_equal(flat_parameters(resumed)),
     )
     # In a group of another size the same checkpoint is refused (the pieces have other owners).
@@ -439,6 +441,10 @@ def test_sharded_checkpoint_resumes_bit_identically_and_only_in_a_group_of_its_s
         if rank < 2:
             assert "group of 3 ranks, this group has 2" in r["other_world"], r["other_world"]
     assert any(r["residual"] for r in results)
+    # On the CPU an owner keeps a DCT downlink's residuals in the coefficient domain (gradwire.reencode: the
+    # records' coefficients summed, never decoded); OneBit's stay in parameter space.
+    for r in results:
+        assert r["coefficient_domain"] == ([] if which == "onebit" else r["owner"])
     if model_record:
         assert all(n.startswith("@model:") and n.endswith("]") for r in results for n in r["owned"])
 

@@ -162,6 +162,14 @@ class ReencodeFeedback:
         buf.scatter_(1, idx, buf.gather(1, idx).sub_(kept.values().to(buf.device)))
         return entry, kept.decode()
 
+    def reencode_mean(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """An aggregate computed already (``{name: tensor}``) plus the residuals, compressed in parameter
+        space (:meth:`ErrorFeedback.compress_bundle_reconstructed <gradwire.ErrorFeedback.compress_bundle_reconstructed>`:
+        one batch over every tensor, the path whose kernel count does not grow with the tensors on a GPU);
+        a coefficient-domain residual moves back to parameter space first. ``{name: (record, its exact
+        decode)}`` in ``mean``'s order."""
+        return self._reencode_parameters(mean)
+
     def _reencode_parameters(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """The parameter-domain feedback's records of ``mean`` (its residuals moved back from the
         coefficient domain first, for tensors that switch)."""

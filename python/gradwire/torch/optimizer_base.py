@@ -286,7 +286,8 @@ class ExchangingOptimizer(ReportsFrameBytes):
         return reshard_share(parts, kind=route.kind, world=world, rank=rank,
                              old_pieces=route.pieces_for(len(parts)) if sharded else None,
                              new_pieces=route.pieces if sharded else None,
-                             owned=[p.name for p in self._exchange.owned(rank)] if sharded else [])
+                             owned=[p.name for p in self._exchange.owned(rank)] if sharded else [],
+                             downlink=self._exchange.downlink if sharded else None)
 
     def _split_state(self, state_dict: dict[str, Any]) -> tuple[Optional[dict], dict[str, dict], dict]:
         """A state dict given to ``load_state_dict`` as ``(share, per-parameter state, torch's part)``:

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from .. import dct as _dct
 from .sharded import Pieces
 
 __all__ = ["reshard_share"]
@@ -33,11 +34,12 @@ _INNER = "inner."
 
 
 def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, rank: int,
-                  old_pieces: Optional[Pieces], new_pieces: Optional[Pieces], owned: Sequence[str]) -> dict:
+                  old_pieces: Optional[Pieces], new_pieces: Optional[Pieces], owned: Sequence[str],
+                  downlink=None) -> dict:
     """Rank ``rank``'s share in a group of ``world`` from the ``parts`` a group of ``len(parts)`` saved
     (see the module docstring). ``kind``: this optimizer's exchange; ``old_pieces`` / ``new_pieces``: the
     sharded exchange's pieces for the old and the new group (``None`` all-gathered); ``owned``: the
-    names of the new pieces this rank owns."""
+    names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded)."""
     saved_kind = parts[0].get("exchange", "all_gather")
     if saved_kind != kind:
         raise ValueError(f"this checkpoint was saved with exchange={saved_kind!r}; this optimizer uses "
@@ -60,7 +62,7 @@ def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, 
     share.update(world=world, rank=rank, bytes_sent=0, bytes_received=0)
     if new_pieces is not None:
         share["pieces"] = [p.name for p in new_pieces.pieces]
-        share["owner"] = _owner_feedback([p["owner"] for p in parts], old_pieces, new_pieces, owned)
+        share["owner"] = _owner_feedback([p["owner"] for p in parts], old_pieces, new_pieces, owned, downlink)
     return share
 
 
@@ -103,13 +105,19 @@ def _cut(tensors: Mapping[str, torch.Tensor], pieces: Pieces) -> dict[str, torch
     return {n: t.clone().contiguous() for n, t in pieces.cut(tensors).items()}
 
 
-def _owner_feedback(owners: Sequence[Mapping[str, Any]], old: Pieces, new: Pieces, owned: Sequence[str]) -> dict:
-    """The old owners' residuals joined into one per tensor (a piece nobody holds yet is zeros), cut into
-    the new pieces, the ones this rank owns kept."""
+def _owner_feedback(owners: Sequence[Mapping[str, Any]], old: Pieces, new: Pieces, owned: Sequence[str],
+                    downlink) -> dict:
+    """The old owners' residuals joined into one per tensor (a piece nobody holds yet is zeros; one held in
+    the DCT coefficient domain is taken back to parameter space by its inverse transform), cut into the new
+    pieces, the ones this rank owns kept: an ``ErrorFeedback`` state, parameter-domain."""
     _stateless([o.get("codec") for o in owners], "downlink codec")
     residuals: dict[str, torch.Tensor] = {}
     for o in owners:
         residuals.update(o.get("residuals", {}))
+        for name, held in o.get("coefficients", {}).items():
+            plan = downlink.plan(tuple(int(d) for d in held["shape"]))
+            chunks = held["chunks"].to(torch.float32).reshape(plan.num_chunks, *plan.chunk_shape)
+            residuals[name] = _dct.from_chunks(_dct.idct_chunks(chunks), plan)
     if not residuals:
         return {"residuals": {}, "codec": owners[0].get("codec", {})}
     device = next(iter(residuals.values())).device
