@@ -43,7 +43,7 @@ from . import dct as _dct
 from .aggregation import _by_name, exact_mean, exact_trimmed_mean, sender_weights
 from .codecs import statedict as sd
 from .codecs.base import Codec
-from .codecs.dct import DCTCodec
+from .codecs.dct import DCTCodec, dequantize_levels
 from .codecs.dct_parse import ParsedRecord, parse_record
 from .feedback import ErrorFeedback
 from .frame import Entry
@@ -109,8 +109,7 @@ class ReencodeFeedback:
         if lap is not None:
             lap("aggregate")
         done = self._reencode_parameters({name: mean[name] for name in rest})
-        for name in parsed:
-            done[name] = self._reencode_coefficients(name, sums[name])
+        done.update(self._reencode_coefficient_buffers(sums))
         return {name: done[name] for name in names}
 
     def _coefficient_records(self, name: str, entries: Sequence[Entry], device: torch.device
@@ -151,16 +150,33 @@ class ReencodeFeedback:
             _drop_padding(buf, plan)
         return buf
 
-    def _reencode_coefficients(self, name: str, buf: torch.Tensor) -> tuple[Entry, torch.Tensor]:
-        """Compress the buffer ``buf`` (the residual plus this round's aggregate) and keep in it what
-        receivers do not get: the buffer less the dequantized values of the kept coefficients."""
+    def _reencode_coefficient_buffers(self, sums: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """Compress every buffer (a residual plus this round's aggregate) and keep in each what receivers
+        do not get: the buffer less the dequantized values of its kept coefficients. Buffers of one chunk
+        shape go together (one top-k, quantization, host copy and exact decode per chunk shape:
+        :meth:`DCTCodec.compress_coefficient_groups <gradwire.DCTCodec.compress_coefficient_groups>`,
+        whose records and decodes are byte for byte those of one buffer at a time)."""
+        if not sums:
+            return {}
         assert isinstance(self.codec, DCTCodec)
-        shape = self._coefficients[name][0]
-        plan = self.codec.plan(shape)
-        entry, kept = self.codec.compress_coefficients(buf, plan, name)
-        idx = kept.idx.to(buf.device)
-        buf.scatter_(1, idx, buf.gather(1, idx).sub_(kept.values().to(buf.device)))
-        return entry, kept.decode()
+        groups: dict[tuple[int, ...], list[tuple[str, torch.dtype, _dct.ChunkPlan]]] = {}
+        for name in sums:
+            plan = self.codec.plan(self._coefficients[name][0])
+            groups.setdefault(plan.chunk_shape, []).append((name, torch.float32, plan))
+        items = [(members, torch.cat([sums[n] for n, _, _ in members]) if len(members) > 1 else sums[members[0][0]])
+                 for members in groups.values()]
+        done, kept = self.codec.compress_coefficient_groups(items)
+        for (members, _), (idx, levels, scales, mins) in zip(items, kept):
+            values = dequantize_levels(levels, scales, mins)
+            row = 0
+            for name, _, plan in members:
+                rows = slice(row, row + plan.num_chunks)
+                row += plan.num_chunks
+                buf = sums[name]
+                at = idx[rows].to(buf.device)
+                # What receivers read for the kept coefficients leaves the buffer (as one buffer at a time).
+                buf.scatter_(1, at, buf.gather(1, at).sub_(values[rows].to(buf.device)))
+        return done
 
     def reencode_mean(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """An aggregate computed already (``{name: tensor}``) plus the residuals, compressed in parameter
