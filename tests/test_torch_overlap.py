@@ -146,3 +146,19 @@ def _under_ddp_run(rank: int, world: int) -> dict:
 def test_overlap_under_ddp_with_the_local_gradients_hook_applies_the_same_bits():
     for r in gt.spawn(_under_ddp_run, 2, (), timeout_s=90):
         assert r["same"] and r["identical"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_overlap_on_a_side_stream_applies_the_bits_of_the_step_without_overlap():
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(5)).cuda()
+    y = torch.randint(0, 8, (64,), generator=torch.Generator().manual_seed(6)).cuda()
+    weights = []
+    for overlap in (False, True):
+        model = _net().cuda()
+        opt = _demo(model, overlap, **({"bucket_numel": 2000} if overlap else {}))
+        for _ in range(4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        weights.append(flat_parameters(model))
+    assert torch.equal(*weights)
