@@ -19,7 +19,9 @@ Each bucket is encoded once per step, from the gradients as the backward pass le
   reach what was encoded: clip inside the loss, or build the optimizer with ``overlap=False``.
 
 The records are those the optimizer's step makes without overlap (the codec compresses each tensor on
-its own: the same records, byte for byte on the CPU), and every rank applies the same exact mean.
+its own: the same records, byte for byte on the CPU; on a GPU the forward transform's last bits follow
+the batch's size, so a coefficient at a tie may be kept in place of another), and every rank applies the
+same exact mean: the replicas stay bit-identical either way.
 """
 
 from __future__ import annotations
