@@ -60,7 +60,7 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
     ``overlap=True`` starts each bucket's momentum step and encode (about ``bucket_numel`` elements, in
     backward order) as soon as the backward pass has produced its gradients, on a worker thread (and a side
     stream on a GPU), as DDP's communication hooks do; :meth:`step` then waits for them, exchanges and
-    applies. The records, and so the weights, are the same as without overlap. Run the earlier backward
+    applies. On the CPU the records, and so the weights, are those without overlap. Run the earlier backward
     passes of gradient accumulation inside ``with opt.no_sync():``; clipping or unscaling the gradients
     between ``backward()`` and ``step()`` does not reach what was encoded (:mod:`gradwire.torch.overlap`).
     """
