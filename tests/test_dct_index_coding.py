@@ -260,3 +260,52 @@ def test_cuda_tensors_encode_and_decode_on_their_device():
     out = gradwire.decode(write_frame([entry]), device="cuda")
     assert out.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), recon.cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("index_coding", ["fixed", "rice", "auto"])
+@pytest.mark.parametrize("value_bits", [8, 4, 2, 1])
+def test_one_native_call_codes_every_record_as_the_single_kernels_do(index_coding, value_bits):
+    """``_native.dct_payloads`` codes a step's records in one call: each record's idx and val sections
+    are what ``wire.pack_bits`` / ``wire.rice_encode`` give it alone, at the parameter the codec names."""
+    codec = DCTCodec(chunk_shape=(8, 8), topk=5, mode="tiles", index_coding=index_coding, value_bits=value_bits)
+    tensors = {"a": _rand((32, 24), 1), "b": _rand((16, 16), 2), "c": _rand((40,), 3)}
+    records = [codec.compress(t, n)[0] for n, t in tensors.items()]
+    together = codec.compress_bundle(tensors)
+    for entry in records:
+        # the batched path, byte for byte the per-tensor one
+        assert write_frame([together[entry.name][0]], round=0, sender=0) == write_frame([entry], round=0, sender=0)
+        p = unpack_params(entry.params)
+        c = 1
+        for d in p["chunk_shape"]:
+            c *= d
+        k = p["k"]
+        parsed = parse_record(entry)
+        idx = parsed.idx.numpy().reshape(-1).astype(np.uint32)
+        bits = max(1, (c - 1).bit_length())
+        fixed = wire.pack_bits(idx, bits)
+        rice_param, rice_len = wire.rice_param(idx, c, set_len=k)
+        rice = wire.rice_encode(idx, c, rice_param, set_len=k)
+        want = {"fixed": (INDEX_CODING_FIXED, fixed), "rice": (INDEX_CODING_RICE, rice),
+                "auto": (INDEX_CODING_FIXED, fixed) if len(fixed) <= len(rice) else (INDEX_CODING_RICE, rice)}
+        coding, stream = want[index_coding]
+        assert p["index_coding"] == coding and bytes(entry.sections["idx"]) == stream
+        if value_bits < 8:
+            levels = parsed.levels.numpy().reshape(-1).astype(np.uint32)
+            assert bytes(entry.sections["val"]) == wire.pack_bits(levels, value_bits)
+
+
+def test_the_native_payload_call_refuses_layouts_that_do_not_add_up():
+    from gradwire import _native
+    from gradwire.errors import WireError
+
+    with pytest.raises(WireError) as err:
+        _native.dct_payloads(np.arange(5, dtype=np.uint32), np.empty(0, np.uint32),
+                             np.array([1, 4, 16], dtype=np.uint64), 0, 8)
+    assert err.value.kind == "length_mismatch"
+    with pytest.raises(WireError) as err:
+        _native.dct_payloads(np.array([3, 1], dtype=np.uint32), np.empty(0, np.uint32),
+                             np.array([1, 2, 16], dtype=np.uint64), 1, 8)
+    assert err.value.kind == "not_strictly_ascending"
+    with pytest.raises(ValueError, match="index_coding must be 0, 1 or 2"):
+        _native.dct_payloads(np.array([1, 3], dtype=np.uint32), np.empty(0, np.uint32),
+                             np.array([1, 2, 16], dtype=np.uint64), 7, 8)

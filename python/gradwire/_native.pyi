@@ -356,6 +356,19 @@ def rice_encode(indices: npt.NDArray[np.uint32], set_len: int, universe: int, pa
     """Rice stream of the sets' gaps: the remainders packed at ``param`` bits, then the quotients in
     unary (zeros then a one bit). Raises ``WireError`` naming the first index out of order or range."""
 
+def dct_payloads(
+    positions: npt.NDArray[np.uint32],
+    levels: npt.NDArray[np.uint32],
+    layouts: npt.NDArray[np.uint64],
+    index_coding: int,
+    value_bits: int,
+) -> list[tuple[int, int, bytes, bytes | None]]:
+    """The coded sections of every DCT record of a step in one call, GIL released: ``layouts`` holds
+    ``rows, k, C`` per record, ``positions`` (and, below 8 bits, ``levels``) their values one record after
+    another; ``index_coding`` 0 packed, 1 Rice, 2 the smaller. One ``(index_coding, parameter, idx,
+    val or None)`` per record. ``WireError`` (``length_mismatch``, ``index_out_of_range``,
+    ``not_strictly_ascending``, ``value_too_wide``) for input that does not fit."""
+
 def rice_decode(
     data: npt.NDArray[np.uint8],
     count: int,

@@ -36,6 +36,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .. import _native
 from .. import dct as _dct
 from .. import wire
 from ..frame import Entry
@@ -67,6 +68,8 @@ INDEX_CODING_FIXED = 0
 INDEX_CODING_RICE = 1
 _INDEX_CODINGS = {"fixed": INDEX_CODING_FIXED, "rice": INDEX_CODING_RICE}
 _INDEX_CODING_NAMES = {v: k for k, v in _INDEX_CODINGS.items()}
+#: ``_native.dct_payloads``'s ``index_coding`` for each of the codec's choices (2: the smaller of the two).
+_INDEX_CODINGS_NATIVE = {"fixed": 0, "rice": 1, "auto": 2}
 #: Section names, in their order in a record.
 SECTIONS = ("idx", "val", "scale", "min")
 
@@ -430,15 +433,18 @@ class DCTCodec(Codec):
             kept.append((idx, levels, scales, mins))
         # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
         hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
-        out: dict[str, tuple[Entry, torch.Tensor]] = {}
+        records, recons_of = [], {}
         for (members, k, c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
             row = 0
             for (name, dtype, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
                 row += plan.num_chunks
-                out[name] = (self._record(name, dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1),
-                                          scales_h[rows], mins_h[rows]), recon)
-        return out, kept
+                records.append((name, dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1), scales_h[rows],
+                                mins_h[rows]))
+                recons_of[name] = recon
+        # Every record's positions and values coded in ONE native call (GIL released).
+        entries = self._records(records)
+        return {e.name: (e, recons_of[e.name]) for e in entries}, kept
 
     def _to_host_all(self, groups):
         """:meth:`_to_host` (not flat) of each ``((idx, levels, scales, mins), c)``. Off the CPU the arrays
@@ -483,44 +489,43 @@ class DCTCodec(Codec):
     def _record(self, name: str, dtype: torch.dtype, plan: _dct.ChunkPlan, k: int, idx_host: np.ndarray,
                 values: np.ndarray, scales_host: np.ndarray, mins_host: np.ndarray) -> Entry:
         """The record of ``plan``'s chunks from their host arrays (see :meth:`_to_host`)."""
-        if not (np.isfinite(scales_host).all() and np.isfinite(mins_host).all()):
-            raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
-        c = plan.chunk_numel
-        if self.value_bits != VALUE_BITS:
-            values = np.frombuffer(wire.pack_bits(values, self.value_bits), dtype=np.uint8)
-        coding, param, idx_bytes = self._code_indices(
-            idx_host.reshape(plan.num_chunks, k).astype(np.uint32), c, index_bits_for(c))
-        return Entry(
-            name=name, codec=self.codec_id, dtype=dtype, shape=plan.shape,
-            params=pack_params(
-                plan.mode, plan.chunk_shape, k, plan.pad_count,
-                index_coding=coding, index_param=param, value_bits=self.value_bits,
-            ),
-            sections={
-                "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
-                "val": values,
-                "scale": scales_host.astype(np.float32, copy=False),
-                "min": mins_host.astype(np.float32, copy=False),
-            },
-            section_elems={},
-        )
+        return self._records([(name, dtype, plan, k, idx_host, values, scales_host, mins_host)])[0]
 
-    def _code_indices(self, idx: np.ndarray, c: int, bits: int) -> tuple[int, int, bytes]:
-        """``(index_coding, its parameter, the idx section)`` for positions ``idx`` ``(num_chunks, k)``."""
-        n, k = idx.shape
-        flat = idx.reshape(-1)
-        if self.index_coding == "fixed":
-            return INDEX_CODING_FIXED, bits, wire.pack_bits(flat, bits)
-        if self.index_coding == "rice":
-            param = wire.rice_param(flat, c, set_len=k)[0] if n * k else 0
-            return INDEX_CODING_RICE, param, wire.rice_encode(flat, c, param, set_len=k)
-        sizes = index_stream_sizes(idx, c)
-        # Smaller wins; a tie goes to fixed packing, the simpler stream.
-        coding = min(sizes, key=lambda cd: (sizes[cd][0], cd))
-        param = sizes[coding][1]
-        if coding == INDEX_CODING_FIXED:
-            return coding, param, wire.pack_bits(flat, bits)
-        return coding, param, wire.rice_encode(flat, c, param, set_len=k)
+    def _records(self, records) -> list[Entry]:
+        """The records of ``(name, dtype, plan, k, positions, values, scales, mins)`` host arrays (see
+        :meth:`_to_host`): every record's positions coded (packed, Rice or the smaller, as the codec says)
+        and its values packed below a byte by one native call, ``_native.dct_payloads``, the GIL released.
+        ``ValueError`` naming the first tensor whose scales or minimums are not finite, before any coding."""
+        for name, _, _, _, _, _, scales_host, mins_host in records:
+            if not (np.isfinite(scales_host).all() and np.isfinite(mins_host).all()):
+                raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
+        if not records:
+            return []
+        layouts = np.array([(plan.num_chunks, k, plan.chunk_numel) for _, _, plan, k, *_ in records],
+                           dtype=np.uint64).reshape(-1)
+        positions = np.concatenate([np.asarray(r[4]).reshape(-1) for r in records]).astype(np.uint32, copy=False)
+        packs = self.value_bits != VALUE_BITS
+        levels = (np.concatenate([np.asarray(r[5]).reshape(-1) for r in records]).astype(np.uint32, copy=False)
+                  if packs else np.empty(0, dtype=np.uint32))
+        coded = _native.dct_payloads(positions, levels, layouts, _INDEX_CODINGS_NATIVE[self.index_coding],
+                                     self.value_bits)
+        out = []
+        for (name, dtype, plan, k, _, values, scales_host, mins_host), (coding, param, idx_bytes, val) in zip(records, coded):
+            out.append(Entry(
+                name=name, codec=self.codec_id, dtype=dtype, shape=plan.shape,
+                params=pack_params(
+                    plan.mode, plan.chunk_shape, k, plan.pad_count,
+                    index_coding=coding, index_param=param, value_bits=self.value_bits,
+                ),
+                sections={
+                    "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
+                    "val": np.frombuffer(val, dtype=np.uint8) if packs else values,
+                    "scale": scales_host.astype(np.float32, copy=False),
+                    "min": mins_host.astype(np.float32, copy=False),
+                },
+                section_elems={},
+            ))
+        return out
 
     def __repr__(self) -> str:
         extra = ""

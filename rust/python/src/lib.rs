@@ -541,6 +541,44 @@ fn select_topk_rows<'py>(
     ))
 }
 
+/// One record's coded sections: `(index_coding, its parameter, idx section, packed val section or None)`.
+type RecordPayloadTuple<'py> = (u8, u32, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
+
+/// The coded sections of every DCT record of a step in one call, GIL released (docs/FORMAT.md §5.2):
+/// `positions` (uint32) holds each record's `rows · k` positions one record after another, `levels`
+/// (uint32) its quantized values likewise when `value_bits` < 8 (else empty), `layouts` (uint64) three
+/// numbers a record: `rows, k, C`. `index_coding`: 0 packed, 1 Rice, 2 the smaller. Returns one
+/// `(index_coding, parameter, idx, val or None)` per record.
+#[pyfunction]
+fn dct_payloads<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray1<'py, u32>,
+    levels: PyReadonlyArray1<'py, u32>,
+    layouts: PyReadonlyArray1<'py, u64>,
+    index_coding: u8,
+    value_bits: u32,
+) -> PyResult<Vec<RecordPayloadTuple<'py>>> {
+    let (p, l, lay) = (slice(&positions, "positions")?, slice(&levels, "levels")?, slice(&layouts, "layouts")?);
+    if lay.len() % 3 != 0 {
+        return Err(PyValueError::new_err(format!("layouts must hold 3 numbers a record, got {}", lay.len())));
+    }
+    let choice = match index_coding {
+        0 => gw::IndexCodingChoice::Fixed,
+        1 => gw::IndexCodingChoice::Rice,
+        2 => gw::IndexCodingChoice::Auto,
+        other => return Err(PyValueError::new_err(format!("index_coding must be 0, 1 or 2, got {other}"))),
+    };
+    let records: Vec<gw::RecordLayout> = lay
+        .chunks_exact(3)
+        .map(|r| gw::RecordLayout { rows: r[0] as usize, k: r[1] as usize, universe: r[2] })
+        .collect();
+    let done = nogil(py, || gw::dct_payloads(p, l, &records, choice, value_bits))?;
+    Ok(done
+        .into_iter()
+        .map(|r| (r.coding, r.param, PyBytes::new(py, &r.idx), r.val.map(|v| PyBytes::new(py, &v))))
+        .collect())
+}
+
 /// Whether a `side × side` integer DCT basis (float64, flat) folds exactly:
 /// `B[f, side-1-i] == (-1)^f · B[f, i]` with `side` even.
 #[pyfunction]
@@ -1144,6 +1182,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rice_param, m)?)?;
     m.add_function(wrap_pyfunction!(rice_param_estimate, m)?)?;
     m.add_function(wrap_pyfunction!(rice_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(dct_payloads, m)?)?;
     m.add_function(wrap_pyfunction!(rice_decode, m)?)?;
     m.add_function(wrap_pyfunction!(elias_encode, m)?)?;
     m.add_function(wrap_pyfunction!(elias_decode, m)?)?;
