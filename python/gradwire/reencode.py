@@ -108,7 +108,7 @@ class ReencodeFeedback:
         sums = {name: self._add_aggregate(name, recs, w32, dev) for name, recs in parsed.items()}
         if lap is not None:
             lap("aggregate")
-        done = self._reencode_parameters({name: mean[name] for name in rest})
+        done = self.reencode_mean({name: mean[name] for name in rest})
         done.update(self._reencode_coefficient_buffers(sums))
         return {name: done[name] for name in names}
 
@@ -184,11 +184,6 @@ class ReencodeFeedback:
         one batch over every tensor, the path whose kernel count does not grow with the tensors on a GPU);
         a coefficient-domain residual moves back to parameter space first. ``{name: (record, its exact
         decode)}`` in ``mean``'s order."""
-        return self._reencode_parameters(mean)
-
-    def _reencode_parameters(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
-        """The parameter-domain feedback's records of ``mean`` (its residuals moved back from the
-        coefficient domain first, for tensors that switch)."""
         for name, value in mean.items():
             if name in self._coefficients:
                 self.feedback.set_residual(name, self._parameter_view(name).to(value.device))

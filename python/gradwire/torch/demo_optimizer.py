@@ -199,9 +199,6 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         named = _named(self.param_groups)
         devices = {n: p.device for n, p, _ in named}
         first = named[0][1].device if named else None
-        if share is not None:
-            self._check_model_shapes(share)
-            self._load_exchange(share, devices)  # first: a checkpoint of another exchange or group is refused
         super().load_state_dict(torch_part)
         node = share["node"] if share is not None else {"codec": self.node.codec.state_dict()}
         if "momenta" in node:  # a checkpoint from before the per-parameter state: the node's own buffers

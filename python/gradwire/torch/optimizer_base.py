@@ -290,11 +290,12 @@ class ExchangingOptimizer(ReportsFrameBytes):
                              downlink=self._exchange.downlink if sharded else None)
 
     def _split_state(self, state_dict: dict[str, Any]) -> tuple[Optional[dict], dict[str, dict], dict]:
-        """A state dict given to ``load_state_dict`` as ``(share, per-parameter state, torch's part)``:
-        this rank's ``"gradwire"`` share (``None`` for a state dict without it: what
-        ``torch.distributed.checkpoint`` hands back), the per-parameter state by position name (from the
-        share of a full state dict, else from ``"state"``) and ``{"state": {}, "param_groups": ...}`` for
-        torch's own ``load_state_dict``."""
+        """What both optimizers' ``load_state_dict`` do first: check the state dict (another model, shards,
+        exchange, group or rank is refused before anything changes), load the exchange's part, and return
+        ``(share, per-parameter state, torch's part)``: this rank's ``"gradwire"`` share (``None`` for a
+        state dict without it: what ``torch.distributed.checkpoint`` hands back), the per-parameter state
+        by position name (from the share of a full state dict, else from ``"state"``) and
+        ``{"state": {}, "param_groups": ...}`` for torch's own ``load_state_dict``."""
         state_dict = dict(state_dict)
         gw = state_dict.pop(_STATE_KEY, None)
         share = self._own_share(gw) if gw is not None else None
@@ -309,6 +310,9 @@ class ExchangingOptimizer(ReportsFrameBytes):
         per_param = {n: {k: (local_tensor(v) if not k.startswith(INNER) else v) for k, v in f.items()}
                      for n, f in per_param.items()}
         self._check_param_state(per_param)
+        if share is not None:
+            devices = {n: p.device for n, p in _positions(self.param_groups).items()}
+            self._route.load_state_dict(share, devices)
         return share, per_param, {"state": {}, "param_groups": state_dict["param_groups"]}
 
     def _check_param_state(self, per_param: dict[str, dict]) -> None:
@@ -374,9 +378,6 @@ class ExchangingOptimizer(ReportsFrameBytes):
         on_device = {n: t.detach().to(device=local_tensor(positions[n]).device, dtype=torch.float32)
                      for n, t in per_param.items()}
         return {n: t.clone().contiguous() for n, t in self._route.prepare(on_device).items()}
-
-    def _load_exchange(self, mine: dict, devices: dict) -> None:
-        self._route.load_state_dict(mine, devices)
 
     @property
     def exchange(self) -> str:

@@ -210,9 +210,6 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
         for a checkpoint of another model (parameter count or shapes), rank (sharded) or exchange."""
         share, per_param, torch_part = self._split_state(state_dict)
         devices = {n: p.device for n, p in _positions(self.param_groups).items()}
-        if share is not None:
-            self._check_model_shapes(share)
-            self._load_exchange(share, devices)  # first: a checkpoint of another exchange or group is refused
         legacy = share is not None and "anchor" in share  # from before the per-parameter state
         anchor = share["anchor"] if legacy else {n: f["anchor"] for n, f in per_param.items() if "anchor" in f}
         unknown = [n for n in anchor if n not in devices]
