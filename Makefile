@@ -8,6 +8,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
+# PyPI's CDN sometimes cuts a multi-hundred-MB wheel (torch's CUDA dependencies, triton) short: pip
+# resumes a cut download many times before giving up, and the dependency install below is retried as a
+# whole (wheels already downloaded come from pip's cache on the next try).
+export PIP_RESUME_RETRIES ?= 50
+export PIP_RETRIES ?= 10
+export PIP_TIMEOUT ?= 60
+PIP_TRIES ?= 3
+
 .PHONY: demo test test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
@@ -27,7 +35,10 @@ wheel: $(VENV)/.created
 # `apps` extra names, is not on PyPI: pip takes it from the path).
 install: wheel
 	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
-	$(PIP) install -q "$$(ls dist/*.whl)[apps,test,bench]" ./server
+	@for try in $$(seq 1 $(PIP_TRIES)); do \
+	  $(PIP) install -q "$$(ls dist/*.whl)[apps,test,bench]" ./server && exit 0; \
+	  echo "pip install failed (try $$try of $(PIP_TRIES)); retrying"; sleep 10; \
+	done; exit 1
 
 # Release files in dist/release: the abi3 wheel for manylinux2014 (glibc >= 2.17: it installs on older
 # distributions than `make wheel`'s manylinux_2_34 one; built with zig as the linker, ziglang from PyPI),
