@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import gradwire.torch as gt
+from gradwire.dct import set_exact_decode
 
 from demo_reference import DeMoReference  # bench/ is the script's folder, first on sys.path
 
@@ -107,6 +108,7 @@ class Counts:
     numpy_on_device: int = 0
     by_op: collections.Counter = field(default_factory=collections.Counter)
     transfers: collections.Counter = field(default_factory=collections.Counter)
+    f64_sites: collections.Counter = field(default_factory=collections.Counter)  # bytes by op and caller
 
     def scaled(self, other: "Counts", a: float, b: float) -> "Counts":
         """``a·self + b·other`` (a cycle's mean of two kinds of step)."""
@@ -216,6 +218,7 @@ class OpCounter(TorchDispatchMode):
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
                         c.f64_bytes += t.numel() * 8
+                        c.f64_sites[f"{func.overloadpacket.__name__} at {_caller()}"] += t.numel() * 8
             if func is torch.ops.aten._local_scalar_dense.default:
                 c.transfers["aten._local_scalar_dense"] += 1
         return out
@@ -374,7 +377,11 @@ def main() -> None:
                     help="TENSORSxWIDTH, comma-separated (20x1024: the issue's 10.5 M-parameter model)")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--top", type=int, default=0, help="also list each row's N most frequent operations and its copies")
+    ap.add_argument("--exact-decode", choices=("integer", "float64"), default="integer",
+                    help="the exact decode's route on the device path (a GPU measures both and keeps the faster: "
+                         "gradwire.dct.route_choice; the emulated device cannot, so the bench names one)")
     a = ap.parse_args()
+    set_exact_decode(a.exact_decode)
     rows = a.rows.split(",")
     for r in rows:
         if r not in ROWS:
@@ -384,7 +391,7 @@ def main() -> None:
         print(f"counting {tensors} tensors of width {width} …", flush=True)
         results += count_case(tensors, width, rows)
     lines = ["One step of each optimizer, the device code path run on the CPU (bench/step_ops.py), "
-             f"torch {torch.__version__}.", ""] + table(results) + [""] + targets(results)
+             f"torch {torch.__version__}, the exact decode by its {a.exact_decode} route.", ""] + table(results) + [""] + targets(results)
     print("\n".join(lines))
     bad = [r for r in results if r["counts"].numpy_on_device]
     for r in bad:
@@ -398,6 +405,8 @@ def main() -> None:
             print(f"\n{NAMES[r['row']]}, {r['tensors']} tensors: " + ", ".join(f"{n} {k}" for n, k in c.by_op.most_common(a.top)))
             if c.transfers:
                 print("  copies: " + ", ".join(f"{n} ×{k}" for n, k in c.transfers.most_common()))
+            if c.f64_sites:
+                print("  float64 bytes: " + ", ".join(f"{n} {_num(k)}" for n, k in c.f64_sites.most_common(a.top)))
 
 
 if __name__ == "__main__":

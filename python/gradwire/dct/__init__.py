@@ -1,6 +1,6 @@
 """The orthonormal DCT-II by cached basis matrices, and the two ways of cutting a tensor into chunks.
 
-One namespace, ``gradwire.dct``, over four modules (each imports only the ones above it):
+One namespace, ``gradwire.dct``, over six modules (each imports only the ones above it):
 
 - :mod:`.chunks`: the two chunkings (mode 0 flat, mode 1 tiles), :class:`ChunkPlan`, :func:`to_chunks` /
   :func:`from_chunks`;
@@ -8,7 +8,10 @@ One namespace, ``gradwire.dct``, over four modules (each imports only the ones a
   :func:`dct_nd`, the per-chunk :func:`dct_chunks` / :func:`idct_chunks`, :func:`encode_chunks`;
 - :mod:`.quantize`: :func:`select_topk` and the per-row int8 grid (:func:`quantize_int8`);
 - :mod:`.decode`: :func:`decode_chunks` (float) and the bit-exact :func:`decode_levels` with its routes;
-- :mod:`.integer`: exact int64 products through int8 digits and ``torch._int_mm`` (:func:`exact_int_mm`).
+- :mod:`.integer`: exact int64 products through int8 digits and ``torch._int_mm`` (:func:`exact_int_mm`),
+  and the decode's "integer" route (:func:`rows_level_sums_int`);
+- :mod:`.route_choice`: which exact route a GPU takes, integer or float64, measured on the device
+  (:func:`set_exact_decode`, ``GRADWIRE_EXACT_DECODE``).
 
 The public names are re-exported here, so code calls ``gradwire.dct.X``. This is a plain re-export:
 assigning a name on ``gradwire.dct`` rebinds it here only. A setting such as ``MATMUL_MAX_N`` or
@@ -19,7 +22,7 @@ Patch a name there.
 
 from __future__ import annotations
 
-from . import chunks, decode, integer, quantize, transform
+from . import chunks, decode, integer, quantize, route_choice, transform
 from .chunks import (
     MAX_TILE,
     MODE_FLAT,
@@ -44,7 +47,8 @@ from .decode import (
     decode_levels_weighted_sum,
     fixed_point_bits,
 )
-from .integer import dense_level_sums_int, exact_int_mm, int_digits
+from .integer import digit_count, exact_int_mm, int_digits, rows_level_sums_int
+from .route_choice import set_exact_decode
 from .quantize import MIN_RANGE, dequantize_int8, quantize_int8, select_topk
 from .transform import (
     BASIS_CACHE_BYTES,
@@ -75,9 +79,11 @@ __all__ = [
     "dct_chunks",
     "dct_nd",
     "decode_chunks",
-    "dense_level_sums_int",
+    "digit_count",
     "exact_int_mm",
     "int_digits",
+    "rows_level_sums_int",
+    "set_exact_decode",
     "dequantize_int8",
     "encode_chunks",
     "from_chunks",

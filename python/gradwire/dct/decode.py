@@ -2,8 +2,9 @@
 
 :func:`decode_chunks` scatters float coefficients and runs the float inverse transform (fast; its last
 bits follow the matrix library). :func:`decode_levels` decodes quantized levels in integers held exactly
-in float64, through one of three routes ("sparse", "rows", "dense"; :func:`_choose_route`), the same
-bits on every device, thread count and BLAS; :func:`decode_levels_weighted_sum` is the exact weighted
+in float64 (routes "sparse", "rows", "dense"; :func:`_choose_route`) or in int64 through int8 digits
+(route "integer", :mod:`.integer`; a GPU picks it or a float64 route by measuring both,
+:mod:`.route_choice`), the same bits on every device, thread count and BLAS; :func:`decode_levels_weighted_sum` is the exact weighted
 sum of several records in one Rust pass. The section comment below says why the integer decode is exact.
 """
 
@@ -15,7 +16,9 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _native
+from . import route_choice
 from .chunks import MODE_TILES, ChunkPlan, _prod, from_chunks
+from .integer import integer_basis, rows_level_sums_int
 from .transform import _BASES_LOCK, _basis_f64, idct_chunks
 
 __all__ = [
@@ -72,11 +75,15 @@ _EXACT_BLOCK_ELEMS = 1 << 18
 _EXACT_BLOCK_ELEMS_GPU = 1 << 25
 
 
-def _exact_block(device: torch.device, k: int, dims: tuple[int, ...]) -> int:
+def _exact_block(device: torch.device, k: int, dims: tuple[int, ...], route: str = "") -> int:
     """Chunks per block of an exact decode on ``device``, ``k`` coefficients per chunk of shape ``dims``."""
     c = _prod(dims)
     if device.type == "cpu":
         return max(1, _EXACT_BLOCK_ELEMS // (2 * c))
+    if route == "integer":
+        # In 8-byte elements per chunk: both int64 channels, their digits (int8, about 4 each), the stacked
+        # int32 product of every digit pair (about 8 pairs), one int64 partial, the gathered basis rows.
+        return max(1, _EXACT_BLOCK_ELEMS_GPU // (15 * c + 4 * k * dims[-1]))
     # Per chunk, the largest route's scratch: both channels and their transforms (about 6·C), and the
     # basis rows gathered per coefficient (sparse: k·(d_1 + 4·C/d_1); rows: 4·k·last).
     per_chunk = 6 * c + k * max(dims[0] + 4 * (c // dims[0]), 4 * dims[-1])
@@ -119,17 +126,17 @@ def decode_levels(
 
     ``levels`` are integers in ``[0, 255]``, ``idx`` strictly ascending per chunk (the decoder checks
     both). Runs on ``levels``' device. See the section comment for why it is exact; FORMAT.md §5.2 gives
-    the same computation for independent readers. ``route`` ("sparse", "rows" or "dense") overrides the
-    choice of method (:func:`_choose_route`), which only changes the time taken.
+    the same computation for independent readers. ``route`` ("sparse", "rows", "dense" or "integer")
+    overrides the choice of method (:func:`_choose_route`, and on a GPU :mod:`.route_choice`), which only
+    changes the time taken.
     """
     n = plan.num_chunks
     _check_pairs(idx, levels, n)
     dims = plan.chunk_shape
     device = levels.device
-    route = _choose_route(idx.shape[1], dims, device) if route is None else route
-    if route not in _ROUTES:
+    if route is not None and route not in _ROUTES:
         raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
-    if route == "rows" and device.type == "cpu":
+    if device.type == "cpu" and (route or _choose_route(idx.shape[1], dims, device)) == "rows":
         return _decode_rows_cpu(idx, levels, scales, mins, plan)
     return from_chunks(decode_level_chunks(idx, levels, scales, mins, dims, route), plan)
 
@@ -155,24 +162,41 @@ def decode_level_chunks(
     _check_pairs(idx, levels, n)
     device = levels.device
     k = idx.shape[1]
-    route = _choose_route(k, dims, device) if route is None else route
+    if route is None:
+        route = _choose_route(k, dims, device)
+        if device.type != "cpu" and n:
+            m = min(n, _exact_block(device, k, dims, "integer"))  # a test block of the caller's own data
+            route = route_choice.device_route(k, dims, device, route, lambda r: route_choice.timed(
+                lambda: _level_chunks(idx[:m], levels[:m], scales[:m], mins[:m], dims, r), device))
     if route not in _ROUTES:
         raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
+    return _level_chunks(idx, levels, scales, mins, dims, route)
+
+
+def _level_chunks(idx, levels, scales, mins, dims: tuple[int, ...], route: str) -> torch.Tensor:
+    """:func:`decode_level_chunks` by ``route``."""
+    n = idx.shape[0]
+    device = levels.device
+    k = idx.shape[1]
     s = fixed_point_bits(dims)
-    bases = [_int_basis(size, s, device) for size in dims]
+    if route == "integer":
+        bases = [integer_basis(size, s, device) for size in dims]
+    else:
+        bases = [_int_basis(size, s, device) for size in dims]
     sc_all, mn_all = _unscaled(scales, mins, dims, device)
     out = torch.empty((n, *dims), dtype=torch.float32, device=device)
     idx = idx.to(device=device, dtype=torch.int64)
     # Every route computes the same exact integers, so which one runs changes the time, never the bits.
-    block = _exact_block(device, k, dims)
+    block = _exact_block(device, k, dims, route)
     shape1 = (-1,) + (1,) * len(dims)
     for b0 in range(0, n, block):
         b1 = min(n, b0 + block)
         nb = b1 - b0
         level_sum, offset_sum = _ROUTES[route](idx[b0:b1], levels[b0:b1], dims, bases)
         if level_sum.dtype == torch.int64:
-            # The integer route's exact sums; the one rounding below stays the float64 route's (for now the
-            # combine with scale/min is float64, over the output only, not the transform's scratch).
+            # The integer route's exact sums (each below 2^53, so exact in float64 too); the one rounding
+            # stays FORMAT.md's: (L·scale)·2^-ds + (O·min)·2^-ds in float64, then float32, elementwise over
+            # the output only.
             level_sum, offset_sum = level_sum.to(torch.float64), offset_sum.to(torch.float64)
         chunk = level_sum.reshape(nb, *dims) * sc_all[b0:b1].reshape(shape1)
         chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
@@ -403,15 +427,8 @@ def _sparse_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int,
 _ROUTES = {"sparse": _sparse_level_sums, "rows": _rows_level_sums, "dense": _dense_level_sums}
 
 
-def _integer_level_sums(idx, levels, dims, bases):
-    """The "integer" route: the dense transform in int64 through int8 digits (:mod:`.integer`)."""
-    from .integer import dense_level_sums_int
-
-    return dense_level_sums_int(idx, levels, dims, bases)
-
-
-# Explicit only (``route="integer"``): equal bits to the others, tested; not yet chosen by _choose_route.
-_ROUTES["integer"] = _integer_level_sums
+# Bases of the integer route are :class:`.integer.IntegerBasis` objects (the caller builds them per route).
+_ROUTES["integer"] = rows_level_sums_int
 
 
 def _unravel(idx: torch.Tensor, dims: Sequence[int]) -> list[torch.Tensor]:
