@@ -20,7 +20,8 @@ would cross the wire (DeMo: int64 + fp32 tensors; gradwire: the whole frame). Ru
 torch sees a CUDA GPU, on it too.
 
 ``--routes`` adds a table per device: the exact decode (``gradwire.dct.decode_levels``) of the same
-record by each of its routes ("sparse", "rows", "dense": the same bits, other times) at every k, and
+record by each of its routes ("sparse", "rows", "dense" in float64, "integer" in int64: the same bits, other
+times) at every k, and
 the route the decoder picks, so the choice can be made by measurement on each kind of device.
 
 Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda] [--routes]
@@ -85,7 +86,7 @@ def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
     entry, _ = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles").compress(x)
     p = parse_record(entry, device)
     out, first = {}, None
-    for route in ("sparse", "rows", "dense"):
+    for route in ROUTES:
         best = float("inf")
         for _ in range(repeat):
             t, y = run_once(lambda: dd.decode_levels(p.idx, p.levels, p.scales, p.mins, p.plan, route=route), device)
@@ -96,7 +97,17 @@ def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
             raise AssertionError(f"route {route} decoded other bits at k = {k}")
         out[route] = best
     out["chosen"] = dd._choose_route(k, p.plan.chunk_shape, device)
+    if device.type != "cpu":  # a device measures both kinds of route once per shape and k bucket: what it kept
+        from gradwire.dct import route_choice
+
+        dd.decode_levels(p.idx, p.levels, p.scales, p.mins, p.plan)
+        kept = [c for c in route_choice.choices() if c["k_bucket"] == route_choice._k_bucket(k)]
+        out["chosen"] = kept[-1]["route"] if kept else out["chosen"]
     return out
+
+
+#: The exact decode's routes: float64 ("sparse", "rows", "dense") and int64 through int8 digits ("integer").
+ROUTES = ("sparse", "rows", "dense", "integer")
 
 
 def main() -> None:
@@ -137,12 +148,12 @@ def main() -> None:
         if args.routes:
             routes = Table(title=f"Exact decode by route, {args.side}×{args.side} on {device.type} (seconds, best of "
                            f"{args.repeat}; the same bits by every route)")
-            for col in ("k of 4096", "sparse", "rows", "dense", "fastest", "chosen"):
+            for col in ("k of 4096", *ROUTES, "fastest", "chosen"):
                 routes.add_column(col, justify="right")
             for k in args.topk:
                 r = route_times(x, k, args.repeat)
-                fastest = min(("sparse", "rows", "dense"), key=r.get)
-                routes.add_row(str(k), *(f"{r[n]:.4f}" for n in ("sparse", "rows", "dense")), fastest, r["chosen"])
+                fastest = min(ROUTES, key=r.get)
+                routes.add_row(str(k), *(f"{r[n]:.4f}" for n in ROUTES), fastest, r["chosen"])
             console.print(routes)
 
 

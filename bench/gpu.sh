@@ -12,6 +12,7 @@
 #   3. optimizer_step_10M / _100M   bench/optimizer_step.py --device cuda at 10 M and 100 M parameters:
 #                torch AdamW foreach and fused, DeMo's reference, gradwire DeMo and SparseLoCo;
 #   4. dct_codec bench/dct_codec.py --devices cuda at k = 1 … 512 of 4096, and the decode's routes;
+#      int_decode bench/int_decode.py: the float64 routes against the integer one, and what `auto` keeps;
 #   5. train_step  bench/train_step.py: a GPT-2-shaped 124 M-parameter model, bf16 autocast, batch
 #                8 × 1024 tokens, AdamW (fused) vs DeMo vs SparseLoCo;
 #   then summary.md: every part's exit status and time, every table and every "target …: met / missed" line.
@@ -19,7 +20,7 @@
 # How to run it with the device tool (from the checkout the session was started in):
 #   here:   make wheel gpu-wheels     # dist/*.whl built from this checkout, .gpu-wheels/ (~10 MiB); both ignored
 #   there:  run(command="bash bench/gpu.sh", carry=["dist", ".gpu-wheels"], timeout_s=540)
-# The files come back from $OUT (at most 8: this script writes 7). Without $OUT (a GPU machine of your own),
+# The files come back from $OUT (at most 8: this script writes 8). Without $OUT (a GPU machine of your own),
 # the logs go to bench/out/gpu/. The wheel must be built from the commit being measured: the script uses the
 # installed wheel's gradwire and says so if its Python sources differ from the tree's.
 #
@@ -110,6 +111,7 @@ DEV=cuda
 part optimizer_step_10M 50 "$PY" bench/optimizer_step.py --device "$DEV" --models linear "${OS_10[@]}" --out "$OUT/optimizer_step_10M.md"
 part optimizer_step_100M 100 "$PY" bench/optimizer_step.py --device "$DEV" --models linear "${OS_100[@]}" --out "$OUT/optimizer_step_100M.md"
 part dct_codec 60 "$PY" bench/dct_codec.py --devices "$DEV" "${DCT[@]}"
+part int_decode 25 "$PY" bench/int_decode.py --device "$DEV" --reps 3
 part train_step 100 "$PY" bench/train_step.py --device "$DEV" "${TRAIN[@]}"
 
 {
@@ -121,9 +123,11 @@ part train_step 100 "$PY" bench/train_step.py --device "$DEV" "${TRAIN[@]}"
     echo
     grep -h -E "^(│|┃|┏|┡|└)|DCT codec vs|Exact decode by route" "$OUT/dct_codec.log" 2>/dev/null
     echo
+    sed -n '/^Exact decode routes/,$p' "$OUT/int_decode.log" 2>/dev/null
+    echo
     sed -n '/^A training step/,$p' "$OUT/train_step.log" 2>/dev/null
     echo
     grep -h -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
 } >>"$SUMMARY"
-rm -f "$OUT"/optimizer_step_10M.md "$OUT"/optimizer_step_100M.md  # in the summary: 7 files come back
+rm -f "$OUT"/optimizer_step_10M.md "$OUT"/optimizer_step_100M.md  # in the summary: 8 files come back
 cat "$SUMMARY"

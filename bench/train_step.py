@@ -15,8 +15,9 @@ turn, so all see the same load):
 - **torch AdamW**: ``fused=True`` on a GPU, ``foreach=True`` on the CPU;
 - **gradwire DeMo**: ``gradwire.torch.DeMo`` with its defaults, as a group of one (no process group: the
   exchange writes, reads and decodes its frames, no collective moves bytes);
-- **gradwire DeMo, overlapped**: ``overlap=True``: each bucket's momentum step and encode start during the
-  backward pass (:mod:`gradwire.torch.overlap`), on a side stream on a GPU and a worker thread on the CPU;
+- **gradwire DeMo, overlapped**: ``overlap=True``: each bucket's momentum step, encode and exchange start
+  during the backward pass (:mod:`gradwire.torch.overlap`), on a side stream on a GPU and worker threads on
+  the CPU;
 - **gradwire SparseLoCo**: with an inner AdamW as above and its defaults (a sync every 8 steps): the mean
   step over whole cycles.
 

@@ -59,8 +59,9 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
 
     ``overlap=True`` starts each bucket's momentum step and encode (about ``bucket_numel`` elements, in
     backward order) as soon as the backward pass has produced its gradients, on a worker thread (and a side
-    stream on a GPU), as DDP's communication hooks do; :meth:`step` then waits for them, exchanges and
-    applies. On the CPU the records, and so the weights, are those without overlap. Run the earlier backward
+    stream on a GPU), as DDP's communication hooks do, and exchanges each bucket (its collectives and the
+    owners' mean) on a second worker, in bucket order, while the backward pass goes on; :meth:`step` then
+    waits for the last bucket and applies the means. On the CPU the records, and so the weights, are those without overlap. Run the earlier backward
     passes of gradient accumulation inside ``with opt.no_sync():``; clipping or unscaling the gradients
     between ``backward()`` and ``step()`` does not reach what was encoded (:mod:`gradwire.torch.overlap`).
     """
@@ -104,15 +105,16 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
             raise ValueError("overlap=True encodes buckets of parameters as their gradients arrive; "
                              "model_record=True sends the whole model as one record, which waits for the last "
                              "gradient: build DeMo with one or the other")
-        if getattr(self.node.codec, "bundle_budget", False):
-            raise ValueError(f"overlap=True encodes each bucket on its own; {self.node.codec!r} spends one budget "
-                             "across all tensors at once: build DeMo with overlap=False for it")
+        for codec in (self.node.codec, getattr(self._route.exchange, "downlink", None)):
+            if getattr(codec, "bundle_budget", False):
+                raise ValueError(f"overlap=True encodes and exchanges each bucket on its own; {codec!r} spends one "
+                                 "budget across all tensors at once: build DeMo with overlap=False for it")
         named = _named(self.param_groups)
         if any(is_dtensor(p) for _, p, _ in named):
             raise ValueError("overlap=True is for replicated parameters (DDP or one process); FSDP2 shards "
                              "reduce their gradients after the backward hooks: build DeMo with overlap=False")
         self._overlap_named = named
-        self._buckets = GradientBuckets(named, self._encode_bucket, bucket_numel)
+        self._buckets = GradientBuckets(named, self._encode_bucket, bucket_numel, exchange=self._exchange_bucket)
 
     def _encode_bucket(self, indices: list[int]) -> list[Entry]:
         """One bucket's momentum step and records (run by the overlap worker)."""
@@ -120,14 +122,11 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         grads = {self._overlap_named[i][0]: local_grad(self._overlap_named[i][1]) for i in indices}
         return self.node.compress(self._route.prepare(grads), group["lr"])
 
-    def _overlapped_entries(self) -> list[Entry]:
-        """Every bucket's records in the order the step without overlap makes them: by param group, then
-        by name (each group's records come from one compress, in sorted name order)."""
-        group_index = {id(g): gi for gi, g in enumerate(self.param_groups)}
-        group_of = {n: group_index[id(g)] for n, _, g in self._overlap_named}
-        tensor_of = self._pieces.tensor_of if self._pieces is not None else {}
-        entries = [e for bucket in self._buckets.collect() for e in bucket]
-        return sorted(entries, key=lambda e: (group_of[tensor_of.get(e.name, e.name)], e.name))
+    def _exchange_bucket(self, indices: list[int], entries: list[Entry]) -> dict[str, torch.Tensor]:
+        """One bucket's exact mean, exchanged while the backward pass goes on (run by the exchange worker, in
+        bucket order on every rank): the same means as one exchange of every tensor at the step."""
+        names = [self._overlap_named[i][0] for i in indices]
+        return self._route.mean(entries, self.steps, self._overlap_named[indices[0]][1].device, tensors=names)
 
     def no_sync(self):
         """A context manager for the backward passes of gradient accumulation but the last: with
@@ -150,8 +149,10 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         named = _named(self.param_groups)
         device = named[0][1].device if named else None
         entries: list[Entry] = []
+        mean: dict[str, torch.Tensor] = {}
         if self._buckets is not None:
-            entries = self._overlapped_entries()
+            for bucket_mean in self._buckets.collect():  # encoded and exchanged during the backward pass
+                mean.update(bucket_mean)
         elif self.model_record is not None:
             # One record: each group's lr·grad (the same product compress would take), lr 1 after it.
             scaled = {n: torch.mul(local_grad(p).to(torch.float32), g["lr"]) for n, p, g in named}
@@ -161,7 +162,8 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
                 grads = {n: local_grad(p) for n, p, g in named if g is group}
                 if grads:
                     entries += self.node.compress(self._route.prepare(grads), group["lr"])
-        mean = self._route.mean(entries, self.steps, device)
+        if self._buckets is None:
+            mean = self._route.mean(entries, self.steps, device)
         for group in self.param_groups:
             params = {n: local_tensor(p) for n, p, g in named if g is group}
             if params:

@@ -102,11 +102,16 @@ class ExchangeRoute:
             tensors = self.model_record.flatten(tensors)
         return self.pieces.cut(tensors) if self.pieces is not None else tensors
 
-    def mean(self, entries: list[Entry], round: int, device) -> dict[str, torch.Tensor]:
-        """Every rank's exact mean of these records, per parameter name, on ``device`` (collective)."""
+    def mean(self, entries: list[Entry], round: int, device,
+             tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+        """Every rank's exact mean of these records, per parameter name, on ``device`` (collective). With
+        ``tensors`` (per-tensor records only), the records are those tensors' alone: one bucket of an
+        overlapped step, whose means are those one exchange of every tensor gives."""
         mr = self.model_record
+        if tensors is not None and mr is not None:
+            raise ValueError("a bucket's exchange is of per-tensor records; the model record travels whole")
         if self.pieces is not None:
-            mean = self.exchange(entries, round, device)  # each tensor's (or the model vector's) mean
+            mean = self.exchange(entries, round, device, tensors)  # each tensor's (or the model vector's) mean
             return mr.spec.unflatten(mean[mr.name]) if mr is not None else mean
         per_rank = self.exchange(entries, round)
         return mr.mean(per_rank, device) if mr is not None else exact_mean(per_rank, device=device)

@@ -1,5 +1,6 @@
-"""Encoding gradients while the backward pass still runs: buckets of parameters, each encoded as soon as
-all its gradients are ready, as DDP's communication hooks start a bucket's all-reduce.
+"""Encoding and exchanging gradients while the backward pass still runs: buckets of parameters, each
+encoded as soon as all its gradients are ready and exchanged right after, as DDP's communication hooks
+start a bucket's all-reduce.
 
 :class:`GradientBuckets` cuts an optimizer's parameters into buckets of about ``bucket_numel`` elements
 in reverse order (the order the backward pass produces their gradients), registers a post-accumulate-grad
@@ -9,6 +10,14 @@ parameters). On a GPU the worker runs on a side stream that first waits for the 
 its kernels interleave with the rest of the backward pass; on the CPU it runs beside autograd's threads.
 :meth:`GradientBuckets.collect` (the optimizer's step) waits for the worker, encodes the buckets whose
 hooks did not fire (parameters that got no gradient), and returns every bucket's records.
+
+With ``exchange`` given, a second worker thread exchanges each encoded bucket (``exchange(bucket,
+records)``: the collectives and the owners' work of that bucket's tensors) in bucket order, on every rank
+the same order whatever order the buckets became ready in (as DDP launches its buckets' all-reduces in
+bucket order), while the backward pass goes on; :meth:`~GradientBuckets.collect` then returns every
+bucket's exchanged result and the step has only the update left to apply. A bucket whose exchange fails
+stops the later buckets' exchanges before their collectives, so a rank never pairs one bucket's
+collective with another's.
 
 Each bucket is encoded once per step, from the gradients as the backward pass left them. So:
 
@@ -67,10 +76,13 @@ class GradientBuckets:
     order the buckets became ready."""
 
     def __init__(self, params: Sequence[tuple[str, torch.Tensor, Any]], encode: Callable[[list[int]], list],
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+                 bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+                 exchange: Optional[Callable[[list[int], list], Any]] = None):
         self.params = list(params)
         self.buckets = cut_buckets(self.params, bucket_numel)
         self._encode = encode
+        self._exchange = exchange
+        self._exchange_executor: Optional[ThreadPoolExecutor] = None
         self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
         self._lock = threading.Lock()
         self._executor: Optional[ThreadPoolExecutor] = None
@@ -86,6 +98,8 @@ class GradientBuckets:
     def _reset(self) -> None:
         self._ready = [set() for _ in self.buckets]
         self._started: dict[int, Future] = {}
+        self._exchanges: dict[int, Future] = {}  # by bucket, launched in bucket order
+        self._failed = False  # a bucket's exchange failed: the later ones must not start their collectives
         self._again: list[int] = []  # parameters whose gradient grew after their bucket was encoded
 
     # -- the hooks ---------------------------------------------------------------------------------
@@ -102,6 +116,33 @@ class GradientBuckets:
             if len(self._ready[b]) < len(self.buckets[b]):
                 return
             self._started[b] = self._submit(b)
+            self._launch_exchanges()
+
+    def _launch_exchanges(self) -> None:
+        """(Under the lock.) Hand the exchange worker every bucket, in bucket order, whose encode has started."""
+        if self._exchange is None:
+            return
+        b = len(self._exchanges)
+        while b in self._started:
+            if self._exchange_executor is None:
+                self._exchange_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-exchange")
+            self._exchanges[b] = self._exchange_executor.submit(self._run_exchange, b, self._started[b])
+            b += 1
+
+    def _run_exchange(self, b: int, encoded: Future) -> Any:
+        if self._failed:
+            raise RuntimeError(f"bucket {b} was not exchanged: an earlier bucket's exchange failed")
+        try:
+            records = encoded.result()
+            if self._side is None:
+                with torch.no_grad():
+                    return self._exchange(self.buckets[b], records)
+            # The encode's kernels were queued on the side stream: the exchange's follow them there.
+            with torch.cuda.device(self._cuda), torch.cuda.stream(self._side), torch.no_grad():
+                return self._exchange(self.buckets[b], records)
+        except BaseException:
+            self._failed = True
+            raise
 
     def _submit(self, b: int) -> Future:
         if self._executor is None:
@@ -125,17 +166,19 @@ class GradientBuckets:
 
     def collect(self) -> list:
         """Every bucket's records (in bucket order), after the worker is done: those encoded during the
-        backward pass and, now, those whose gradients never all arrived. Resets for the next step.
-        ``RuntimeError`` if a gradient grew after its bucket was encoded (a second backward pass outside
-        :meth:`no_sync`)."""
+        backward pass and, now, those whose gradients never all arrived; with ``exchange``, every bucket's
+        exchanged result instead. Resets for the next step. ``RuntimeError`` if a gradient grew after its
+        bucket was encoded (a second backward pass outside :meth:`no_sync`)."""
         with self._lock:
-            started, again = dict(self._started), list(self._again)
+            again = list(self._again)
             for b in range(len(self.buckets)):
-                if b not in started:
-                    started[b] = self._submit(b)
+                if b not in self._started:
+                    self._started[b] = self._submit(b)
+            self._launch_exchanges()
+            futures = dict(self._exchanges) if self._exchange is not None else dict(self._started)
             self._reset()
         try:
-            out = [started[b].result() for b in range(len(self.buckets))]
+            out = [futures[b].result() for b in range(len(self.buckets))]
         finally:
             if self._side is not None:
                 torch.cuda.current_stream(self._cuda).wait_stream(self._side)
@@ -163,9 +206,10 @@ class GradientBuckets:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for executor in (self._executor, self._exchange_executor):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        self._executor = self._exchange_executor = None
 
     def __del__(self) -> None:
         try:

@@ -277,10 +277,12 @@ class Pieces:
                 out[p.name] = flat[p.start:p.stop].view(p.shape)
         return out
 
-    def join(self, parts: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``{tensor name: tensor}`` from every piece's tensor (each tensor's pieces concatenated)."""
+    def join(self, parts: Mapping[str, torch.Tensor], tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+        """``{tensor name: tensor}`` from every piece's tensor (each tensor's pieces concatenated), of every
+        tensor or of ``tensors``."""
         out = {}
-        for n, pieces in self.by_tensor.items():
+        for n in self.by_tensor if tensors is None else tensors:
+            pieces = self.by_tensor[n]
             if len(pieces) == 1:
                 out[n] = parts[pieces[0].name].reshape(self.shapes[n])
             elif pieces[0].columns:
@@ -353,16 +355,25 @@ class ShardedExchange(GroupMember):
 
     # -- one exchange ----------------------------------------------------------------------------
 
-    def __call__(self, entries: Sequence[Entry], round: int, device=None) -> dict[str, torch.Tensor]:
-        """This rank's records of every piece in; the mean of every tensor (pieces joined) out."""
+    def __call__(self, entries: Sequence[Entry], round: int, device=None,
+                 tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+        """This rank's records of every piece in; the mean of every tensor (pieces joined) out. With
+        ``tensors``, of those tensors' pieces only (one bucket of an overlapped step: the same owners, so
+        the same means as one exchange of every piece; every rank must pass the same tensors, in the same
+        order of calls)."""
         self._check_layout()
         me, world = self.rank(), self.world()
         mine = {e.name: e for e in entries}
-        expected = [p.name for p in self.pieces.pieces]
+        if tensors is None:
+            subset = None
+            expected = [p.name for p in self.pieces.pieces]
+        else:
+            subset = {p.name for n in tensors for p in self.pieces.by_tensor[n]}
+            expected = [p.name for p in self.pieces.pieces if p.name in subset]
         if sorted(mine) != sorted(expected) or len(mine) != len(entries):
             raise ValueError(f"the records name other pieces than the layout's ({len(entries)} records, "
                              f"{len(expected)} pieces)")
-        owned = [self.owned(r) for r in range(world)]
+        owned = [[p for p in self.owned(r) if subset is None or p.name in subset] for r in range(world)]
 
         # Phase 1: one bundle frame per owner, holding this rank's records of its pieces.
         payloads = [
@@ -437,7 +448,7 @@ class ShardedExchange(GroupMember):
         received += sum(len(f) for r, f in enumerate(frames) if r != me)
         self.bytes_sent += sent
         self.bytes_received += received
-        return self.pieces.join(parts)
+        return self.pieces.join(parts, tensors)
 
     def _read(self, data, round: int, sender: int, pieces: Sequence[Piece], what: str) -> list[Entry]:
         """The records of a frame from ``sender``, checked: a bundle of ``round`` from ``sender`` holding
