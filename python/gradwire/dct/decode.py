@@ -193,11 +193,11 @@ def _level_chunks(idx, levels, scales, mins, dims: tuple[int, ...], route: str) 
         b1 = min(n, b0 + block)
         nb = b1 - b0
         level_sum, offset_sum = _ROUTES[route](idx[b0:b1], levels[b0:b1], dims, bases)
-        if level_sum.dtype == torch.int64:
-            # The integer route's exact sums (each below 2^53, so exact in float64 too); the one rounding
-            # stays FORMAT.md's: (L·scale)·2^-ds + (O·min)·2^-ds in float64, then float32, elementwise over
-            # the output only.
-            level_sum, offset_sum = level_sum.to(torch.float64), offset_sum.to(torch.float64)
+        # The integer route's sums are int64 (each below 2^53, so exact in float64): multiplied by the
+        # float64 scale and min they are promoted inside the kernel, with no float64 copy of their own. The
+        # roundings are FORMAT.md's: (L·scale)·2^-ds + (O·min)·2^-ds in float64, then float32, elementwise
+        # over the output only. (Emulating those two roundings in integers would take about a hundred int64
+        # operations per element: an elementwise float64 pass is memory-bound on every GPU, so it stays.)
         chunk = level_sum.reshape(nb, *dims) * sc_all[b0:b1].reshape(shape1)
         chunk += offset_sum.reshape(nb, *dims) * mn_all[b0:b1].reshape(shape1)
         out[b0:b1] = chunk
