@@ -92,6 +92,13 @@ def test_auto_picks_the_faster_route_once_per_shape_and_modes_override(monkeypat
         assert route_choice.device_route(60, (64, 64), dev, "rows", time_route) == "integer" and len(calls) == n
         (row,) = route_choice.choices()
         assert row["route"] == "integer" and row["k_bucket"] == 64 and row["rows_ms"] > row["integer_ms"]
+        # a device without the int8 kernel: auto keeps the float64 route
+        def no_int8(route):
+            if route == "integer":
+                raise RuntimeError("_int_mm_out_cuda: not supported on this device")
+            return 1.0
+
+        assert route_choice.device_route(40, (8, 8), dev, "sparse", no_int8) == "sparse"
         route_choice.set_exact_decode("float64")
         assert route_choice.device_route(40, (64, 64), dev, "rows", time_route) == "rows"
         route_choice.set_exact_decode("integer")

@@ -11,7 +11,7 @@ every device: each device measures.
 
 - ``auto`` (the default): on a non-CPU device, the first decode of each (device, chunk shape, ``k``
   bucket) times both routes on a block of that shape and keeps the faster (:func:`choices` lists what
-  was measured);
+  was measured; a device where the integer route raises keeps the float64 one);
 - ``integer``: the integer route on every non-CPU device (no float64 at all but the final elementwise
   combination);
 - ``float64``: the float64 route everywhere (the reference).
@@ -74,7 +74,13 @@ def device_route(k: int, dims: tuple[int, ...], device: torch.device, float_rout
     key = (str(device), tuple(dims), _k_bucket(k), float_route)
     got = _CHOICES.get(key)
     if got is None:
-        timings = {r: _best_of(time_route, r) for r in (float_route, "integer")}
+        timings = {float_route: _best_of(time_route, float_route)}
+        try:
+            timings["integer"] = _best_of(time_route, "integer")
+        except RuntimeError:
+            # A device without an int8 matrix product for these shapes (torch._int_mm is CUDA's and the
+            # CPU's; an older GPU may lack the kernel): the float64 route, which every device has.
+            timings["integer"] = float("inf")
         route = min(timings, key=timings.get)
         got = (route, timings)
         with _LOCK:
