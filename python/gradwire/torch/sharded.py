@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -55,6 +56,7 @@ __all__ = [
     "Pieces",
     "ShardedExchange",
     "assign_owners",
+    "balanced_cut",
     "balanced_piece_numel",
     "cut_tensor",
 ]
@@ -223,6 +225,66 @@ def balanced_piece_numel(shapes: Sequence[Sequence[int]], piece_numel: int = DEF
     return max(1, min(int(piece_numel), share))
 
 
+#: The piece bounds :func:`balanced_cut` tries, as fractions of one rank's share of the model.
+_SHARE_FRACTIONS = (1.5, 1.25, 1.0, 0.75, 0.5)
+#: About what a record costs beyond its payload (name, shape, codec parameters, section headers: docs/FORMAT.md
+#: section 3; 120–140 bytes for the DCT codec's pieces).
+_RECORD_BYTES = 130
+
+
+def _wire_bytes_per_element(codec: Codec) -> float:
+    """About how many bytes a record spends per element of its tensor, for weighing balance against headers."""
+    if isinstance(codec, DCTCodec):
+        c = _numel(codec.chunk_shape)
+        k = codec.chunk_topk(c)
+        index_bits = min(max(1, math.ceil(math.log2(c))), math.log2(c / k) + 2)  # packed, or Rice-coded gaps
+        return (k * (codec.value_bits + index_bits) / 8 + 8) / c  # and a float32 scale and min per chunk
+    if isinstance(codec, OneBit):
+        return 1 / 8
+    return 4.0
+
+
+def balanced_cut(tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL,
+                 world: int = 1) -> tuple[int, dict[str, list[Piece]]]:
+    """The piece bound and the pieces of every tensor that keep the busiest rank's bytes lowest.
+
+    A piece is cut at chunk boundaries only (a 64-row tile's rows at least), so a bound of one rank's share
+    can leave a piece over for one rank: a 2048×256 embedding and a 1536×256 weight at 8 ranks, cut at 1.5
+    shares, gave one rank 1.39 shares and another 0.22, and the busiest rank then received 2.2× what it
+    sent, where a ring all-reduce receives 1.75×. And every piece is a record with its own ~130 bytes of
+    headers in both phases, which on a small model outweigh a better balance. So each bound of
+    :data:`_SHARE_FRACTIONS` of a share (at most ``piece_numel``; the first is :func:`balanced_piece_numel`)
+    is tried: the tensors cut, the owners assigned (:func:`assign_owners`), and each rank's bytes received
+    per step estimated (phase 1: its pieces' records from the ``world − 1`` others; phase 2: every other
+    owner's records, each record its elements times the codec's bytes per element plus its headers). The
+    cut whose busiest rank receives least wins, the one with fewer pieces on a tie. Deterministic: every
+    rank cuts the same."""
+    shapes = [tuple(int(d) for d in s) for _, s in tensors]
+    first = balanced_piece_numel(shapes, piece_numel, world)
+
+    def cut(bound: int) -> dict[str, list[Piece]]:
+        return {n: cut_tensor(n, s, codec, bound) for n, s in tensors}
+
+    if world <= 1:
+        return first, cut(first)
+    total = sum(_numel(s) for s in shapes)
+    per_element = _wire_bytes_per_element(codec)
+    bounds = [first] + [max(1, min(int(piece_numel), -(-int(total * f) // world))) for f in _SHARE_FRACTIONS[1:]]
+    best = None
+    for bound in dict.fromkeys(bounds):  # distinct, in order: largest first
+        by_tensor = cut(bound)
+        pieces = [p for n, _ in tensors for p in by_tensor[n]]
+        owned = [0.0] * world
+        for p, o in zip(pieces, assign_owners(pieces, world)):
+            owned[o] += p.numel * per_element + _RECORD_BYTES
+        everything = sum(owned)
+        busiest = max((world - 1) * mine + everything - mine for mine in owned)
+        key = (busiest, len(pieces))
+        if best is None or key < best[0]:
+            best = (key, bound, by_tensor)
+    return best[1], best[2]
+
+
 def assign_owners(pieces: Sequence[Piece], world: int) -> list[int]:
     """The owner rank of each piece: largest first (ties in piece order), each to the rank with the
     fewest elements so far (ties to the lowest rank). Deterministic: the same on every rank."""
@@ -249,11 +311,11 @@ class Pieces:
         if int(world) < 1:
             raise ValueError(f"world must be >= 1, got {world}")
         self.shapes = {n: tuple(int(d) for d in s) for n, s in tensors}
-        #: The largest piece: ``piece_numel``, and at most the model's share of one rank, so that every rank
-        #: can own about 1/world of the model (a tensor larger than that share is cut at its chunk
-        #: boundaries). A function of the shapes and the world size alone: every rank cuts the same.
-        self.piece_numel = balanced_piece_numel([s for _, s in tensors], int(piece_numel), int(world))
-        self.by_tensor: dict[str, list[Piece]] = {n: cut_tensor(n, s, codec, self.piece_numel) for n, s in tensors}
+        #: The largest piece: ``piece_numel``, and at most about the model's share of one rank, so that every
+        #: rank can own about 1/world of the model (a tensor larger than that is cut at its chunk
+        #: boundaries; :func:`balanced_cut`). A function of the shapes, the codec and the world size alone:
+        #: every rank cuts the same.
+        self.piece_numel, self.by_tensor = balanced_cut(tensors, codec, int(piece_numel), int(world))
         self.pieces: list[Piece] = [p for n, _ in tensors for p in self.by_tensor[n]]
         self.tensor_of = {p.name: p.tensor for p in self.pieces}
         if len(self.tensor_of) != len(self.pieces):
