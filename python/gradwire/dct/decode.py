@@ -18,7 +18,7 @@ import torch
 from .. import _native
 from . import route_choice
 from .chunks import MODE_TILES, ChunkPlan, _prod, from_chunks
-from .integer import integer_basis, rows_level_sums_int
+from .integer import dense_last_axis, integer_basis, rows_level_sums_int
 from .transform import _BASES_LOCK, _basis_f64, idct_chunks
 
 __all__ = [
@@ -81,9 +81,12 @@ def _exact_block(device: torch.device, k: int, dims: tuple[int, ...], route: str
     if device.type == "cpu":
         return max(1, _EXACT_BLOCK_ELEMS // (2 * c))
     if route == "integer":
-        # In 8-byte elements per chunk: both int64 channels, their digits (int8, about 4 each), the stacked
-        # int32 product of every digit pair (about 8 pairs), one int64 partial, the gathered basis rows.
-        return max(1, _EXACT_BLOCK_ELEMS_GPU // (15 * c + 4 * k * dims[-1]))
+        # In 8-byte elements per chunk: both int64 channels (2·C), their digits (int8, about 4 each), the
+        # stacked int32 product of every digit pair (about 8 pairs: 8·C) and its int64 copy (16·C), the
+        # result; at small k the gathered basis rows (at large k the last axis is a product too:
+        # dense_last_axis).
+        gathered = 0 if dense_last_axis(k, dims) else 4 * k * dims[-1]
+        return max(1, _EXACT_BLOCK_ELEMS_GPU // (30 * c + gathered))
     # Per chunk, the largest route's scratch: both channels and their transforms (about 6·C), and the
     # basis rows gathered per coefficient (sparse: k·(d_1 + 4·C/d_1); rows: 4·k·last).
     per_chunk = 6 * c + k * max(dims[0] + 4 * (c // dims[0]), 4 * dims[-1])

@@ -25,7 +25,8 @@ import torch
 
 from .transform import _BASES_LOCK, _basis_f64
 
-__all__ = ["int_digits", "digit_count", "exact_int_mm", "IntegerBasis", "integer_basis", "rows_level_sums_int"]
+__all__ = ["int_digits", "digit_count", "exact_int_mm", "IntegerBasis", "integer_basis", "dense_last_axis",
+           "rows_level_sums_int"]
 
 _BASE_BITS = 7
 _HALF = 1 << (_BASE_BITS - 1)
@@ -90,13 +91,13 @@ def _stacked_mm(a_digits: torch.Tensor, a_row_sums: torch.Tensor, b: torch.Tenso
     prod = torch._int_mm(a2.contiguous(), bd.contiguous())
     if (pm, pn) != (na * m, b_count * n):
         prod = prod[: na * m, : b_count * n]
-    parts = prod.reshape(na, m, b_count, n)
-    # Pair by pair into one int64 sum: a stacked int64 copy of every product would need 4× the memory.
-    out = torch.zeros((m, n), dtype=torch.int64, device=b.device)
-    for i in range(na):
-        for j in range(b_count):
-            out += parts[i, :, j, :].to(torch.int64) << (_BASE_BITS * (i + j))
-    # a @ (b + offset) = a @ b + offset · rowsum(a)
+    # Every pair's product shifted by its digits' weight 2^(7(i+j)) and summed, in three kernels whatever
+    # the digit counts (the int64 copy of the products is the block's largest scratch: decode's
+    # _exact_block sizes blocks for it).
+    parts = prod.reshape(na, m, b_count, n).to(torch.int64)
+    shifts = (torch.arange(na, device=b.device).view(na, 1, 1, 1) + torch.arange(b_count, device=b.device).view(1, 1, -1, 1))
+    parts.bitwise_left_shift_(shifts * _BASE_BITS)
+    out = parts.sum(dim=(0, 2))
     out -= a_row_sums.unsqueeze(1) * (1 << (_BASE_BITS * b_count - 1))
     return out
 
@@ -150,11 +151,23 @@ def integer_basis(n: int, s: int, device: torch.device) -> IntegerBasis:
     return got
 
 
+def dense_last_axis(k: int, dims: Sequence[int]) -> bool:
+    """Whether the integer route transforms the last axis densely (levels scattered into the chunk grid, one
+    stacked ``_int_mm``) rather than adding a gathered basis row per coefficient: above ``2·C/last``
+    coefficients per chunk the gathered rows (``4·k·last`` int64 per chunk) outweigh the grid's product."""
+    c = 1
+    for d in dims:
+        c *= d
+    return k * dims[-1] > 2 * c
+
+
 def rows_level_sums_int(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: Sequence[IntegerBasis]):
-    """The decode's level sums in integers, laid out as the float64 "rows" route's: the last axis sparse
-    (each coefficient's basis row added into its chunk row, in int64), every other axis by one stacked
-    ``_int_mm`` over the whole block. Returns ``(L, O)``, ``(nb, *dims)`` int64 views, equal to the float64
-    routes' exact integers."""
+    """The decode's level sums in integers: the last axis first, then every other axis by one stacked
+    ``_int_mm`` over the whole block. The last axis by the float64 "rows" route's method (each
+    coefficient's basis row added into its chunk row, in int64) at small ``k``; at large ``k``
+    (:func:`dense_last_axis`) the levels are scattered into the chunks' grid and the last axis is one more
+    stacked product. Returns ``(L, O)``, ``(nb, *dims)`` int64 views, equal to the float64 routes' exact
+    integers."""
     nb, k = idx.shape
     last = dims[-1]
     rest = 1
@@ -162,12 +175,23 @@ def rows_level_sums_int(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int
         rest *= d
     device = idx.device
     ib = bases
-    t = torch.zeros((rest * nb, 2 * last), dtype=torch.int64, device=device)
-    rowvecs = ib[-1].basis.index_select(0, (idx % last).reshape(-1)).reshape(nb, k, 1, last)
-    u = levels.to(torch.int64).reshape(nb, k, 1, 1)
-    vals = torch.cat([u * rowvecs, rowvecs], dim=2).reshape(nb * k, 2 * last)
-    at = ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)).reshape(-1)
-    t.index_add_(0, at, vals)
+    if dense_last_axis(k, dims):
+        # grid[f_last, (row, chunk, channel)]: the levels (channel 0) and ones (channel 1) at their positions
+        grid = torch.zeros((last, rest * nb * 2), dtype=torch.int64, device=device)
+        at = ((idx % last) * (rest * nb * 2) + ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)) * 2)
+        flat = grid.view(-1)
+        flat[at.reshape(-1)] = levels.to(torch.int64).reshape(-1)
+        flat[at.reshape(-1) + 1] = 1
+        b = ib[-1]
+        y = _stacked_mm(b.t_digits, b.t_row_sums, grid, digit_count(_MAX_LEVEL))  # (last position, rest·nb·2)
+        t = y.reshape(last, rest * nb, 2).permute(1, 2, 0).reshape(rest * nb, 2 * last)
+    else:
+        t = torch.zeros((rest * nb, 2 * last), dtype=torch.int64, device=device)
+        rowvecs = ib[-1].basis.index_select(0, (idx % last).reshape(-1)).reshape(nb, k, 1, last)
+        u = levels.to(torch.int64).reshape(nb, k, 1, 1)
+        vals = torch.cat([u * rowvecs, rowvecs], dim=2).reshape(nb * k, 2 * last)
+        at = ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)).reshape(-1)
+        t.index_add_(0, at, vals)
     # At most min(k, last) coefficients of a chunk share one of its rows.
     bound = _MAX_LEVEL * ib[-1].max_abs * min(k, last)
     y = t.reshape(*dims[:-1], -1)
