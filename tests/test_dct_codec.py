@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -683,3 +684,28 @@ def test_cuda_bundles_encode_and_decode_together_to_the_bits_the_cpu_decodes():
     for (entry, recon), decoded in zip(got.values(), decode_entries(entries, "cuda")):
         assert recon.device.type == "cuda" and torch.equal(decoded, recon), entry.name
         assert torch.equal(gradwire.decode(write_frame([entry])), recon.cpu()), entry.name
+
+
+@pytest.mark.parametrize("value_bits,topk", [(8, 22), (2, 472)])
+def test_an_own_record_taken_as_kept_is_what_parsing_its_bytes_gives(value_bits, topk):
+    """Inside own_records_trusted a record the codec wrote skips the parse: what it returns must be exactly
+    what the hostile-input parser reads from the record's bytes (positions, levels, grid, coefficients)."""
+    from gradwire.codecs.dct_parse import _parse_record, own_records_trusted, parse_record
+
+    codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=topk, mode="tiles", value_bits=value_bits,
+                              index_coding="rice")
+    g = torch.Generator().manual_seed(5)
+    tensors = {"w": torch.randn(256, 128, generator=g), "b": torch.randn(300, generator=g), "v": torch.randn(64, 192, generator=g)}
+    done = codec.compress_bundle(tensors)
+    for name, (entry, _) in done.items():
+        parsed = _parse_record(entry, torch.device("cpu"))
+        with own_records_trusted():
+            kept = parse_record(entry)
+        for field in ("idx", "levels", "scales", "mins", "values"):
+            a, b = getattr(kept, field), getattr(parsed, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), (name, field)
+        assert kept.k == parsed.k and kept.plan == parsed.plan
+        # any other record object (what a peer's bytes become) is parsed as hostile input, trusted or not
+        tampered = dataclasses.replace(entry, sections={**entry.sections, "scale": -entry.sections["scale"]})
+        with own_records_trusted(), pytest.raises(FrameError, match="scales must be > 0"):
+            parse_record(tampered)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -138,6 +139,33 @@ def _reconstruct(
 ) -> torch.Tensor:
     """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
     return _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, plan)
+
+
+#: The records this process's codecs wrote, by ``id``: ``(weak reference to the record, device, arrays)``,
+#: ``arrays`` the stacked ``(idx, levels, scales, mins)`` the record was coded from, its rows and plan.
+#: Parsing a record's bytes gives exactly these; :func:`gradwire.codecs.dct_parse.own_records_trusted`
+#: lets a caller that hands back its own untouched records skip the parse (a sharded owner's own pieces).
+_OWN_RECORDS: dict[int, tuple] = {}
+
+
+def _remember_own(entry: Entry, payload, rows: slice, plan: _dct.ChunkPlan, k: int) -> None:
+    key = id(entry)
+    # The callback runs as the record dies, before its id can name another object.
+    _OWN_RECORDS[key] = (weakref.ref(entry, lambda _ref, key=key: _OWN_RECORDS.pop(key, None)),
+                         payload[1].device, (payload, rows, plan, k))
+
+
+def own_record_arrays(entry: Entry, device: torch.device):
+    """``(plan, k, idx, levels, scales, mins)`` of a record this process's DCT codec wrote, as it kept them
+    (idx int64, levels int16, on ``device``); ``None`` for any other record or device."""
+    got = _OWN_RECORDS.get(id(entry))
+    if got is None or got[0]() is not entry or got[1].type != device.type:
+        return None
+    if device.index is not None and got[1].index is not None and device.index != got[1].index:
+        return None
+    (idx, levels, scales, mins), rows, plan, k = got[2]
+    return (plan, k, idx[rows].to(torch.int64), levels[rows].to(torch.int16), scales[rows].to(torch.float32),
+            mins[rows].to(torch.float32))
 
 
 @dataclass(frozen=True)
@@ -444,6 +472,14 @@ class DCTCodec(Codec):
                 recons_of[name] = recon
         # Every record's positions and values coded in ONE native call (GIL released).
         entries = self._records(records)
+        row_of = {}
+        for (members, k, _, payload, _) in pending:
+            row = 0
+            for name, _, plan in members:
+                row_of[name] = (payload, slice(row, row + plan.num_chunks), plan, k)
+                row += plan.num_chunks
+        for e in entries:
+            _remember_own(e, *row_of[e.name])
         return {e.name: (e, recons_of[e.name]) for e in entries}, kept
 
     def _to_host_all(self, groups):

@@ -37,9 +37,10 @@ from .dct import (
     VALUE_BITS_CHOICES,
     dequantize_levels,
     index_bits_for,
+    own_record_arrays,
 )
 
-__all__ = ["ParsedRecord", "decode_parsed", "parse_record", "records_parsed_once"]
+__all__ = ["ParsedRecord", "decode_parsed", "own_records_trusted", "parse_record", "records_parsed_once"]
 
 
 _CODEC = "dct"
@@ -213,12 +214,36 @@ def records_parsed_once() -> Iterator[None]:
         _PARSED.reset(token)
 
 
+#: Inside :func:`own_records_trusted`: records this process's codec wrote are taken as it kept them.
+_TRUST_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("gradwire_dct_trust_own", default=False)
+
+
+@contextlib.contextmanager
+def own_records_trusted() -> Iterator[None]:
+    """Within the block, :func:`parse_record` of a record this process's DCT codec wrote (the same object,
+    not bytes read back) returns what the codec kept — exactly what parsing its bytes gives — without
+    checking or decoding its sections again. For a caller that hands back its own records untouched, such
+    as a sharded exchange's owner averaging its own pieces with the other ranks' (read from their bytes,
+    and parsed as hostile input as always). A record changed in place after it was written must not be
+    passed inside the block."""
+    token = _TRUST_OWN.set(True)
+    try:
+        yield
+    finally:
+        _TRUST_OWN.reset(token)
+
+
 def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedRecord:
     """Validate a DCT record as hostile input and return its positions and dequantized coefficients.
 
     The one parser of the codec's sections: the decoder, the transform-domain accumulator and the norm
     all go through it, so a new index coding or value width is added here once.
     """
+    if _TRUST_OWN.get():
+        own = own_record_arrays(entry, torch.device("cpu") if device is None else torch.device(device))
+        if own is not None:
+            plan, k, idx, levels, scales, mins = own
+            return ParsedRecord(plan, k, idx, dequantize_levels(levels, scales, mins), levels, scales, mins)
     memo = _PARSED.get()
     if memo is None:
         return _parse_record(entry, device)

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from ..aggregation import exact_mean
 from ..codecs.base import Codec
+from ..codecs.dct_parse import own_records_trusted
 from ..codecs.dct import DCTCodec
 from ..codecs.sign import OneBit
 from ..dct import MODE_FLAT, MODE_TILES
@@ -437,9 +438,11 @@ class ShardedExchange(GroupMember):
                              f"{len(expected)} pieces)")
         owned = [[p for p in self.owned(r) if subset is None or p.name in subset] for r in range(world)]
 
-        # Phase 1: one bundle frame per owner, holding this rank's records of its pieces.
+        # Phase 1: one bundle frame per owner, holding this rank's records of its pieces (its own pieces'
+        # records stay in memory: they are not sent, and the owner takes them as they are below).
         payloads = [
-            write_frame([mine[p.name] for p in owned[r]], round=round, sender=me, bundle=True) if owned[r] else b""
+            write_frame([mine[p.name] for p in owned[r]], round=round, sender=me, bundle=True)
+            if owned[r] and r != me else b""
             for r in range(world)
         ]
         if self._distributed() and world > 1:
@@ -456,18 +459,22 @@ class ShardedExchange(GroupMember):
         mine_decoded: dict[str, torch.Tensor] = {}
         try:
             if owned[me]:
-                records = [self._read(got[s], round, s, owned[me], "records for its pieces") for s in range(world)]
+                records = [[mine[p.name] for p in owned[me]] if s == me else
+                           self._read(got[s], round, s, owned[me], "records for its pieces") for s in range(world)]
                 # The mean of every rank's records (1/world each, in rank order) plus the owner's residual,
                 # re-encoded. On the CPU in the DCT coefficient domain where the records are cut as the
                 # downlink cuts (gradwire.reencode: no decode of the records, no forward transform; a DeMo
                 # step at 10.5 M parameters went from 1.49x to 1.04x DeMo's reference with it). On a GPU
                 # in parameter space, every piece in one batch (exact_mean, then one compress_bundle):
                 # record by record, the coefficient domain's kernels would grow with the pieces.
-                if torch.device("cpu" if device is None else device).type == "cpu":
-                    done = self.feedback.reencode(records, device=device)
-                else:
-                    mean = exact_mean(records, device=device)
-                    done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
+                # Its own records are the codec's objects, not bytes read back: their parse is skipped
+                # (own_records_trusted); every other rank's are parsed as hostile input.
+                with own_records_trusted():
+                    if torch.device("cpu" if device is None else device).type == "cpu":
+                        done = self.feedback.reencode(records, device=device)
+                    else:
+                        mean = exact_mean(records, device=device)
+                        done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
                 out_frame = write_frame([done[p.name][0] for p in owned[me]], round=round, sender=me, bundle=True)
                 # What every rank decodes from this frame, bit for bit (the codec's reconstruction): the
                 # owner need not decode its own frame in phase 2.
@@ -496,12 +503,12 @@ class ShardedExchange(GroupMember):
                 if len(data):
                     raise FrameError(f"rank {r} owns no piece but sent {len(data)} bytes")
                 continue
-            got_r = self._read(data, round, r, owned[r], "its re-encoded mean")
             if r == me and mine_decoded:
-                # exact_mean of one record at weight 1 is its decode, which this rank holds already.
+                # exact_mean of one record at weight 1 is its decode, which this rank holds already (its
+                # own frame, written above, needs no reading back).
                 parts.update(mine_decoded)
                 continue
-            theirs += got_r
+            theirs += self._read(data, round, r, owned[r], "its re-encoded mean")
         if theirs:
             # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
             # at weight 1, the same bits as owner by owner.
