@@ -57,18 +57,21 @@ def test_digits_reassemble():
     assert torch.equal(total, x)
 
 
-@pytest.mark.parametrize("dims", [(64,), (8, 8), (16, 16), (64, 64), (5, 7)])
-@pytest.mark.parametrize("k", [1, 9])
-def test_integer_route_decodes_equal_bits(dims, k):
+def _level_records(dims, k: int, n: int, seed: int):
+    """``n`` chunks' ``(idx, levels, scales, mins)`` of ``k`` random positions each, as a record holds them."""
     c = 1
     for d in dims:
         c *= d
-    g = torch.Generator().manual_seed(7 * c + k)
-    n = 4
+    g = torch.Generator().manual_seed(c + seed)
     idx = torch.stack([torch.randperm(c, generator=g)[:k].sort().values for _ in range(n)])
     levels = torch.randint(0, 256, (n, k), generator=g)
-    scales = torch.rand(n, generator=g) * 1e-2
-    mins = -torch.rand(n, generator=g)
+    return idx, levels, torch.rand(n, generator=g) * 1e-2, -torch.rand(n, generator=g)
+
+
+@pytest.mark.parametrize("dims", [(64,), (8, 8), (16, 16), (64, 64), (5, 7)])
+@pytest.mark.parametrize("k", [1, 9])
+def test_integer_route_decodes_equal_bits(dims, k):
+    idx, levels, scales, mins = _level_records(dims, k, 4, seed=7 * k)
     ref = decode.decode_level_chunks(idx, levels, scales, mins, dims, route="dense")
     got = decode.decode_level_chunks(idx, levels, scales, mins, dims, route="integer")
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
@@ -118,15 +121,7 @@ def test_auto_picks_the_faster_route_once_per_shape_and_modes_override(monkeypat
 def test_cuda_routes_give_the_cpus_bits(dims, k):
     """On a GPU the integer route (stacked _int_mm), the float64 route and the measured choice all give the bits
     of the CPU's decode."""
-    c = 1
-    for d in dims:
-        c *= d
-    g = torch.Generator().manual_seed(c + k)
-    n = 300
-    idx = torch.stack([torch.randperm(c, generator=g)[:k].sort().values for _ in range(n)])
-    levels = torch.randint(0, 256, (n, k), generator=g)
-    scales = torch.rand(n, generator=g) * 1e-2
-    mins = -torch.rand(n, generator=g)
+    idx, levels, scales, mins = _level_records(dims, k, 300, seed=k)
     ref = decode.decode_level_chunks(idx, levels, scales, mins, dims, route="dense")
     cuda = [t.cuda() for t in (idx, levels, scales, mins)]
     float_route = decode._choose_route(k, dims, torch.device("cuda"))
