@@ -247,5 +247,9 @@ def test_exchanges_run_in_bucket_order_and_stop_after_a_failed_one():
         with pytest.raises(ValueError, match="bucket refused"):
             buckets.collect()
         assert order == [0, 1]
+        # The next step starts afresh: every bucket is exchanged again.
+        order.clear()
+        buckets._encode = lambda idx: ["fine"]
+        assert buckets.collect() == [0, 1, 2] and order == [0, 1, 2]
     finally:
         buckets.close()

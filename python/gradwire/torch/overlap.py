@@ -99,7 +99,9 @@ class GradientBuckets:
         self._ready = [set() for _ in self.buckets]
         self._started: dict[int, Future] = {}
         self._exchanges: dict[int, Future] = {}  # by bucket, launched in bucket order
-        self._failed = False  # a bucket's exchange failed: the later ones must not start their collectives
+        # This step's: a bucket's exchange failed, the later ones must not start their collectives. A new
+        # object per step, so that a step that failed leaves the next one's exchanges alone.
+        self._failure = {"failed": False}
         self._again: list[int] = []  # parameters whose gradient grew after their bucket was encoded
 
     # -- the hooks ---------------------------------------------------------------------------------
@@ -126,11 +128,11 @@ class GradientBuckets:
         while b in self._started:
             if self._exchange_executor is None:
                 self._exchange_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-exchange")
-            self._exchanges[b] = self._exchange_executor.submit(self._run_exchange, b, self._started[b])
+            self._exchanges[b] = self._exchange_executor.submit(self._run_exchange, b, self._started[b], self._failure)
             b += 1
 
-    def _run_exchange(self, b: int, encoded: Future) -> Any:
-        if self._failed:
+    def _run_exchange(self, b: int, encoded: Future, failure: dict) -> Any:
+        if failure["failed"]:
             raise RuntimeError(f"bucket {b} was not exchanged: an earlier bucket's exchange failed")
         try:
             records = encoded.result()
@@ -141,7 +143,7 @@ class GradientBuckets:
             with torch.cuda.device(self._cuda), torch.cuda.stream(self._side), torch.no_grad():
                 return self._exchange(self.buckets[b], records)
         except BaseException:
-            self._failed = True
+            failure["failed"] = True
             raise
 
     def _submit(self, b: int) -> Future:
