@@ -4,8 +4,9 @@
 bits follow the matrix library). :func:`decode_levels` decodes quantized levels in integers held exactly
 in float64 (routes "sparse", "rows", "dense"; :func:`_choose_route`) or in int64 through int8 digits
 (route "integer", :mod:`.integer`; a GPU picks it or a float64 route by measuring both,
-:mod:`.route_choice`), the same bits on every device, thread count and BLAS; :func:`decode_levels_weighted_sum` is the exact weighted
-sum of several records in one Rust pass. The section comment below says why the integer decode is exact.
+:mod:`.route_choice`), the same bits on every device, thread count and BLAS;
+:func:`decode_levels_weighted_sum` is the exact weighted sum of several records in one Rust pass. The
+section comment below says why the integer decode is exact.
 """
 
 from __future__ import annotations

@@ -95,14 +95,16 @@ def _stacked_mm(a_digits: torch.Tensor, a_row_sums: torch.Tensor, b: torch.Tenso
     # the digit counts (the int64 copy of the products is the block's largest scratch: decode's
     # _exact_block sizes blocks for it).
     parts = prod.reshape(na, m, b_count, n).to(torch.int64)
-    shifts = (torch.arange(na, device=b.device).view(na, 1, 1, 1) + torch.arange(b_count, device=b.device).view(1, 1, -1, 1))
+    shifts = (torch.arange(na, device=b.device).view(na, 1, 1, 1)
+              + torch.arange(b_count, device=b.device).view(1, 1, -1, 1))
     parts.bitwise_left_shift_(shifts * _BASE_BITS)
     out = parts.sum(dim=(0, 2))
     out -= a_row_sums.unsqueeze(1) * (1 << (_BASE_BITS * b_count - 1))
     return out
 
 
-def exact_int_mm(a: torch.Tensor, b: torch.Tensor, a_bound: Optional[int] = None, b_bound: Optional[int] = None) -> torch.Tensor:
+def exact_int_mm(a: torch.Tensor, b: torch.Tensor, a_bound: Optional[int] = None,
+                 b_bound: Optional[int] = None) -> torch.Tensor:
     """``a @ b`` for int64 matrices, exactly (the caller keeps the result below 2^63).
 
     ``a_bound`` and ``b_bound`` bound the operands' magnitudes; without them they are read from the data

@@ -61,9 +61,10 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
     backward order) as soon as the backward pass has produced its gradients, on a worker thread (and a side
     stream on a GPU), as DDP's communication hooks do, and exchanges each bucket (its collectives and the
     owners' mean) on a second worker, in bucket order, while the backward pass goes on; :meth:`step` then
-    waits for the last bucket and applies the means. On the CPU the records, and so the weights, are those without overlap. Run the earlier backward
-    passes of gradient accumulation inside ``with opt.no_sync():``; clipping or unscaling the gradients
-    between ``backward()`` and ``step()`` does not reach what was encoded (:mod:`gradwire.torch.overlap`).
+    waits for the last bucket and applies the means. On the CPU the records, and so the weights, are those
+    without overlap. Run the earlier backward passes of gradient accumulation inside ``with
+    opt.no_sync():``; clipping or unscaling the gradients between ``backward()`` and ``step()`` does not
+    reach what was encoded (:mod:`gradwire.torch.overlap`).
     """
 
     def __init__(

@@ -340,7 +340,8 @@ class Pieces:
                 out[p.name] = flat[p.start:p.stop].view(p.shape)
         return out
 
-    def join(self, parts: Mapping[str, torch.Tensor], tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+    def join(self, parts: Mapping[str, torch.Tensor],
+             tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
         """``{tensor name: tensor}`` from every piece's tensor (each tensor's pieces concatenated), of every
         tensor or of ``tensors``."""
         out = {}
