@@ -101,8 +101,7 @@ def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
         from gradwire.dct import route_choice
 
         dd.decode_levels(p.idx, p.levels, p.scales, p.mins, p.plan)
-        kept = [c for c in route_choice.choices() if c["k_bucket"] == route_choice._k_bucket(k)]
-        out["chosen"] = kept[-1]["route"] if kept else out["chosen"]
+        out["chosen"] = route_choice.kept_route(device, p.plan.chunk_shape, k) or out["chosen"]
     return out
 
 

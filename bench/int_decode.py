@@ -52,8 +52,7 @@ def main():
         kept = "—"
         if device.type != "cpu":
             decode.decode_level_chunks(idx, levels, scales, mins, dims)
-            kept = next((x["route"] for x in reversed(route_choice.choices())
-                         if x["chunk"] == "x".join(map(str, dims)) and x["k_bucket"] == route_choice._k_bucket(k)), "?")
+            kept = route_choice.kept_route(device, dims, k) or "?"
         print(f"| {'x'.join(map(str, dims))} | {n} | {k} | {ms['sparse']:.1f} | {ms['rows']:.1f} | {ms['dense']:.1f} | "
               f"{ms['integer']:.1f} | {ms['integer'] / best:.2f}x | {kept} |")
 

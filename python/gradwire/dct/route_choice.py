@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["MODES", "exact_decode_mode", "set_exact_decode", "device_route", "choices"]
+__all__ = ["MODES", "exact_decode_mode", "set_exact_decode", "device_route", "choices", "kept_route"]
 
 MODES = ("auto", "integer", "float64")
 _ENV = "GRADWIRE_EXACT_DECODE"
@@ -57,6 +57,14 @@ def set_exact_decode(mode: "str | None") -> None:
         _CHOICES.clear()
 
 
+def _device_key(device) -> str:
+    """``cuda`` and ``cuda:0`` name one device when 0 is the current one: one key for both."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
 def _k_bucket(k: int) -> int:
     return 1 << max(0, (int(k) - 1).bit_length())
 
@@ -71,7 +79,7 @@ def device_route(k: int, dims: tuple[int, ...], device: torch.device, float_rout
         return "integer"
     if mode == "float64":
         return float_route
-    key = (str(device), tuple(dims), _k_bucket(k), float_route)
+    key = (_device_key(device), tuple(dims), _k_bucket(k), float_route)
     got = _CHOICES.get(key)
     if got is None:
         timings = {float_route: _best_of(time_route, float_route)}
@@ -101,6 +109,15 @@ def choices() -> list[dict]:
         out.append({"device": device, "chunk": "x".join(map(str, dims)), "k_bucket": kb, "route": route,
                     **{f"{r}_ms": round(t * 1e3, 3) for r, t in timings.items()}})
     return out
+
+
+def kept_route(device, dims, k: int) -> "str | None":
+    """The route ``auto`` kept on ``device`` for ``k`` coefficients per chunk of shape ``dims``; ``None``
+    if nothing was measured for them."""
+    for (dev, d, kb, _), (route, _) in _CHOICES.items():
+        if dev == _device_key(device) and d == tuple(dims) and kb == _k_bucket(k):
+            return route
+    return None
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:
