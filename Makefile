@@ -16,7 +16,7 @@ export PIP_RETRIES ?= 10
 export PIP_TIMEOUT ?= 60
 PIP_TRIES ?= 3
 
-.PHONY: demo test test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
+.PHONY: demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -54,6 +54,18 @@ release: $(VENV)/.created
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
 	$(PIP) install -q -e ".[apps,test,bench]" -e ./server
+
+# Style, checked by machine (CI runs this before the tests): ruff's lint and formatter for Python (settings
+# in pyproject.toml), rustfmt and clippy with warnings as errors for the Rust crates (the fuzz crate's
+# format too). ruff is pinned: a new release may format differently, and CI must not fail on its own.
+RUFF_VERSION ?= 0.17.6
+lint: $(VENV)/.created
+	@$(VENV)/bin/ruff --version 2>/dev/null | grep -q "$(RUFF_VERSION)" || $(PIP) install -q "ruff==$(RUFF_VERSION)"
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	cargo fmt --all --check
+	cargo fmt --check --manifest-path rust/core/fuzz/Cargo.toml
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 demo: install
 	$(VENV)/bin/gradwire demo

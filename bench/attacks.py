@@ -63,16 +63,16 @@ import math
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
 import gradwire
+from gradwire.binding import binding_entry, strip_binding
 from gradwire.client import GradwireClient, Node
 from gradwire.client.errors import GradwireHTTPError
-from gradwire.binding import binding_entry, strip_binding
 from gradwire.frame import decode_bundle, read_frame, write_frame
 from gradwire.sender_history import SenderHistory
 from gradwire_server.launcher import LoopbackServer
@@ -85,16 +85,29 @@ HONEST_SOURCE = 1  # whose frames ``copy`` and ``replay`` resubmit
 
 #: Each mode's run config (the rule is added per row); quorum = every node, so every round has the rogue.
 MODES: dict[str, dict] = {
-    "adamw": {"algorithm": "adamw", "optimizer": {"lr": 1e-2, "weight_decay": 0.0},
-              "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 32}}},
+    "adamw": {
+        "algorithm": "adamw",
+        "optimizer": {"lr": 1e-2, "weight_decay": 0.0},
+        "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 32}},
+    },
     "demo": {"algorithm": "demo", "publish": "frames", "demo": {"lr": 1e-2, "beta": 0.9}},
-    "demo/agg": {"algorithm": "demo", "publish": "aggregate", "demo": {"lr": 1e-2, "beta": 0.9},
-                 "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}}},
-    "sparseloco": {"algorithm": "sparseloco", "publish": "frames",
-                   "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}}},
-    "sparseloco/agg": {"algorithm": "sparseloco", "publish": "aggregate",
-                       "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}},
-                       "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}}},
+    "demo/agg": {
+        "algorithm": "demo",
+        "publish": "aggregate",
+        "demo": {"lr": 1e-2, "beta": 0.9},
+        "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}},
+    },
+    "sparseloco": {
+        "algorithm": "sparseloco",
+        "publish": "frames",
+        "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}},
+    },
+    "sparseloco/agg": {
+        "algorithm": "sparseloco",
+        "publish": "aggregate",
+        "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "inner": {"lr": 1e-2, "weight_decay": 0.0}},
+        "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 16}},
+    },
 }
 ATTACKS = ("clean", "x1000", "x1e15", "flip", "flip_x1e15", "ef_poison", "copy", "replay", "other_run")
 #: Attacks by colluding nodes that craft one update from the honest ones (``--rogues`` of ``--nodes``).
@@ -141,14 +154,14 @@ class Frames:
             self.by_key[(round_, node_id)] = (frame, headers)
             self.cond.notify_all()
 
-    def wait(self, round_: int, node_id: int, timeout: float = 30.0) -> Optional[bytes]:
+    def wait(self, round_: int, node_id: int, timeout: float = 30.0) -> bytes | None:
         with self.cond:
             self.cond.wait_for(lambda: (round_, node_id) in self.by_key, timeout=timeout)
             got = self.by_key.get((round_, node_id))
             return None if got is None else got[0]
 
 
-def rewrite(frame: bytes, round_: int, sender: int, rebind: Optional[str] = None) -> bytes:
+def rewrite(frame: bytes, round_: int, sender: int, rebind: str | None = None) -> bytes:
     """``frame``'s records under a new header (round, sender) and a fresh CRC: a valid frame. Its run
     binding is kept, or with ``rebind`` (a run id) replaced by that run's binding for ``round_``."""
     f = read_frame(frame)
@@ -168,8 +181,7 @@ class RunNode(Node):
     """A real :class:`Node` whose submitted frame goes through ``attack`` (the rogue) or is only recorded
     (the honest nodes)."""
 
-    def __init__(self, *args, frames: Frames, attack: Optional[Callable[["RunNode", int, bytes], bytes]] = None,
-                 **kwargs):
+    def __init__(self, *args, frames: Frames, attack: Callable[[RunNode, int, bytes], bytes] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.frames = frames
         self.attack = attack
@@ -188,7 +200,7 @@ class RunNode(Node):
                     return self._advance(round_)
         return super()._submit_and_advance(round_, frame)
 
-    def _submit_raw(self, round_: int, frame: bytes, headers: Optional[dict] = None) -> None:
+    def _submit_raw(self, round_: int, frame: bytes, headers: dict | None = None) -> None:
         self.client.submit(self.run_id, round_, frame)
 
     def _advance(self, round_: int) -> int:
@@ -210,7 +222,7 @@ def _encoded(flat: torch.Tensor, layout, round_: int, sender: int, run_id: str) 
     entries, at = [], 0
     for name, shape in layout:
         n = shape.numel()
-        t = flat[at:at + n].float().reshape(shape)
+        t = flat[at : at + n].float().reshape(shape)
         at += n
         entries.append(gradwire.DCTCodec(**CODEC).compress(t, name)[0])
     return write_frame([*entries, binding_entry(run_id, round_)], round=round_, sender=sender, bundle=True)
@@ -246,7 +258,7 @@ def crafted(name: str, honest: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
         bound = float(dist.max())
         return mu + _largest_gamma(mu, p, honest, lambda m: float((honest - m).norm(dim=1).max()) <= bound) * p
     if name == "minsum":
-        bound = float((dist ** 2).sum(1).max())
+        bound = float((dist**2).sum(1).max())
         return mu + _largest_gamma(mu, p, honest, lambda m: float(((honest - m) ** 2).sum()) <= bound) * p
     raise ValueError(f"unknown colluding attack {name!r}")
 
@@ -262,13 +274,13 @@ class AdaptiveColluders:
         self.crafted: dict[int, dict[int, bytes]] = {}
         self.z: list[float] = []
 
-    def frame(self, node: "RunNode", rnd: int) -> Optional[bytes]:
+    def frame(self, node: RunNode, rnd: int) -> bytes | None:
         with self.lock:
             if rnd not in self.crafted:
                 self.crafted[rnd] = self._craft(node, rnd)
             return self.crafted[rnd].get(node.node_id)
 
-    def _craft(self, node: "RunNode", rnd: int) -> dict[int, bytes]:
+    def _craft(self, node: RunNode, rnd: int) -> dict[int, bytes]:
         got = [node.frames.wait(rnd, i, timeout=60) for i in self.honest_ids]
         if any(f is None for f in got):
             return {}
@@ -278,12 +290,16 @@ class AdaptiveColluders:
         mu, sigma = honest.mean(0), honest.std(0, unbiased=len(honest) > 1)
         honest_records = [strip_binding(read_frame(f)).entries for f in got]
         ids = [*self.honest_ids, *self.rogue_ids]
-        noise = {r: torch.randn(mu.shape, generator=torch.Generator().manual_seed(1000 * rnd + r), dtype=mu.dtype)
-                 for r in self.rogue_ids}
+        noise = {
+            r: torch.randn(mu.shape, generator=torch.Generator().manual_seed(1000 * rnd + r), dtype=mu.dtype)
+            for r in self.rogue_ids
+        }
 
         def frames_for(z: float) -> dict[int, bytes]:
-            return {r: _encoded(mu - z * sigma + 1e-3 * sigma * noise[r], layout, rnd, r, node.run_id)
-                    for r in self.rogue_ids}
+            return {
+                r: _encoded(mu - z * sigma + 1e-3 * sigma * noise[r], layout, rnd, r, node.run_id)
+                for r in self.rogue_ids
+            }
 
         def trial(z: float) -> tuple[bool, SenderHistory, dict[int, bytes]]:
             frames = frames_for(z)
@@ -292,7 +308,7 @@ class AdaptiveColluders:
             mirror.observe(ids, records, [1.0] * len(ids))
             scores = mirror.scores(ids)
             level = mirror.multiple * statistics.median_low(scores)
-            return max(scores[len(self.honest_ids):]) <= self.margin * level, mirror, frames
+            return max(scores[len(self.honest_ids) :]) <= self.margin * level, mirror, frames
 
         lo, hi = 0.0, 3.0
         best = trial(lo)
@@ -315,20 +331,20 @@ def colluding_fn(name: str, honest_ids: Sequence[int], rogue_ids: Sequence[int])
         shared = AdaptiveColluders(honest_ids, rogue_ids)
         return lambda node, rnd, frame: shared.frame(node, rnd)
 
-    def attack(node: "RunNode", rnd: int, frame: bytes) -> Optional[bytes]:
+    def attack(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
         got = [node.frames.wait(rnd, i, timeout=60) for i in (*honest_ids, *rogue_ids)]
         if any(f is None for f in got):
             return None
         flats = [_flat_update(f) for f in got]
         layout = flats[0][1]
         rows = torch.stack([f for f, _ in flats])
-        update = crafted(name, rows[: len(honest_ids)], rows[len(honest_ids):])
+        update = crafted(name, rows[: len(honest_ids)], rows[len(honest_ids) :])
         return _encoded(update, layout, rnd, node.node_id, node.run_id)
 
     return attack
 
 
-def attack_fn(name: str, donor: Optional[Frames]) -> Optional[Callable[[RunNode, int, bytes], Optional[bytes]]]:
+def attack_fn(name: str, donor: Frames | None) -> Callable[[RunNode, int, bytes], bytes | None] | None:
     """The rogue node's frame for ``name`` (``None``: no rogue)."""
     if name == "clean":
         return None
@@ -338,21 +354,27 @@ def attack_fn(name: str, donor: Optional[Frames]) -> Optional[Callable[[RunNode,
     if name == "ef_poison":
         return lambda node, rnd, frame: scaled(frame, 1e6 if rnd % 2 == 0 else -1e6, rnd, node.node_id, node.run_id)
     if name == "copy":
-        def copy(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+
+        def copy(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
             theirs = node.frames.wait(rnd, HONEST_SOURCE)
             return None if theirs is None else rewrite(theirs, rnd, node.node_id)
+
         return copy
     if name == "replay":
-        def replay(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+
+        def replay(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
             old = node.frames.by_key.get((rnd - 1, HONEST_SOURCE))
             return None if old is None else rewrite(old[0], rnd, node.node_id, rebind=node.run_id)
+
         return replay
     if name == "other_run":
-        def other_run(node: RunNode, rnd: int, frame: bytes) -> Optional[bytes]:
+
+        def other_run(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
             if donor is None:
                 return None
             got = donor.by_key.get((rnd, node.node_id))
             return None if got is None else got[0]
+
         return other_run
     raise ValueError(f"unknown attack {name!r}; known: {', '.join(ATTACKS)}")
 
@@ -391,8 +413,17 @@ def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
     return worst
 
 
-def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: int,
-            donor: Optional[Frames] = None, task: float = 1.0, nodes: int = N_NODES, rogues: int = 1) -> Outcome:
+def run_one(
+    server: LoopbackServer,
+    mode: str,
+    attack: str,
+    rule: str,
+    rounds: int,
+    donor: Frames | None = None,
+    task: float = 1.0,
+    nodes: int = N_NODES,
+    rogues: int = 1,
+) -> Outcome:
     """One run of ``mode`` under ``rule`` (``"default"``: the run's default) with ``attack``, ``rounds``
     versions long, on ``nodes`` nodes; the rogues are the last ``rogues`` node ids (:data:`ROGUE` alone by
     default)."""
@@ -419,8 +450,18 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
             fn = colluders
         else:
             fn = attack_fn(attack, donor)
-        nodes.append(RunNode(GradwireClient(server.url, token, timeout=60), run_id, model(), gradwire.DCTCodec(**CODEC),
-                             node_id, wait=10, frames=frames, attack=fn))
+        nodes.append(
+            RunNode(
+                GradwireClient(server.url, token, timeout=60),
+                run_id,
+                model(),
+                gradwire.DCTCodec(**CODEC),
+                node_id,
+                wait=10,
+                frames=frames,
+                attack=fn,
+            )
+        )
     sync_every = MODES[mode].get("sparseloco", {}).get("sync_every", 1)
     steps = rounds * sync_every
     errors: list[BaseException] = []
@@ -445,20 +486,36 @@ def run_one(server: LoopbackServer, mode: str, attack: str, rule: str, rounds: i
     state, version, _ = admin.state(run_id)
     status = admin.status(run_id)
     diff = MODES[mode]["algorithm"] == "adamw"
-    out = Outcome(mode, attack, rule, held_out_loss(state), published_max(admin, run_id, diff),
-                  max(float(t.abs().max()) for t in state.values()), version,
-                  [r for n in nodes for r in n.refused], frames, status.get("warnings", []),
-                  time.perf_counter() - t0, run_id)
+    out = Outcome(
+        mode,
+        attack,
+        rule,
+        held_out_loss(state),
+        published_max(admin, run_id, diff),
+        max(float(t.abs().max()) for t in state.values()),
+        version,
+        [r for n in nodes for r in n.refused],
+        frames,
+        status.get("warnings", []),
+        time.perf_counter() - t0,
+        run_id,
+    )
     for n in nodes:
         n.client.close()
     admin.close()
     return out
 
 
-def run_table(modes: Sequence[str], attacks: Sequence[str], rules: Sequence[str], rounds: int,
-              server: Optional[LoopbackServer] = None,
-              report: Optional[Callable[[Outcome, Outcome], None]] = None,
-              nodes: int = N_NODES, rogues: int = 1) -> list[tuple[Outcome, Outcome]]:
+def run_table(
+    modes: Sequence[str],
+    attacks: Sequence[str],
+    rules: Sequence[str],
+    rounds: int,
+    server: LoopbackServer | None = None,
+    report: Callable[[Outcome, Outcome], None] | None = None,
+    nodes: int = N_NODES,
+    rogues: int = 1,
+) -> list[tuple[Outcome, Outcome]]:
     """Every (mode, rule, attack): ``(attacked, clean)`` outcomes. The clean run of each mode and rule runs
     first, and, for ``other_run``, a clean run of the opposite task (the donor of its frames)."""
     own = server is None
@@ -470,12 +527,17 @@ def run_table(modes: Sequence[str], attacks: Sequence[str], rules: Sequence[str]
             for rule in rules:
                 size = dict(nodes=nodes, rogues=rogues)
                 clean = run_one(server, mode, "clean", rule, rounds, **size)
-                donor = (run_one(server, mode, "clean", rule, rounds, task=-1.0, **size) if "other_run" in attacks
-                         else None)
+                donor = (
+                    run_one(server, mode, "clean", rule, rounds, task=-1.0, **size) if "other_run" in attacks else None
+                )
                 for attack in attacks:
-                    got = clean if attack == "clean" else run_one(server, mode, attack, rule, rounds,
-                                                                  donor=None if donor is None else donor.frames,
-                                                                  **size)
+                    got = (
+                        clean
+                        if attack == "clean"
+                        else run_one(
+                            server, mode, attack, rule, rounds, donor=None if donor is None else donor.frames, **size
+                        )
+                    )
                     out.append((got, clean))
                     if report is not None:
                         report(got, clean)
@@ -492,12 +554,16 @@ def ratio(got: Outcome, clean: Outcome) -> float:
 def row_text(got: Outcome, clean: Outcome) -> str:
     pub = got.max_published / clean.max_published if clean.max_published > 0 else math.inf
     refused = f"{len(got.refused)} ({', '.join(sorted(set(got.refused)))})" if got.refused else "0"
-    return (f"| {got.mode} | {got.rule} | {got.attack} | {got.held_out:.4f} | {clean.held_out:.4f} | "
-            f"{ratio(got, clean):.3f} | {got.max_published:.3g} | {pub:.3g} | {refused} | {got.seconds:.1f} |")
+    return (
+        f"| {got.mode} | {got.rule} | {got.attack} | {got.held_out:.4f} | {clean.held_out:.4f} | "
+        f"{ratio(got, clean):.3f} | {got.max_published:.3g} | {pub:.3g} | {refused} | {got.seconds:.1f} |"
+    )
 
 
-HEADER = ("| mode | rule | attack | held-out loss | clean | ratio | max abs published | vs clean | refused | s |\n"
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = (
+    "| mode | rule | attack | held-out loss | clean | ratio | max abs published | vs clean | refused | s |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def pivot(rows: Sequence[tuple[str, str, str, float]]) -> str:
@@ -525,30 +591,45 @@ def parse_rows(text: str) -> list[tuple[str, str, str, float]]:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=40, help="versions per run")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS) + list(COLLUDING))
     p.add_argument("--nodes", type=int, default=N_NODES, help="nodes per run (quorum: all of them)")
     p.add_argument("--rogues", type=int, default=1, help="how many of them attack (the last node ids)")
-    p.add_argument("--rules", nargs="+", default=["default", "mean"],
-                   help="'default' (the run's default, bounded_mean) and/or rule names (trimmed_mean:0.25 with its "
-                        "trim fraction)")
-    p.add_argument("--pivot-from", metavar="FILE", default=None,
-                   help="print the attack × mode table of a saved output of this bench, and run nothing")
+    p.add_argument(
+        "--rules",
+        nargs="+",
+        default=["default", "mean"],
+        help="'default' (the run's default, bounded_mean) and/or rule names (trimmed_mean:0.25 with its trim fraction)",
+    )
+    p.add_argument(
+        "--pivot-from",
+        metavar="FILE",
+        default=None,
+        help="print the attack × mode table of a saved output of this bench, and run nothing",
+    )
     args = p.parse_args(argv)
     if args.pivot_from:
         with open(args.pivot_from, encoding="utf-8") as f:
             print(pivot(parse_rows(f.read())))
         return
     t0 = time.perf_counter()
-    print(f"{args.nodes} nodes, {args.rogues} rogue(s) (the last node ids), {args.rounds} versions per run, quorum "
-          f"{args.nodes}; ratio = held-out loss / the clean run's (same mode and rule)\n")
+    print(
+        f"{args.nodes} nodes, {args.rogues} rogue(s) (the last node ids), {args.rounds} versions per run, quorum "
+        f"{args.nodes}; ratio = held-out loss / the clean run's (same mode and rule)\n"
+    )
     print(HEADER, flush=True)
-    done = run_table(args.modes, args.attacks, args.rules, args.rounds,
-                     report=lambda got, clean: print(row_text(got, clean), flush=True), nodes=args.nodes,
-                     rogues=args.rogues)
+    done = run_table(
+        args.modes,
+        args.attacks,
+        args.rules,
+        args.rounds,
+        report=lambda got, clean: print(row_text(got, clean), flush=True),
+        nodes=args.nodes,
+        rogues=args.rogues,
+    )
     print(f"\n{time.perf_counter() - t0:.0f} s in all\n")
     print(pivot([(got.mode, got.rule, got.attack, ratio(got, clean)) for got, clean in done]))
 

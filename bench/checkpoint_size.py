@@ -50,11 +50,20 @@ def main() -> None:
     base = None
     for label, build in (
         ("DeMo", lambda m: gt.DeMo(m.parameters(), lr=1e-3)),
-        ("SparseLoCo", lambda m: gt.SparseLoCo(m.parameters(), torch.optim.AdamW(m.parameters(), lr=1e-3),
-                                               sync_every=2)),
-        ("SparseLoCo, outer_momentum=0.9", lambda m: gt.SparseLoCo(
-            m.parameters(), torch.optim.AdamW(m.parameters(), lr=1e-3), sync_every=2, outer_momentum=0.9,
-            nesterov=True)),
+        (
+            "SparseLoCo",
+            lambda m: gt.SparseLoCo(m.parameters(), torch.optim.AdamW(m.parameters(), lr=1e-3), sync_every=2),
+        ),
+        (
+            "SparseLoCo, outer_momentum=0.9",
+            lambda m: gt.SparseLoCo(
+                m.parameters(),
+                torch.optim.AdamW(m.parameters(), lr=1e-3),
+                sync_every=2,
+                outer_momentum=0.9,
+                nesterov=True,
+            ),
+        ),
     ):
         m = model(args.width, dtype)
         opt = build(m)

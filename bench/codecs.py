@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 from rich.console import Console
 from rich.table import Table
-from gradwire_apps.progress import progress as progress_bar
 
 import gradwire
 from gradwire import (
+    QSGD,
     Accordion,
     Codec,
     DCTCodec,
@@ -42,13 +42,13 @@ from gradwire import (
     MinMaxUInt8,
     OneBit,
     PowerSGD,
-    QSGD,
     RandomK,
     SignSGD,
     ThreeLC,
     TopK,
 )
 from gradwire_apps.gradients import MODELS, collect_gradients
+from gradwire_apps.progress import progress as progress_bar
 
 OUT = Path(__file__).resolve().parent / "out"
 #: Recorded steps whose encode and decode are timed.
@@ -108,7 +108,7 @@ class Result:
     label: str
     bytes_per_param: float
     rel_error: float
-    ef_sum_error: Optional[float]
+    ef_sum_error: float | None
     encode_s: float
     decode_s: float
 
@@ -168,8 +168,17 @@ def measure(row: BenchRow, steps: list[dict[str, torch.Tensor]], repeat: int, de
 def _table(title: str, results: list[Result], params: int) -> tuple[Table, list[str]]:
     base = results[0]
     table = Table(title=title)
-    headers = ["codec", "bytes/param", "× vs fp32", "rel. error", "EF sum error",
-               "encode ms/M", "× fp32", "decode ms/M", "× fp32"]
+    headers = [
+        "codec",
+        "bytes/param",
+        "× vs fp32",
+        "rel. error",
+        "EF sum error",
+        "encode ms/M",
+        "× fp32",
+        "decode ms/M",
+        "× fp32",
+    ]
     for h in headers:
         table.add_column(h, justify="left" if h == "codec" else "right")
     md = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -209,8 +218,15 @@ def _plot(all_results: dict[str, list[Result]], path: Path) -> None:
                 # Hollow marker: the error of the summed updates with error feedback.
                 ax.scatter(r.bytes_per_param, max(r.ef_sum_error, 1e-4), s=30, facecolors="none", edgecolors=color)
                 ax.plot([r.bytes_per_param] * 2, [r.rel_error, max(r.ef_sum_error, 1e-4)], color=color, lw=0.8)
-            ax.annotate(r.label, (r.bytes_per_param, r.rel_error), fontsize=6.5, rotation=30,
-                        xytext=(3, 3), textcoords="offset points", color=color)
+            ax.annotate(
+                r.label,
+                (r.bytes_per_param, r.rel_error),
+                fontsize=6.5,
+                rotation=30,
+                xytext=(3, 3),
+                textcoords="offset points",
+                color=color,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_ylim(1e-4, 30)
@@ -231,8 +247,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timing repeats (best of)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of row labels to keep")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (1 gives steadier timings on a machine shared with other work)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (1 gives steadier timings on a machine shared with other work)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

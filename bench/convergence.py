@@ -92,10 +92,10 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -129,16 +129,26 @@ BATCHED_KINDS = ("dense",) + LOCAL_KINDS
 #: The learning-rate grids, as multiples of the task's base lr (AdamW, also SparseLoCo's and DiLoCo's inner
 #: AdamW) or absolute (DeMo's sign step, per task). The Panthalia path's grid sits lower: its AdamW sees
 #: sparse, delayed gradients and diverges at the dense row's best lr.
-MULT = {"dense": (0.3, 1.0, 3.0), "panthalia": (0.1, 0.3, 1.0), "sparseloco": (0.3, 1.0, 3.0), "diloco": (0.3, 1.0, 3.0),
-        "signloco": (0.3, 1.0, 3.0)}
+MULT = {
+    "dense": (0.3, 1.0, 3.0),
+    "panthalia": (0.1, 0.3, 1.0),
+    "sparseloco": (0.3, 1.0, 3.0),
+    "diloco": (0.3, 1.0, 3.0),
+    "signloco": (0.3, 1.0, 3.0),
+}
 #: SparseLoCo's outer optimizers tried in the grid: (label, outer_lr, momentum, nesterov).
 OUTERS = {"plain": (1.0, 0.0, False), "nesterov": (0.7, 0.9, True)}
 #: Outer optimizers tried only when ``--outers`` names them: Nesterov whose steady-state step is the plain
 #: step's (``outer_lr / (1 − μ) = 1``), so momentum smooths the aggregate without enlarging it.
-EXTRA_OUTERS = {"nest5": (0.5, 0.5, True), "nest8": (0.2, 0.8, True),
-                # Plain steps larger than the mean pseudo-gradient: averaging N nodes' noisy local moves
-                # shrinks them (their noise cancels), which a dense step on the N-fold batch does not suffer.
-                "x1.5": (1.5, 0.0, False), "x2": (2.0, 0.0, False), "x3": (3.0, 0.0, False)}
+EXTRA_OUTERS = {
+    "nest5": (0.5, 0.5, True),
+    "nest8": (0.2, 0.8, True),
+    # Plain steps larger than the mean pseudo-gradient: averaging N nodes' noisy local moves
+    # shrinks them (their noise cancels), which a dense step on the N-fold batch does not suffer.
+    "x1.5": (1.5, 0.0, False),
+    "x2": (2.0, 0.0, False),
+    "x3": (3.0, 0.0, False),
+}
 ALL_OUTERS = {**OUTERS, **EXTRA_OUTERS}
 
 
@@ -164,12 +174,20 @@ class LocalAdamW(torch.optim.Optimizer):
     (uncompressed DiLoCo, 16 nodes, H 4) and loses with compression, so it stays here, not in the library.
     """
 
-    def __init__(self, params, lr: float, weight_decay: float = 0.0, noise_divisor: float = 1.0,
-                 betas: tuple = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        weight_decay: float = 0.0,
+        noise_divisor: float = 1.0,
+        betas: tuple = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
         if not noise_divisor >= 1.0:
             raise ValueError(f"noise_divisor must be >= 1 (1 is AdamW), got {noise_divisor}")
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, noise_divisor=noise_divisor,
-                                      betas=tuple(betas), eps=eps))
+        super().__init__(
+            params, dict(lr=lr, weight_decay=weight_decay, noise_divisor=noise_divisor, betas=tuple(betas), eps=eps)
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -192,8 +210,8 @@ class LocalAdamW(torch.optim.Optimizer):
                     p.mul_(1.0 - lr * wd)
                 m.lerp_(g, 1.0 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-                m_hat = m / (1.0 - beta1 ** t)
-                v_hat = v / (1.0 - beta2 ** t)
+                m_hat = m / (1.0 - beta1**t)
+                v_hat = v / (1.0 - beta2**t)
                 if shrink:
                     v_hat.sub_(torch.sub(v_hat, m_hat * m_hat).clamp_(min=0.0), alpha=shrink)
                 p.addcdiv_(m_hat, v_hat.sqrt_().add_(eps), value=-lr)
@@ -342,10 +360,16 @@ class StdlibTask(_TokenTask):
         for i, f in enumerate(files):
             (held if i % 10 == 0 else train).extend(f.read_bytes() + b"\n")
         self.n_files = len(files)
-        super().__init__(scale, torch.frombuffer(train, dtype=torch.uint8).clone(),
-                         torch.frombuffer(held, dtype=torch.uint8).clone(), 256)
-        self.title = (f"byte LM on the stdlib (d {scale.width}, {scale.layers} layers; {len(files)} files,"
-                      f" {len(train) / 1e6:.1f} MB train / {len(held) / 1e6:.1f} MB held out)")
+        super().__init__(
+            scale,
+            torch.frombuffer(train, dtype=torch.uint8).clone(),
+            torch.frombuffer(held, dtype=torch.uint8).clone(),
+            256,
+        )
+        self.title = (
+            f"byte LM on the stdlib (d {scale.width}, {scale.layers} layers; {len(files)} files,"
+            f" {len(train) / 1e6:.1f} MB train / {len(held) / 1e6:.1f} MB held out)"
+        )
 
 
 TASKS = {"digits": DigitsTask, "chars": CharsTask, "stdlib": StdlibTask}
@@ -414,7 +438,7 @@ class Packer:
 CODING = {"panthalia": (8, "fixed"), "demo": (1, "auto"), "sparseloco": (2, "auto")}
 
 
-def dct_codec(kind: str, k: int, value_bits: Optional[int] = None):
+def dct_codec(kind: str, k: int, value_bits: int | None = None):
     """The wire codec of a row: flat 64×64 DCT chunks for the Panthalia path; DeMo's 64×64 tiles (flat
     64×64 chunks where tiles would be small) for DeMo and SparseLoCo, as their default codecs
     (``value_bits`` overrides the kind's bits: the server's downlink codec of a re-encoded row)."""
@@ -441,12 +465,19 @@ def version_overhead(codec, sample: Mapping[str, torch.Tensor], senders: int) ->
     from gradwire.published import write_published_aggregate
 
     entries = [e for e, _ in codec.compress_bundle(sample).values()]
-    return (len(write_published_aggregate(1, entries, senders))
-            - len(write_frame(entries, round=1, sender=SERVER_SENDER, bundle=True)))
+    return len(write_published_aggregate(1, entries, senders)) - len(
+        write_frame(entries, round=1, sender=SERVER_SENDER, bundle=True)
+    )
 
 
-def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float, per: int = 1,
-              value_bits: Optional[int] = None, overhead: int = 0) -> tuple[int, float]:
+def calibrate(
+    kind: str,
+    sample: Mapping[str, torch.Tensor],
+    target_ratio: float,
+    per: int = 1,
+    value_bits: int | None = None,
+    overhead: int = 0,
+) -> tuple[int, float]:
     """``(k, ratio)``: the per-chunk ``k`` whose ratio (fp32 bytes × ``per`` / (frame bytes + ``overhead``),
     measured on a real gradient ``sample``) lies nearest ``target_ratio`` in log scale."""
     fp32 = 4 * sum(t.numel() for t in sample.values()) * per
@@ -467,7 +498,7 @@ def calibrate(kind: str, sample: Mapping[str, torch.Tensor], target_ratio: float
     return k, ratio(k)
 
 
-def calibrate_row(row: "RowSpec", sample: Mapping[str, torch.Tensor], settings: "Settings") -> tuple:
+def calibrate_row(row: RowSpec, sample: Mapping[str, torch.Tensor], settings: Settings) -> tuple:
     """A compressed row's codecs: ``(k, uplink ratio)``, and for a re-encoded row (``/agg``) also the
     server's downlink ``(k, value bits)``: ``(k, ratio, down_k, down_bits)``."""
     per = settings.H if row.kind == "sparseloco" else 1
@@ -491,8 +522,8 @@ def calibrate_row(row: "RowSpec", sample: Mapping[str, torch.Tensor], settings: 
 @dataclass
 class RowSpec:
     kind: str
-    target: Optional[int] = None  # intended uplink ratio (compressed rows)
-    down: Optional[str] = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
+    target: int | None = None  # intended uplink ratio (compressed rows)
+    down: str | None = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
     noise: float = 1.0  # ``+nD`` after a local kind: the inner optimizer is LocalAdamW(noise_divisor=D)
     muon: bool = False  # ``+muon`` after dense or a local kind: Muon on the hidden matrices, AdamW on the rest
 
@@ -505,8 +536,14 @@ class RowSpec:
 
     @property
     def label(self) -> str:
-        names = {"dense": "dense AdamW", "panthalia": "Panthalia path", "demo": "DeMo", "sparseloco": "SparseLoCo",
-                 "diloco": "DiLoCo (uncompressed)", "signloco": "SparseLoCo's loop, 1 bit"}
+        names = {
+            "dense": "dense AdamW",
+            "panthalia": "Panthalia path",
+            "demo": "DeMo",
+            "sparseloco": "SparseLoCo",
+            "diloco": "DiLoCo (uncompressed)",
+            "signloco": "SparseLoCo's loop, 1 bit",
+        }
         base = names[self.kind] + ("" if self.target is None else f" {self.target}×")
         if self.noise != 1.0:
             base += f", LocalAdamW n{self.noise:g}"
@@ -535,7 +572,7 @@ class RowSpec:
         return parse_down(self.down) if self.down and self.down != "frames" else {}
 
     @staticmethod
-    def parse(s: str) -> "RowSpec":
+    def parse(s: str) -> RowSpec:
         s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
         kind, plus, n = kind.partition("+")
@@ -552,15 +589,20 @@ class RowSpec:
                 if not noise > 1.0:
                     raise ValueError
             except ValueError:
-                raise ValueError(f"bad row {s!r}: +nD (D > 1: the inner LocalAdamW's noise_divisor) follows "
-                                 f"a local kind ({', '.join(LOCAL_KINDS)})") from None
+                raise ValueError(
+                    f"bad row {s!r}: +nD (D > 1: the inner LocalAdamW's noise_divisor) follows "
+                    f"a local kind ({', '.join(LOCAL_KINDS)})"
+                ) from None
         if kind not in KINDS or (kind in ("dense", "diloco", "signloco")) != (r == ""):
-            raise ValueError(f"bad row {s!r}: dense, diloco, signloco[/frames|/agg], "
-                             "or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]")
+            raise ValueError(
+                f"bad row {s!r}: dense, diloco, signloco[/frames|/agg], "
+                "or panthalia|demo|sparseloco@RATIO[/frames|/agg[:opts]]"
+            )
         if down:
             if kind not in ("demo", "sparseloco", "signloco"):
-                raise ValueError(f"bad row {s!r}: only demo, sparseloco and signloco rows take a downlink "
-                                 "(/frames, /agg)")
+                raise ValueError(
+                    f"bad row {s!r}: only demo, sparseloco and signloco rows take a downlink (/frames, /agg)"
+                )
             if kind == "signloco" and down not in ("frames", "agg"):
                 raise ValueError(f"bad row {s!r}: signloco's downlink is /frames or /agg (1 bit, no options)")
             opts = parse_down(down)  # raises on a bad option
@@ -616,14 +658,14 @@ class RunResult:
     up_bytes_per_step: float  # one node's frame bytes per (local) step
     down_bytes_per_step: float
     fp32_bytes: int
-    k: Optional[int] = None
-    value_bits: Optional[int] = None
+    k: int | None = None
+    value_bits: int | None = None
     seconds: float = 0.0
-    down_k: Optional[int] = None  # the server's downlink codec (re-encoded rows)
-    down_bits: Optional[int] = None
+    down_k: int | None = None  # the server's downlink codec (re-encoded rows)
+    down_bits: int | None = None
     schedule: str = "constant"
-    nodes: Optional[int] = None  # the node count and sync interval (also in the cache key, which is one-way)
-    H: Optional[int] = None
+    nodes: int | None = None  # the node count and sync interval (also in the cache key, which is one-way)
+    H: int | None = None
 
 
 @dataclass
@@ -634,9 +676,9 @@ class Settings:
     steps: dict = field(default_factory=dict)
     batch: dict = field(default_factory=dict)  # task → sequences per node, where not the scale's (part of the key)
     evals: int = 8
-    mults: Optional[tuple] = None  # --mults: the compressed AdamW-family rows' lr multiples
-    outers: Optional[tuple] = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
-    dense_mults: Optional[tuple] = None  # --dense-mults: the dense row's lr multiples (default: its grid)
+    mults: tuple | None = None  # --mults: the compressed AdamW-family rows' lr multiples
+    outers: tuple | None = None  # --outers: SparseLoCo's / DiLoCo's outer optimizers
+    dense_mults: tuple | None = None  # --dense-mults: the dense row's lr multiples (default: its grid)
     schedule: str = "constant"  # --schedule: every row's lr over the steps (SCHEDULES)
     batched: bool = False  # --batched: every node in one vmap call and one optimizer step (bench/node_batch.py)
     device: str = "cpu"  # --device: where the batched nodes train (the codecs and frames stay on the CPU)
@@ -700,8 +742,9 @@ SCHEDULES = {
 }
 
 
-def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
-         settings: Optional["Settings"] = None) -> list[tuple[str, float, dict]]:
+def grid(
+    task: str, row: RowSpec, scale: Scale, full: bool = True, settings: Settings | None = None
+) -> list[tuple[str, float, dict]]:
     """The tuning grid of a row: ``[(label, lr, extra)]`` (``settings.mults`` / ``settings.outers`` narrow
     the compressed AdamW-family rows' grid, every listed lr with every listed outer optimizer)."""
     mults = settings.mults if settings and settings.mults and row.kind != "dense" else None
@@ -714,8 +757,12 @@ def grid(task: str, row: RowSpec, scale: Scale, full: bool = True,
     if row.kind in LOCAL_KINDS:
         # The default tries Nesterov at the middle lr only (time); --full (or --mults) at every lr.
         outers = settings.outers if settings and settings.outers else tuple(OUTERS)
-        return [(f"lr={lr:g} {o}", lr, {"outer": o}) for o in outers for lr in adamw
-                if o == "plain" or full or mults or (settings and settings.outers) or lr == adamw[len(adamw) // 2]]
+        return [
+            (f"lr={lr:g} {o}", lr, {"outer": o})
+            for o in outers
+            for lr in adamw
+            if o == "plain" or full or mults or (settings and settings.outers) or lr == adamw[len(adamw) // 2]
+        ]
     return [(f"lr={lr:g}", lr, {}) for lr in adamw]
 
 
@@ -753,7 +800,7 @@ class Downlink:
     it), else the aggregate the nodes hand to their own apply.
     """
 
-    def __init__(self, row: RowSpec, n: int, k: Optional[int], bits: Optional[int], outer=None):
+    def __init__(self, row: RowSpec, n: int, k: int | None, bits: int | None, outer=None):
         from gradwire import ErrorFeedback
 
         self.n = n
@@ -771,8 +818,9 @@ class Downlink:
         self.ef = ErrorFeedback(self.codec) if self.codec is not None and self.decay > 0.0 else None
         self.outer = outer if o.get("srv") else None  # the server's OuterStep (srv)
 
-    def publish(self, version: int, frames: Sequence[bytes], records: Sequence, anchor=None,
-                rule: Optional[RoundRule] = None):
+    def publish(
+        self, version: int, frames: Sequence[bytes], records: Sequence, anchor=None, rule: RoundRule | None = None
+    ):
         from gradwire.published import read_published, write_published, write_published_aggregate
 
         rule = rule or RoundRule("mean")
@@ -798,8 +846,17 @@ class Downlink:
         return pub.mean(), len(data)
 
 
-def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: int, settings: Settings,
-            calib: Optional[tuple] = None, tick: Optional[Callable[[int], None]] = None) -> RunResult:
+def run_one(
+    task: Task,
+    row: RowSpec,
+    lr: float,
+    extra: dict,
+    seed: int,
+    steps: int,
+    settings: Settings,
+    calib: tuple | None = None,
+    tick: Callable[[int], None] | None = None,
+) -> RunResult:
     """Train one row at one lr and seed; returns its curve and final losses."""
     t0 = time.perf_counter()
     n = settings.nodes
@@ -843,8 +900,11 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         trained = model
         if batched:  # the optimizer steps a copy on the device; ``model`` (CPU) is copied from it to evaluate
             trained = copy.deepcopy(model).to(settings.device)
-        opts = muon_and_adamw(trained, lr) if row.muon else \
-            [torch.optim.AdamW(trained.parameters(), lr=lr, weight_decay=0.0)]
+        opts = (
+            muon_and_adamw(trained, lr)
+            if row.muon
+            else [torch.optim.AdamW(trained.parameters(), lr=lr, weight_decay=0.0)]
+        )
     elif row.kind == "panthalia":
         from gradwire import ErrorFeedback
         from gradwire.accumulate import make_accumulator
@@ -853,13 +913,13 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         node_ef = [ErrorFeedback(dct_codec("panthalia", k)) for _ in range(n)]
         server_ef = ErrorFeedback(dct_codec("panthalia", k))
     elif row.kind == "demo":
-        from gradwire.algorithms import DeMoState, demo_update, exact_mean
+        from gradwire.algorithms import DeMoState, demo_update
 
         states = [DeMoState(dct_codec("demo", k)) for _ in range(n)]
         if row.down:
             downlink = Downlink(row, n, down_k, down_bits)
     else:
-        from gradwire.algorithms import OuterStep, SparseLoCoState, exact_mean
+        from gradwire.algorithms import OuterStep, SparseLoCoState
 
         outer_lr, momentum, nesterov = ALL_OUTERS[extra["outer"]]
         outer = OuterStep(outer_lr=outer_lr, momentum=momentum, nesterov=nesterov)
@@ -891,8 +951,7 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
             if row.muon:
                 inner = [muon_and_adamw(m, lr) for m in nodes]
             elif row.noise != 1.0:
-                inner = [[LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)]
-                         for m in nodes]
+                inner = [[LocalAdamW(m.parameters(), lr=lr, weight_decay=0.0, noise_divisor=row.noise)] for m in nodes]
             else:
                 inner = [[torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.0)] for m in nodes]
         if row.down:
@@ -1018,13 +1077,27 @@ def run_one(task: Task, row: RowSpec, lr: float, extra: dict, seed: int, steps: 
         if tick:
             tick(1)
 
-    tail = losses[-max(n, len(losses) // 10):]
+    tail = losses[-max(n, len(losses) // 10) :]
     return RunResult(
-        task=task.name, row=row.key, hp="", seed=seed, lr=base_lr, curve=curve,
-        train_loss=sum(tail) / len(tail), held_out=curve[-1][2],
-        up_bytes_per_step=up_total / steps, down_bytes_per_step=down_total / steps, fp32_bytes=fp32,
-        k=k, value_bits=vb, seconds=time.perf_counter() - t0, down_k=down_k, down_bits=down_bits,
-        schedule=settings.schedule, nodes=n, H=H if row.kind in LOCAL_KINDS else None,
+        task=task.name,
+        row=row.key,
+        hp="",
+        seed=seed,
+        lr=base_lr,
+        curve=curve,
+        train_loss=sum(tail) / len(tail),
+        held_out=curve[-1][2],
+        up_bytes_per_step=up_total / steps,
+        down_bytes_per_step=down_total / steps,
+        fp32_bytes=fp32,
+        k=k,
+        value_bits=vb,
+        seconds=time.perf_counter() - t0,
+        down_k=down_k,
+        down_bits=down_bits,
+        schedule=settings.schedule,
+        nodes=n,
+        H=H if row.kind in LOCAL_KINDS else None,
     )
 
 
@@ -1083,7 +1156,7 @@ class Plan:
     lr: float
     extra: dict
     seed: int
-    calib: Optional[tuple]
+    calib: tuple | None
     key: str
 
 
@@ -1107,8 +1180,10 @@ def make_plans(task_names, rows, seeds, settings: Settings, console=None) -> tup
                 calib = calibrate_row(row, sample, settings)
                 calibs[(tn, row.key)] = calib
                 if console:
-                    console.print(f"  {tn} {row.label}: k={calib[0]} → {calib[1]:.0f}× on a real gradient"
-                                  + (f"; downlink k={calib[2]} at {calib[3]} bits" if len(calib) > 2 else ""))
+                    console.print(
+                        f"  {tn} {row.label}: k={calib[0]} → {calib[1]:.0f}× on a real gradient"
+                        + (f"; downlink k={calib[2]} at {calib[3]} bits" if len(calib) > 2 else "")
+                    )
             for hp, lr, extra in grid(tn, row, scale, settings.full, settings):
                 for seed in seeds:
                     key = run_key(tn, scale, row, hp, seed, settings, calib)
@@ -1158,8 +1233,10 @@ def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict
     cache = _cache_load()
     todo = [p for p in plans if p.key not in cache]
     total = sum(p.scale.steps for p in todo)
-    console.print(f"{len(plans)} runs, {len(plans) - len(todo)} cached, {len(todo)} to train ({total:,} steps,"
-                  f" {jobs} process{'es' if jobs > 1 else ''})")
+    console.print(
+        f"{len(plans)} runs, {len(plans) - len(todo)} cached, {len(todo)} to train ({total:,} steps,"
+        f" {jobs} process{'es' if jobs > 1 else ''})"
+    )
     # A bar on a terminal, a line per tenth of the steps in a log (gradwire_apps.progress).
     with progress_bar(total=total, desc="sweep", unit="step") as bar:
         if jobs <= 1:
@@ -1187,8 +1264,13 @@ def sweep(plans: list[Plan], settings: Settings, console, jobs: int = 1) -> dict
                 bar.update(n)
 
             with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(ticks,)) as ex:
-                pending = {ex.submit(_worker_run, (p.key, p.task.name, p.scale, p.row.key, p.hp, p.lr, p.extra,
-                                                   p.seed, p.calib, settings)) for p in todo}
+                pending = {
+                    ex.submit(
+                        _worker_run,
+                        (p.key, p.task.name, p.scale, p.row.key, p.hp, p.lr, p.extra, p.seed, p.calib, settings),
+                    )
+                    for p in todo
+                }
                 while pending:
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                     try:
@@ -1214,7 +1296,7 @@ class RowSummary:
     task: str
     row: str
     label: str
-    target: Optional[int]
+    target: int | None
     best_hp: str
     at_edge: bool
     up_ratio: float
@@ -1227,10 +1309,10 @@ class RowSummary:
     seeds: int
     gap_pct: float = 0.0
     gap_half: float = 0.0  # the gap at the eval point nearest half the steps
-    k: Optional[int] = None
-    value_bits: Optional[int] = None
-    down_k: Optional[int] = None
-    down_bits: Optional[int] = None
+    k: int | None = None
+    value_bits: int | None = None
+    down_k: int | None = None
+    down_bits: int | None = None
     curve: list = field(default_factory=list)  # mean over seeds: [(step, bytes, held-out)]
     all_hp: dict = field(default_factory=dict)  # hp → mean held-out
 
@@ -1260,15 +1342,35 @@ def summarize(plans: list[Plan], results: Mapping[str, dict]) -> dict[str, list[
         up = sum(r["up_bytes_per_step"] for r in rs) / len(rs)
         down = sum(r["down_bytes_per_step"] for r in rs) / len(rs)
         held = [r["held_out"] for r in rs]
-        curve = [(c[0], sum(r["curve"][j][1] for r in rs) / len(rs), sum(r["curve"][j][2] for r in rs) / len(rs))
-                 for j, c in enumerate(rs[0]["curve"])]
+        curve = [
+            (c[0], sum(r["curve"][j][1] for r in rs) / len(rs), sum(r["curve"][j][2] for r in rs) / len(rs))
+            for j, c in enumerate(rs[0]["curve"])
+        ]
         label, target = labels[rk]
-        out.setdefault(tn, []).append(RowSummary(
-            tn, rk, label, target, best, edge, fp32 / up, fp32 / down, up, down,
-            sum(r["train_loss"] for r in rs) / len(rs), sum(held) / len(held), (max(held) - min(held)) / 2,
-            len(rs), k=rs[0].get("k"), value_bits=rs[0].get("value_bits"), down_k=rs[0].get("down_k"),
-            down_bits=rs[0].get("down_bits"), curve=curve, all_hp=means,
-        ))
+        out.setdefault(tn, []).append(
+            RowSummary(
+                tn,
+                rk,
+                label,
+                target,
+                best,
+                edge,
+                fp32 / up,
+                fp32 / down,
+                up,
+                down,
+                sum(r["train_loss"] for r in rs) / len(rs),
+                sum(held) / len(held),
+                (max(held) - min(held)) / 2,
+                len(rs),
+                k=rs[0].get("k"),
+                value_bits=rs[0].get("value_bits"),
+                down_k=rs[0].get("down_k"),
+                down_bits=rs[0].get("down_bits"),
+                curve=curve,
+                all_hp=means,
+            )
+        )
     for tn, rows in out.items():
         dense = next((r for r in rows if r.row == "dense"), None)
         for r in rows:
@@ -1293,16 +1395,23 @@ def verdicts(summ: Mapping[str, list[RowSummary]]) -> list[str]:
             b = min(cand, key=lambda r: r.gap_pct)
             ok = b.gap_pct <= 2.0
             verdict = "**meets** the 2 % target" if ok else f"**misses** the 2 % target by {b.gap_pct - 2.0:.1f} points"
-            lines.append(f"- **{tn}**, {what} uplink: best is {b.label} at {b.up_ratio:.0f}× measured,"
-                         f" held-out {b.held_out:.4f} vs dense {b.held_out / (1 + b.gap_pct / 100):.4f}"
-                         f" ({b.gap_pct:+.1f} %): {verdict}.")
+            lines.append(
+                f"- **{tn}**, {what} uplink: best is {b.label} at {b.up_ratio:.0f}× measured,"
+                f" held-out {b.held_out:.4f} vs dense {b.held_out / (1 + b.gap_pct / 100):.4f}"
+                f" ({b.gap_pct:+.1f} %): {verdict}."
+            )
             both = [r for r in cand if r.down_ratio >= 0.95 * floor]
             if both and b not in both:
                 b = min(both, key=lambda r: r.gap_pct)
-                verdict = ("**meets** the 2 % target" if b.gap_pct <= 2.0
-                           else f"**misses** the 2 % target by {b.gap_pct - 2.0:.1f} points")
-                lines.append(f"- **{tn}**, {what} both ways: best is {b.label} at {b.up_ratio:.0f}× up,"
-                             f" {b.down_ratio:.0f}× down, {b.gap_pct:+.1f} %: {verdict}.")
+                verdict = (
+                    "**meets** the 2 % target"
+                    if b.gap_pct <= 2.0
+                    else f"**misses** the 2 % target by {b.gap_pct - 2.0:.1f} points"
+                )
+                lines.append(
+                    f"- **{tn}**, {what} both ways: best is {b.label} at {b.up_ratio:.0f}× up,"
+                    f" {b.down_ratio:.0f}× down, {b.gap_pct:+.1f} %: {verdict}."
+                )
     return lines
 
 
@@ -1317,8 +1426,14 @@ def selection_of(entries) -> dict:
     tensors = []
     for e in entries:
         rec = parse_record(e)
-        tensors.append({"name": e.name, "chunks": rec.plan.num_chunks, "kept": int(rec.idx.numel()),
-                        "chunk_numel": rec.plan.chunk_numel})
+        tensors.append(
+            {
+                "name": e.name,
+                "chunks": rec.plan.num_chunks,
+                "kept": int(rec.idx.numel()),
+                "chunk_numel": rec.plan.chunk_numel,
+            }
+        )
     return {"tensors": tensors, "kept": sum(t["kept"] for t in tensors), "chunks": sum(t["chunks"] for t in tensors)}
 
 
@@ -1363,18 +1478,37 @@ def wire_sizes(task: Task, row_calib: tuple, seed: int = 0) -> dict:
         "Templar (12-bit + uint8 + per-tensor lookup)": templar_wire(sel),
         "Psyche (u16 + 1-bit sign)": psyche_wire(sel),
         f"gradwire frame ({CODING['demo'][0]}-bit values, Rice/fixed positions, headers and CRC)": len(
-            write_frame(entries, round=1, sender=0, bundle=True)),
+            write_frame(entries, round=1, sender=0, bundle=True)
+        ),
     }
-    return {"fp32": fp32, "kept": sel["kept"], "chunks": sel["chunks"], "tensors": len(sel["tensors"]),
-            "k": row_calib[0], "sizes": sizes}
+    return {
+        "fp32": fp32,
+        "kept": sel["kept"],
+        "chunks": sel["chunks"],
+        "tensors": len(sel["tensors"]),
+        "k": row_calib[0],
+        "sizes": sizes,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # Report and plot
 
 
-HEADERS = ["task", "row", "uplink B/step", "uplink ×", "downlink B/step", "downlink ×", "k / bits (↑; ↓)",
-           "best lr", "train loss", "held-out loss", "gap vs dense", "gap at ½ steps"]
+HEADERS = [
+    "task",
+    "row",
+    "uplink B/step",
+    "uplink ×",
+    "downlink B/step",
+    "downlink ×",
+    "k / bits (↑; ↓)",
+    "best lr",
+    "train loss",
+    "held-out loss",
+    "gap vs dense",
+    "gap at ½ steps",
+]
 
 
 def _cells(r: RowSummary) -> list[str]:
@@ -1382,9 +1516,16 @@ def _cells(r: RowSummary) -> list[str]:
     if r.down_k is not None:
         kb += f"; {r.down_k} / {r.down_bits}"
     return [
-        r.task, r.label, f"{r.up_bytes:,.0f}", f"{r.up_ratio:.0f}", f"{r.down_bytes:,.0f}", f"{r.down_ratio:.0f}", kb,
+        r.task,
+        r.label,
+        f"{r.up_bytes:,.0f}",
+        f"{r.up_ratio:.0f}",
+        f"{r.down_bytes:,.0f}",
+        f"{r.down_ratio:.0f}",
+        kb,
         r.best_hp + (" (edge)" if r.at_edge else ""),
-        f"{r.train_loss:.4f}", f"{r.held_out:.4f} ± {r.spread:.4f}",
+        f"{r.train_loss:.4f}",
+        f"{r.held_out:.4f} ± {r.spread:.4f}",
         "—" if r.row == "dense" else f"{r.gap_pct:+.1f} %",
         "—" if r.row == "dense" else f"{r.gap_half:+.1f} %",
     ]
@@ -1393,8 +1534,10 @@ def _cells(r: RowSummary) -> list[str]:
 def print_table(summ, console, note: str = "") -> None:
     from rich.table import Table
 
-    table = Table(title="held-out loss against bytes per node per (local) step (best lr per row, mean ± half-range"
-                        " over seeds)" + (f"; {note}" if note else ""))
+    table = Table(
+        title="held-out loss against bytes per node per (local) step (best lr per row, mean ± half-range"
+        " over seeds)" + (f"; {note}" if note else "")
+    )
     for h in HEADERS:
         table.add_column(h, justify="left" if h in ("task", "row", "best lr") else "right")
     for rows in summ.values():
@@ -1418,9 +1561,15 @@ def plot(summ, path: Path) -> None:
             if not pts:
                 continue
             kind = kind_of(r.row)
-            ax.plot([b for b, _ in pts], [h for _, h in pts], styles.get(r.target, "-"), marker=".",
-                    color=colors[kind], lw=1.6 if kind == "dense" else 1.2,
-                    label=f"{r.label} ({r.up_ratio:.0f}×)" if r.target else r.label)
+            ax.plot(
+                [b for b, _ in pts],
+                [h for _, h in pts],
+                styles.get(r.target, "-"),
+                marker=".",
+                color=colors[kind],
+                lw=1.6 if kind == "dense" else 1.2,
+                label=f"{r.label} ({r.up_ratio:.0f}×)" if r.target else r.label,
+            )
         ax.set_xscale("log")
         ax.set_xlabel("cumulative uplink bytes per node")
         ax.set_ylabel("held-out loss")
@@ -1443,13 +1592,17 @@ def explain(summ, settings: Settings) -> list[str]:
         dl = _row(rows, "diloco")
         best300 = min((r for r in rows if r.target and r.up_ratio >= 285), key=lambda r: r.gap_pct, default=None)
         if best300 and best300.gap_pct > 2.0:
-            bits = [f"- **{tn}**: {best300.label} is {best300.gap_pct:+.1f} % at the end and {best300.gap_half:+.1f} %"
-                    " at half the steps"]
+            bits = [
+                f"- **{tn}**: {best300.label} is {best300.gap_pct:+.1f} % at the end and {best300.gap_half:+.1f} %"
+                " at half the steps"
+            ]
             if dl is not None and best300.kind_is("sparseloco"):
-                bits.append(f"; uncompressed DiLoCo with the same H = {settings.H} is {dl.gap_pct:+.1f} %, so"
-                            f" {dl.gap_pct:.1f} of those points are the cost of {settings.H} local steps between"
-                            f" syncs and {best300.gap_pct - dl.gap_pct:.1f} the cost of compressing the"
-                            " pseudo-gradient")
+                bits.append(
+                    f"; uncompressed DiLoCo with the same H = {settings.H} is {dl.gap_pct:+.1f} %, so"
+                    f" {dl.gap_pct:.1f} of those points are the cost of {settings.H} local steps between"
+                    f" syncs and {best300.gap_pct - dl.gap_pct:.1f} the cost of compressing the"
+                    " pseudo-gradient"
+                )
             out.append("".join(bits) + ".")
     demo1k = [r for rows in summ.values() for r in rows if r.kind_is("demo") and r.target == 1000]
     short = [r for r in demo1k if r.up_ratio < 950]
@@ -1457,34 +1610,53 @@ def explain(summ, settings: Settings) -> list[str]:
         out.append(
             "- DeMo at 1000× per step is out of reach on models this small: with k = 1 coefficient per 64×64"
             " chunk and 1-bit values the frame still carries each chunk's fp32 scale and minimum and each"
-            " record's header, so " + ", ".join(f"{r.task} stops at {r.up_ratio:.0f}×" for r in short)
-            + ". The larger `--full` models reach ≈ 1000× at k = 1–3.")
+            " record's header, so "
+            + ", ".join(f"{r.task} stops at {r.up_ratio:.0f}×" for r in short)
+            + ". The larger `--full` models reach ≈ 1000× at k = 1–3."
+        )
     pan = [r for rows in summ.values() for r in rows if r.kind_is("panthalia")]
     if pan:
         out.append(
             "- The Panthalia path (error feedback on raw gradients, AdamW on the sparse aggregate) is the"
-            " furthest off (" + ", ".join(f"{r.task} at {r.up_ratio:.0f}× {r.gap_pct:+.0f} %" for r in pan) + "): AdamW divides each"
+            " furthest off ("
+            + ", ".join(f"{r.task} at {r.up_ratio:.0f}× {r.gap_pct:+.0f} %" for r in pan)
+            + "): AdamW divides each"
             " coordinate by the root of its second moment, so a coordinate that is sent rarely (small moment)"
             " moves by a full lr-sized step whenever its accumulated residual finally crosses the top-k — the"
             " compressed signal is amplified exactly where it is least reliable. Its best lr sits 3–10× below"
-            " the dense row's.")
+            " the dense row's."
+        )
     comp = [r for rows in summ.values() for r in rows if r.row != "dense"]
     shrink = [r for r in comp if r.gap_half > r.gap_pct]
     steps = [settings.steps.get(t, SCALES[settings.full][t].steps) for t in summ]
     lm_steps = [s for t, s in zip(summ, steps) if t != "digits"]
-    where = ("these runs are at the issue's length (≥ 2,000 steps on the language models); `--full` adds larger"
-             " models and H = 32" if lm_steps and min(lm_steps) >= 2000 else
-             "the issue's setting (≥ 2,000 steps: `--steps 2048`, or `--full` with larger models) is where the"
-             " 2 % target is meant to be judged")
+    where = (
+        "these runs are at the issue's length (≥ 2,000 steps on the language models); `--full` adds larger"
+        " models and H = 32"
+        if lm_steps and min(lm_steps) >= 2000
+        else "the issue's setting (≥ 2,000 steps: `--steps 2048`, or `--full` with larger models) is where the"
+        " 2 % target is meant to be judged"
+    )
     out.append(
         f"- All of this is after {'/'.join(str(s) for s in steps)} steps ({'/'.join(summ)}). In {len(shrink)} of"
         f" {len(comp)} non-dense rows the gap at half the steps is larger than at the end, i.e. the compressed"
-        f" rows are still closing in when the run stops; {where}.")
+        f" rows are still closing in when the run stops; {where}."
+    )
     return out
 
 
-def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elapsed: Optional[float], path: Path,
-                 plot_path: Path, run_seconds: float = 0.0, n_runs: int = 0) -> None:
+def write_report(
+    summ,
+    wire,
+    settings: Settings,
+    task_titles: dict,
+    seeds,
+    elapsed: float | None,
+    path: Path,
+    plot_path: Path,
+    run_seconds: float = 0.0,
+    n_runs: int = 0,
+) -> None:
     lines = [
         "# Convergence: training quality against bytes",
         "",
@@ -1497,8 +1669,12 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
         f"{settings.nodes} nodes simulated in one process on disjoint shards, identical initial weights, the same"
         f" batches in every row; seeds {', '.join(map(str, seeds))}. Every compressed row goes through real"
         " codecs and real frames (written to bytes, counted, read back, aggregated from what was read).",
-        (f" DeMo and SparseLoCo aggregate the frames with the server's `{settings.rule}` rule and its state across"
-         " rounds (`RoundRule`), not the plain mean." if settings.rule != "mean" else ""),
+        (
+            f" DeMo and SparseLoCo aggregate the frames with the server's `{settings.rule}` rule and its state across"
+            " rounds (`RoundRule`), not the plain mean."
+            if settings.rule != "mean"
+            else ""
+        ),
         f" SparseLoCo: H = {settings.H} inner AdamW steps per round; its bytes are per *local* step (frame bytes / H).",
         " Uplink × = fp32 bytes of the model / one node's frame bytes per step, measured in training;"
         " downlink × = fp32 bytes / what each node receives per step (Panthalia: the server's compressed weight"
@@ -1506,7 +1682,7 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
         " the real verbatim version, header included; with `/agg` the real re-encoded version: one server frame).",
         " Learning rates tuned per row (DeMo's sign step on its own grid; SparseLoCo over inner lr × outer"
         " optimizer: plain outer lr 1, or Nesterov lr 0.7 momentum 0.9); best by mean held-out loss over seeds;"
-        " \"(edge)\" marks a best lr at the end of its grid. Train loss: the nodes' batch losses over the last"
+        ' "(edge)" marks a best lr at the end of its grid. Train loss: the nodes\' batch losses over the last'
         " 10 % of steps. Held-out loss: a fixed held-out set (digits test split; 128 windows of held-out text).",
         "",
         "Tasks:",
@@ -1515,15 +1691,22 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
     for tn, title in task_titles.items():
         st = SCALES[settings.full][tn]
         steps = settings.steps.get(tn, st.steps)
-        lines.append(f"- `{tn}`: {title}; {steps} steps, batch {st.batch} per node ({st.batch * settings.nodes}"
-                     f" global over {settings.nodes} nodes)"
-                     + (f", context {st.context}" if tn != "digits" else ""))
+        lines.append(
+            f"- `{tn}`: {title}; {steps} steps, batch {st.batch} per node ({st.batch * settings.nodes}"
+            f" global over {settings.nodes} nodes)" + (f", context {st.context}" if tn != "digits" else "")
+        )
     lines += ["", "## Results", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for rows in summ.values():
         for r in rows:
             lines.append("| " + " | ".join(_cells(r)) + " |")
-    lines += ["", "## Targets", "", "Target: within 2 % of dense AdamW's held-out loss at ≥ 300× uplink per step"
-              " on the char transformer and the byte-level LM; where 1000× stands.", ""]
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "Target: within 2 % of dense AdamW's held-out loss at ≥ 300× uplink per step"
+        " on the char transformer and the byte-level LM; where 1000× stands.",
+        "",
+    ]
     lines += verdicts(summ)
     lines += [""] + explain(summ, settings)
     lines += ["", f"![held-out loss against cumulative uplink bytes]({plot_path.name})", ""]
@@ -1546,47 +1729,92 @@ def write_report(summ, wire, settings: Settings, task_titles: dict, seeds, elaps
     lines += ["## Learning-rate grids (mean held-out loss over seeds)", ""]
     for rows in summ.values():
         for r in rows:
-            lines.append(f"- {r.task} {r.label}: " + ", ".join(
-                f"{hp} {v:.4f}" + (" ←" if hp == r.best_hp else "") for hp, v in r.all_hp.items()))
+            lines.append(
+                f"- {r.task} {r.label}: "
+                + ", ".join(f"{hp} {v:.4f}" + (" ←" if hp == r.best_hp else "") for hp, v in r.all_hp.items())
+            )
     lines.append("")
     path.write_text("\n".join(lines))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="the issue's full setting (larger models, ≥ 2,000 steps)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    ap.add_argument("--rows", nargs="+", default=None,
-                    help="dense, panthalia@R, demo@R[/DOWN], sparseloco@R[/DOWN] with DOWN frames or agg[:kN,bN,dR,efD,srv]"
-                         " (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)")
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        help="dense, panthalia@R, demo@R[/DOWN], sparseloco@R[/DOWN] with DOWN frames or agg[:kN,bN,dR,efD,srv]"
+        " (default: DEFAULT_ROWS; --full: each at 100, 300, 1000)",
+    )
     ap.add_argument("--steps", type=int, default=None, help="training steps for every task (default: per task)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    ap.add_argument("--nodes", type=int, nargs="+", default=[4],
-                    help="nodes (default 4); several (e.g. 4 16 64): bench/convergence_nodes.py, which trains each"
-                         " node count and writes docs/convergence-nodes.md")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="nodes (default 4); several (e.g. 4 16 64): bench/convergence_nodes.py, which trains each"
+        " node count and writes docs/convergence-nodes.md",
+    )
     ap.add_argument("--H", type=int, default=None, help="SparseLoCo inner steps per round (default 8; 32 with --full)")
-    ap.add_argument("--mults", nargs="+", type=float, default=None,
-                    help="lr multiples for the compressed rows: of the task's base lr (AdamW family), of the middle of"
-                         " its DeMo grid (DeMo); dense keeps its grid")
-    ap.add_argument("--outers", nargs="+", default=None, choices=list(ALL_OUTERS),
-                    help="SparseLoCo's outer optimizers to try (with --mults or --outers: every lr with every outer)")
-    ap.add_argument("--dense-mults", nargs="+", type=float, default=None,
-                    help="narrow the dense row's lr grid (multiples of the task's base lr; default 0.3 1 3)")
-    ap.add_argument("--schedule", choices=list(SCHEDULES), default="constant",
-                    help="every row's lr over the steps: constant, or cosine from 1 to 0.1 of the row's lr")
-    ap.add_argument("--batched", action="store_true",
-                    help="train the dense and local-step rows' nodes together: one vmap call and one optimizer step"
-                         " for every node (bench/node_batch.py; for a GPU, a run of its own in the cache)")
+    ap.add_argument(
+        "--mults",
+        nargs="+",
+        type=float,
+        default=None,
+        help="lr multiples for the compressed rows: of the task's base lr (AdamW family), of the middle of"
+        " its DeMo grid (DeMo); dense keeps its grid",
+    )
+    ap.add_argument(
+        "--outers",
+        nargs="+",
+        default=None,
+        choices=list(ALL_OUTERS),
+        help="SparseLoCo's outer optimizers to try (with --mults or --outers: every lr with every outer)",
+    )
+    ap.add_argument(
+        "--dense-mults",
+        nargs="+",
+        type=float,
+        default=None,
+        help="narrow the dense row's lr grid (multiples of the task's base lr; default 0.3 1 3)",
+    )
+    ap.add_argument(
+        "--schedule",
+        choices=list(SCHEDULES),
+        default="constant",
+        help="every row's lr over the steps: constant, or cosine from 1 to 0.1 of the row's lr",
+    )
+    ap.add_argument(
+        "--batched",
+        action="store_true",
+        help="train the dense and local-step rows' nodes together: one vmap call and one optimizer step"
+        " for every node (bench/node_batch.py; for a GPU, a run of its own in the cache)",
+    )
     ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
-    ap.add_argument("--shards", choices=SHARDS, default="contiguous",
-                    help="contiguous: node i trains on the i-th slice of the training data (the default); iid: every"
-                         " node draws from all of it (a diagnostic of how much the slices' differences cost)")
+    ap.add_argument(
+        "--shards",
+        choices=SHARDS,
+        default="contiguous",
+        help="contiguous: node i trains on the i-th slice of the training data (the default); iid: every"
+        " node draws from all of it (a diagnostic of how much the slices' differences cost)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (per process)")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                    help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)")
-    ap.add_argument("--rule", default="mean", choices=["mean", "bounded_mean"],
-                    help="how the DeMo and SparseLoCo rows weigh the nodes' frames: mean (1/n each, the default) or "
-                         "the server's default rule, bounded_mean, with its state carried across rounds")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="runs trained in parallel, one process each (default: 2, or 1 on one CPU)",
+    )
+    ap.add_argument(
+        "--rule",
+        default="mean",
+        choices=["mean", "bounded_mean"],
+        help="how the DeMo and SparseLoCo rows weigh the nodes' frames: mean (1/n each, the default) or "
+        "the server's default rule, bounded_mean, with its state carried across rounds",
+    )
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from the cached runs")
     ap.add_argument("--out", type=Path, default=DOC, help="the markdown report (the PNG goes beside it)")
     ap.add_argument("--cache", type=Path, default=CACHE, help="the JSON file of finished runs")
@@ -1596,8 +1824,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             from bench import convergence_nodes
         except ImportError:
             import convergence_nodes
-        keep = ["--nodes", *map(str, args.nodes), "--tasks", *args.tasks, "--seeds", *map(str, args.seeds),
-                "--jobs", str(args.jobs)]
+        keep = [
+            "--nodes",
+            *map(str, args.nodes),
+            "--tasks",
+            *args.tasks,
+            "--seeds",
+            *map(str, args.seeds),
+            "--jobs",
+            str(args.jobs),
+        ]
         keep += ["--rows", *args.rows] if args.rows else []
         keep += ["--steps", str(args.steps)] if args.steps else []
         keep += ["--H", str(args.H)] if args.H else []
@@ -1617,17 +1853,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.rows:
         rows = [RowSpec.parse(r) for r in args.rows]
     elif args.full:
-        rows = ([RowSpec("dense")] + [RowSpec(k, t) for k in ("panthalia", "demo", "sparseloco") for t in RATIOS]
-                + [RowSpec("diloco")])
+        rows = (
+            [RowSpec("dense")]
+            + [RowSpec(k, t) for k in ("panthalia", "demo", "sparseloco") for t in RATIOS]
+            + [RowSpec("diloco")]
+        )
     else:
         rows = [RowSpec.parse(r) for r in DEFAULT_ROWS]
     H = args.H or (32 if args.full else 8)
     steps = {tn: args.steps for tn in args.tasks} if args.steps else {}
-    settings = Settings(full=args.full, nodes=args.nodes, H=H, steps=steps,
-                        mults=tuple(args.mults) if args.mults else None,
-                        outers=tuple(args.outers) if args.outers else None,
-                        dense_mults=tuple(args.dense_mults) if args.dense_mults else None, schedule=args.schedule,
-                        batched=args.batched, device=args.device, shards=args.shards, rule=args.rule)
+    settings = Settings(
+        full=args.full,
+        nodes=args.nodes,
+        H=H,
+        steps=steps,
+        mults=tuple(args.mults) if args.mults else None,
+        outers=tuple(args.outers) if args.outers else None,
+        dense_mults=tuple(args.dense_mults) if args.dense_mults else None,
+        schedule=args.schedule,
+        batched=args.batched,
+        device=args.device,
+        shards=args.shards,
+        rule=args.rule,
+    )
     for tn in args.tasks:
         s = steps.get(tn, SCALES[args.full][tn].steps)
         if s % H:
@@ -1645,15 +1893,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         results = sweep(plans, settings, console, args.jobs)
         elapsed = time.perf_counter() - t0
     summ = summarize(plans, results)
-    note = "; ".join(f"{p.task.name}: {p.scale.steps} steps, batch {p.scale.batch}/node, {p.scale.batch * args.nodes}"
-                     f" global ({args.nodes} nodes)" for p in {p.task.name: p for p in plans}.values())
+    note = "; ".join(
+        f"{p.task.name}: {p.scale.steps} steps, batch {p.scale.batch}/node, {p.scale.batch * args.nodes}"
+        f" global ({args.nodes} nodes)"
+        for p in {p.task.name: p for p in plans}.values()
+    )
     print_table(summ, console, note)
     for line in verdicts(summ):
         console.print(line)
     wire = None
     chars = next((p.task for p in plans if p.task.name == "chars"), None)
-    demo_calib = calibs.get(("chars", "demo@300")) or next((v for (t, r), v in calibs.items() if t == "chars"
-                                                           and r.startswith("demo")), None)
+    demo_calib = calibs.get(("chars", "demo@300")) or next(
+        (v for (t, r), v in calibs.items() if t == "chars" and r.startswith("demo")), None
+    )
     if chars is not None and demo_calib is not None:
         wire = wire_sizes(chars, demo_calib)
         for name, b in wire["sizes"].items():
@@ -1661,8 +1913,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     png = args.out.with_suffix(".png")
     plot(summ, png)
-    write_report(summ, wire, settings, {t.name: t.title for t in {id(p.task): p.task for p in plans}.values()},
-                 args.seeds, elapsed, args.out, png, sum(r["seconds"] for r in results.values()), len(results))
+    write_report(
+        summ,
+        wire,
+        settings,
+        {t.name: t.title for t in {id(p.task): p.task for p in plans}.values()},
+        args.seeds,
+        elapsed,
+        args.out,
+        png,
+        sum(r["seconds"] for r in results.values()),
+        len(results),
+    )
     console.print(f"wrote {args.out} and {png}")
 
 

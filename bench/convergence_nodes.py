@@ -44,10 +44,10 @@ import math
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence
 
 try:  # bench/convergence.py: the simulation, its rows and its cache
     from bench import convergence as cv  # python -m bench.convergence_nodes
@@ -61,10 +61,24 @@ CACHE = Path(__file__).resolve().parent / "results" / "reencode.json"
 #: that ran them): a report shows them, marked †, until the cache has a run of their row at an lr they tried
 #: (runs only at other lrs join a carried row's grid: :func:`_merged`).
 LEDGER = CACHE.with_name("convergence-nodes-ledger.json")
-ROWS = ("dense", "dense+muon", "diloco", "diloco+muon", "sparseloco@300/frames", "sparseloco@300/agg:b4,d300",
-        "demo@300/frames", "demo@300/agg", "sparseloco@1000/frames", "sparseloco@1000/agg:b4,d1000",
-        "sparseloco@1000/agg:b2,d1000", "demo@1000/frames", "demo@1000/agg", "signloco/frames", "signloco/agg",
-        "signloco+muon/agg")
+ROWS = (
+    "dense",
+    "dense+muon",
+    "diloco",
+    "diloco+muon",
+    "sparseloco@300/frames",
+    "sparseloco@300/agg:b4,d300",
+    "demo@300/frames",
+    "demo@300/agg",
+    "sparseloco@1000/frames",
+    "sparseloco@1000/agg:b4,d1000",
+    "sparseloco@1000/agg:b2,d1000",
+    "demo@1000/frames",
+    "demo@1000/agg",
+    "signloco/frames",
+    "signloco/agg",
+    "signloco+muon/agg",
+)
 #: The lrs a report looks for in the cache (multiples as in convergence.py; a sweep may run fewer).
 REPORT_MULTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 REPORT_DENSE_MULTS = (0.3, 1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
@@ -86,7 +100,7 @@ class Cell:
     fp32: int
     batch: int
     steps: int
-    gap: Optional[float] = None  # % vs dense, over common seeds
+    gap: float | None = None  # % vs dense, over common seeds
     gap_seeds: int = 0
     curve: list = field(default_factory=list)
     carried: bool = False  # from the ledger (:data:`LEDGER`), not from runs in the cache
@@ -106,14 +120,25 @@ class Cell:
         return self.fp32 / self.down_bytes
 
 
-def _settings(nodes: int, args, report: bool, H: Optional[int] = None) -> cv.Settings:
+def _settings(nodes: int, args, report: bool, H: int | None = None) -> cv.Settings:
     H = args.H[0] if H is None else H
     mults = REPORT_MULTS if report else (tuple(args.mults) if args.mults else None)
     dense = REPORT_DENSE_MULTS if report else (tuple(args.dense_mults) if args.dense_mults else None)
     batch = {t: args.batch for t in args.tasks} if args.batch else {}
-    return cv.Settings(full=False, nodes=nodes, H=H, steps={t: args.steps for t in args.tasks}, batch=batch,
-                       mults=mults, outers=tuple(args.outers), dense_mults=dense, schedule=args.schedule,
-                       batched=args.batched, device=args.device, shards=args.shards)
+    return cv.Settings(
+        full=False,
+        nodes=nodes,
+        H=H,
+        steps={t: args.steps for t in args.tasks},
+        batch=batch,
+        mults=mults,
+        outers=tuple(args.outers),
+        dense_mults=dense,
+        schedule=args.schedule,
+        batched=args.batched,
+        device=args.device,
+        shards=args.shards,
+    )
 
 
 def cells_for(nodes: int, args, task: str) -> list[Cell]:
@@ -193,9 +218,22 @@ def carried_cells(args, task: str, nodes: int) -> list[Cell]:
     for c in ledger["cells"]:
         if c["task"] != task or c["nodes"] != nodes or c["row"] not in wanted:
             continue
-        out.append(Cell(nodes, c["row"], c["label"], c["best_hp"], list(c["tried"]),
-                        {int(s): v for s, v in c["held_out"].items()}, c["up_bytes"], c["down_bytes"], c["fp32"],
-                        c["batch"], c["steps"], carried=True))
+        out.append(
+            Cell(
+                nodes,
+                c["row"],
+                c["label"],
+                c["best_hp"],
+                list(c["tried"]),
+                {int(s): v for s, v in c["held_out"].items()},
+                c["up_bytes"],
+                c["down_bytes"],
+                c["fp32"],
+                c["batch"],
+                c["steps"],
+                carried=True,
+            )
+        )
     return out
 
 
@@ -217,19 +255,37 @@ def _cells_at(nodes: int, args, H: int, task: str) -> list[Cell]:
         with0 = {hp: runs for hp, runs in hps.items() if 0 in runs}
         if not with0:
             continue
-        best = min(with0, key=lambda hp: with0[hp][0]["held_out"] if math.isfinite(with0[hp][0]["held_out"])
-                   else math.inf)
+        best = min(
+            with0, key=lambda hp: with0[hp][0]["held_out"] if math.isfinite(with0[hp][0]["held_out"]) else math.inf
+        )
         runs = with0[best]
         any_run = next(iter(runs.values()))
         label, scale = labels[(tn, rk)]
-        curve = [(c[0], sum(r["curve"][j][1] for r in runs.values()) / len(runs),
-                  sum(r["curve"][j][2] for r in runs.values()) / len(runs)) for j, c in enumerate(any_run["curve"])]
-        out.append(Cell(nodes, rk, label, best, sorted(hps, key=_lr_of),
-                        {s: r["held_out"] for s, r in runs.items()},
-                        sum(r["up_bytes_per_step"] for r in runs.values()) / len(runs),
-                        sum(r["down_bytes_per_step"] for r in runs.values()) / len(runs),
-                        any_run["fp32_bytes"], scale.batch, scale.steps, curve=curve,
-                        seed0={hp: r[0]["held_out"] for hp, r in with0.items()}))
+        curve = [
+            (
+                c[0],
+                sum(r["curve"][j][1] for r in runs.values()) / len(runs),
+                sum(r["curve"][j][2] for r in runs.values()) / len(runs),
+            )
+            for j, c in enumerate(any_run["curve"])
+        ]
+        out.append(
+            Cell(
+                nodes,
+                rk,
+                label,
+                best,
+                sorted(hps, key=_lr_of),
+                {s: r["held_out"] for s, r in runs.items()},
+                sum(r["up_bytes_per_step"] for r in runs.values()) / len(runs),
+                sum(r["down_bytes_per_step"] for r in runs.values()) / len(runs),
+                any_run["fp32_bytes"],
+                scale.batch,
+                scale.steps,
+                curve=curve,
+                seed0={hp: r[0]["held_out"] for hp, r in with0.items()},
+            )
+        )
     return out
 
 
@@ -264,39 +320,61 @@ def plot(cells: list[Cell], path: Path) -> None:
     top = 25.0
     off_scale: list[str] = []
     style = {"frames": ("--", "o"), "agg": ("-", "s")}
-    colors = {"sparseloco@300": "C2", "sparseloco@1000": "C3", "demo@300": "C0", "demo@1000": "C9", "signloco": "C5",
-              "signloco+muon": "C4", "diloco": "C7"}
+    colors = {
+        "sparseloco@300": "C2",
+        "sparseloco@1000": "C3",
+        "demo@300": "C0",
+        "demo@1000": "C9",
+        "signloco": "C5",
+        "signloco+muon": "C4",
+        "diloco": "C7",
+    }
     by_row: dict[str, list[Cell]] = {}
     for c in cells:
         by_row.setdefault(c.row, []).append(c)
     for row, cs in by_row.items():
         cs = sorted(cs, key=lambda c: c.nodes)
         if row == "dense":
-            ax_bytes.plot([c.nodes for c in cs], [c.fp32 for c in cs], ":", color="black",
-                          label="dense fp32 (each way)")
+            ax_bytes.plot(
+                [c.nodes for c in cs], [c.fp32 for c in cs], ":", color="black", label="dense fp32 (each way)"
+            )
             continue
         base, _, down = row.partition("/")
         kind = "agg" if down.startswith("agg") else "frames"
         ls, mk = style[kind]
         # Rows at another H: their own colour per row and H, so two H of one row stay apart.
-        other_h = ({"sparseloco@300": "C1", "diloco": "C8"}.get(base.split(" ")[0])
-                   or {"H4": "C6", "H11": "C9"}.get(_h_of(row), "C6"))
+        other_h = {"sparseloco@300": "C1", "diloco": "C8"}.get(base.split(" ")[0]) or {"H4": "C6", "H11": "C9"}.get(
+            _h_of(row), "C6"
+        )
         color = colors.get(base, "C5") if not _h_of(row) else other_h
         title = cs[0].label.split(" ↓")[0].split(" (H ")[0]
-        how = "" if base.startswith(("diloco", "dense")) else (" re-encoded aggregate" if kind == "agg" else " every frame")
+        how = (
+            ""
+            if base.startswith(("diloco", "dense"))
+            else (" re-encoded aggregate" if kind == "agg" else " every frame")
+        )
         bits = f", {down.split(':b')[1].split(',')[0]}-bit values" if ":b" in down else ""
         name = title + how + bits + (f" ({_h_of(row).replace('H', 'H ')})" if _h_of(row) else "")
         lw = 2.5 if base == "signloco+muon" and not _h_of(row) else 1.5  # the headline row
         pts = [(c.nodes, c.gap) for c in cs if c.gap is not None]
         off_scale += [f"{name} {g:+.0f} % at {n}" for n, g in pts if g > top]
         if pts:
-            ax_gap.plot([n for n, _ in pts], [min(g, top) for _, g in pts], ls, marker=mk, color=color, label=name,
-                        lw=lw)
-        ax_bytes.plot([c.nodes for c in cs], [c.down_bytes for c in cs], ls, marker=mk, color=color,
-                      label=f"{name}: received")
+            ax_gap.plot(
+                [n for n, _ in pts], [min(g, top) for _, g in pts], ls, marker=mk, color=color, label=name, lw=lw
+            )
+        ax_bytes.plot(
+            [c.nodes for c in cs], [c.down_bytes for c in cs], ls, marker=mk, color=color, label=f"{name}: received"
+        )
         if kind == "agg":
-            ax_bytes.plot([c.nodes for c in cs], [c.up_bytes for c in cs], "-.", marker="^", color=color, alpha=0.6,
-                          label=f"{cs[0].label.split(' ↓')[0]}: sent (either way)")
+            ax_bytes.plot(
+                [c.nodes for c in cs],
+                [c.up_bytes for c in cs],
+                "-.",
+                marker="^",
+                color=color,
+                alpha=0.6,
+                label=f"{cs[0].label.split(' ↓')[0]}: sent (either way)",
+            )
     ax_gap.axhline(2.0, color="grey", lw=0.8, ls=":")
     ax_gap.axhline(0.0, color="black", lw=0.8)
     ax_gap.set_xscale("log", base=2)
@@ -305,8 +383,9 @@ def plot(cells: list[Cell], path: Path) -> None:
     gaps = [c.gap for c in cells if c.gap is not None]
     ax_gap.set_ylim(min([0.0] + gaps) - 2.0, min(top, max([2.0] + gaps) + 2.0) + 1.0)
     note = textwrap.fill("off the scale, drawn at its top: " + "; ".join(off_scale), 80) if off_scale else ""
-    ax_gap.set_title("quality against the node count (dotted: the 2 % target)" + ("\n" + note if note else ""),
-                     fontsize=9)
+    ax_gap.set_title(
+        "quality against the node count (dotted: the 2 % target)" + ("\n" + note if note else ""), fontsize=9
+    )
     ax_bytes.set_xscale("log", base=2)
     ax_bytes.set_yscale("log")
     ax_bytes.set_xlabel("nodes")
@@ -334,19 +413,27 @@ def _fmt_hp(hp: str) -> str:
 
 
 def table(cells: list[Cell]) -> list[str]:
-    lines = ["| nodes | batch per node / global | row | lr (tried) | seeds | held-out | gap vs dense | ↑ B/step | ↑ × |"
-             " ↓ B/step | ↓ × | server egress B/step |",
-             "|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| nodes | batch per node / global | row | lr (tried) | seeds | held-out | gap vs dense | ↑ B/step | ↑ × |"
+        " ↓ B/step | ↓ × | server egress B/step |",
+        "|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in cells:
         tried = ", ".join(_fmt_hp(h).split("=")[1] for h in c.tried)
         per_seed = " / ".join(f"{c.held_out[s]:.4f}" for s in sorted(c.held_out))
         held = per_seed if len(c.held_out) == 1 else f"{per_seed} (mean {c.mean:.4f})"
-        gap = "—" if c.gap is None else f"{c.gap:+.1f} %" + ("" if c.gap_seeds == len(c.held_out) else
-                                                             f" ({c.gap_seeds} seed{'s' if c.gap_seeds > 1 else ''})")
+        gap = (
+            "—"
+            if c.gap is None
+            else f"{c.gap:+.1f} %"
+            + ("" if c.gap_seeds == len(c.held_out) else f" ({c.gap_seeds} seed{'s' if c.gap_seeds > 1 else ''})")
+        )
         label = f"{c.label} †" if c.carried else c.label
-        lines.append(f"| {c.nodes} | {c.batch} / {c.batch * c.nodes} | {label} | {_fmt_hp(c.best_hp).split('=')[1]}"
-                     f" ({tried}) | {len(c.held_out)} | {held} | {gap} | {c.up_bytes:,.0f} | {c.up_ratio:.0f} |"
-                     f" {c.down_bytes:,.0f} | {c.down_ratio:.1f} | {c.down_bytes * c.nodes:,.0f} |")
+        lines.append(
+            f"| {c.nodes} | {c.batch} / {c.batch * c.nodes} | {label} | {_fmt_hp(c.best_hp).split('=')[1]}"
+            f" ({tried}) | {len(c.held_out)} | {held} | {gap} | {c.up_bytes:,.0f} | {c.up_ratio:.0f} |"
+            f" {c.down_bytes:,.0f} | {c.down_ratio:.1f} | {c.down_bytes * c.nodes:,.0f} |"
+        )
     return lines
 
 
@@ -356,21 +443,28 @@ def _shown(path: Path) -> str:
 
 
 #: The tasks' titles in the report.
-TASK_TITLES = {"stdlib": "The byte LM on CPython's standard library", "chars": "The char transformer",
-               "digits": "The digits MLP"}
+TASK_TITLES = {
+    "stdlib": "The byte LM on CPython's standard library",
+    "chars": "The char transformer",
+    "digits": "The digits MLP",
+}
 
 
-def write_report(by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[str, Path],
-                 elapsed: Optional[float]) -> None:
+def write_report(
+    by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[str, Path], elapsed: float | None
+) -> None:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     steps = next((cs[0].steps for cs in by_task.values() if cs), args.steps)
     per_node = f", {args.batch} sequences per node" if args.batch else ""
-    schedule = "" if args.schedule == "constant" else f", every row's lr on a {args.schedule} schedule (to 0.1× at the end)"
+    schedule = (
+        "" if args.schedule == "constant" else f", every row's lr on a {args.schedule} schedule (to 0.1× at the end)"
+    )
     lines = [
         f"# Quality and bytes against the node count (issue 19){per_node}{schedule}",
         "",
         f"Written by `bench/convergence_nodes.py` on {now} from the runs in `{_shown(args.cache)}`"
-        + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "") + ": `python"
+        + (f" (this invocation trained for {elapsed / 60:.1f} min)" if elapsed else "")
+        + ": `python"
         f" bench/convergence_nodes.py {' '.join(args.argv)}`.",
         "",
         f"Tasks: {', '.join(args.tasks)} ({steps} steps; SparseLoCo H = {args.H[0]} local steps per sync"
@@ -394,8 +488,7 @@ def write_report(by_task: dict[str, list[Cell]], args, path: Path, pngs: dict[st
     for task, cells in by_task.items():
         lines += [f"## {TASK_TITLES.get(task, task)} (`{task}`)", ""]
         lines += table(cells)
-        lines += ["", f"![gap and bytes against the node count: {task}]({pngs[task].name})", "",
-                  "### Targets", ""]
+        lines += ["", f"![gap and bytes against the node count: {task}]({pngs[task].name})", "", "### Targets", ""]
         lines += verdicts(cells)
         lines += ["", "### Bytes per node against the node count", ""]
         lines += bytes_lines(cells)
@@ -504,25 +597,42 @@ def verdicts(cells: list[Cell]) -> list[str]:
             if not both:
                 continue
             b = min(both, key=lambda c: c.gap)
-            verdict = ("**meets** the 2 % target" if b.gap <= 2.0
-                       else f"**misses** the 2 % target by {b.gap - 2.0:.1f} points")
+            verdict = (
+                "**meets** the 2 % target" if b.gap <= 2.0 else f"**misses** the 2 % target by {b.gap - 2.0:.1f} points"
+            )
             seeds = f"{b.gap_seeds} seed{'s' if b.gap_seeds > 1 else ''}"
             if b.gap_seeds > 1:
                 seeds += ": " + " / ".join(f"{g:+.1f}" for g in b.seed_gaps) + " %"
             if len(b.seed0) > 1:
                 hps = sorted(b.seed0, key=lambda h: (h.split(" ")[1:], _lr_of(h)))
-                seeds += (f"; on seed 0, lr {' / '.join(_fmt_hp(h).split('=')[1] for h in hps)} gave"
-                          f" {' / '.join(f'{b.seed0[h]:.4f}' for h in hps)}")
-            line = (f"- **{n} nodes, ≥ {floor}× both ways**: best is {b.label} at {b.up_ratio:.0f}× up and"
-                    f" {b.down_ratio:.0f}× down, {b.gap:+.1f} % held-out loss vs dense ({seeds}): {verdict}.")
-            frames = next((c for c in here if c.row.split("/")[0] == b.row.split("/")[0]
-                           and c.row.split("/")[1].split(" ")[0] == "frames"
-                           and _h_of(c.row) == _h_of(b.row)), None)
+                seeds += (
+                    f"; on seed 0, lr {' / '.join(_fmt_hp(h).split('=')[1] for h in hps)} gave"
+                    f" {' / '.join(f'{b.seed0[h]:.4f}' for h in hps)}"
+                )
+            line = (
+                f"- **{n} nodes, ≥ {floor}× both ways**: best is {b.label} at {b.up_ratio:.0f}× up and"
+                f" {b.down_ratio:.0f}× down, {b.gap:+.1f} % held-out loss vs dense ({seeds}): {verdict}."
+            )
+            frames = next(
+                (
+                    c
+                    for c in here
+                    if c.row.split("/")[0] == b.row.split("/")[0]
+                    and c.row.split("/")[1].split(" ")[0] == "frames"
+                    and _h_of(c.row) == _h_of(b.row)
+                ),
+                None,
+            )
             if frames is not None:
-                fewer = (f" ({frames.gap_seeds} seed{'s' if frames.gap_seeds > 1 else ''}, so the difference is"
-                         " rough)" if frames.gap_seeds != b.gap_seeds else "")
-                line += (f" Publishing every frame instead ({frames.down_ratio:.1f}× down) is {frames.gap:+.1f} %"
-                         f"{fewer}: the re-encoding costs {b.gap - frames.gap:+.1f} points.")
+                fewer = (
+                    f" ({frames.gap_seeds} seed{'s' if frames.gap_seeds > 1 else ''}, so the difference is rough)"
+                    if frames.gap_seeds != b.gap_seeds
+                    else ""
+                )
+                line += (
+                    f" Publishing every frame instead ({frames.down_ratio:.1f}× down) is {frames.gap:+.1f} %"
+                    f"{fewer}: the re-encoding costs {b.gap - frames.gap:+.1f} points."
+                )
             out.append(line)
     return out or ["- No row with dense beside it yet."]
 
@@ -539,38 +649,72 @@ def bytes_lines(cells: list[Cell]) -> list[str]:
     return out or ["- Fewer than two node counts per row so far."]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", nargs="+", type=int, default=[4, 16, 64])
     ap.add_argument("--tasks", nargs="+", default=["stdlib"], choices=list(cv.TASKS))
     ap.add_argument("--steps", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=None,
-                    help="sequences per node (default: the task's 8); the global batch is this × the node count")
-    ap.add_argument("--H", type=int, nargs="+", default=[8],
-                    help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
-                         "SparseLoCo and DiLoCo rows are reported beside it, labelled with their H")
-    ap.add_argument("--signloco-H", type=int, nargs="+", default=[11],
-                    help="the local steps per sync of the signloco rows, the first the headline (1 bit per "
-                         "parameter per sync and the "
-                         "codec's per-column scales: 11 is 303× on the byte LM)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences per node (default: the task's 8); the global batch is this × the node count",
+    )
+    ap.add_argument(
+        "--H",
+        type=int,
+        nargs="+",
+        default=[8],
+        help="SparseLoCo's local steps per sync; more than one: the first is the headline, the others' "
+        "SparseLoCo and DiLoCo rows are reported beside it, labelled with their H",
+    )
+    ap.add_argument(
+        "--signloco-H",
+        type=int,
+        nargs="+",
+        default=[11],
+        help="the local steps per sync of the signloco rows, the first the headline (1 bit per "
+        "parameter per sync and the "
+        "codec's per-column scales: 11 is 303× on the byte LM)",
+    )
     ap.add_argument("--rows", nargs="+", default=list(ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--mults", nargs="+", type=float, default=None, help="as convergence.py's --mults")
     ap.add_argument("--dense-mults", nargs="+", type=float, default=None, help="as convergence.py's --dense-mults")
-    ap.add_argument("--outers", nargs="+", default=["plain"], choices=list(cv.ALL_OUTERS),
-                    help="the local rows' outer steps to train and to report (each with every lr of the grid; "
-                         "a report picks the best lr and outer step on seed 0): plain (lr 1), x1.5, x2, nesterov, ...")
-    ap.add_argument("--schedule", choices=list(cv.SCHEDULES), default="constant",
-                    help="every row's lr over the steps (as convergence.py's --schedule)")
-    ap.add_argument("--batched", action="store_true",
-                    help="as convergence.py's --batched: every node in one vmap call (for a GPU; runs of their own)")
+    ap.add_argument(
+        "--outers",
+        nargs="+",
+        default=["plain"],
+        choices=list(cv.ALL_OUTERS),
+        help="the local rows' outer steps to train and to report (each with every lr of the grid; "
+        "a report picks the best lr and outer step on seed 0): plain (lr 1), x1.5, x2, nesterov, ...",
+    )
+    ap.add_argument(
+        "--schedule",
+        choices=list(cv.SCHEDULES),
+        default="constant",
+        help="every row's lr over the steps (as convergence.py's --schedule)",
+    )
+    ap.add_argument(
+        "--batched",
+        action="store_true",
+        help="as convergence.py's --batched: every node in one vmap call (for a GPU; runs of their own)",
+    )
     ap.add_argument("--device", default="cpu", help="where --batched trains the nodes (cpu, cuda)")
-    ap.add_argument("--shards", choices=cv.SHARDS, default="contiguous",
-                    help="as convergence.py's --shards: each node on its own slice (default), or iid (runs of their own)")
+    ap.add_argument(
+        "--shards",
+        choices=cv.SHARDS,
+        default="contiguous",
+        help="as convergence.py's --shards: each node on its own slice (default), or iid (runs of their own)",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=CACHE)
-    ap.add_argument("--ledger", type=Path, default=LEDGER,
-                    help="cells of earlier reports whose runs are not in the cache (shown marked †)")
+    ap.add_argument(
+        "--ledger",
+        type=Path,
+        default=LEDGER,
+        help="cells of earlier reports whose runs are not in the cache (shown marked †)",
+    )
     ap.add_argument("--report-only", action="store_true", help="report what the cache holds; train nothing")
     ap.add_argument("--out", type=Path, default=DOC)
     args = ap.parse_args(argv)

@@ -37,7 +37,6 @@ from rich.console import Console
 from rich.table import Table
 
 import gradwire
-
 from demo_reference import CodecReference
 
 
@@ -115,8 +114,13 @@ def main() -> None:
     ap.add_argument("--topk", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--devices", nargs="+", choices=["cpu", "cuda"], default=None,
-                    help="where to run (default: the CPU, and a CUDA GPU where torch sees one)")
+    ap.add_argument(
+        "--devices",
+        nargs="+",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where to run (default: the CPU, and a CUDA GPU where torch sees one)",
+    )
     ap.add_argument("--routes", action="store_true", help="also time the exact decode's routes per k")
     args = ap.parse_args()
     if args.threads:
@@ -130,23 +134,45 @@ def main() -> None:
             title=f"DCT codec vs DeMo's reference: {args.side}×{args.side} fp32 on {device.type}, 64×64 tiles, "
             f"{torch.get_num_threads()} threads, best of {args.repeat} interleaved (seconds)"
         )
-        for col in ("k of 4096", "gradwire enc", "dec", "enc+dec", "DeMo enc", "dec", "enc+dec",
-                    "× DeMo time", "gradwire bytes", "DeMo bytes", "× DeMo bytes", "rel. error gw / DeMo"):
+        for col in (
+            "k of 4096",
+            "gradwire enc",
+            "dec",
+            "enc+dec",
+            "DeMo enc",
+            "dec",
+            "enc+dec",
+            "× DeMo time",
+            "gradwire bytes",
+            "DeMo bytes",
+            "× DeMo bytes",
+            "rel. error gw / DeMo",
+        ):
             table.add_column(col, justify="right")
         for k in args.topk:
             console.print(f"[dim]{device.type}: k = {k} …[/dim]")
             r = bench_k(x, k, args.repeat)
             gw, dm = r["gw_enc"] + r["gw_dec"], r["demo_enc"] + r["demo_dec"]
             table.add_row(
-                str(k), f"{r['gw_enc']:.3f}", f"{r['gw_dec']:.3f}", f"{gw:.3f}",
-                f"{r['demo_enc']:.3f}", f"{r['demo_dec']:.3f}", f"{dm:.3f}", f"{gw / dm:.2f}",
-                f"{r['gw_bytes']:,}", f"{r['demo_bytes']:,}", f"{r['gw_bytes'] / r['demo_bytes']:.2f}",
+                str(k),
+                f"{r['gw_enc']:.3f}",
+                f"{r['gw_dec']:.3f}",
+                f"{gw:.3f}",
+                f"{r['demo_enc']:.3f}",
+                f"{r['demo_dec']:.3f}",
+                f"{dm:.3f}",
+                f"{gw / dm:.2f}",
+                f"{r['gw_bytes']:,}",
+                f"{r['demo_bytes']:,}",
+                f"{r['gw_bytes'] / r['demo_bytes']:.2f}",
                 f"{r['gw_err']:.3f} / {r['demo_err']:.3f}",
             )
         console.print(table)
         if args.routes:
-            routes = Table(title=f"Exact decode by route, {args.side}×{args.side} on {device.type} (seconds, best of "
-                           f"{args.repeat}; the same bits by every route)")
+            routes = Table(
+                title=f"Exact decode by route, {args.side}×{args.side} on {device.type} (seconds, best of "
+                f"{args.repeat}; the same bits by every route)"
+            )
             for col in ("k of 4096", *ROUTES, "fastest", "chosen"):
                 routes.add_column(col, justify="right")
             for k in args.topk:

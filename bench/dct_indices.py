@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
-from gradwire_apps.progress import progress as progress_bar
 
 from gradwire import DCTCodec, wire
 from gradwire.codecs.dct import unpack_params
+from gradwire_apps.progress import progress as progress_bar
 from timing import best
 
 C = 4096
@@ -73,8 +73,18 @@ def main() -> None:
 
     real = None if args.skip_real else real_gradient(progress=True)
     t = Table(title=f"DCT positions: bits per index, 64×64 chunks (C = {C})")
-    for col in ("k/C", "k", "floor log2(C choose k)/k", "Rice, uniform", "Rice / floor", "Rice param",
-                "Rice, real grads", "real / floor", "fixed", "DeMo int64"):
+    for col in (
+        "k/C",
+        "k",
+        "floor log2(C choose k)/k",
+        "Rice, uniform",
+        "Rice / floor",
+        "Rice param",
+        "Rice, real grads",
+        "real / floor",
+        "fixed",
+        "DeMo int64",
+    ):
         t.add_column(col, justify="right")
     for ratio in progress_bar(RATIOS, desc="bits per index", leave=False):
         k = C // ratio
@@ -96,7 +106,9 @@ def main() -> None:
     src = np.ones(n_bytes, np.uint8)
     dst = np.empty_like(src)
     t_copy = best(lambda: np.copyto(dst, src), args.repeat)
-    t2 = Table(title=f"Index stream of {args.mib} MiB of uint32 positions (sets of k of {C}), bytes of positions per second")
+    t2 = Table(
+        title=f"Index stream of {args.mib} MiB of uint32 positions (sets of k of {C}), bytes of positions per second"
+    )
     for col in ("kernel", "k", "GB/s", "× memcpy", "stream bytes / index"):
         t2.add_column(col, justify="right")
     t2.add_row("memcpy (numpy copyto)", "—", f"{n_bytes / t_copy / 1e9:.2f}", "1.00", "—")
@@ -117,8 +129,13 @@ def main() -> None:
         ]
         for label, fn, stream in rows:
             sec = best(fn, args.repeat)
-            t2.add_row(label, str(k), f"{nbytes / sec / 1e9:.2f}", f"{t_copy / sec * nbytes / n_bytes:.2f}",
-                       f"{stream / idx.size:.3f}")
+            t2.add_row(
+                label,
+                str(k),
+                f"{nbytes / sec / 1e9:.2f}",
+                f"{t_copy / sec * nbytes / n_bytes:.2f}",
+                f"{stream / idx.size:.3f}",
+            )
     console.print(t2)
 
 

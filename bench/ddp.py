@@ -192,18 +192,25 @@ def plot(results: dict, labels: dict, steps: int, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--small", action="store_true",
-                    help="301 k parameters (--hidden 512 --layers 2), 2 and 4 ranks, 150 steps, every exchange")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="301 k parameters (--hidden 512 --layers 2), 2 and 4 ranks, 150 steps, every exchange",
+    )
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 8; 150 with --small)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 2; 5 with --small)")
     ap.add_argument("--ranks", type=int, nargs="+", default=None, help="world sizes (default 2; 2 4 with --small)")
-    ap.add_argument("--hidden", type=int, default=None, help="width of the MLP's hidden layers (1824; 512 with --small)")
+    ap.add_argument(
+        "--hidden", type=int, default=None, help="width of the MLP's hidden layers (1824; 512 with --small)"
+    )
     ap.add_argument("--layers", type=int, default=None, help="hidden layers (4; 2 with --small)")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--repeat", type=int, default=2, help="runs per configuration (best speed kept)")
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap (torch's PowerSGD: one bucket)")
-    ap.add_argument("--sync-every", type=int, default=None, help="SparseLoCo's local steps between syncs (3; 10 with --small)")
+    ap.add_argument(
+        "--sync-every", type=int, default=None, help="SparseLoCo's local steps between syncs (3; 10 with --small)"
+    )
     ap.add_argument("--only", nargs="+", default=None, help="configuration keys to run (first one is the baseline)")
     args = ap.parse_args()
     small = args.small
@@ -260,13 +267,19 @@ def main() -> None:
     table = Table(title=title)
     for col in columns:
         table.add_column(col, justify="left" if col == "exchange" else "right")
-    md = [f"# bench/ddp.py{' --small' if small else ''}", "", title, "", "| " + " | ".join(columns) + " |",
-          "|" + "---|" * len(columns)]
+    md = [
+        f"# bench/ddp.py{' --small' if small else ''}",
+        "",
+        title,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
     for world in ranks:
         base = results[(keys[0], world)]["steps_per_s"]
         for key in keys:
             r = results[(key, world)]
-            last = r["losses"][-min(10, steps - warmup):]
+            last = r["losses"][-min(10, steps - warmup) :]
             row = [str(world), labels[key], f"{r['steps_per_s']:.2f}", f"{r['steps_per_s'] / base:.2f}"]
             if fp16:
                 row.append(f"{r['steps_per_s'] / results[(fp16, world)]['steps_per_s']:.2f}")

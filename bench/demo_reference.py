@@ -23,7 +23,7 @@ matrices with an FFT once at construction; how they are built is not part of a s
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -97,11 +97,19 @@ def batch_decompress(p: torch.Tensor, idx: list, val: list, xshape, totalk: int)
 class DeMoReference(torch.optim.SGD):
     """``demo.py``'s ``DeMo`` optimizer (its defaults: decay 0.999, top-32 of each 64×64 chunk)."""
 
-    def __init__(self, params, lr: float, compression_decay: float = 0.999, compression_topk: int = 32,
-                 compression_chunk: int = 64, weight_decay: float = 0.0,
-                 process_group: Optional[dist.ProcessGroup] = None):
-        super().__init__(params, lr=lr, foreach=False, momentum=0.0, dampening=0.0, nesterov=False,
-                         maximize=False, weight_decay=0.0)
+    def __init__(
+        self,
+        params,
+        lr: float,
+        compression_decay: float = 0.999,
+        compression_topk: int = 32,
+        compression_chunk: int = 64,
+        weight_decay: float = 0.0,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        super().__init__(
+            params, lr=lr, foreach=False, momentum=0.0, dampening=0.0, nesterov=False, maximize=False, weight_decay=0.0
+        )
         self.compression_decay = compression_decay
         self.compression_topk = compression_topk
         self.weight_decay = weight_decay

@@ -137,9 +137,11 @@ def main() -> None:
             params=per_rank[0]["params"],
         )
 
-    head = (f"{'optimizer':<11} {'exchange':<11} {'s/step':>7} {'× all-gather':>12} {'CPU s/step':>10} "
-            f"{'× all-gather':>12} {'sent/step':>11} "
-            f"{'× all-gather':>12} {'received/step':>13} {'× all-gather':>12} {'most received':>13} {'loss':>7}")
+    head = (
+        f"{'optimizer':<11} {'exchange':<11} {'s/step':>7} {'× all-gather':>12} {'CPU s/step':>10} "
+        f"{'× all-gather':>12} {'sent/step':>11} "
+        f"{'× all-gather':>12} {'received/step':>13} {'× all-gather':>12} {'most received':>13} {'loss':>7}"
+    )
     lines = [head]
     for which in a.only:
         base = row(which, "all_gather")
@@ -152,8 +154,10 @@ def main() -> None:
                 f"{r['received'] / base['received']:>12.2f} {r['most']:>13,.0f} {r['loss']:>7.4f}"
             )
     params = row(a.only[0], "sharded")["params"]
-    title = (f"{a.ranks} gloo ranks, {params:,} parameters ({a.layers} × {a.width}² + {a.vocab}×{a.width}), "
-             f"batch {a.batch}, {a.steps} timed steps after {a.warmup}, best of {a.repeat}; run took {wall:.0f} s")
+    title = (
+        f"{a.ranks} gloo ranks, {params:,} parameters ({a.layers} × {a.width}² + {a.vocab}×{a.width}), "
+        f"batch {a.batch}, {a.steps} timed steps after {a.warmup}, best of {a.repeat}; run took {wall:.0f} s"
+    )
     text = title + "\n\n```\n" + "\n".join(lines) + "\n```\n"
     print(text)
     out = Path(__file__).resolve().parent / "out"

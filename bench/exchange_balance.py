@@ -56,22 +56,32 @@ def _run(rank: int, world: int, which: str, steps: int, scale: int = 1) -> dict:
         loss.backward()
         opt.step()
     owned = sum(p.numel for p in opt._exchange.owned(rank))
-    return {"sent": opt.bytes_sent / steps, "received": opt.bytes_received / steps, "owned": owned,
-            "weights": state_hash(model.state_dict())}
+    return {
+        "sent": opt.bytes_sent / steps,
+        "received": opt.bytes_received / steps,
+        "owned": owned,
+        "weights": state_hash(model.state_dict()),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4,8")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--scale", type=int, default=1,
-                    help="the model's embedding rows and middle width times this (the issue's model: 1)")
+    ap.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="the model's embedding rows and middle width times this (the issue's model: 1)",
+    )
     args = ap.parse_args()
     worlds = [int(w) for w in args.ranks.split(",")]
     params = sum(p.numel() for p in Model(args.scale).parameters())
     print(f"model: {params:,} parameters in {len(list(Model().parameters()))} tensors; bytes per rank per step\n")
-    print("| optimizer | ranks | sent (mean) | received: busiest | idlest | busiest / its sent | "
-          "parameters owned: most / fewest |")
+    print(
+        "| optimizer | ranks | sent (mean) | received: busiest | idlest | busiest / its sent | "
+        "parameters owned: most / fewest |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     busiest: dict[tuple[str, int], float] = {}
     for which in ("demo", "sparseloco"):
@@ -82,17 +92,22 @@ def main() -> None:
             most = max(rows, key=lambda r: r["received"])
             busiest[(which, world)] = most["received"]
             sent = sum(r["sent"] for r in rows) / world
-            print(f"| {which} | {world} | {sent:,.0f} | {most['received']:,.0f} | "
-                  f"{min(r['received'] for r in rows):,.0f} | {most['received'] / most['sent']:.2f} "
-                  f"(ring 2(n−1)/n: {2 * (world - 1) / world:.2f}) | "
-                  f"{max(r['owned'] for r in rows):,} / {min(r['owned'] for r in rows):,} |", flush=True)
+            print(
+                f"| {which} | {world} | {sent:,.0f} | {most['received']:,.0f} | "
+                f"{min(r['received'] for r in rows):,.0f} | {most['received'] / most['sent']:.2f} "
+                f"(ring 2(n−1)/n: {2 * (world - 1) / world:.2f}) | "
+                f"{max(r['owned'] for r in rows):,} / {min(r['owned'] for r in rows):,} |",
+                flush=True,
+            )
     lo, hi = min(worlds), max(worlds)
     print()
     for which in ("demo", "sparseloco"):
         ratio = busiest[(which, hi)] / busiest[(which, lo)]
         verdict = "met" if ratio <= 2.0 else "missed"
-        print(f"target {which}: the busiest rank's bytes received, {hi} ranks / {lo}: {ratio:.2f}× "
-              f"(≤ 2.0×; a ring all-reduce {2 * (hi - 1) / hi / (2 * (lo - 1) / lo):.2f}×) — {verdict}")
+        print(
+            f"target {which}: the busiest rank's bytes received, {hi} ranks / {lo}: {ratio:.2f}× "
+            f"(≤ 2.0×; a ring all-reduce {2 * (hi - 1) / hi / (2 * (lo - 1) / lo):.2f}×) — {verdict}"
+        )
 
 
 if __name__ == "__main__":

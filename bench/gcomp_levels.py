@@ -47,15 +47,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import zstandard  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from gradwire_apps.progress import progress as progress_bar  # noqa: E402
-import zstandard  # noqa: E402
 
 import gradwire  # noqa: E402
 from gradwire import GComp, IdentityCodec, wire  # noqa: E402
 from gradwire.codecs.gcomp import DROPS, unpack_params  # noqa: E402
 from gradwire_apps.demo.tasks import CharTransformer, CharVocab, char_batch, digits_mlp, load_digits, load_pydoc_text  # noqa: E402
+from gradwire_apps.progress import progress as progress_bar  # noqa: E402
 from timing import timed  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -177,10 +177,15 @@ def synthetic_like(model, opt, numel: int, seed: int):
     big = torch.nn.Linear(1, 1, bias=False)
     big.weight = torch.nn.Parameter(th[idx].reshape(shape).clone())
     big.weight.grad = g[idx].reshape(shape).clone()
-    big_opt = torch.optim.AdamW(big.parameters(), **{k: opt.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")})
+    big_opt = torch.optim.AdamW(
+        big.parameters(), **{k: opt.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
+    )
     step = next(iter(opt.state.values()))["step"]
-    big_opt.state[big.weight] = {"step": step.clone(), "exp_avg": m[idx].reshape(shape).clone(),
-                                 "exp_avg_sq": v[idx].reshape(shape).clone()}
+    big_opt.state[big.weight] = {
+        "step": step.clone(),
+        "exp_avg": m[idx].reshape(shape).clone(),
+        "exp_avg_sq": v[idx].reshape(shape).clone(),
+    }
     return big, big_opt
 
 
@@ -198,18 +203,39 @@ def against_zstd(model, opt, repeat: int, block: int) -> list[tuple]:
         z = zc.compress(raw)
         frame = codec.encode_bundle(grads)
         # Encoders and decoders timed apart, so that the encoders get many rounds in the budget.
-        best, _ = interleaved_best({
-            "gcomp enc": lambda: codec.encode_bundle(grads),
-            "zstd enc": lambda: zc.compress(raw),
-        }, repeat, budget_s=2.0)
-        best.update(interleaved_best({
-            "gcomp dec": lambda: gradwire.decode_bundle(frame),
-            "zstd dec": lambda: zd.decompress(z),
-        }, repeat)[0])
+        best, _ = interleaved_best(
+            {
+                "gcomp enc": lambda: codec.encode_bundle(grads),
+                "zstd enc": lambda: zc.compress(raw),
+            },
+            repeat,
+            budget_s=2.0,
+        )
+        best.update(
+            interleaved_best(
+                {
+                    "gcomp dec": lambda: gradwire.decode_bundle(frame),
+                    "zstd dec": lambda: zd.decompress(z),
+                },
+                repeat,
+            )[0]
+        )
         per_m = 1e3 * 1e6 / numel
-        rows.append((mode, numel, len(frame), len(z), len(raw), best["gcomp enc"] * per_m, best["zstd enc"] * per_m,
-                     best["gcomp enc"] / best["zstd enc"], best["gcomp dec"] * per_m, best["zstd dec"] * per_m,
-                     best["gcomp dec"] / best["zstd dec"]))
+        rows.append(
+            (
+                mode,
+                numel,
+                len(frame),
+                len(z),
+                len(raw),
+                best["gcomp enc"] * per_m,
+                best["zstd enc"] * per_m,
+                best["gcomp enc"] / best["zstd enc"],
+                best["gcomp dec"] * per_m,
+                best["zstd dec"] * per_m,
+                best["gcomp dec"] / best["zstd dec"],
+            )
+        )
     return rows
 
 
@@ -234,16 +260,42 @@ def speed_table(args, console) -> None:
             model, opt = cases[0][1], cases[0][2]
             big, big_opt = synthetic_like(model, opt, int(args.synthetic * 2**20), args.seed)
             cases.append((f"synthetic {args.synthetic:g} Mi from d{args.speed_widths[0]}", big, big_opt))
-        table = Table(title="GComp beside zstd level 3 on the same gradient (raw fp32 bytes), 1 thread each, "
-                            f"best of ≥ {args.speed_repeat} interleaved")
-        for col in ("gradient", "GComp mode", "params", "GComp bytes", "zstd-3 bytes", "fp32 bytes",
-                    "enc ms/M", "zstd-3 enc ms/M", "enc × zstd-3", "dec ms/M", "zstd-3 dec ms/M", "dec × zstd-3"):
+        table = Table(
+            title="GComp beside zstd level 3 on the same gradient (raw fp32 bytes), 1 thread each, "
+            f"best of ≥ {args.speed_repeat} interleaved"
+        )
+        for col in (
+            "gradient",
+            "GComp mode",
+            "params",
+            "GComp bytes",
+            "zstd-3 bytes",
+            "fp32 bytes",
+            "enc ms/M",
+            "zstd-3 enc ms/M",
+            "enc × zstd-3",
+            "dec ms/M",
+            "zstd-3 dec ms/M",
+            "dec × zstd-3",
+        ):
             table.add_column(col, justify="right")
         for label, m, o in progress_bar(cases, desc="against zstd-3", leave=False):
             for r in against_zstd(m, o, args.speed_repeat, args.block):
                 mode, numel, gb, zb, fb, ge, ze, ex, gd, zd, dx = r
-                table.add_row(label, mode, f"{numel:,}", f"{gb:,}", f"{zb:,}", f"{fb:,}", f"{ge:.2f}", f"{ze:.2f}",
-                              f"{ex:.2f}", f"{gd:.2f}", f"{zd:.2f}", f"{dx:.2f}")
+                table.add_row(
+                    label,
+                    mode,
+                    f"{numel:,}",
+                    f"{gb:,}",
+                    f"{zb:,}",
+                    f"{fb:,}",
+                    f"{ge:.2f}",
+                    f"{ze:.2f}",
+                    f"{ex:.2f}",
+                    f"{gd:.2f}",
+                    f"{zd:.2f}",
+                    f"{dx:.2f}",
+                )
         console.print(table)
     finally:
         torch.set_num_threads(threads)
@@ -258,11 +310,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--speed-only", action="store_true", help="only the table against zstd level 3")
     ap.add_argument("--speed-steps", type=int, default=10, help="AdamW steps before the zstd comparison")
-    ap.add_argument("--speed-repeat", type=int, default=7,
-                    help="interleaved timing rounds (best of); the encoders get more, up to 2 s a pair")
-    ap.add_argument("--speed-widths", type=int, nargs="+", default=[128, 384],
-                    help="d_model of the char transformers in the zstd comparison (128: 0.43 M params in 30 "
-                         "tensors, 384: 3.6 M)")
+    ap.add_argument(
+        "--speed-repeat",
+        type=int,
+        default=7,
+        help="interleaved timing rounds (best of); the encoders get more, up to 2 s a pair",
+    )
+    ap.add_argument(
+        "--speed-widths",
+        type=int,
+        nargs="+",
+        default=[128, 384],
+        help="d_model of the char transformers in the zstd comparison (128: 0.43 M params in 30 tensors, 384: 3.6 M)",
+    )
     ap.add_argument("--synthetic", type=float, default=16, help="Mi parameters of the synthetic gradient (0: none)")
     args = ap.parse_args()
     console = Console(width=200)
@@ -272,8 +332,25 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     table = Table(title=f"GComp on real gradients (block {args.block}): bundle frames beside fp32 frames, same run")
-    for col in ("model", "optimizer", "step", "tolerance", "reduction", "exp", "sign", "mant", "level", "book",
-                "L0 / L1 / L2 / L3 blocks", "grad error", "same θ", "enc ms/M", "× fp32", "dec ms/M", "× fp32"):
+    for col in (
+        "model",
+        "optimizer",
+        "step",
+        "tolerance",
+        "reduction",
+        "exp",
+        "sign",
+        "mant",
+        "level",
+        "book",
+        "L0 / L1 / L2 / L3 blocks",
+        "grad error",
+        "same θ",
+        "enc ms/M",
+        "× fp32",
+        "dec ms/M",
+        "× fp32",
+    ):
         table.add_column(col, justify="right")
     curves: dict[str, list[tuple[float, float]]] = {}
     level_rows = []
@@ -289,21 +366,45 @@ def main() -> None:
                     r = measure(model, opt, tol, args.block)
                     b = r["bits"]
                     table.add_row(
-                        model_name, opt_name, str(step), f"{tol:g}", f"{100 * r['reduction']:.1f}%",
-                        f"{b['exp']:.2f}", f"{b['sign']:.2f}", f"{b['mant']:.2f}", f"{b['level']:.3f}",
-                        f"{b['book']:.3f}", " / ".join(f"{100 * v:.0f}%" for v in r["levels"]),
-                        f"{r['error']:.1e}", f"{100 * r['same']:.2f}%", f"{r['enc']:.0f}", f"{r['enc_x']:.1f}",
-                        f"{r['dec']:.0f}", f"{r['dec_x']:.1f}",
+                        model_name,
+                        opt_name,
+                        str(step),
+                        f"{tol:g}",
+                        f"{100 * r['reduction']:.1f}%",
+                        f"{b['exp']:.2f}",
+                        f"{b['sign']:.2f}",
+                        f"{b['mant']:.2f}",
+                        f"{b['level']:.3f}",
+                        f"{b['book']:.3f}",
+                        " / ".join(f"{100 * v:.0f}%" for v in r["levels"]),
+                        f"{r['error']:.1e}",
+                        f"{100 * r['same']:.2f}%",
+                        f"{r['enc']:.0f}",
+                        f"{r['enc_x']:.1f}",
+                        f"{r['dec']:.0f}",
+                        f"{r['dec_x']:.1f}",
                     )
                     curves.setdefault(f"{model_name} / {opt_name} / step {step}", []).append((tol, r["reduction"]))
                 if step == args.at[-1]:
-                    level_rows.append((model_name, opt_name, {n: p.grad.detach().clone() for n, p in model.named_parameters()}))
+                    level_rows.append(
+                        (model_name, opt_name, {n: p.grad.detach().clone() for n, p in model.named_parameters()})
+                    )
             opt.step()
     console.print(table)
 
     t2 = Table(title="Each level forced everywhere (fixed_level) on the last recorded gradients")
-    for col in ("model", "optimizer", "level", "drop", "mant bits/elem", "reduction", "max rel. error",
-                "bound 2^(d−24)", "mean rel. error", "grad error"):
+    for col in (
+        "model",
+        "optimizer",
+        "level",
+        "drop",
+        "mant bits/elem",
+        "reduction",
+        "max rel. error",
+        "bound 2^(d−24)",
+        "mean rel. error",
+        "grad error",
+    ):
         t2.add_column(col, justify="right")
     for model_name, opt_name, grads in level_rows:
         dense = len(IdentityCodec().encode_bundle(grads))
@@ -316,8 +417,18 @@ def main() -> None:
             mant = sum(e.sections["mant"].nbytes for e in gradwire.read_frame(frame).entries) * 8 / numel
             err = sum(float((out[n] - x).norm() ** 2) for n, x in grads.items()) ** 0.5
             ref = sum(float(x.norm() ** 2) for x in grads.values()) ** 0.5
-            t2.add_row(model_name, opt_name, str(level), str(d), f"{mant:.2f}", f"{100 * (1 - len(frame) / dense):.1f}%",
-                       f"{float(rel.max()):.2e}", f"{2.0 ** (d - 24):.2e}", f"{float(rel.mean()):.2e}", f"{err / ref:.2e}")
+            t2.add_row(
+                model_name,
+                opt_name,
+                str(level),
+                str(d),
+                f"{mant:.2f}",
+                f"{100 * (1 - len(frame) / dense):.1f}%",
+                f"{float(rel.max()):.2e}",
+                f"{2.0 ** (d - 24):.2e}",
+                f"{float(rel.mean()):.2e}",
+                f"{err / ref:.2e}",
+            )
     console.print(t2)
     speed_table(args, console)
 

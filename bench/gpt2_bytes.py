@@ -68,7 +68,9 @@ def main() -> None:
         name = names[pos]
         plan = codec.plan(tuple(m.shape))
         nbytes = len(write_frame([codec.compress(m, pos)[0]], round=0, sender=0, bundle=True))
-        kind = "embedding (tied head)" if name.endswith("wte.weight") else "2-D weights" if m.ndim == 2 else "1-D vectors"
+        kind = (
+            "embedding (tied head)" if name.endswith("wte.weight") else "2-D weights" if m.ndim == 2 else "1-D vectors"
+        )
         g = groups.setdefault(kind, [0, 0, 0, ""])
         g[0] += m.numel()
         g[1] += nbytes
@@ -79,8 +81,12 @@ def main() -> None:
     print("| tensors | count | share of parameters | chunk | bytes per step | ratio vs fp32 |")
     print("|---|---:|---:|---|---:|---:|")
     for kind, (elems, nbytes, count, chunk) in groups.items():
-        print(f"| {kind} | {count} | {100 * elems / total_elems:.1f} % | {chunk} | {nbytes:,} | {4 * elems / nbytes:.0f}× |")
-    print(f"| all | {sum(g[2] for g in groups.values())} | 100 % | | {total_bytes:,} | {4 * total_elems / total_bytes:.0f}× |\n")
+        print(
+            f"| {kind} | {count} | {100 * elems / total_elems:.1f} % | {chunk} | {nbytes:,} | {4 * elems / nbytes:.0f}× |"
+        )
+    print(
+        f"| all | {sum(g[2] for g in groups.values())} | 100 % | | {total_bytes:,} | {4 * total_elems / total_bytes:.0f}× |\n"
+    )
 
     # The optimizer's own counters, per tensor against one model record, same steps and data.
     print("| DeMo | bytes per step | ratio vs fp32 |")

@@ -10,7 +10,6 @@ where int8 products have no fast kernel.
 """
 
 import argparse
-import time
 
 import torch
 
@@ -29,8 +28,10 @@ def main():
     args = ap.parse_args()
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
-    print(f"Exact decode routes on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
-          f"torch {torch.__version__}, best of {args.reps}:\n")
+    print(
+        f"Exact decode routes on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
+        f"torch {torch.__version__}, best of {args.reps}:\n"
+    )
     print("| chunk | chunks | k | sparse ms | rows ms | dense ms | integer ms | integer / best float64 | auto keeps |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     cases = [((64,), 4096, 8), ((8, 8), 4096, 8), ((16, 16), 1024, 16), ((64, 64), 256, 32), ((64, 64), 256, 472)]
@@ -44,7 +45,10 @@ def main():
         mins = (-torch.rand(n, generator=g)).to(device)
         ms, bits = {}, {}
         for route in ("sparse", "rows", "dense", "integer"):
-            fn = lambda r=route: decode.decode_level_chunks(idx, levels, scales, mins, dims, route=r)
+
+            def fn(r=route):
+                return decode.decode_level_chunks(idx, levels, scales, mins, dims, route=r)
+
             ms[route] = _time(fn, args.reps, device)
             bits[route] = fn().view(torch.int32).cpu()
         assert all(torch.equal(bits["integer"], b) for b in bits.values()), "routes disagree"
@@ -53,8 +57,10 @@ def main():
         if device.type != "cpu":
             decode.decode_level_chunks(idx, levels, scales, mins, dims)
             kept = route_choice.kept_route(device, dims, k) or "?"
-        print(f"| {'x'.join(map(str, dims))} | {n} | {k} | {ms['sparse']:.1f} | {ms['rows']:.1f} | {ms['dense']:.1f} | "
-              f"{ms['integer']:.1f} | {ms['integer'] / best:.2f}x | {kept} |")
+        print(
+            f"| {'x'.join(map(str, dims))} | {n} | {k} | {ms['sparse']:.1f} | {ms['rows']:.1f} | {ms['dense']:.1f} | "
+            f"{ms['integer']:.1f} | {ms['integer'] / best:.2f}x | {kept} |"
+        )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def np_quartic_encode(trits: np.ndarray) -> bytes:
 def np_quartic_decode(data: bytes, count: int) -> np.ndarray:
     b = np.frombuffer(data, np.uint8)
     planes = (b[None, :] // _POW[:, None]) % 3
-    return (planes.reshape(-1)[:count].astype(np.int8) - 1)
+    return planes.reshape(-1)[:count].astype(np.int8) - 1
 
 
 def np_zero_run_encode(data: bytes) -> bytes:
@@ -112,11 +112,15 @@ def main() -> None:
     packed12 = wire.pack_bits(idx12, 12)
     trits = rng.choice(np.array([-1, 0, 1], np.int8), n_bytes, p=[0.05, 0.9, 0.05])
     quartic = wire.quartic_encode(trits)
-    zr_in = np.frombuffer(wire.quartic_encode(rng.choice(np.array([-1, 0, 1], np.int8), 5 * n_bytes, p=[0.01, 0.98, 0.01])), np.uint8)[:n_bytes].copy()
+    zr_in = np.frombuffer(
+        wire.quartic_encode(rng.choice(np.array([-1, 0, 1], np.int8), 5 * n_bytes, p=[0.01, 0.98, 0.01])), np.uint8
+    )[:n_bytes].copy()
     zr = wire.zero_run_encode(zr_in)
     zr_share = float((zr_in == 121).mean())
     # 3LC with a larger sparsity multiplier (or sparser gradients) makes longer runs.
-    zr_sparse = np.frombuffer(wire.quartic_encode(rng.choice(np.array([-1, 0, 1], np.int8), 5 * n_bytes, p=[0.0025, 0.995, 0.0025])), np.uint8)[:n_bytes].copy()
+    zr_sparse = np.frombuffer(
+        wire.quartic_encode(rng.choice(np.array([-1, 0, 1], np.int8), 5 * n_bytes, p=[0.0025, 0.995, 0.0025])), np.uint8
+    )[:n_bytes].copy()
     # Decoders write into a buffer reused across calls (their `out=`), as memcpy writes into one.
     idx_out, trit_out, zr_out = np.empty_like(idx12), np.empty_like(trits), np.empty_like(zr_in)
     blob = rng.integers(0, 256, n_bytes, dtype=np.uint8)
@@ -131,15 +135,41 @@ def main() -> None:
     rows = [
         # name, the uncompressed buffer (throughput base), rust fn, numpy fn, target ×memcpy
         ("pack_bits (12 bit)", idx12, lambda: wire.pack_bits(idx12, 12), lambda: np_pack_bits(idx12, 12), 0.25),
-        ("unpack_bits (12 bit)", idx12, lambda: wire.unpack_bits(packed12, 12, idx12.size, out=idx_out), lambda: np_unpack_bits(packed12, 12, idx12.size), 0.25),
+        (
+            "unpack_bits (12 bit)",
+            idx12,
+            lambda: wire.unpack_bits(packed12, 12, idx12.size, out=idx_out),
+            lambda: np_unpack_bits(packed12, 12, idx12.size),
+            0.25,
+        ),
         ("quartic_encode", trits, lambda: wire.quartic_encode(trits), lambda: np_quartic_encode(trits), 0.25),
-        ("quartic_decode", trits, lambda: wire.quartic_decode(quartic, trits.size, out=trit_out), lambda: np_quartic_decode(quartic, trits.size), 0.25),
-        ("zero_run_encode", zr_in, lambda: wire.zero_run_encode(zr_in), lambda: np_zero_run_encode(zr_in.tobytes()), 0.25),
-        ("zero_run_encode, 97.5% runs", zr_sparse, lambda: wire.zero_run_encode(zr_sparse), lambda: np_zero_run_encode(zr_sparse.tobytes()), 0.25),
+        (
+            "quartic_decode",
+            trits,
+            lambda: wire.quartic_decode(quartic, trits.size, out=trit_out),
+            lambda: np_quartic_decode(quartic, trits.size),
+            0.25,
+        ),
+        (
+            "zero_run_encode",
+            zr_in,
+            lambda: wire.zero_run_encode(zr_in),
+            lambda: np_zero_run_encode(zr_in.tobytes()),
+            0.25,
+        ),
+        (
+            "zero_run_encode, 97.5% runs",
+            zr_sparse,
+            lambda: wire.zero_run_encode(zr_sparse),
+            lambda: np_zero_run_encode(zr_sparse.tobytes()),
+            0.25,
+        ),
         ("zero_run_decode", zr_in, lambda: wire.zero_run_decode(zr, out=zr_out), lambda: np_zero_run_decode(zr), 0.25),
         ("crc32c (numpy: zlib crc32)", blob, lambda: wire.crc32c(blob), lambda: zlib.crc32(blob), 0.5),
     ]
-    table = Table(title=f"gradwire kernels: uncompressed bytes/s (best of {args.repeat}); zero-run input {zr_share:.0%} zero-run bytes")
+    table = Table(
+        title=f"gradwire kernels: uncompressed bytes/s (best of {args.repeat}); zero-run input {zr_share:.0%} zero-run bytes"
+    )
     for col in ("kernel", "data", "kernel GB/s", "memcpy GB/s", "× memcpy", "numpy GB/s", "× numpy", "target", "ok"):
         table.add_column(col, justify="right")
     for name, arr, rust_fn, np_fn, target in rows:
@@ -151,8 +181,15 @@ def main() -> None:
         nb = src.nbytes
         ratio = t_copy / t_rust
         table.add_row(
-            name, f"{nb / 2**20:.0f} MiB", f"{nb / t_rust / 1e9:.2f}", f"{nb / t_copy / 1e9:.2f}", f"{ratio:.2f}",
-            f"{nb / t_np / 1e9:.2f}", f"{t_np / t_rust:.1f}", f"≥ {target}", "yes" if ratio >= target else "NO",
+            name,
+            f"{nb / 2**20:.0f} MiB",
+            f"{nb / t_rust / 1e9:.2f}",
+            f"{nb / t_copy / 1e9:.2f}",
+            f"{ratio:.2f}",
+            f"{nb / t_np / 1e9:.2f}",
+            f"{t_np / t_rust:.1f}",
+            f"≥ {target}",
+            "yes" if ratio >= target else "NO",
         )
     Console(width=150).print(table)
 

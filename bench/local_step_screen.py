@@ -58,9 +58,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -82,7 +82,7 @@ def quantize(v: torch.Tensor, bits: int) -> torch.Tensor:
         up = v[pos].mean() if pos.any() else v.new_zeros(())
         down = v[~pos].mean() if (~pos).any() else v.new_zeros(())
         return torch.where(pos, up, down)
-    levels = 2 ** bits
+    levels = 2**bits
     c = 2.5 * v.pow(2).mean().sqrt().clamp_min(1e-30)
     width = 2 * c / levels
     q = torch.clamp(torch.floor((v + c) / width), 0, levels - 1)
@@ -171,7 +171,7 @@ class LowRankSync:
         self.rank, self.bits, self.two_phase = min(rank, m, n), bits, two_phase
         g = torch.Generator().manual_seed(seed)
         self.right = torch.randn(n, self.rank, generator=g)  # the last published Q (n × r)
-        self.left: Optional[torch.Tensor] = None  # the last published P (m × r)
+        self.left: torch.Tensor | None = None  # the last published P (m × r)
         self.server = torch.zeros(shape)
 
     def _published(self, parts: Sequence[torch.Tensor], server_part: torch.Tensor) -> torch.Tensor:
@@ -240,8 +240,8 @@ def _reset_momentum(model, opt, per_step: dict, args) -> None:
     for nm, p in model.named_parameters():
         st = opt.state[p]
         t = float(st["step"])
-        v_hat = st["exp_avg_sq"] / (1 - beta2 ** t)
-        target = per_step[nm] * (v_hat.sqrt() + eps) / lr * (1 - beta1 ** t)
+        v_hat = st["exp_avg_sq"] / (1 - beta2**t)
+        target = per_step[nm] * (v_hat.sqrt() + eps) / lr * (1 - beta1**t)
         st["exp_avg"].mul_(1 - args.reset_momentum).add_(target, alpha=args.reset_momentum)
 
 
@@ -268,8 +268,15 @@ def run_dense(args, task, model, shards, gens) -> dict:
         if step % every == 0 or step == args.steps:
             curve.append((step, task.held_out_loss(model)))
             print(f"step {step}/{args.steps}: held-out {curve[-1][1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
-    return dict(vars(args), out=str(args.out), fraction=1.0, ratio_measured=1.0, held_out=curve[-1][1], curve=curve,
-                seconds=time.time() - t0)
+    return dict(
+        vars(args),
+        out=str(args.out),
+        fraction=1.0,
+        ratio_measured=1.0,
+        held_out=curve[-1][1],
+        curve=curve,
+        seconds=time.time() - t0,
+    )
 
 
 def run(args) -> dict:
@@ -290,14 +297,21 @@ def run(args) -> dict:
     # Block supports: each node reports 8 bits per block (its error's norm there); the server publishes
     # which blocks sync next (1 bit a block); both counted against the budget, uplink's being the larger.
     report_bits = 8 / args.block if args.support.startswith("blocks") else 0.0
-    fraction = 1.0 if args.support in ("all", "powersgd", "subspace") else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
+    fraction = (
+        1.0
+        if args.support in ("all", "powersgd", "subspace")
+        else min(1.0, (32 * args.H / args.ratio - report_bits) / args.bits * 0.97)
+    )
     if args.support == "topk":  # each sender's own positions, entropy-coded, and the server's likewise
         fraction = topk_fraction(32 * args.H / args.ratio * 0.97, args.bits)
         report_bits = entropy_bits(fraction)
     anchor = {k: v.detach().clone() for k, v in packer.pack(cv._params(model)).items()}
     names = sorted(anchor)
-    syncs = {nm: LowRankSync(tuple(anchor[nm].shape), args.rank, args.bits, args.support == "powersgd", seed=j)
-             for j, nm in enumerate(names) if lowrank and anchor[nm].dim() == 2}
+    syncs = {
+        nm: LowRankSync(tuple(anchor[nm].shape), args.rank, args.bits, args.support == "powersgd", seed=j)
+        for j, nm in enumerate(names)
+        if lowrank and anchor[nm].dim() == 2
+    }
     value_bits = 1 if lowrank else args.bits  # what the coordinate supports send (low rank: the 1-D tensors)
     nodes = [task.build() for _ in range(n)]
     for m in nodes:
@@ -380,17 +394,27 @@ def run(args) -> dict:
         if rnd % every == 0 or rnd == rounds:
             curve.append((step, task.held_out_loss(model)))
             print(f"step {step}/{args.steps}: held-out {curve[-1][1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
-    return dict(vars(args), out=str(args.out), fraction=fraction, ratio_measured=32 * numel * rounds * args.H / bits_sent,
-                held_out=curve[-1][1], curve=curve, seconds=time.time() - t0)
+    return dict(
+        vars(args),
+        out=str(args.out),
+        fraction=fraction,
+        ratio_measured=32 * numel * rounds * args.H / bits_sent,
+        held_out=curve[-1][1],
+        curve=curve,
+        seconds=time.time() - t0,
+    )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="stdlib", choices=list(cv.TASKS))
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--support", default="random",
-                    choices=("dense", "all", "random", "cyclic", "blocks", "blocks-now", "topk", "powersgd", "subspace"))
+    ap.add_argument(
+        "--support",
+        default="random",
+        choices=("dense", "all", "random", "cyclic", "blocks", "blocks-now", "topk", "powersgd", "subspace"),
+    )
     ap.add_argument("--rank", type=int, default=1, help="rank of each weight matrix (--support powersgd, subspace)")
     ap.add_argument("--block", type=int, default=256, help="coordinates per block (--support blocks, blocks-now)")
     ap.add_argument("--bits", type=int, default=1, choices=(1, 2, 3, 4, 6, 8, 16, 32))
@@ -398,11 +422,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--outer-lr", type=float, default=1.0)
     ap.add_argument("--momentum", type=float, default=0.0)
-    ap.add_argument("--inner", default="adamw", choices=("adamw", "muon"),
-                    help="the nodes' optimizer (and dense's): AdamW, or Muon on the blocks' matrices and AdamW on the rest")
-    ap.add_argument("--node-decay", type=float, default=1.0, help="each node's error buffer decays by this at each sync")
-    ap.add_argument("--reset-momentum", type=float, default=0.0,
-                    help="at each sync move each node's AdamW first moment this far toward the published step's")
+    ap.add_argument(
+        "--inner",
+        default="adamw",
+        choices=("adamw", "muon"),
+        help="the nodes' optimizer (and dense's): AdamW, or Muon on the blocks' matrices and AdamW on the rest",
+    )
+    ap.add_argument(
+        "--node-decay", type=float, default=1.0, help="each node's error buffer decays by this at each sync"
+    )
+    ap.add_argument(
+        "--reset-momentum",
+        type=float,
+        default=0.0,
+        help="at each sync move each node's AdamW first moment this far toward the published step's",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=cv.ROOT / "bench" / "results" / "local_step_screen.jsonl")

@@ -65,7 +65,9 @@ def payload_bytes(frame: bytes) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=8, help="training steps before the char transformer's gradient is taken")
+    ap.add_argument(
+        "--steps", type=int, default=8, help="training steps before the char transformer's gradient is taken"
+    )
     args = ap.parse_args()
     console = Console(width=200)
 
@@ -73,11 +75,25 @@ def main() -> None:
     total = sum(t.numel() for t in real.values())
     models = [("char transformer", real)] + [("synthetic", synthetic(n, total, seed=n)) for n in (30, 100)]
 
-    t = Table(title=f"One step's frame: per-tensor bundle vs one model record (DCT flat 64×64, Rice positions; "
-                    f"{total:,} elements, fp32 {4 * total:,} bytes)")
-    for col in ("model", "tensors", "DCT", "bundle bytes", "bundle ×fp32", "bundle headers", "model-record bytes",
-                "model ×fp32", "model headers", "saved / tensor", "bundle / model",
-                "bundle err", "model err"):
+    t = Table(
+        title=f"One step's frame: per-tensor bundle vs one model record (DCT flat 64×64, Rice positions; "
+        f"{total:,} elements, fp32 {4 * total:,} bytes)"
+    )
+    for col in (
+        "model",
+        "tensors",
+        "DCT",
+        "bundle bytes",
+        "bundle ×fp32",
+        "bundle headers",
+        "model-record bytes",
+        "model ×fp32",
+        "model headers",
+        "saved / tensor",
+        "bundle / model",
+        "bundle err",
+        "model err",
+    ):
         t.add_column(col, justify="right")
     for label, grads in models:
         spec = ModelSpec.from_tensors(grads)  # named_parameters() order for the real model
@@ -93,11 +109,19 @@ def main() -> None:
             err_bundle = (spec.flatten(gradwire.decode_bundle(bundle)) - flat).norm().item() / norm
             err_model = (spec.flatten(out) - flat).norm().item() / norm
             t.add_row(
-                label, str(len(spec)), setting,
-                f"{len(bundle):,}", f"{fp32 / len(bundle):.0f}×", f"{len(bundle) - payload_bytes(bundle):,}",
-                f"{len(model):,}", f"{fp32 / len(model):.0f}×", f"{len(model) - payload_bytes(model):,}",
-                f"{(len(bundle) - len(model)) / (len(spec) - 1):.0f}", f"{len(bundle) / len(model):.2f}",
-                f"{err_bundle:.3f}", f"{err_model:.3f}",
+                label,
+                str(len(spec)),
+                setting,
+                f"{len(bundle):,}",
+                f"{fp32 / len(bundle):.0f}×",
+                f"{len(bundle) - payload_bytes(bundle):,}",
+                f"{len(model):,}",
+                f"{fp32 / len(model):.0f}×",
+                f"{len(model) - payload_bytes(model):,}",
+                f"{(len(bundle) - len(model)) / (len(spec) - 1):.0f}",
+                f"{len(bundle) / len(model):.2f}",
+                f"{err_bundle:.3f}",
+                f"{err_model:.3f}",
             )
         t.add_section()
     console.print(t)

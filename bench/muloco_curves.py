@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"  # the runs behind the docs, kept in the repository
@@ -25,14 +25,22 @@ RESULTS = ROOT / "bench" / "results"  # the runs behind the docs, kept in the re
 CURVES = (
     ("dense AdamW (lr 0.01)", "screen", dict(support="dense", inner="adamw", lr=0.01, nodes=16, seed=0)),
     ("dense Muon (lr 0.02)", "screen", dict(support="dense", inner="muon", lr=0.02, nodes=16, seed=0)),
-    ("DiLoCo, fp32 both ways, H 11 (AdamW inner)", "screen",
-     dict(support="all", bits=32, H=11, inner="adamw", lr=0.01, nodes=16, seed=0)),
-    ("1 bit both ways, H 11, AdamW inner", "screen",
-     dict(support="all", bits=1, H=11, inner="adamw", lr=0.01, nodes=16, seed=0, reset_momentum=0.0)),
-    ("1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.04), seed 0", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=0, nodes=16)),
-    ("the same, seed 1", "bench",
-     dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=1, nodes=16)),
+    (
+        "DiLoCo, fp32 both ways, H 11 (AdamW inner)",
+        "screen",
+        dict(support="all", bits=32, H=11, inner="adamw", lr=0.01, nodes=16, seed=0),
+    ),
+    (
+        "1 bit both ways, H 11, AdamW inner",
+        "screen",
+        dict(support="all", bits=1, H=11, inner="adamw", lr=0.01, nodes=16, seed=0, reset_momentum=0.0),
+    ),
+    (
+        "1 bit both ways, H 11, Muon inner (MuLoCo, lr 0.04), seed 0",
+        "bench",
+        dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=0, nodes=16),
+    ),
+    ("the same, seed 1", "bench", dict(task="stdlib", row="signloco+muon/agg", lr=0.04, seed=1, nodes=16)),
 )
 
 
@@ -50,8 +58,12 @@ def curves(screens: Path, cache: Path) -> list[tuple[str, list[tuple[int, float]
     out = []
     for label, where, match in CURVES:
         if where == "screen":
-            found = [r for r in lines if r.get("steps") == 2048
-                     and all(r.get(k, "adamw" if k == "inner" else 0.0) == v for k, v in match.items())]
+            found = [
+                r
+                for r in lines
+                if r.get("steps") == 2048
+                and all(r.get(k, "adamw" if k == "inner" else 0.0) == v for k, v in match.items())
+            ]
             pts = [(int(s), float(h)) for s, h in found[-1]["curve"]] if found else []
         else:
             # 2,046 is the last sync of H 11
@@ -69,8 +81,13 @@ def plot(found: Sequence[tuple[str, list[tuple[int, float]]]], out: Path) -> Non
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    styles = {"dense": dict(color="black"), "DiLoCo": dict(color="C4", ls="--"), "AdamW inner": dict(color="C5"),
-              "MuLoCo": dict(color="C2", lw=2), "the same": dict(color="C2", lw=1, ls=":")}
+    styles = {
+        "dense": dict(color="black"),
+        "DiLoCo": dict(color="C4", ls="--"),
+        "AdamW inner": dict(color="C5"),
+        "MuLoCo": dict(color="C2", lw=2),
+        "the same": dict(color="C2", lw=1, ls=":"),
+    }
     for label, pts in found:
         style = next((v for k, v in styles.items() if k in label), {})
         if label.startswith("dense Muon"):
@@ -87,7 +104,7 @@ def plot(found: Sequence[tuple[str, list[tuple[int, float]]]], out: Path) -> Non
     fig.savefig(out, dpi=110)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--screens", type=Path, default=RESULTS / "local_step_screen.jsonl")
     ap.add_argument("--cache", type=Path, default=RESULTS / "reencode.json")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -41,9 +41,18 @@ class BatchedMuon(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.95, nesterov: bool = True, weight_decay: float = 0.0):
         d = _muon_defaults()
-        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-                                      ns_coefficients=tuple(d["ns_coefficients"]), ns_steps=d["ns_steps"],
-                                      eps=d["eps"]))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                nesterov=nesterov,
+                weight_decay=weight_decay,
+                ns_coefficients=tuple(d["ns_coefficients"]),
+                ns_steps=d["ns_steps"],
+                eps=d["eps"],
+            ),
+        )
         for g in self.param_groups:
             for p in g["params"]:
                 if p.dim() != 3:
@@ -94,8 +103,10 @@ class NodeBatch:
         self.n = n
         self.device = torch.device(device)
         self.names = [nm for nm, _ in template.named_parameters()]
-        self.stacks = {nm: p.detach().to(self.device).unsqueeze(0).repeat(n, *([1] * p.dim())).contiguous()
-                       for nm, p in template.named_parameters()}
+        self.stacks = {
+            nm: p.detach().to(self.device).unsqueeze(0).repeat(n, *([1] * p.dim())).contiguous()
+            for nm, p in template.named_parameters()
+        }
         self.buffers = {nm: b.to(self.device) for nm, b in template.named_buffers()}
         self._skeleton = copy.deepcopy(template).to("meta")  # the module structure; weights come from the stacks
         self._template = template

@@ -215,8 +215,12 @@ def _case(r: dict) -> tuple:
 def table(results: list[dict], device_name: str) -> list[str]:
     cuda = any("extra_mib" in r for r in results)
     fused = any(r["row"] == "adamw_fused" for r in results)
-    head = ("| model | parameters | tensors | optimizer | ms / step | × AdamW |" + (" × fused AdamW |" if fused else "")
-            + " × reference | sent B / step |" + (" memory beyond params+grads, MiB |" if cuda else ""))
+    head = (
+        "| model | parameters | tensors | optimizer | ms / step | × AdamW |"
+        + (" × fused AdamW |" if fused else "")
+        + " × reference | sent B / step |"
+        + (" memory beyond params+grads, MiB |" if cuda else "")
+    )
     cols = head.count("|") - 1
     lines = [f"On {device_name}, one rank.", "", head, "|" + "|".join(["---:"] * cols) + "|"]
     base = {_case(r): r["ms"] for r in results if r["row"] == "adamw"}
@@ -264,21 +268,30 @@ def targets(results: list[dict], cuda: bool) -> list[str]:
             fused = by[(c, "adamw_fused")]
             out.append(_verdict(f"DeMo step / reference, {label}", demo["ms"] / ref["ms"], 1.0))
             out.append(_verdict(f"DeMo step / fused AdamW, {label}", demo["ms"] / fused["ms"], 5.0))
-            out.append(_verdict(f"SparseLoCo mean step / fused AdamW (its inner), {label}", slo["ms"] / fused["ms"], 1.2))
+            out.append(
+                _verdict(f"SparseLoCo mean step / fused AdamW (its inner), {label}", slo["ms"] / fused["ms"], 1.2)
+            )
             for row in ("demo", "sparseloco"):
                 r = by[(c, row)]
-                out.append(_verdict(f"{NAMES[row]} memory beyond params+grads / param bytes, {label}",
-                                    r["extra_mib"] * 2**20 / r["param_bytes"], 1.5))
+                out.append(
+                    _verdict(
+                        f"{NAMES[row]} memory beyond params+grads / param bytes, {label}",
+                        r["extra_mib"] * 2**20 / r["param_bytes"],
+                        1.5,
+                    )
+                )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--params", nargs="+", default=["10M"],
-                    help="sizes of the linear model: 10M,100M or 10e6 100e6")
-    ap.add_argument("--models", default=None,
-                    help="comma-separated, of linear, many, mlp (default: all three on the CPU, linear on a GPU)")
+    ap.add_argument("--params", nargs="+", default=["10M"], help="sizes of the linear model: 10M,100M or 10e6 100e6")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated, of linear, many, mlp (default: all three on the CPU, linear on a GPU)",
+    )
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -297,8 +310,11 @@ def main() -> None:
     lines += [""] + targets(results, device.type == "cuda")
     print("\n".join(lines))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("# One optimizer step beside torch.optim.AdamW and DeMo's reference (bench/optimizer_step.py)\n\n"
-                     + "\n".join(lines) + "\n")
+    a.out.write_text(
+        "# One optimizer step beside torch.optim.AdamW and DeMo's reference (bench/optimizer_step.py)\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
     print(f"wrote {a.out}")
 
 

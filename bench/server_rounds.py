@@ -149,9 +149,13 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
         def runtime():
             # A fresh run per N: each publishes its own version 1.
             run_id = store.create_run(RunConfig().model_dump(mode="json"))
-            return RunRuntime(run_id=run_id, config=RunConfig(),
-                              state=RunState.load(RunConfig(), 0, {n: t.clone() for n, t in master.items()}, None, {},
-                                                 torch.device("cpu")))
+            return RunRuntime(
+                run_id=run_id,
+                config=RunConfig(),
+                state=RunState.load(
+                    RunConfig(), 0, {n: t.clone() for n, t in master.items()}, None, {}, torch.device("cpu")
+                ),
+            )
 
         def aggregate_round(rt, ups):
             agg = rt.config.aggregation
@@ -165,9 +169,12 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
         del warm
         for n in track(node_counts, description="in-process rounds", console=console):
             frames = dct_frames[:n]
-            parsed, t_val, c_val = timed(lambda: [
-                validate_update(f, spec, node_id=i + 1, round=0, max_frame_bytes=1 << 31, max_update_norm=None)
-                for i, f in enumerate(frames)])
+            parsed, t_val, c_val = timed(
+                lambda: [
+                    validate_update(f, spec, node_id=i + 1, round=0, max_frame_bytes=1 << 31, max_update_norm=None)
+                    for i, f in enumerate(frames)
+                ]
+            )
             ups = [Update(fr, 1.0, norm, i + 1) for i, (fr, norm) in enumerate(parsed)]
             rt = runtime()
             grads, t_dom, c_dom = timed(lambda: aggregate_round(rt, ups))
@@ -177,37 +184,71 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
             dense = None
             if n <= dense_max_nodes:
                 ident = frames_for(shapes, gradwire.IdentityCodec(), n, distinct=1)
-                dparsed, _, _ = timed(repeat=1, fn=lambda: [
-                    validate_update(f, spec, node_id=i + 1, round=0, max_frame_bytes=1 << 31, max_update_norm=None)
-                    for i, f in enumerate(ident)])
+                dparsed, _, _ = timed(
+                    repeat=1,
+                    fn=lambda: [
+                        validate_update(f, spec, node_id=i + 1, round=0, max_frame_bytes=1 << 31, max_update_norm=None)
+                        for i, f in enumerate(ident)
+                    ],
+                )
                 dups = [Update(fr, 1.0, norm, i + 1) for i, (fr, norm) in enumerate(dparsed)]
                 _, t_dense, c_dense = timed(lambda: aggregate_round(rt, dups))
                 dense = (t_dense, c_dense, len(ident[0]))
                 del ident, dparsed, dups
-            rows.append(dict(n=n, frame=len(frames[0]), t_val=t_val, c_val=c_val, t_dom=t_dom, c_dom=c_dom,
-                             t_node=t_node, c_node=c_node, t_pub=t_pub, c_pub=c_pub, dense=dense))
+            rows.append(
+                dict(
+                    n=n,
+                    frame=len(frames[0]),
+                    t_val=t_val,
+                    c_val=c_val,
+                    t_dom=t_dom,
+                    c_dom=c_dom,
+                    t_node=t_node,
+                    c_node=c_node,
+                    t_pub=t_pub,
+                    c_pub=c_pub,
+                    dense=dense,
+                )
+            )
             del ups, parsed
         store.close()
 
-    table = Table(title=f"One round of N nodes, {total / 1e6:.1f} M parameters ({len(shapes)} tensors), "
-                        f"DCT 64×64 top-32 frames of {rows[0]['frame'] / 1e3:.0f} kB (fp32: {4 * total / 1e6:.0f} MB)",
-                  caption="in-process: the server's round logic on pre-encoded frames; fastest of --repeat runs; "
-                          "CPU = process_time (all "
-                          f"threads, {torch.get_num_threads()} torch threads). close round = aggregate (DCT domain) + "
-                          "AdamW + downlink encode + apply + hash + fsynced frame and commit. Dense fp32 measured up to "
-                          f"{dense_max_nodes} nodes (each node's frame is {4 * total / 1e6:.0f} MB).")
-    for col in ("nodes", "validate all (s)", "aggregate: DCT domain (s)", "aggregate: per-node decode (s)",
-                "domain gain", "aggregate: fp32 frames (s)", "close round (s)", "close CPU (s)", "vs 4 nodes"):
+    table = Table(
+        title=f"One round of N nodes, {total / 1e6:.1f} M parameters ({len(shapes)} tensors), "
+        f"DCT 64×64 top-32 frames of {rows[0]['frame'] / 1e3:.0f} kB (fp32: {4 * total / 1e6:.0f} MB)",
+        caption="in-process: the server's round logic on pre-encoded frames; fastest of --repeat runs; "
+        "CPU = process_time (all "
+        f"threads, {torch.get_num_threads()} torch threads). close round = aggregate (DCT domain) + "
+        "AdamW + downlink encode + apply + hash + fsynced frame and commit. Dense fp32 measured up to "
+        f"{dense_max_nodes} nodes (each node's frame is {4 * total / 1e6:.0f} MB).",
+    )
+    for col in (
+        "nodes",
+        "validate all (s)",
+        "aggregate: DCT domain (s)",
+        "aggregate: per-node decode (s)",
+        "domain gain",
+        "aggregate: fp32 frames (s)",
+        "close round (s)",
+        "close CPU (s)",
+        "vs 4 nodes",
+    ):
         table.add_column(col, justify="right")
     base = None
     for r in rows:
         close = r["t_dom"] + r["t_pub"]
         base = base or close
         table.add_row(
-            str(r["n"]), f"{r['t_val']:.2f}", f"{r['t_dom']:.3f}", f"{r['t_node']:.3f}",
+            str(r["n"]),
+            f"{r['t_val']:.2f}",
+            f"{r['t_dom']:.3f}",
+            f"{r['t_node']:.3f}",
             f"{r['t_node'] / r['t_dom']:.1f}×",
             "—" if r["dense"] is None else f"{r['dense'][0]:.3f}",
-            f"{close:.2f}", f"{r['c_dom'] + r['c_pub']:.2f}", f"{close / base:.2f}×")
+            f"{close:.2f}",
+            f"{r['c_dom'] + r['c_pub']:.2f}",
+            f"{close / base:.2f}×",
+        )
     console.print(table)
 
 
@@ -221,11 +262,15 @@ async def _submit_all(url, run_id, nodes, frames, concurrency):
     latencies = []
     statuses = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def one(node, frame):
             async with sem:
                 t0 = time.perf_counter()
-                r = await client.post(f"/v1/runs/{run_id}/rounds/0/updates", content=frame,
-                                      headers={"Authorization": f"Bearer {node['token']}"})
+                r = await client.post(
+                    f"/v1/runs/{run_id}/rounds/0/updates",
+                    content=frame,
+                    headers={"Authorization": f"Bearer {node['token']}"},
+                )
                 latencies.append(time.perf_counter() - t0)
                 statuses.append(r.status_code)
 
@@ -239,19 +284,32 @@ def over_http(params: int, requests: int, concurrencies: list[int]) -> None:
 
     shapes = model_shapes(params)
     dct = gradwire.DCTCodec(chunk_shape=(64, 64), topk=32)
-    table = Table(title=f"Submitting DCT frames over HTTP to uvicorn on 127.0.0.1 ({requests} requests per row, "
-                        f"{sum(math.prod(s) for s in shapes.values()) / 1e6:.1f} M-parameter model)",
-                  caption="each request: read body, CRC + structure + shapes + norm check, fsync'd file, SQLite "
-                          "commit, 202. Client and server share the machine's cores.")
-    for col in ("concurrency", "frame (kB)", "requests/s", "p50 (ms)", "p99 (ms)", "server CPU / request (ms)", "all 202"):
+    table = Table(
+        title=f"Submitting DCT frames over HTTP to uvicorn on 127.0.0.1 ({requests} requests per row, "
+        f"{sum(math.prod(s) for s in shapes.values()) / 1e6:.1f} M-parameter model)",
+        caption="each request: read body, CRC + structure + shapes + norm check, fsync'd file, SQLite "
+        "commit, 202. Client and server share the machine's cores.",
+    )
+    for col in (
+        "concurrency",
+        "frame (kB)",
+        "requests/s",
+        "p50 (ms)",
+        "p99 (ms)",
+        "server CPU / request (ms)",
+        "all 202",
+    ):
         table.add_column(col, justify="right")
     state = state_to_bytes({n: torch.zeros(s) for n, s in shapes.items()})
     for conc in concurrencies:
         with tempfile.TemporaryDirectory() as tmp, LoopbackServer(Path(tmp) / "data") as srv:
             admin = srv.admin_headers()
             with httpx.Client(base_url=srv.url, timeout=120) as c:
-                run_id = c.post("/v1/runs", json={"quorum": requests + 1, "round_deadline_s": 3600,
-                                                   "min_updates": requests + 1}, headers=admin).json()["run_id"]
+                run_id = c.post(
+                    "/v1/runs",
+                    json={"quorum": requests + 1, "round_deadline_s": 3600, "min_updates": requests + 1},
+                    headers=admin,
+                ).json()["run_id"]
                 nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(requests)]
                 assert c.put(f"/v1/runs/{run_id}/state", content=state, headers=admin).status_code == 200
             frames = frames_for(shapes, dct, requests, distinct=2)
@@ -260,9 +318,15 @@ def over_http(params: int, requests: int, concurrencies: list[int]) -> None:
             cpu = _cpu_seconds(srv.process.pid) - cpu0
             lat.sort()
             p99 = lat[min(len(lat) - 1, int(math.ceil(0.99 * len(lat))) - 1)]
-            table.add_row(str(conc), f"{len(frames[0]) / 1e3:.0f}", f"{len(lat) / wall:.1f}",
-                          f"{1e3 * statistics.median(lat):.1f}", f"{1e3 * p99:.1f}", f"{1e3 * cpu / len(lat):.1f}",
-                          "yes" if all(s == 202 for s in statuses) else f"no: {sorted(set(statuses))}")
+            table.add_row(
+                str(conc),
+                f"{len(frames[0]) / 1e3:.0f}",
+                f"{len(lat) / wall:.1f}",
+                f"{1e3 * statistics.median(lat):.1f}",
+                f"{1e3 * p99:.1f}",
+                f"{1e3 * cpu / len(lat):.1f}",
+                "yes" if all(s == 202 for s in statuses) else f"no: {sorted(set(statuses))}",
+            )
     console.print(table)
 
 
@@ -279,12 +343,19 @@ def main() -> None:
     ap.add_argument("--skip-close", action="store_true", help="skip part 3")
     ap.add_argument("--skip-submit", action="store_true", help="skip part 4")
     ap.add_argument("--big", action="store_true", help="part 3 at 40 M × 4, 16, 64 and 100 M × 4, 16 nodes too")
-    ap.add_argument("--close-grid", nargs="+", default=None, metavar="PARAMS:N,N",
-                    help="part 3's grid, e.g. 10e6:4,16,64 40e6:4")
-    ap.add_argument("--modes", nargs="+", default=["adamw", "demo", "sparseloco"], choices=["adamw", "demo", "sparseloco"])
-    ap.add_argument("--average-max-params", type=float, default=10e6,
-                    help="demo/sparseloco rows only up to this many parameters (their close decodes every node's "
-                         "frame exactly: slow until gradwire.dct.decode_levels is)")
+    ap.add_argument(
+        "--close-grid", nargs="+", default=None, metavar="PARAMS:N,N", help="part 3's grid, e.g. 10e6:4,16,64 40e6:4"
+    )
+    ap.add_argument(
+        "--modes", nargs="+", default=["adamw", "demo", "sparseloco"], choices=["adamw", "demo", "sparseloco"]
+    )
+    ap.add_argument(
+        "--average-max-params",
+        type=float,
+        default=10e6,
+        help="demo/sparseloco rows only up to this many parameters (their close decodes every node's "
+        "frame exactly: slow until gradwire.dct.decode_levels is)",
+    )
     ap.add_argument("--average-max-nodes", type=int, default=4, help="demo/sparseloco rows only up to this many nodes")
     ap.add_argument("--http-close-rounds", type=int, default=3)
     ap.add_argument("--submit-requests", type=int, default=192)

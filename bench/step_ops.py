@@ -50,19 +50,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import gradwire.torch as gt
-from gradwire.dct import set_exact_decode
-
 from demo_reference import DeMoReference  # bench/ is the script's folder, first on sys.path
+from gradwire.dct import set_exact_decode
 
 DEVICE = torch.device("cuda", 0)
 HOST = torch.device("cpu")
 _TAG = "_step_ops_on_device"
-_GETTERS = {torch._C.TensorBase.device: "device", torch._C.TensorBase.is_cuda: "is_cuda",
-            torch._C.TensorBase.is_cpu: "is_cpu"}
+_GETTERS = {
+    torch._C.TensorBase.device: "device",
+    torch._C.TensorBase.is_cuda: "is_cuda",
+    torch._C.TensorBase.is_cpu: "is_cpu",
+}
 #: Calls that bring a device tensor's data to the host (a copy and a sync on a GPU).
-_TO_HOST = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.item, torch.Tensor.tolist,
-            torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__, torch.Tensor.__index__,
-            torch.equal, torch.allclose, torch.is_nonzero}
+_TO_HOST = {
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__array__,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__float__,
+    torch.Tensor.__int__,
+    torch.Tensor.__bool__,
+    torch.Tensor.__index__,
+    torch.equal,
+    torch.allclose,
+    torch.is_nonzero,
+}
 _NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
 
 
@@ -110,7 +123,7 @@ class Counts:
     transfers: collections.Counter = field(default_factory=collections.Counter)
     f64_sites: collections.Counter = field(default_factory=collections.Counter)  # bytes by op and caller
 
-    def scaled(self, other: "Counts", a: float, b: float) -> "Counts":
+    def scaled(self, other: Counts, a: float, b: float) -> Counts:
         """``a·self + b·other`` (a cycle's mean of two kinds of step)."""
         out = Counts()
         for f in ("ops", "views", "f64_bytes", "d2h", "h2d", "numpy_on_device"):
@@ -326,13 +339,17 @@ def _num(x: float) -> str:
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| tensors | parameters | records | optimizer | ops / step | view ops | D2H copies | H2D copies | "
-             "exchange phases | float64 bytes written |",
-             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| tensors | parameters | records | optimizer | ops / step | view ops | D2H copies | H2D copies | "
+        "exchange phases | float64 bytes written |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         c = r["counts"]
-        lines.append(f"| {r['tensors']} | {r['numel'] / 1e6:.2f} M | {r['records']} | {NAMES[r['row']]} | "
-                     f"{_num(c.ops)} | {_num(c.views)} | {_num(c.d2h)} | {_num(c.h2d)} | {_num(r['phases'])} | {_num(c.f64_bytes)} |")
+        lines.append(
+            f"| {r['tensors']} | {r['numel'] / 1e6:.2f} M | {r['records']} | {NAMES[r['row']]} | "
+            f"{_num(c.ops)} | {_num(c.views)} | {_num(c.d2h)} | {_num(c.h2d)} | {_num(r['phases'])} | {_num(c.f64_bytes)} |"
+        )
     return lines
 
 
@@ -340,26 +357,32 @@ def targets(results: list[dict]) -> list[str]:
     out = []
     by = {(r["tensors"], r["width"], r["row"]): r for r in results}
     sizes = sorted({(r["tensors"], r["width"]) for r in results})
-    for (t, w) in sizes:
-        for (t2, w2) in sizes:
+    for t, w in sizes:
+        for t2, w2 in sizes:
             if w2 == w and t2 == 10 * t:
                 for row in NAMES:
                     if row in ("adamw", "reference") or (t, w, row) not in by:
                         continue
                     a, b = by[(t, w, row)]["counts"].ops, by[(t2, w, row)]["counts"].ops
                     ratio = b / a if a else float("inf")
-                    out.append(f"target ops per step, {t2} tensors / {t} tensors, {NAMES[row]}: {ratio:.2f}× "
-                               f"({_num(b)} / {_num(a)}; ≤ 1.2×) — {'met' if ratio <= 1.2 else 'missed'}")
+                    out.append(
+                        f"target ops per step, {t2} tensors / {t} tensors, {NAMES[row]}: {ratio:.2f}× "
+                        f"({_num(b)} / {_num(a)}; ≤ 1.2×) — {'met' if ratio <= 1.2 else 'missed'}"
+                    )
     for r in results:
         if r["row"] in ("adamw", "reference", "sparseloco_mean"):
             continue
         c, phases = r["counts"], r["phases"]
         label = f"{NAMES[r['row']]}, {r['tensors']} tensors"
         moved = c.d2h + c.h2d
-        out.append(f"target host transfers, {label}: {_num(moved)} in {_num(phases)} phase(s) (≤ 2 per phase) — "
-                   f"{'met' if moved <= 2 * phases else 'missed'}")
-        out.append(f"target float64 bytes on the device path, {label}: {_num(c.f64_bytes)} (0) — "
-                   f"{'met' if c.f64_bytes == 0 else 'missed'}")
+        out.append(
+            f"target host transfers, {label}: {_num(moved)} in {_num(phases)} phase(s) (≤ 2 per phase) — "
+            f"{'met' if moved <= 2 * phases else 'missed'}"
+        )
+        out.append(
+            f"target float64 bytes on the device path, {label}: {_num(c.f64_bytes)} (0) — "
+            f"{'met' if c.f64_bytes == 0 else 'missed'}"
+        )
     return out
 
 
@@ -373,13 +396,20 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="10x128,100x128",
-                    help="TENSORSxWIDTH, comma-separated (20x1024: the issue's 10.5 M-parameter model)")
+    ap.add_argument(
+        "--cases",
+        default="10x128,100x128",
+        help="TENSORSxWIDTH, comma-separated (20x1024: the issue's 10.5 M-parameter model)",
+    )
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--top", type=int, default=0, help="also list each row's N most frequent operations and its copies")
-    ap.add_argument("--exact-decode", choices=("integer", "float64"), default="integer",
-                    help="the exact decode's route on the device path (a GPU measures both and keeps the faster: "
-                         "gradwire.dct.route_choice; the emulated device cannot, so the bench names one)")
+    ap.add_argument(
+        "--exact-decode",
+        choices=("integer", "float64"),
+        default="integer",
+        help="the exact decode's route on the device path (a GPU measures both and keeps the faster: "
+        "gradwire.dct.route_choice; the emulated device cannot, so the bench names one)",
+    )
     a = ap.parse_args()
     set_exact_decode(a.exact_decode)
     rows = a.rows.split(",")
@@ -390,19 +420,32 @@ def main() -> None:
     for tensors, width in parse_cases(a.cases):
         print(f"counting {tensors} tensors of width {width} …", flush=True)
         results += count_case(tensors, width, rows)
-    lines = ["One step of each optimizer, the device code path run on the CPU (bench/step_ops.py), "
-             f"torch {torch.__version__}, the exact decode by its {a.exact_decode} route.", ""] + table(results) + [""] + targets(results)
+    lines = (
+        [
+            "One step of each optimizer, the device code path run on the CPU (bench/step_ops.py), "
+            f"torch {torch.__version__}, the exact decode by its {a.exact_decode} route.",
+            "",
+        ]
+        + table(results)
+        + [""]
+        + targets(results)
+    )
     print("\n".join(lines))
     bad = [r for r in results if r["counts"].numpy_on_device]
     for r in bad:
-        print(f"note: {NAMES[r['row']]} ({r['tensors']} tensors) called .numpy() on a device tensor "
-              f"{_num(r['counts'].numpy_on_device)} times (a GPU would raise; counted as copies)")
+        print(
+            f"note: {NAMES[r['row']]} ({r['tensors']} tensors) called .numpy() on a device tensor "
+            f"{_num(r['counts'].numpy_on_device)} times (a GPU would raise; counted as copies)"
+        )
     if a.top:
         for r in results:
             c = r["counts"]
             if not hasattr(c, "by_op") or not c.by_op:
                 continue
-            print(f"\n{NAMES[r['row']]}, {r['tensors']} tensors: " + ", ".join(f"{n} {k}" for n, k in c.by_op.most_common(a.top)))
+            print(
+                f"\n{NAMES[r['row']]}, {r['tensors']} tensors: "
+                + ", ".join(f"{n} {k}" for n, k in c.by_op.most_common(a.top))
+            )
             if c.transfers:
                 print("  copies: " + ", ".join(f"{n} ×{k}" for n, k in c.transfers.most_common()))
             if c.f64_sites:

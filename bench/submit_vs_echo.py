@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import subprocess
 import sys
 import tempfile
@@ -20,10 +19,9 @@ import torch
 from rich.table import Table
 
 import gradwire
+import server_rounds as sr
 from gradwire.state import state_to_bytes
 from gradwire_server.launcher import LoopbackServer, free_port
-
-import server_rounds as sr
 
 ECHO_APP = """
 import uvicorn
@@ -66,10 +64,12 @@ def submit_table(console, params: int, requests: int, concurrency: int, repeat: 
     dct = gradwire.DCTCodec(chunk_shape=(64, 64), topk=32)
     frames = sr.frames_for(shapes, dct, requests, distinct=2)
     state = state_to_bytes({n: torch.zeros(s) for n, s in shapes.items()})
-    table = Table(title=f"Submissions: {requests} distinct nodes, {len(frames[0]) / 1e3:.0f} kB DCT frames, "
-                        f"concurrency {concurrency}, against a bare FastAPI echo app (target ≥ 0.5×)",
-                  caption="the server validates, fsyncs the frame and commits its row before each 202; the echo app "
-                          "reads the body and answers 202. Best of the repeats, server and echo interleaved.")
+    table = Table(
+        title=f"Submissions: {requests} distinct nodes, {len(frames[0]) / 1e3:.0f} kB DCT frames, "
+        f"concurrency {concurrency}, against a bare FastAPI echo app (target ≥ 0.5×)",
+        caption="the server validates, fsyncs the frame and commits its row before each 202; the echo app "
+        "reads the body and answers 202. Best of the repeats, server and echo interleaved.",
+    )
     for col in ("mode", "server accepted/s", "echo answered/s", "ratio", "all 202"):
         table.add_column(col, justify="right")
     port = free_port()
@@ -86,8 +86,9 @@ def submit_table(console, params: int, requests: int, concurrency: int, repeat: 
                         if mode != "adamw":
                             config["algorithm"] = mode
                         run_id = c.post("/v1/runs", json=config, headers=admin).json()["run_id"]
-                        nodes = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json()
-                                 for _ in range(requests)]
+                        nodes = [
+                            c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json() for _ in range(requests)
+                        ]
                         assert c.put(f"/v1/runs/{run_id}/state", content=state, headers=admin).status_code == 200
                     # Each node's frame names it as the sender.
                     mine = sr.frames_for(shapes, dct, requests, distinct=2)
@@ -95,8 +96,13 @@ def submit_table(console, params: int, requests: int, concurrency: int, repeat: 
                     best_srv, ok = max(best_srv, rate), ok and all_ok
                 rate, _ = _rate(f"http://127.0.0.1:{port}", "echo", fake, frames, concurrency)
                 best_echo = max(best_echo, rate)
-            table.add_row(mode, f"{best_srv:.1f}", f"{best_echo:.1f}", f"[bold]{best_srv / best_echo:.2f}×[/bold]",
-                          "yes" if ok else "no")
+            table.add_row(
+                mode,
+                f"{best_srv:.1f}",
+                f"{best_echo:.1f}",
+                f"[bold]{best_srv / best_echo:.2f}×[/bold]",
+                "yes" if ok else "no",
+            )
     finally:
         echo.kill()
         echo.wait()

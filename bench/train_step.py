@@ -152,8 +152,12 @@ class Row:
             self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))
 
 
-NAMES = {"adamw": "torch AdamW", "demo": "gradwire DeMo", "demo_overlap": "gradwire DeMo, overlapped",
-         "sparseloco": "gradwire SparseLoCo, mean step"}
+NAMES = {
+    "adamw": "torch AdamW",
+    "demo": "gradwire DeMo",
+    "demo_overlap": "gradwire DeMo, overlapped",
+    "sparseloco": "gradwire SparseLoCo, mean step",
+}
 
 
 def main() -> None:
@@ -168,8 +172,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--autocast", choices=["bf16", "none"], default="bf16")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--rows", nargs="+", choices=list(NAMES), default=list(NAMES),
-                    help="the rows to run (AdamW, the baseline, always runs)")
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        choices=list(NAMES),
+        default=list(NAMES),
+        help="the rows to run (AdamW, the baseline, always runs)",
+    )
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -189,11 +198,17 @@ def main() -> None:
         for r in rows:
             r.timed(batches)
             print(f"{r.row:12s} {r.ms[-1]:9.1f} ms / step", flush=True)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({torch.get_num_threads()} threads)"
+    where = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"the CPU ({torch.get_num_threads()} threads)"
+    )
     base_ms = min(rows[0].ms)
-    lines = [f"A training step on {where}, torch {torch.__version__}: {kind}, {numel / 1e6:.1f} M parameters, "
-             f"batch {a.batch} × {a.seq} tokens, autocast {a.autocast}, fastest of {a.repeat} interleaved.", "",
-             "| optimizer | ms / step | × AdamW | peak memory, MiB | loss after |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"A training step on {where}, torch {torch.__version__}: {kind}, {numel / 1e6:.1f} M parameters, "
+        f"batch {a.batch} × {a.seq} tokens, autocast {a.autocast}, fastest of {a.repeat} interleaved.",
+        "",
+        "| optimizer | ms / step | × AdamW | peak memory, MiB | loss after |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         ms = min(r.ms)
         peak = f"{r.peak / 2**20:,.0f}" if device.type == "cuda" else "—"
@@ -202,14 +217,17 @@ def main() -> None:
     for r in rows[1:]:
         ratio = min(r.ms) / base_ms
         verdict = "met (stretch met)" if ratio <= 1.05 else "met" if ratio <= 1.10 else "missed"
-        lines.append(f"target training step with {NAMES[r.row]} / with AdamW: {ratio:.3f}× (≤ 1.10×, stretch 1.05×) "
-                     f"— {verdict}")
+        lines.append(
+            f"target training step with {NAMES[r.row]} / with AdamW: {ratio:.3f}× (≤ 1.10×, stretch 1.05×) — {verdict}"
+        )
     ms = {r.row: min(r.ms) for r in rows}
     if "demo" in ms and "demo_overlap" in ms:
         added = ms["demo"] - ms["adamw"]
         hidden = (ms["demo"] - ms["demo_overlap"]) / added if added > 0 else float("nan")
-        lines.append(f"overlap: DeMo adds {added:.1f} ms to a step without overlap and "
-                     f"{ms['demo_overlap'] - ms['adamw']:.1f} ms with it: {100 * hidden:.0f} % of it hidden")
+        lines.append(
+            f"overlap: DeMo adds {added:.1f} ms to a step without overlap and "
+            f"{ms['demo_overlap'] - ms['adamw']:.1f} ms with it: {100 * hidden:.0f} % of it hidden"
+        )
     print("\n".join(lines))
 
 

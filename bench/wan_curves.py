@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def final_loss(curve: Sequence[Point]) -> float:
     return curve[-1].loss
 
 
-def time_to_loss(curve: Iterable[Point], target: float) -> Optional[Point]:
+def time_to_loss(curve: Iterable[Point], target: float) -> Point | None:
     """The first point at or below ``target`` (None if the curve never gets there)."""
     if math.isnan(target):
         raise ValueError("the target loss is NaN")
@@ -52,7 +52,7 @@ def time_to_loss(curve: Iterable[Point], target: float) -> Optional[Point]:
     return None
 
 
-def speedup(baseline: Optional[Point], row: Optional[Point]) -> Optional[float]:
+def speedup(baseline: Point | None, row: Point | None) -> float | None:
     """How many times sooner ``row`` reached the target than ``baseline`` (None if either never did)."""
     if baseline is None or row is None:
         return None

@@ -39,7 +39,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 #: Namespace names start with the prefix (``<prefix>-r``, ``<prefix>-h<i>``): a test uses its own.
 PREFIX = "gwwan"
@@ -71,8 +70,10 @@ class NeedsRoot(RuntimeError):
 def check_root() -> None:
     """Raise :class:`NeedsRoot` naming what is missing: root, ``ip``, ``tc``, ``/dev/net/tun``."""
     if os.geteuid() != 0:
-        raise NeedsRoot("bench/wan.py needs root: it creates network namespaces, veth pairs, a TUN device "
-                        "and tc qdiscs (run it as root, e.g. sudo .venv/bin/python bench/wan.py)")
+        raise NeedsRoot(
+            "bench/wan.py needs root: it creates network namespaces, veth pairs, a TUN device "
+            "and tc qdiscs (run it as root, e.g. sudo .venv/bin/python bench/wan.py)"
+        )
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise NeedsRoot(f"bench/wan.py needs {' and '.join(missing)} (iproute2)")
@@ -108,8 +109,27 @@ def _shape(ns: str, dev: str, mbit: float) -> None:
     """An HTB class of ``mbit`` Mbit/s as the root of ``dev``'s egress (every packet goes through it)."""
     _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1", "r2q", "1000")
     burst = str(max(2 * MTU, int(mbit * 1e6 / 8 / 1000)))  # about 1 ms at the rate, at least two frames
-    _in(ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{mbit}mbit",
-        "ceil", f"{mbit}mbit", "burst", burst, "cburst", burst)
+    _in(
+        ns,
+        "tc",
+        "class",
+        "add",
+        "dev",
+        dev,
+        "parent",
+        "1:",
+        "classid",
+        "1:1",
+        "htb",
+        "rate",
+        f"{mbit}mbit",
+        "ceil",
+        f"{mbit}mbit",
+        "burst",
+        burst,
+        "cburst",
+        burst,
+    )
 
 
 class Wan:
@@ -121,10 +141,10 @@ class Wan:
     def __init__(self, hosts: int, link: Link, log_dir: Path, prefix: str = PREFIX):
         self.hosts, self.link, self.log_dir, self.prefix = hosts, link, Path(log_dir), prefix
         self.router = f"{prefix}-r"
-        self.delay_proc: Optional[subprocess.Popen] = None
+        self.delay_proc: subprocess.Popen | None = None
         self.delay_stats = self.log_dir / "delay_line.json"
 
-    def __enter__(self) -> "Wan":
+    def __enter__(self) -> Wan:
         check_root()
         teardown(self.prefix)
         for stale in (self.delay_stats, self.delay_stats.with_suffix(".ready")):
@@ -144,8 +164,13 @@ class Wan:
         router = self.router
         _ip("netns", "add", router)
         _in(router, "ip", "link", "set", "lo", "up")
-        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
-                    "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"):
+        for key in (
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+            "net.ipv4.conf.all.send_redirects=0",
+            "net.ipv4.conf.default.send_redirects=0",
+        ):
             _in(router, "sysctl", "-qw", key)
         delayed = self.link.delay_ms > 0
         if delayed:
@@ -158,8 +183,24 @@ class Wan:
             ns, leg = self.ns(i), f"v{i}"
             _ip("netns", "add", ns)
             _in(ns, "ip", "link", "set", "lo", "up")
-            _ip("link", "add", leg, "netns", router, "mtu", str(MTU), "type", "veth", "peer", "name", "eth0",
-                "netns", ns, "mtu", str(MTU))
+            _ip(
+                "link",
+                "add",
+                leg,
+                "netns",
+                router,
+                "mtu",
+                str(MTU),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+                "mtu",
+                str(MTU),
+            )
             _in(router, "ip", "addr", "add", f"10.77.{i}.1/24", "dev", leg)
             _in(router, "ip", "link", "set", leg, "up")
             _in(ns, "ip", "addr", "add", f"{host_ip(i)}/24", "dev", "eth0")
@@ -173,9 +214,22 @@ class Wan:
         if delayed:
             log = open(self.log_dir / "delay_line.log", "wb")
             self.delay_proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.router, sys.executable, str(Path(__file__).resolve()), "delay-line",
-                 "--delay-ms", str(self.link.delay_ms), "--stats", str(self.delay_stats)],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.router,
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "delay-line",
+                    "--delay-ms",
+                    str(self.link.delay_ms),
+                    "--stats",
+                    str(self.delay_stats),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             log.close()
             self._wait_delay_line()
 
@@ -200,7 +254,7 @@ class Wan:
                 self.delay_proc.wait()
         teardown(self.prefix)
 
-    def delay_report(self) -> Optional[dict]:
+    def delay_report(self) -> dict | None:
         """What the delay line measured (packets, mean and max lateness in ms), once it stopped."""
         if self.delay_stats.exists():
             return json.loads(self.delay_stats.read_text())
@@ -274,8 +328,12 @@ class DelayLine:
                 now = clock()
 
     def stats(self) -> dict:
-        return {"packets": self.packets, "delay_ms": self.delay * 1000,
-                "mean_late_ms": 1000 * self.late_sum / max(1, self.packets), "max_late_ms": 1000 * self.late_max}
+        return {
+            "packets": self.packets,
+            "delay_ms": self.delay * 1000,
+            "mean_late_ms": 1000 * self.late_sum / max(1, self.packets),
+            "max_late_ms": 1000 * self.late_max,
+        }
 
 
 def _delay_line_main(args) -> None:

@@ -118,16 +118,20 @@ def train(args) -> None:
             from gradwire.codecs import make_codec
 
             spec = json.loads(args.codec) if args.codec else None
-            opt = gt.DeMo(model.parameters(), lr=args.lr,
-                          codec=make_codec(spec["codec"], **spec["params"]) if spec else None)
+            opt = gt.DeMo(
+                model.parameters(), lr=args.lr, codec=make_codec(spec["codec"], **spec["params"]) if spec else None
+            )
         else:
             import gradwire.torch as gt
             from gradwire.codecs import make_codec
 
             spec = json.loads(args.codec) if args.codec else None
-            opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=args.lr),
-                                sync_every=args.sync_every,
-                                codec=make_codec(spec["codec"], **spec["params"]) if spec else None)
+            opt = gt.SparseLoCo(
+                model.parameters(),
+                torch.optim.AdamW(model.parameters(), lr=args.lr),
+                sync_every=args.sync_every,
+                codec=make_codec(spec["codec"], **spec["params"]) if spec else None,
+            )
         dist.barrier()  # every rank starts its clock together
 
         def finish():
@@ -139,8 +143,15 @@ def train(args) -> None:
 
         spec = json.loads(args.codec)
         client = GradwireClient(args.url, os.environ["GRADWIRE_TOKEN"], timeout=120.0)
-        node = Node(client, args.run_id, model, make_codec(spec["codec"], **spec.get("params", {})), args.node_id,
-                    wait=30.0, step_timeout=600.0)
+        node = Node(
+            client,
+            args.run_id,
+            model,
+            make_codec(spec["codec"], **spec.get("params", {})),
+            args.node_id,
+            wait=30.0,
+            step_timeout=600.0,
+        )
         node.sync()
         finish = client.close
     counters = opt if opt is not None and hasattr(opt, "bytes_sent") else node
@@ -176,8 +187,14 @@ def train(args) -> None:
     seconds = time.perf_counter() - t0 - paused
     sent = getattr(counters, "bytes_sent", None)
     received = getattr(counters, "bytes_received", None)
-    log(event="done", steps=step, t=seconds, bytes_sent=sent, bytes_received=received,
-        params=sum(p.numel() for p in model.parameters()))
+    log(
+        event="done",
+        steps=step,
+        t=seconds,
+        bytes_sent=sent,
+        bytes_received=received,
+        params=sum(p.numel() for p in model.parameters()),
+    )
     finish()
 
 
@@ -214,8 +231,11 @@ def parse(argv=None) -> argparse.Namespace:
     t.add_argument("--url", help="the server's URL (server-* modes)")
     t.add_argument("--run-id")
     t.add_argument("--node-id", type=int)
-    t.add_argument("--codec", help="the uplink codec as JSON {codec, params} (server-* modes; demo and sparseloco: "
-                                   "instead of the optimizer's default)")
+    t.add_argument(
+        "--codec",
+        help="the uplink codec as JSON {codec, params} (server-* modes; demo and sparseloco: "
+        "instead of the optimizer's default)",
+    )
     a = sub.add_parser("admin")
     a.add_argument("--url", required=True)
     a.add_argument("--model", required=True, choices=sorted(MODELS))

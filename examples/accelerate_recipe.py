@@ -43,7 +43,6 @@ def dataset(n: int = 1024) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(x, torch.tanh(x @ teacher))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("hook", "demo", "sparseloco"), default="sparseloco")
@@ -58,10 +57,12 @@ def main() -> None:
     elif args.mode == "demo":
         opt = gt.DeMo(model.named_parameters(), lr=3e-3, beta=0.9)
     else:
-        opt = gt.SparseLoCo(model.named_parameters(), torch.optim.AdamW(model.parameters(), lr=3e-3),
-                            sync_every=args.sync_every)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=32, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+        opt = gt.SparseLoCo(
+            model.named_parameters(), torch.optim.AdamW(model.parameters(), lr=3e-3), sync_every=args.sync_every
+        )
+    loader = torch.utils.data.DataLoader(
+        dataset(), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader))
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
 

@@ -21,10 +21,8 @@ parameters are (0 for every DDP hook).
 
 from __future__ import annotations
 
-import time
-from typing import Optional
-
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -117,7 +115,9 @@ def train(rank: int, world: int, cfg: dict) -> dict:
     g = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
     losses = []
     start = time.perf_counter()
-    for _ in progress(range(cfg["steps"]), desc=f"{cfg['label']} rank {rank}", unit="step", enabled=rank == 0, leave=False):
+    for _ in progress(
+        range(cfg["steps"]), desc=f"{cfg['label']} rank {rank}", unit="step", enabled=rank == 0, leave=False
+    ):
         loss = task.loss(net, cfg["batch_size"], g)
         opt.zero_grad()
         loss.backward()
@@ -178,9 +178,11 @@ def main(
     steps: int = typer.Option(300, help="optimizer steps"),
     batch_size: int = typer.Option(32, help="samples (digits) or 64-character windows (transformer) per rank per step"),
     lr: float = typer.Option(3e-3, help="AdamW learning rate"),
-    model: str = typer.Option("digits", help="digits (the MLP) or transformer (gradwire_apps.demo.tasks.CharTransformer)"),
+    model: str = typer.Option(
+        "digits", help="digits (the MLP) or transformer (gradwire_apps.demo.tasks.CharTransformer)"
+    ),
     seed: int = typer.Option(0),
-    backend: Optional[str] = typer.Option(None, help="gloo or nccl (default: nccl where GPUs are)"),
+    backend: str | None = typer.Option(None, help="gloo or nccl (default: nccl where GPUs are)"),
 ) -> None:
     if algorithm not in ("ddp", "decentralized"):
         raise typer.BadParameter("--algorithm must be ddp or decentralized")

@@ -26,14 +26,14 @@ def make_model(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(512, width), nn.Tanh(), nn.Linear(width, 512))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--model-record", action="store_true",
-                    help="send the whole model as one record (docs/FORMAT.md section 9)")
+    ap.add_argument(
+        "--model-record", action="store_true", help="send the whole model as one record (docs/FORMAT.md section 9)"
+    )
     args = ap.parse_args()
 
     try:
@@ -60,8 +60,9 @@ def main() -> None:
     dense = 4 * sum(p.numel() for p in model.parameters()) * args.steps
     agree = gt.replicas_agree(model)
     if rank == 0:
-        print(f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / args.steps:.0f} per step), "
-              f"received: {opt.bytes_received}")
+        print(
+            f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / args.steps:.0f} per step), received: {opt.bytes_received}"
+        )
         print(f"compression ratio vs fp32: {dense / opt.bytes_sent:.1f}x")
         print(f"replicas bit-identical: {agree}")
     # Every rank leaves the last collective before any tears gloo down (else one can abort at exit).

@@ -22,8 +22,8 @@ CPU ranks use gloo; with CUDA GPUs (one per rank) the script uses NCCL and the r
 from __future__ import annotations
 
 import argparse
-import sys
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,7 +73,6 @@ def batch(seed: int, size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return seq[:, :-1], seq[:, 1:]
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=2, help="replica groups (the world size must be a multiple)")
@@ -111,8 +110,7 @@ def train(rank: int, world: int, args: argparse.Namespace) -> bool:
     """One rank's run; whether every rank gathered the same weights at the end."""
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    mesh = init_device_mesh(device_type, (args.replicas, world // args.replicas),
-                            mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(device_type, (args.replicas, world // args.replicas), mesh_dim_names=("replicate", "shard"))
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = TinyGPT(args.width, args.layers).to(device)
@@ -121,9 +119,15 @@ def train(rank: int, world: int, args: argparse.Namespace) -> bool:
     fully_shard(model, mesh=mesh["shard"])
 
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    opt = gt.SparseLoCo(model.parameters(), inner, sync_every=args.sync_every,
-                        outer_lr=0.7, outer_momentum=0.9, nesterov=True,  # DiLoCo's outer step
-                        process_group=mesh.get_group("replicate"))
+    opt = gt.SparseLoCo(
+        model.parameters(),
+        inner,
+        sync_every=args.sync_every,
+        outer_lr=0.7,
+        outer_momentum=0.9,
+        nesterov=True,  # DiLoCo's outer step
+        process_group=mesh.get_group("replicate"),
+    )
 
     x, y = batch(rank + 1, args.batch, device)
     held_out = batch(10_000, 64, device)
@@ -146,8 +150,10 @@ def train(rank: int, world: int, args: argparse.Namespace) -> bool:
     if rank == 0:
         print(f"mesh: {args.replicas} replicas x {world // args.replicas} shards, backend {dist.get_backend()}")
         print(f"held-out loss (synced weights): {final:.4f}")
-        print(f"bytes sent by rank 0: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
-              f"received: {opt.bytes_received}")
+        print(
+            f"bytes sent by rank 0: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
+            f"received: {opt.bytes_received}"
+        )
         print(f"compression ratio vs fp32 per local step: {dense / max(1, opt.bytes_sent):.1f}x")
         print(f"replicas bit-identical: {agree}", flush=True)
     dist.barrier()

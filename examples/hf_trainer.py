@@ -64,7 +64,6 @@ class LocalGradients(TrainerCallback):
             gt.skip_ddp_all_reduce(wrapped)
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--optimizer", choices=("demo", "sparseloco"), default="sparseloco")
@@ -87,15 +86,29 @@ def main() -> None:
         opt = gt.SparseLoCo(model.named_parameters(), inner, sync_every=args.sync_every)
 
     training = TrainingArguments(
-        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8, gradient_accumulation_steps=2,
-        lr_scheduler_type="linear", warmup_steps=2, logging_steps=max(1, args.steps // 5),
-        save_strategy="steps" if args.save_every else "no", save_steps=args.save_every or 500,
-        report_to=[], use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=args.out,
+        max_steps=args.steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        logging_steps=max(1, args.steps // 5),
+        save_strategy="steps" if args.save_every else "no",
+        save_steps=args.save_every or 500,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     callback = LocalGradients()
-    trainer = Trainer(model=model, args=training, train_dataset=TokenPatterns(512, config.vocab_size, 32),
-                      optimizers=(opt, None),
-                      callbacks=([] if args.no_hook else [callback]) + [FullOptimizerState()])
+    trainer = Trainer(
+        model=model,
+        args=training,
+        train_dataset=TokenPatterns(512, config.vocab_size, 32),
+        optimizers=(opt, None),
+        callbacks=([] if args.no_hook else [callback]) + [FullOptimizerState()],
+    )
     callback.trainer = trainer
     result = trainer.train(resume_from_checkpoint=args.resume)
     if args.optimizer == "sparseloco" and opt.local_steps % opt.sync_every:

@@ -78,7 +78,6 @@ def loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(data, batch_size=32)  # Lightning adds the DistributedSampler
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("hook", "demo", "sparseloco"), default="sparseloco")
@@ -92,8 +91,16 @@ def main() -> None:
         state, hook = None, gt.local_gradients_hook
     strategy = DDPStrategy(process_group_backend="gloo", ddp_comm_state=state, ddp_comm_hook=hook)
     module = Regression(args.mode, args.sync_every, state, hook)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, loader())
 
     agree = gt.replicas_agree(module)

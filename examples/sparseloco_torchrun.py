@@ -28,17 +28,21 @@ def make_model(width: int) -> nn.Module:
     return nn.Sequential(nn.Linear(512, width), nn.Tanh(), nn.Linear(width, 512))
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=128, help="local steps (a multiple of --sync-every)")
-    ap.add_argument("--sync-every", type=int, default=DEFAULT_SYNC_EVERY,
-                    help=f"local steps per sync (default {DEFAULT_SYNC_EVERY}, the library's)")
+    ap.add_argument(
+        "--sync-every",
+        type=int,
+        default=DEFAULT_SYNC_EVERY,
+        help=f"local steps per sync (default {DEFAULT_SYNC_EVERY}, the library's)",
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--nesterov", action="store_true", help="DiLoCo's outer Nesterov momentum 0.9, outer lr 0.7")
-    ap.add_argument("--model-record", action="store_true",
-                    help="send the whole model as one record (docs/FORMAT.md section 9)")
+    ap.add_argument(
+        "--model-record", action="store_true", help="send the whole model as one record (docs/FORMAT.md section 9)"
+    )
     args = ap.parse_args()
     if args.steps % args.sync_every:
         raise SystemExit("--steps must be a multiple of --sync-every (replicas agree after a sync)")
@@ -67,9 +71,12 @@ def main() -> None:
         opt.step()
         if rank == 0 and (step + 1) % args.sync_every == 0:
             if opt.syncs == 1:
-                print("loss on rank 0's samples: its own replica just before a sync, then the synced model (the "
-                      "replica fits rank 0's samples alone; the synced model averages every rank's, so it fits "
-                      "them less closely)", flush=True)
+                print(
+                    "loss on rank 0's samples: its own replica just before a sync, then the synced model (the "
+                    "replica fits rank 0's samples alone; the synced model averages every rank's, so it fits "
+                    "them less closely)",
+                    flush=True,
+                )
             with torch.no_grad():
                 synced = nn.functional.mse_loss(model(x), y).item()
             print(f"step {step + 1:4d} (sync {opt.syncs})  replica {loss.item():.5f}  synced {synced:.5f}", flush=True)
@@ -80,8 +87,10 @@ def main() -> None:
     agree = gt.replicas_agree(model)
     if rank == 0:
         print(f"final loss of the synced model on rank 0's samples: {final:.5f}")
-        print(f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
-              f"received: {opt.bytes_received}")
+        print(
+            f"bytes sent: {opt.bytes_sent} ({opt.bytes_sent / max(1, opt.syncs):.0f} per sync), "
+            f"received: {opt.bytes_received}"
+        )
         print(f"compression ratio vs fp32 per local step: {dense / opt.bytes_sent:.1f}x")
         print(f"replicas bit-identical: {agree}")
     # Every rank leaves the last collective before any tears gloo down (else one can abort at exit).

@@ -11,8 +11,13 @@ from types import ModuleType
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 #: The sibling scripts a bench imports by name (loaded first, as the script's own folder would provide them).
-SIBLINGS = {"step_ops": ("demo_reference",), "optimizer_step": ("demo_reference",),
-            "dct_codec": ("demo_reference",), "dct_indices": ("timing",), "kernels": ("timing",)}
+SIBLINGS = {
+    "step_ops": ("demo_reference",),
+    "optimizer_step": ("demo_reference",),
+    "dct_codec": ("demo_reference",),
+    "dct_indices": ("timing",),
+    "kernels": ("timing",),
+}
 
 
 def load_bench(name: str) -> ModuleType:

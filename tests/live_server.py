@@ -10,7 +10,7 @@ the test.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from gradwire_server.launcher import LoopbackServer, free_port
 
@@ -24,8 +24,8 @@ class LiveServer(LoopbackServer):
         self,
         data_dir: os.PathLike | str,
         admin_token: str = "test-admin",
-        port: Optional[int] = None,
-        env: Optional[Mapping[str, str]] = None,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
     ):
         super().__init__(data_dir, admin_token=admin_token, port=port, env=env, ready_timeout_s=ready_timeout)

@@ -11,8 +11,20 @@ import math
 import struct
 
 MAGIC = b"GWIR"
-ELEM = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
-        6: ("Q", 8), 7: ("q", 8), 8: ("e", 2), 9: (None, 2), 10: ("f", 4), 11: ("d", 8)}
+ELEM = {
+    0: ("B", 1),
+    1: ("b", 1),
+    2: ("H", 2),
+    3: ("h", 2),
+    4: ("I", 4),
+    5: ("i", 4),
+    6: ("Q", 8),
+    7: ("q", 8),
+    8: ("e", 2),
+    9: (None, 2),
+    10: ("f", 4),
+    11: ("d", 8),
+}
 
 
 def _crc32c_table():
@@ -42,7 +54,7 @@ class Reader:
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
             raise ValueError("field runs past the end")
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -54,7 +66,7 @@ def _values(elem: int, payload: bytes) -> list:
     fmt, size = ELEM[elem]
     n = len(payload) // size
     if elem == 9:  # bf16: the high half of an f32
-        return [struct.unpack("<f", b"\0\0" + payload[2 * i:2 * i + 2])[0] for i in range(n)]
+        return [struct.unpack("<f", b"\0\0" + payload[2 * i : 2 * i + 2])[0] for i in range(n)]
     return list(struct.unpack("<%d%s" % (n, fmt), payload))
 
 
@@ -199,7 +211,7 @@ def decode_gcomp(e: dict, numel: int) -> list[float]:
     for lv, d in enumerate(drops):
         mine = [i for i in nonzero if levels[i // block] == lv]
         size = (len(mine) * (width - d) + 7) // 8
-        for i, k in zip(mine, unpack_bits(sec["mant"][start:start + size], width - d, len(mine))):
+        for i, k in zip(mine, unpack_bits(sec["mant"][start : start + size], width - d, len(mine))):
             kept[i] = k
         start += size
     assert start == len(sec["mant"])
@@ -230,8 +242,10 @@ def decode_qsgd(e: dict, numel: int) -> list[float]:
 
 
 def dct_matrix(n: int) -> list[list[float]]:
-    return [[math.sqrt((1 if f == 0 else 2) / n) * math.cos(math.pi * (2 * i + 1) * f / (2 * n)) for i in range(n)]
-            for f in range(n)]
+    return [
+        [math.sqrt((1 if f == 0 else 2) / n) * math.cos(math.pi * (2 * i + 1) * f / (2 * n)) for i in range(n)]
+        for f in range(n)
+    ]
 
 
 def _inverse_nd(coeffs: list[float], dims: list[int]) -> list[float]:
@@ -239,7 +253,7 @@ def _inverse_nd(coeffs: list[float], dims: list[int]) -> list[float]:
     x = list(coeffs)
     for axis, n in enumerate(dims):
         d = dct_matrix(n)
-        inner = math.prod(dims[axis + 1:])
+        inner = math.prod(dims[axis + 1 :])
         outer = math.prod(dims[:axis])
         y = [0.0] * len(x)
         for o in range(outer):
@@ -334,7 +348,7 @@ def split_model(frame: dict, spec: list[dict]) -> dict[str, list[float]]:
     if not frame["bundle"] or len(frame["entries"]) != 1:
         raise ValueError("a model frame is a bundle of exactly one record")
     e = frame["entries"][0]
-    digits = e["name"][len(MODEL_PREFIX):]
+    digits = e["name"][len(MODEL_PREFIX) :]
     if not e["name"].startswith(MODEL_PREFIX) or len(digits) != 32 or set(digits) - set("0123456789abcdef"):
         raise ValueError("not a model record")
     if digits != spec_hash(spec):
@@ -345,7 +359,7 @@ def split_model(frame: dict, spec: list[dict]) -> dict[str, list[float]]:
     flat = decode_entry(e)
     out, start = {}, 0
     for t, n in zip(spec, sizes):
-        out[t["name"]] = flat[start:start + n]
+        out[t["name"]] = flat[start : start + n]
         start += n
     return out
 
@@ -361,13 +375,13 @@ def run_binding(run_id: str, round_: int) -> str:
     return hashlib.blake2b(data, digest_size=16, person=b"gradwire-run-v1").hexdigest()
 
 
-def frame_binding(frame: dict) -> "str | None":
+def frame_binding(frame: dict) -> str | None:
     """§11: the hex digits of a parsed frame's run-binding record, or None; ValueError for a malformed one."""
     found = None
     for e in frame["entries"]:
         if not e["name"].startswith(RUN_PREFIX):
             continue
-        digits = e["name"][len(RUN_PREFIX):]
+        digits = e["name"][len(RUN_PREFIX) :]
         if found is not None or len(digits) != 32 or set(digits) - set("0123456789abcdef"):
             raise ValueError("not a run binding")
         if e["codec"] != 0 or e["dtype"] != DTYPE_CODES["f32"] or e["shape"] != [0]:

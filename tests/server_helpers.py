@@ -6,8 +6,8 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
 
 import httpx
 import torch
@@ -104,9 +104,7 @@ def served(app, timeout: float = 30.0) -> Iterator[httpx.Client]:
         assert not thread.is_alive(), "uvicorn did not stop"
 
 
-def make_run(
-    client: httpx.Client, admin_token: str, n_nodes: int = 2, state: Optional[dict] = None, **config
-) -> Run:
+def make_run(client: httpx.Client, admin_token: str, n_nodes: int = 2, state: dict | None = None, **config) -> Run:
     """Create a run with ``config``, register ``n_nodes`` nodes, upload ``state`` (the tiny model)."""
     admin = bearer(admin_token)
     r = client.post("/v1/runs", json=config, headers=admin)
@@ -139,8 +137,9 @@ def metric(client: httpx.Client, name: str, labels: str = "") -> float:
     return 0.0
 
 
-def train_together(nodes: Sequence, loss: Callable[[torch.nn.Module, int, int], torch.Tensor], steps: int,
-                   timeout: float = 300.0) -> None:
+def train_together(
+    nodes: Sequence, loss: Callable[[torch.nn.Module, int, int], torch.Tensor], steps: int, timeout: float = 300.0
+) -> None:
     """Each :class:`gradwire.client.Node` on its own thread: ``steps`` times zero its gradients, backward
     ``loss(module, node_id, step)`` and ``node.step()``; re-raises the first failure in the caller."""
     errors: list = []
@@ -163,8 +162,15 @@ def train_together(nodes: Sequence, loss: Callable[[torch.nn.Module, int, int], 
     assert not any(t.is_alive() for t in threads)
 
 
-def published_across_a_crash(data_dir, env: dict, configs: Sequence[dict], frame: Callable[[int, int], bytes],
-                             n_nodes: int, crash_after: int, last: int) -> tuple[list[bytes], list[bytes]]:
+def published_across_a_crash(
+    data_dir,
+    env: dict,
+    configs: Sequence[dict],
+    frame: Callable[[int, int], bytes],
+    n_nodes: int,
+    crash_after: int,
+    last: int,
+) -> tuple[list[bytes], list[bytes]]:
     """Every config's run published to version ``last`` twice: by a server left alone, and by one killed
     (-9) and restarted once version ``crash_after`` is out. Returns each run's ``/updates`` bytes from both,
     ``(uninterrupted, restarted)``; the restarted server must not have logged a replay that made other frames."""
@@ -172,8 +178,10 @@ def published_across_a_crash(data_dir, env: dict, configs: Sequence[dict], frame
 
     published = []
     for crash in (False, True):
-        with LiveServer(data_dir / f"crash-{crash}", env=env) as srv, \
-                httpx.Client(base_url=srv.url, timeout=30) as client:
+        with (
+            LiveServer(data_dir / f"crash-{crash}", env=env) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as client,
+        ):
             runs = [make_run(client, srv.admin_token, n_nodes=n_nodes, **config) for config in configs]
             for run in runs:
                 run.publish_rounds(frame, 0, crash_after)

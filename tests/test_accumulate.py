@@ -26,9 +26,9 @@ def _dense_sum(entries, weights):
 @pytest.mark.parametrize(
     "codec,shape",
     [
-        (gradwire.DCTCodec(chunk_shape=(16, 16), topk=12), (48, 80)),     # flat, padded (3840 % 256 != 0)
-        (gradwire.DCTCodec(chunk_shape=(64,), topk=5), (1000,)),          # flat 1-D with padding
-        (gradwire.DCTCodec(mode="tiles", topk=9), (96, 40)),              # DeMo tiles
+        (gradwire.DCTCodec(chunk_shape=(16, 16), topk=12), (48, 80)),  # flat, padded (3840 % 256 != 0)
+        (gradwire.DCTCodec(chunk_shape=(64,), topk=5), (1000,)),  # flat 1-D with padding
+        (gradwire.DCTCodec(mode="tiles", topk=9), (96, 40)),  # DeMo tiles
     ],
 )
 def test_domain_sum_equals_sum_of_dense_decodes(codec, shape):

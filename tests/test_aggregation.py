@@ -54,8 +54,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _updates(frames, weights) -> list[server_agg.Update]:
-    return [server_agg.Update(f, weight=w, norm=_norm(f.entries), node_id=i + 1)
-            for i, (f, w) in enumerate(zip(frames, weights))]
+    return [
+        server_agg.Update(f, weight=w, norm=_norm(f.entries), node_id=i + 1)
+        for i, (f, w) in enumerate(zip(frames, weights))
+    ]
 
 
 # -- one list of rules ----------------------------------------------------------------------------
@@ -128,9 +130,13 @@ def test_staleness_weights_enter_the_means_and_not_the_coordinate_wise_rules():
     )
     assert aggregation.weights_and_trim("median", weights, norms) == ([1 / 1.75, 0.5 / 1.75, 0.25 / 1.75], 1)
     assert aggregation.weights_and_trim("trimmed_mean", weights, norms, 0.34) == (
-        [1 / 1.75, 0.5 / 1.75, 0.25 / 1.75], 1)
+        [1 / 1.75, 0.5 / 1.75, 0.25 / 1.75],
+        1,
+    )
     assert aggregation.weights_and_trim("clipped_mean", weights, norms, 0.34) == (
-        aggregation.rule_weights("clipped_mean", weights, norms), 0)
+        aggregation.rule_weights("clipped_mean", weights, norms),
+        0,
+    )
     records = _records(3, seed=1)
     a = aggregation.aggregate(records, NAMES, "median", weights=weights)
     b = aggregation.aggregate(records, NAMES, "median")

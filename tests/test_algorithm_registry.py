@@ -55,16 +55,19 @@ def test_the_run_config_section_is_the_librarys_config_type(algo):
     assert algo.run_config(config.model_dump(mode="json")) == section
 
 
-@pytest.mark.parametrize("section, value, match", [
-    ("demo", {"lr": math.inf}, "demo.lr must be finite"),
-    ("demo", {"beta": 1.0}, "demo.beta must be < 1.0"),
-    ("sparseloco", {"sync_every": 0}, "sparseloco.sync_every must be >= 1"),
-    ("sparseloco", {"outer_lr": 1e999}, "outer_lr must be finite"),
-    ("sparseloco", {"inner": {"lr": -1.0}}, "lr must be > 0"),
-    ("optimizer", {"schedule": "cosine"}, "cosine' needs total_rounds"),
-    ("optimizer", {"betas": [0.9, 1.5]}, "each of betas must be < 1.0"),
-    ("demo", {"lrr": 0.1}, "lrr"),
-])
+@pytest.mark.parametrize(
+    "section, value, match",
+    [
+        ("demo", {"lr": math.inf}, "demo.lr must be finite"),
+        ("demo", {"beta": 1.0}, "demo.beta must be < 1.0"),
+        ("sparseloco", {"sync_every": 0}, "sparseloco.sync_every must be >= 1"),
+        ("sparseloco", {"outer_lr": 1e999}, "outer_lr must be finite"),
+        ("sparseloco", {"inner": {"lr": -1.0}}, "lr must be > 0"),
+        ("optimizer", {"schedule": "cosine"}, "cosine' needs total_rounds"),
+        ("optimizer", {"betas": [0.9, 1.5]}, "each of betas must be < 1.0"),
+        ("demo", {"lrr": 0.1}, "lrr"),
+    ],
+)
 def test_out_of_range_and_unknown_values_are_refused_by_the_library_and_the_server(section, value, match):
     algo = next(a for a in (ADAMW, DEMO, SPARSELOCO) if a.config_field == section)
     with pytest.raises((ValueError, TypeError), match=match):
@@ -77,6 +80,7 @@ def test_a_run_without_a_downlink_gets_its_algorithms_default():
     assert RunConfig.model_validate({"algorithm": "demo"}).downlink.params["value_bits"] == 1
     sl = RunConfig.model_validate({"algorithm": "sparseloco", "sparseloco": {"sync_every": 1}})
     from gradwire.algorithms.sparseloco import sparseloco_codec_params
+
     assert sl.downlink.params["value_bits"] == 4
     assert sl.downlink.params["topk"] < sparseloco_codec_params(1)["topk"]  # the nodes' bytes, 4-bit values
     assert RunConfig.model_validate({}).downlink.params == {"chunk_shape": [64, 64], "topk": 32}
@@ -126,7 +130,9 @@ def _compared_strings(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Compare):
             for side in [node.left, *node.comparators]:
                 elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-                out += [(node.lineno, e.value) for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                out += [
+                    (node.lineno, e.value) for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                ]
     return out
 
 
@@ -138,8 +144,9 @@ def test_no_code_outside_the_registry_tests_an_algorithms_name():
         for path in sorted(root.rglob("*.py")):
             if path.is_relative_to(registry_dir) or path.name == "gcomp.py":  # gcomp: torch optimizer kinds
                 continue
-            offenders += [f"{path.relative_to(REPO)}:{line} compares {s!r}" for line, s in _compared_strings(path)
-                          if s in names]
+            offenders += [
+                f"{path.relative_to(REPO)}:{line} compares {s!r}" for line, s in _compared_strings(path) if s in names
+            ]
     assert not offenders, offenders
 
 
@@ -163,6 +170,8 @@ def test_sparselocos_default_downlink_spends_the_nodes_bytes_on_4_bit_values(syn
     x = {"w": torch.randn(512, 512, generator=torch.Generator().manual_seed(sync_every))}
     up, down = default_sparseloco_codec(sync_every), default_sparseloco_downlink(sync_every)
     assert down.value_bits == 4 and down.topk < up.topk
-    sizes = [len(write_frame([e for e, _ in c.compress_bundle(x).values()], round=0, sender=0, bundle=True))
-             for c in (up, down)]
+    sizes = [
+        len(write_frame([e for e, _ in c.compress_bundle(x).values()], round=0, sender=0, bundle=True))
+        for c in (up, down)
+    ]
     assert 0.85 * sizes[0] <= sizes[1] <= 1.05 * sizes[0], sizes

@@ -152,8 +152,9 @@ def test_outer_steps_run_side_by_side_on_threads():
     assert all(torch.equal(t, node(i)) for i, t in enumerate(together))
 
 
-@pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (0.7, 0.9, False),
-                                              (1.0, 0.9, True), (0.7, 0.9, True)])
+@pytest.mark.parametrize(
+    "lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (0.7, 0.9, False), (1.0, 0.9, True), (0.7, 0.9, True)]
+)
 def test_the_one_pass_outer_step_holds_the_bits_of_the_torch_operations(lr, mu, nesterov):
     # Contiguous float32 CPU weights go through gradwire._native.outer_step (threads share them at this
     # size); a transposed view of the same values takes the torch operations. Same bits every step,
@@ -186,8 +187,10 @@ def test_the_one_pass_outer_step_holds_the_bits_of_the_torch_operations(lr, mu, 
     assert torch.equal(a_native["w"], a_ops["w"])
 
 
-@pytest.mark.parametrize("lr, mu, nesterov", [(1.0, 0.0, False), (0.7, 0.0, False), (1.0, 0.9, False),
-                                              (0.7, 0.9, False), (1.0, 0.9, True), (0.7, 0.9, True)])
+@pytest.mark.parametrize(
+    "lr, mu, nesterov",
+    [(1.0, 0.0, False), (0.7, 0.0, False), (1.0, 0.9, False), (0.7, 0.9, False), (1.0, 0.9, True), (0.7, 0.9, True)],
+)
 def test_outer_step_rounds_as_its_formulas_once_rounded_op_by_op(lr, mu, nesterov):
     # In place or not, each multiply and add is rounded once, in the documented order: every node and the
     # server hold the same bits. The deltas given are left as they were.
@@ -294,7 +297,9 @@ def test_exact_mean_bit_identical_in_a_subprocess_with_other_thread_count():
     data = _save(frames)
     # The subprocess imports gradwire as this process did (the installed package, or PYTHONPATH as given).
     threads = 1 if torch.get_num_threads() > 1 else 2
-    out = subprocess.run([sys.executable, "-c", _SUBPROCESS, str(threads)], input=data, capture_output=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS, str(threads)], input=data, capture_output=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == h.hexdigest()
 

@@ -16,14 +16,13 @@ import torch
 from torch import nn
 
 import gradwire
+from bench_modules import load_bench
 from gradwire.algorithms import DeMoState, OuterStep, SparseLoCoState, demo_update
 from gradwire.algorithms.demo import default_demo_codec
 from gradwire.algorithms.sparseloco import default_sparseloco_codec
 from gradwire.codecs.dct import DCTCodec
 from gradwire.feedback import ErrorFeedback
 from gradwire.frame import write_frame
-
-from bench_modules import load_bench
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 
@@ -55,8 +54,13 @@ def _tensors(dtype=torch.float32, seed=0, scale=1.0) -> dict[str, torch.Tensor]:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8) if a.numel() else a,
-                                                                        b.view(-1).view(torch.uint8) if b.numel() else b)
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.view(-1).view(torch.uint8) if a.numel() else a, b.view(-1).view(torch.uint8) if b.numel() else b
+        )
+    )
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=repr)
@@ -66,8 +70,12 @@ def test_a_cpu_bundle_stacked_by_chunk_shape_gives_each_tensors_own_record_byte_
     tensors = _tensors(dtype)
     if large:  # records of this size are decoded one by one into their tensors, smaller ones stacked
         g = torch.Generator().manual_seed(5)
-        tensors = {"big0": torch.randn(1024, 512, generator=g).to(dtype), "b0": tensors["b0"],
-                   "big1": torch.randn(512, 1024, generator=g).to(dtype), "b1": tensors["b1"]}
+        tensors = {
+            "big0": torch.randn(1024, 512, generator=g).to(dtype),
+            "b0": tensors["b0"],
+            "big1": torch.randn(512, 1024, generator=g).to(dtype),
+            "b1": tensors["b1"],
+        }
     bundle = codec.compress_bundle(tensors)
     assert list(bundle) == list(tensors)
     for name, t in tensors.items():
@@ -106,9 +114,10 @@ def test_demo_node_side_in_place_gives_the_tensor_by_tensor_records_and_momenta(
 
 def test_a_record_of_another_codec_is_not_changed_by_the_next_step():
     # A codec whose records may view its input: the node side does not step its buffers in place.
+    import numpy as np
+
     from gradwire.codecs.base import Codec
     from gradwire.frame import Entry
-    import numpy as np
 
     class Raw(Codec):
         codec_id = 0
@@ -116,8 +125,15 @@ def test_a_record_of_another_codec_is_not_changed_by_the_next_step():
 
         def compress(self, tensor, name=""):
             arr = tensor.detach().numpy().reshape(-1).view(np.uint8)  # views the tensor's memory
-            return Entry(name=name, codec=0, dtype=torch.float32, shape=tuple(tensor.shape), params=b"",
-                         sections={"data": arr}, section_elems={}), tensor * 0.5
+            return Entry(
+                name=name,
+                codec=0,
+                dtype=torch.float32,
+                shape=tuple(tensor.shape),
+                params=b"",
+                sections={"data": arr},
+                section_elems={},
+            ), tensor * 0.5
 
     state = DeMoState(Raw(), beta=0.9)
     first = state.compress({"w": torch.ones(4)}, 1.0)
@@ -172,8 +188,9 @@ def test_the_demo_update_over_all_tensors_at_once_gives_the_tensor_by_tensor_wei
         assert _same(params[n], want[n]), n
 
 
-@pytest.mark.parametrize("momentum,nesterov,lr", [(0.0, False, 1.0), (0.0, False, 0.7), (0.9, False, 0.7),
-                                                  (0.9, True, 0.7)])
+@pytest.mark.parametrize(
+    "momentum,nesterov,lr", [(0.0, False, 1.0), (0.0, False, 0.7), (0.9, False, 0.7), (0.9, True, 0.7)]
+)
 def test_the_outer_step_over_all_tensors_at_once_gives_the_native_steps_bits(momentum, nesterov, lr):
     # Contiguous float32 CPU anchors take the native one-pass step (the same operations as the torch ones
     # tensor by tensor); transposed views of the same values take the _foreach_ route. Same bits.
@@ -182,8 +199,7 @@ def test_the_outer_step_over_all_tensors_at_once_gives_the_native_steps_bits(mom
     a_native = {n: t.clone() for n, t in base.items()}
     a_views = {n: t.t().contiguous().t() for n, t in base.items()}  # the same values, not contiguous
     for step in range(3):
-        delta = {n: torch.randn(t.shape, generator=torch.Generator().manual_seed(step)) * 1e-2
-                 for n, t in base.items()}
+        delta = {n: torch.randn(t.shape, generator=torch.Generator().manual_seed(step)) * 1e-2 for n, t in base.items()}
         native.apply(a_native, delta)
         batched.apply(a_views, delta)
         for n in base:
@@ -228,8 +244,7 @@ def test_the_operations_of_one_step_do_not_grow_with_the_number_of_tensors(step_
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=repr)
-def test_a_device_bundle_crosses_to_the_host_in_one_copy_and_each_record_decodes_to_its_reconstruction(
-        step_ops, codec):
+def test_a_device_bundle_crosses_to_the_host_in_one_copy_and_each_record_decodes_to_its_reconstruction(step_ops, codec):
     tensors = _tensors()
     with step_ops.emulated_device() as emu:
         marked = {n: step_ops.mark(t.clone()) for n, t in tensors.items()}

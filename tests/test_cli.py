@@ -33,9 +33,33 @@ def test_demo_command_runs_end_to_end(tmp_path):
     out = tmp_path / "demo_out"
     proc = subprocess.run(
         # The transformer here; the digits MLP (the default) runs through the same workers in test_end_to_end.py.
-        [sys.executable, "-m", "gradwire_apps.cli", "demo", "--model", "transformer", "--hidden", "32", "--batch-size", "4",
-         "--steps", "4", "--sync-every", "2", "--sparseloco-topk", "8", "--workers", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=_env(COLUMNS="200"), cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "gradwire_apps.cli",
+            "demo",
+            "--model",
+            "transformer",
+            "--hidden",
+            "32",
+            "--batch-size",
+            "4",
+            "--steps",
+            "4",
+            "--sync-every",
+            "2",
+            "--sparseloco-topk",
+            "8",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(COLUMNS="200"),
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "char transformer" in proc.stdout and "2 nodes, 4 steps per node" in proc.stdout
@@ -49,15 +73,20 @@ def test_demo_command_runs_end_to_end(tmp_path):
     assert [r["rounds"] for r in results] == [2, 4, 4]  # SparseLoCo publishes a version every 2 steps
     # stderr is a pipe: plain progress lines (gradwire_apps.progress), at most one per tenth, the last at 100%.
     assert "\r" not in proc.stderr
-    line = re.compile(r"(.+): (\d+)/(\d+) version \(\d+%\), \d+:\d\d elapsed(, about \d+:\d\d left)?"
-                      r"(, train loss \d+\.\d{4})?")
+    line = re.compile(
+        r"(.+): (\d+)/(\d+) version \(\d+%\), \d+:\d\d elapsed(, about \d+:\d\d left)?"
+        r"(, train loss \d+\.\d{4})?"
+    )
     shown: dict[str, list[tuple[int, int]]] = {}
     for text in proc.stderr.splitlines():
         m = line.fullmatch(text)
         if m:
             shown.setdefault(m[1], []).append((int(m[2]), int(m[3])))
     assert {label: lines[-1] for label, lines in shown.items()} == {
-        "SparseLoCo H=2 k=8": (2, 2), "DeMo k=4": (4, 4), "dense AdamW": (4, 4)}, proc.stderr
+        "SparseLoCo H=2 k=8": (2, 2),
+        "DeMo k=4": (4, 4),
+        "dense AdamW": (4, 4),
+    }, proc.stderr
     assert all(len(lines) <= 10 for lines in shown.values())
     sparseloco, demo, dense = results
     assert dense["up_ratio"] < 1.01 and dense["down_ratio"] < 1.01
@@ -75,15 +104,22 @@ def test_demo_refuses_an_unknown_run_with_a_usage_error(tmp_path):
 
 
 def _gradwire(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gradwire_apps.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout, env=_env(COLUMNS="200"))
+    return subprocess.run(
+        [sys.executable, "-m", "gradwire_apps.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(COLUMNS="200"),
+    )
 
 
 def test_version_names_both_distributions():
     proc = _gradwire("--version")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [f"gradwire {importlib.metadata.version('gradwire')}",
-                                        f"gradwire-server {importlib.metadata.version('gradwire-server')}"]
+    assert proc.stdout.splitlines() == [
+        f"gradwire {importlib.metadata.version('gradwire')}",
+        f"gradwire-server {importlib.metadata.version('gradwire-server')}",
+    ]
 
 
 def _flat(text: str) -> str:
@@ -118,8 +154,11 @@ def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
     if kind is Path:
         return str(tmp_path / f"{name}-given")
     if kind in (int, float):
-        low = max([m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
-                  + [m.gt + 1 for m in metadata if isinstance(m, annotated_types.Gt)] + [0])
+        low = max(
+            [m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
+            + [m.gt + 1 for m in metadata if isinstance(m, annotated_types.Gt)]
+            + [0]
+        )
         value = kind(default + 1 if default is not None else max(low, 1))
         high = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
         return value if not high or value <= high[0] else kind(default - 1)
@@ -142,8 +181,9 @@ def test_every_server_setting_is_an_option_of_serve_or_a_secret_from_the_environ
             assert json.loads(given.stdout)[name] == "**********"  # set, and masked in the printout
             assert runner.invoke(app, ["serve", "--check", option, "x"]).exit_code == 2  # no such option
             continue
-        value = _other_value(name, field.annotation, field.get_default(call_default_factory=True), field.metadata,
-                             tmp_path)
+        value = _other_value(
+            name, field.annotation, field.get_default(call_default_factory=True), field.metadata, tmp_path
+        )
         argv = [option if value else f"--no-{option[2:]}"] if isinstance(value, bool) else [option, str(value)]
         given = runner.invoke(app, ["serve", "--check", *argv])
         assert given.exit_code == 0, (argv, given.output)
@@ -163,9 +203,23 @@ def test_serve_command_runs_the_server_until_sigterm(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         # Two of the settings `python -m gradwire_server` long had alone, on `gradwire serve` too.
-        [sys.executable, "-m", "gradwire_apps.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data"),
-         "--device", "cpu", "--checkpoint-every", "3"],
-        env=_env(GRADWIRE_ADMIN_TOKEN="serve-admin"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "gradwire_apps.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--device",
+            "cpu",
+            "--checkpoint-every",
+            "3",
+        ],
+        env=_env(GRADWIRE_ADMIN_TOKEN="serve-admin"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         with GradwireClient(f"http://127.0.0.1:{port}", "serve-admin", timeout=2.0) as admin:
@@ -218,9 +272,28 @@ def test_demo_without_its_dependencies_says_how_to_install_them(tmp_path):
 def _demo_results(tmp_path, name: str) -> list[dict]:
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "-m", "gradwire_apps.cli", "demo", "--workers", "3", "--steps", "16", "--sync-every", "4",
-         "--runs", "sparseloco,dense", "--no-progress", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=_env(COLUMNS="200"), cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "gradwire_apps.cli",
+            "demo",
+            "--workers",
+            "3",
+            "--steps",
+            "16",
+            "--sync-every",
+            "4",
+            "--runs",
+            "sparseloco,dense",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(COLUMNS="200"),
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((out / "results.json").read_text())

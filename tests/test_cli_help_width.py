@@ -14,8 +14,13 @@ from gradwire_server.settings import ServerSettings
 
 def test_serve_help_at_80_columns_names_every_option_whole():
     env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
-    out = subprocess.run([sys.executable, "-m", "gradwire_apps.cli", "serve", "--help"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "gradwire_apps.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert not re.search(r"--[\w-]+…", out.stdout)  # no option name cut short
     assert max(len(line) for line in out.stdout.splitlines()) <= 80

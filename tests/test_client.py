@@ -59,7 +59,13 @@ class ScriptedServer:
                 body = self.rfile.read(length) if length else b""
                 parts = urlsplit(self.path)
                 server.requests.append(
-                    {"method": self.command, "path": parts.path, "query": parts.query, "headers": dict(self.headers), "body": body}
+                    {
+                        "method": self.command,
+                        "path": parts.path,
+                        "query": parts.query,
+                        "headers": dict(self.headers),
+                        "body": body,
+                    }
                 )
                 queue = server.script[(self.command, parts.path)]
                 action = queue.popleft() if queue else (500, {}, b"unscripted")
@@ -305,7 +311,9 @@ def test_hostile_update_bodies_raise_frame_error(server, mangle):
         pytest.param(_downlink([1, 3]), {"X-Gradwire-Version": "3", "X-Gradwire-Weights-Hash": "h"}, id="gap"),
         pytest.param(_downlink([2, 1]), {"X-Gradwire-Version": "2", "X-Gradwire-Weights-Hash": "h"}, id="out-of-order"),
         pytest.param(_downlink([1]), {"X-Gradwire-Version": "2", "X-Gradwire-Weights-Hash": "h"}, id="short"),
-        pytest.param(_downlink([1, 2], sender=3), {"X-Gradwire-Version": "2", "X-Gradwire-Weights-Hash": "h"}, id="node-sender"),
+        pytest.param(
+            _downlink([1, 2], sender=3), {"X-Gradwire-Version": "2", "X-Gradwire-Weights-Hash": "h"}, id="node-sender"
+        ),
         pytest.param(_downlink([1, 2]), {"X-Gradwire-Weights-Hash": "h"}, id="no-version"),
         pytest.param(_downlink([1, 2]), {"X-Gradwire-Version": "2"}, id="no-hash"),
     ],
@@ -351,6 +359,7 @@ def test_an_idle_connection_is_dropped_by_the_client_before_the_server_closes_it
 
     assert KEEPALIVE_EXPIRY_S < KEEP_ALIVE_S
     with GradwireClient(live_server.url, retries=0) as client:
+
         def port() -> int:  # the local port of the connection this request went out on
             response = client._request("GET", "/healthz", idempotent=True)
             return response.extensions["network_stream"].get_extra_info("client_addr")[1]

@@ -129,7 +129,7 @@ def test_regime_of_is_none_for_records_it_did_not_make_or_cannot_tell_apart():
     # A bias goes dense under both settings: the record cannot say which one was in force. (Seeded: the
     # second interval must come out non-critical so that both settings make a record.)
     g = torch.Generator().manual_seed(0)
-    for t in range(3):
+    for _t in range(3):
         entry, _ = acc.compress(torch.randn(10, generator=g), "bias")
     assert {d.setting for d in acc.log} == {"low", "high"}
     assert acc.regime_of(entry) is None

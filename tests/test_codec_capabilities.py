@@ -93,7 +93,14 @@ def test_a_codec_written_outside_gradwire_registers_through_the_decorators(priva
     def decode_ones(entry, device):
         return torch.ones(entry.shape, dtype=entry.dtype)
 
-    entry = Entry(name="o", codec=0x7FF1, dtype=torch.float32, shape=(2, 3), params=b"",
-                  sections={"x": np.zeros(1, np.uint8)}, section_elems={})
+    entry = Entry(
+        name="o",
+        codec=0x7FF1,
+        dtype=torch.float32,
+        shape=(2, 3),
+        params=b"",
+        sections={"x": np.zeros(1, np.uint8)},
+        section_elems={},
+    )
     assert torch.equal(decode_entry(entry), torch.ones(2, 3))
     assert capabilities_of(0x7FF1).decode is decode_ones

@@ -154,15 +154,29 @@ def _mutate(**kw):
         (lambda: _mutate(params=struct.pack("<I", 3)), "ceil\\(numel / chunk\\)"),
         (lambda: _mutate(sections={k: v for k, v in _good().sections.items() if k != "max"}), "'max' is missing"),
         (lambda: _mutate(sections={**_good().sections, "x": np.zeros(1, np.uint8)}), "unexpected section"),
-        (lambda: _mutate(sections={"max": _good().sections["max"], "min": _good().sections["min"],
-                                   "codes": _good().sections["codes"]}), "order"),
+        (
+            lambda: _mutate(
+                sections={
+                    "max": _good().sections["max"],
+                    "min": _good().sections["min"],
+                    "codes": _good().sections["codes"],
+                }
+            ),
+            "order",
+        ),
         (lambda: _mutate(sections={**_good().sections, "codes": np.zeros(9, np.uint8)}), "numel"),
-        (lambda: _mutate(sections={**_good().sections, "min": _good().sections["min"].astype(np.float64)}),
-         "element type"),
+        (
+            lambda: _mutate(sections={**_good().sections, "min": _good().sections["min"].astype(np.float64)}),
+            "element type",
+        ),
         (lambda: _mutate(sections={**_good().sections, "min": np.array([0, np.nan, 0], np.float32)}), "finite"),
         (lambda: _mutate(sections={**_good().sections, "min": np.array([9, 9, 9], np.float32)}), "max must be >="),
-        (lambda: _mutate(sections={**_good().sections, "min": np.full(3, -3e38, np.float32),
-                                   "max": np.full(3, 3e38, np.float32)}), "max - min"),
+        (
+            lambda: _mutate(
+                sections={**_good().sections, "min": np.full(3, -3e38, np.float32), "max": np.full(3, 3e38, np.float32)}
+            ),
+            "max - min",
+        ),
     ],
 )
 def test_malformed_records_raise_frame_errors_naming_the_rule(make, rule):

@@ -9,8 +9,11 @@ import torch
 import gradwire
 
 #: Parameters a name needs (the others build with their defaults).
-NEEDS = {"accordion": {"low": {"codec": "dct", "topk": 4}, "high": {"codec": "dct", "topk": 16}},
-         "topk": {"density": 0.01}, "randomk": {"density": 0.01}}
+NEEDS = {
+    "accordion": {"low": {"codec": "dct", "topk": 4}, "high": {"codec": "dct", "topk": 16}},
+    "topk": {"density": 0.01},
+    "randomk": {"density": 0.01},
+}
 
 
 @pytest.mark.parametrize("name", gradwire.codec_names())

@@ -11,8 +11,8 @@ import torch
 import gradwire
 from gradwire import ErrorFeedback, FrameError, PowerSGD
 from gradwire.codecs.powersgd import first_q, matrix_view, powersgd_decompress, powersgd_p, powersgd_q
-from gradwire.lowrank import compressible, orthogonalize_, should_compress
 from gradwire.frame import write_frame
+from gradwire.lowrank import compressible, orthogonalize_, should_compress
 
 CUDA = torch.cuda.is_available()
 
@@ -27,12 +27,19 @@ def _low_rank(rows, cols, rank, seed=0):
 
 
 @pytest.mark.parametrize(
-    "codec", [PowerSGD(2), PowerSGD(1, min_compression=1.0), PowerSGD(4, factor_dtype=torch.float16),
-              PowerSGD(2, factor_dtype=torch.bfloat16)], ids=repr)
+    "codec",
+    [
+        PowerSGD(2),
+        PowerSGD(1, min_compression=1.0),
+        PowerSGD(4, factor_dtype=torch.float16),
+        PowerSGD(2, factor_dtype=torch.bfloat16),
+    ],
+    ids=repr,
+)
 @pytest.mark.parametrize("shape", [(64, 48), (16, 3, 3, 3), (1000,), (), (5, 4), (1, 100), (0, 4)], ids=str)
 def test_frame_decodes_to_the_reconstruction_compress_reports(codec, shape):
     x = _rand(shape, seed=1)
-    for step in range(2):  # the second step uses the warm-start Q
+    for _step in range(2):  # the second step uses the warm-start Q
         entry, recon = codec.compress(x, "w")
         out = gradwire.decode(write_frame([entry]))
         assert out.shape == x.shape and out.dtype == x.dtype and torch.equal(out, recon)

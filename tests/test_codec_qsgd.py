@@ -73,7 +73,7 @@ def test_quantization_is_unbiased():
     # Σ z² is χ² with n degrees of freedom: mean n, standard deviation √(2n).
     assert abs(float((z**2).sum()) - n) < 5 * (2 * n) ** 0.5
     # A biased rounding (to nearest) would fail the same test by far.
-    biased = (norms / levels * r.round() * torch.sign(x.double()))
+    biased = norms / levels * r.round() * torch.sign(x.double())
     zb = (biased - x.double())[~exact] / (var[~exact] / trials).sqrt()
     assert float(zb.abs().max()) > 20
 

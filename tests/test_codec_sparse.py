@@ -264,9 +264,11 @@ def _randk(params=None, **sections):
 
 
 def _topk_gaps(gaps, width=6):
-    return _topk(params=struct.pack("<BBQ", 0, width, len(gaps)),
-                 idx=np.frombuffer(wire.pack_bits(np.array(gaps, np.uint32), width), np.uint8),
-                 val=np.ones(len(gaps), np.float32))
+    return _topk(
+        params=struct.pack("<BBQ", 0, width, len(gaps)),
+        idx=np.frombuffer(wire.pack_bits(np.array(gaps, np.uint32), width), np.uint8),
+        val=np.ones(len(gaps), np.float32),
+    )
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,15 @@ EXTRA = {
     "topk-global": lambda: make_codec("topk", density=0.1, scope="global"),
     "gcomp-momentum": lambda: make_codec("gcomp", rebuild_every=3, fixed_level=1),
     "powersgd-r1": lambda: make_codec("powersgd", rank=1, min_compression=1.0),
-    "accordion-powersgd": lambda: Accordion(low={"codec": "powersgd", "rank": 2}, high={"codec": "powersgd", "rank": 1},
-                                            threshold=0.2, interval=2),
-    "accordion-randomk-qsgd": lambda: Accordion(low={"codec": "qsgd", "levels": 8}, high={"codec": "randomk", "k": 5},
-                                                threshold=0.05, interval=1),
-    "accordion-global-topk": lambda: Accordion(low=gradwire.TopK(k=60, scope="global"),
-                                               high=gradwire.TopK(k=6, scope="global"), threshold=5.0, interval=1),
+    "accordion-powersgd": lambda: Accordion(
+        low={"codec": "powersgd", "rank": 2}, high={"codec": "powersgd", "rank": 1}, threshold=0.2, interval=2
+    ),
+    "accordion-randomk-qsgd": lambda: Accordion(
+        low={"codec": "qsgd", "levels": 8}, high={"codec": "randomk", "k": 5}, threshold=0.05, interval=1
+    ),
+    "accordion-global-topk": lambda: Accordion(
+        low=gradwire.TopK(k=60, scope="global"), high=gradwire.TopK(k=6, scope="global"), threshold=5.0, interval=1
+    ),
 }
 
 
@@ -162,16 +165,38 @@ BAD_STATES = [
     ("randomk", {"calls": -1}),
     ("randomk", {"calls": "3"}),
     ("randomk", {"calls": True}),
-    ("gcomp", {"books": {"w": {"book": torch.zeros(4, dtype=torch.uint8), "book_id": 0, "steps": 0,
-                               "counts": torch.zeros(256, dtype=torch.int64), "carried": False}}}),
+    (
+        "gcomp",
+        {
+            "books": {
+                "w": {
+                    "book": torch.zeros(4, dtype=torch.uint8),
+                    "book_id": 0,
+                    "steps": 0,
+                    "counts": torch.zeros(256, dtype=torch.int64),
+                    "carried": False,
+                }
+            }
+        },
+    ),
     ("gcomp", {"books": {"w": {"book_id": 0}}}),
     ("identity", {"q": {}}),
     ("dct", [1]),
     ("accordion-powersgd", {"layers": {}, "log": [], "made_by": [], "low": {"q": {}}}),
-    ("accordion-powersgd", {"layers": {"w": {"calls": 1, "total": None, "old_norm": None, "setting": "medium"}},
-                            "log": [], "made_by": [], "low": {"q": {}}, "high": {"q": {}}}),
-    ("accordion-powersgd", {"layers": {}, "log": [[1, "w", 1.0, "inf", True]], "made_by": [],
-                            "low": {"q": {}}, "high": {"q": {}}}),
+    (
+        "accordion-powersgd",
+        {
+            "layers": {"w": {"calls": 1, "total": None, "old_norm": None, "setting": "medium"}},
+            "log": [],
+            "made_by": [],
+            "low": {"q": {}},
+            "high": {"q": {}},
+        },
+    ),
+    (
+        "accordion-powersgd",
+        {"layers": {}, "log": [[1, "w", 1.0, "inf", True]], "made_by": [], "low": {"q": {}}, "high": {"q": {}}},
+    ),
     ("accordion-powersgd", {"layers": {}, "log": [], "made_by": [], "low": {"q": {}}, "high": {"nope": {}}}),
 ]
 

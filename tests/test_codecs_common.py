@@ -28,7 +28,9 @@ KWARGS = {
 }
 #: Protocol-following codecs outside the registry, by a test id: how to build one.
 POLICIES = {
-    "accordion": lambda: Accordion(low={"codec": "powersgd", "rank": 2}, high={"codec": "powersgd", "rank": 1}, interval=2),
+    "accordion": lambda: Accordion(
+        low={"codec": "powersgd", "rank": 2}, high={"codec": "powersgd", "rank": 1}, interval=2
+    ),
 }
 REGISTERED = sorted(CODECS)
 NAMES = REGISTERED + sorted(POLICIES)

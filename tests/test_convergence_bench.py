@@ -45,7 +45,9 @@ def test_every_row_kind_trains_through_frames(cv, digits, row):
     spec = cv.RowSpec.parse(row)
     calib = None
     if spec.target:
-        calib = cv.calibrate(spec.kind, _sample(cv, digits), spec.target, settings.H if spec.kind == "sparseloco" else 1)
+        calib = cv.calibrate(
+            spec.kind, _sample(cv, digits), spec.target, settings.H if spec.kind == "sparseloco" else 1
+        )
         assert 0.8 < calib[1] / spec.target < 1.25
     hp, lr, extra = cv.grid("digits", spec, digits.scale, full=False)[1]
     torch.set_num_threads(1)
@@ -89,8 +91,14 @@ def test_row_keys_parse_the_downlink(cv):
     assert r.down_opts == {"b": 1, "d": 300, "ef": 0.5, "srv": True}
     assert cv.RowSpec.parse("demo@300/agg").down_opts == {"ef": 1.0, "srv": False}
     assert cv.RowSpec.parse("demo@300/frames").down_opts == {}
-    for bad in ("dense/agg", "demo@300/agg:srv", "sparseloco@300/agg:k4,d300", "sparseloco@300/agg:ef2",
-                "sparseloco@300/agg:x1", "sparseloco@300/mean"):
+    for bad in (
+        "dense/agg",
+        "demo@300/agg:srv",
+        "sparseloco@300/agg:k4,d300",
+        "sparseloco@300/agg:ef2",
+        "sparseloco@300/agg:x1",
+        "sparseloco@300/mean",
+    ):
         with pytest.raises(ValueError):
             cv.RowSpec.parse(bad)
 
@@ -109,8 +117,12 @@ def _trace(opt_cls, grads, **kw):
 def test_local_adamw_is_adamw_at_divisor_one_and_steps_further_only_where_noise_dominates(cv):
     gen = torch.Generator().manual_seed(0)
     grads = torch.randn(40, 30, generator=gen, dtype=torch.float64) + 0.3
-    torch.testing.assert_close(_trace(cv.LocalAdamW, grads, lr=0.01, weight_decay=0.1),
-                               _trace(torch.optim.AdamW, grads, lr=0.01, weight_decay=0.1), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        _trace(cv.LocalAdamW, grads, lr=0.01, weight_decay=0.1),
+        _trace(torch.optim.AdamW, grads, lr=0.01, weight_decay=0.1),
+        rtol=1e-9,
+        atol=1e-12,
+    )
     steps, lr = 300, 0.01
     sign = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(steps // 2).reshape(steps, 1)
     grads = torch.cat([torch.ones(steps, 1, dtype=torch.float64), 0.05 + sign], dim=1)  # no noise | noise 20× signal
@@ -144,8 +156,9 @@ def test_local_rows_take_the_inner_local_adamw(cv, digits):
     assert held["diloco"] != held["diloco+n4"]
 
 
-@pytest.mark.parametrize("row", ["demo@300/frames", "demo@300/agg:ef0", "sparseloco@300/agg:d300",
-                                 "sparseloco@300/agg:b1,k64,ef0.9,srv"])
+@pytest.mark.parametrize(
+    "row", ["demo@300/frames", "demo@300/agg:ef0", "sparseloco@300/agg:d300", "sparseloco@300/agg:b1,k64,ef0.9,srv"]
+)
 def test_published_downlink_rows_train(cv, digits, row):
     """Verbatim versions cost every node's frame; a re-encoded one a single server frame, whatever n."""
     settings = cv.Settings(full=False, nodes=4, H=4, evals=2)
@@ -209,7 +222,8 @@ def test_muon_rows_train_their_nodes_and_dense_with_muon_on_the_hidden_matrices(
     (opt,) = cv.muon_and_adamw(model, 0.01)
     head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
     assert {id(p) for g in opt.muon.param_groups for p in g["params"]} == {
-        id(p) for p in model.parameters() if p.dim() == 2 and all(p is not q for q in head.parameters())}
+        id(p) for p in model.parameters() if p.dim() == 2 and all(p is not q for q in head.parameters())
+    }
     settings = cv.Settings(full=False, nodes=2, H=2, evals=2)
     held = {}
     for row in ("dense", "dense+muon", "signloco/agg", "signloco+muon/agg"):
@@ -265,7 +279,15 @@ def test_local_step_screen_counts_what_block_and_topk_supports_send(cv, tmp_path
     scores = torch.tensor([0.0, 5.0, 1.0, 7.0, 2.0])
     idx = screen.block_support(scores, 0.4, 4, 19)  # 2 of 5 blocks; the last block holds 3 coordinates
     assert idx.tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
-    assert screen.block_support(torch.tensor([0.0, 9.0, 0.0, 0.0, 8.0]), 0.4, 4, 19).tolist() == [4, 5, 6, 7, 16, 17, 18]
+    assert screen.block_support(torch.tensor([0.0, 9.0, 0.0, 0.0, 8.0]), 0.4, 4, 19).tolist() == [
+        4,
+        5,
+        6,
+        7,
+        16,
+        17,
+        18,
+    ]
     p = screen.topk_fraction(1.0, 1)
     assert p + screen.entropy_bits(p) == pytest.approx(1.0, abs=1e-9) and 0.2 < p < 0.3
     torch.set_num_threads(1)
@@ -337,9 +359,31 @@ def test_a_parallel_sweep_reports_steps_while_its_runs_train(tmp_path):
 
     cache = tmp_path / "runs.json"
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--tasks", "digits", "--steps", "8", "--rows", "dense", "--seeds", "0",
-         "--dense-mults", "1", "3", "--jobs", "2", "--cache", str(cache), "--out", str(tmp_path / "report.md")],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(BENCH),
+            "--tasks",
+            "digits",
+            "--steps",
+            "8",
+            "--rows",
+            "dense",
+            "--seeds",
+            "0",
+            "--dense-mults",
+            "1",
+            "3",
+            "--jobs",
+            "2",
+            "--cache",
+            str(cache),
+            "--out",
+            str(tmp_path / "report.md"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     counts = [int(n) for n in re.findall(r"(\d+)/16 step", out.stderr)]
     assert counts and counts[-1] == 16, out.stderr[-2000:]
@@ -369,15 +413,43 @@ def test_a_node_count_report_shows_carried_cells_until_a_run_of_their_row_replac
     cache, ledger, out = tmp_path / "runs.json", tmp_path / "ledger.json", tmp_path / "report.md"
 
     def cell(row, nodes, held):
-        return {"task": "digits", "nodes": nodes, "row": row, "label": cv.RowSpec.parse(row).label,
-                "best_hp": "lr=0.003" + (" plain" if row != "dense" else ""), "tried": ["lr=0.003"],
-                "held_out": {"0": held}, "up_bytes": 1000.0, "down_bytes": 1000.0, "fp32": 300_000, "batch": 32,
-                "steps": 4}
+        return {
+            "task": "digits",
+            "nodes": nodes,
+            "row": row,
+            "label": cv.RowSpec.parse(row).label,
+            "best_hp": "lr=0.003" + (" plain" if row != "dense" else ""),
+            "tried": ["lr=0.003"],
+            "held_out": {"0": held},
+            "up_bytes": 1000.0,
+            "down_bytes": 1000.0,
+            "fp32": 300_000,
+            "batch": 32,
+            "steps": 4,
+        }
 
-    ledger.write_text(json.dumps({"cells": [cell("dense", 2, 2.0), cell("sparseloco@300/frames", 2, 2.1),
-                                            cell("dense", 4, 9.0)]}))
-    common = ["--tasks", "digits", "--nodes", "2", "--steps", "4", "--rows", "dense", "sparseloco@300/frames",
-              "--seeds", "0", "--cache", str(cache), "--ledger", str(ledger), "--out", str(out)]
+    ledger.write_text(
+        json.dumps({"cells": [cell("dense", 2, 2.0), cell("sparseloco@300/frames", 2, 2.1), cell("dense", 4, 9.0)]})
+    )
+    common = [
+        "--tasks",
+        "digits",
+        "--nodes",
+        "2",
+        "--steps",
+        "4",
+        "--rows",
+        "dense",
+        "sparseloco@300/frames",
+        "--seeds",
+        "0",
+        "--cache",
+        str(cache),
+        "--ledger",
+        str(ledger),
+        "--out",
+        str(out),
+    ]
     torch.set_num_threads(1)
     cn.main(common + ["--report-only"])
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 2 |")]
@@ -405,12 +477,46 @@ def test_a_run_at_an_lr_a_carried_row_did_not_try_joins_its_grid(cv, tmp_path, c
     report shows whichever best is lower on seed 0 and lists the carried lr and the new one as tried."""
     cn = _load_convergence_nodes(cv)
     cache, ledger, out = tmp_path / "runs.json", tmp_path / "ledger.json", tmp_path / "report.md"
-    ledger.write_text(json.dumps({"cells": [{
-        "task": "digits", "nodes": 2, "row": "dense", "label": "dense AdamW", "best_hp": "lr=0.003",
-        "tried": ["lr=0.003"], "held_out": {"0": carried_held, "1": carried_held}, "up_bytes": 1000.0,
-        "down_bytes": 1000.0, "fp32": 300_000, "batch": 32, "steps": 4}]}))
-    common = ["--tasks", "digits", "--nodes", "2", "--steps", "4", "--rows", "dense", "--seeds", "0",
-              "--cache", str(cache), "--ledger", str(ledger), "--out", str(out)]
+    ledger.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        "task": "digits",
+                        "nodes": 2,
+                        "row": "dense",
+                        "label": "dense AdamW",
+                        "best_hp": "lr=0.003",
+                        "tried": ["lr=0.003"],
+                        "held_out": {"0": carried_held, "1": carried_held},
+                        "up_bytes": 1000.0,
+                        "down_bytes": 1000.0,
+                        "fp32": 300_000,
+                        "batch": 32,
+                        "steps": 4,
+                    }
+                ]
+            }
+        )
+    )
+    common = [
+        "--tasks",
+        "digits",
+        "--nodes",
+        "2",
+        "--steps",
+        "4",
+        "--rows",
+        "dense",
+        "--seeds",
+        "0",
+        "--cache",
+        str(cache),
+        "--ledger",
+        str(ledger),
+        "--out",
+        str(out),
+    ]
     torch.set_num_threads(1)
     cn.main(common + ["--dense-mults", "3", "--jobs", "1"])  # lr 0.009: not in the carried grid
     (trained,) = json.loads(cache.read_text()).values()
@@ -478,10 +584,14 @@ def test_batched_nodes_train_as_the_per_node_loop_does(cv, node_batch, row):
     for (s0, up0, h0), (s1, up1, h1) in zip(looped.curve, batched.curve):
         assert (s0, up0) == (s1, up1) and abs(h0 - h1) < 2e-3
     assert abs(looped.train_loss - batched.train_loss) < 2e-3
-    assert (looped.up_bytes_per_step, looped.down_bytes_per_step) == (batched.up_bytes_per_step,
-                                                                       batched.down_bytes_per_step)
-    keys = {cv.run_key("chars", task.scale, spec, "lr=0.01", 0, cv.Settings(full=False, nodes=3, H=4, batched=b), None)
-            for b in (False, True)}
+    assert (looped.up_bytes_per_step, looped.down_bytes_per_step) == (
+        batched.up_bytes_per_step,
+        batched.down_bytes_per_step,
+    )
+    keys = {
+        cv.run_key("chars", task.scale, spec, "lr=0.01", 0, cv.Settings(full=False, nodes=3, H=4, batched=b), None)
+        for b in (False, True)
+    }
     assert len(keys) == 2
 
 
@@ -496,8 +606,10 @@ def test_iid_shards_let_every_node_draw_from_all_the_training_data_in_a_run_of_t
         runs[shards] = cv.run_one(digits, spec, 3e-3, {"outer": "plain"}, 0, 8, settings, None)
     assert runs["iid"].held_out != runs["contiguous"].held_out
     assert all(math.isfinite(r.held_out) and r.held_out < r.curve[0][2] for r in runs.values())
-    keys = {cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4, shards=s),
-                       None) for s in cv.SHARDS}
+    keys = {
+        cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4, shards=s), None)
+        for s in cv.SHARDS
+    }
     assert len(keys) == 2
     assert cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4), None) in keys
 

@@ -283,9 +283,13 @@ def test_select_topk_on_the_cpu_picks_what_torch_topk_picks_where_magnitudes_dif
 
 
 def test_select_topk_on_the_cpu_gives_ties_to_the_lowest_positions_and_ranks_nan_first():
-    coeffs = torch.tensor([[0.0, -2.0, 2.0, 1.0, -2.0, 0.0],
-                           [0.0, 0.0, -0.0, 0.0, 0.0, 0.0],
-                           [1.0, float("nan"), -float("inf"), 3.0, 0.0, 2.0]])
+    coeffs = torch.tensor(
+        [
+            [0.0, -2.0, 2.0, 1.0, -2.0, 0.0],
+            [0.0, 0.0, -0.0, 0.0, 0.0, 0.0],
+            [1.0, float("nan"), -float("inf"), 3.0, 0.0, 2.0],
+        ]
+    )
     idx, vals = D.select_topk(coeffs, 2)
     assert idx.tolist() == [[1, 2], [0, 1], [1, 2]]
     assert vals[0].tolist() == [-2.0, 2.0] and math.isnan(vals[2, 0].item())

@@ -118,10 +118,12 @@ def test_k_is_capped_at_the_chunk_size():
 
 @pytest.mark.parametrize(
     "shape, tile, k",
-    [((1024, 64), (64, 64), 24),  # full tiles keep topk
-     ((1000, 100), (50, 50), 15),  # 2500-element tiles: 24 × 2500 / 4096 = 14.6
-     ((512,), (64,), 1),  # a bias's 64-element tiles: 0.375, at least 1
-     ((7,), (7,), 1)],
+    [
+        ((1024, 64), (64, 64), 24),  # full tiles keep topk
+        ((1000, 100), (50, 50), 15),  # 2500-element tiles: 24 × 2500 / 4096 = 14.6
+        ((512,), (64,), 1),  # a bias's 64-element tiles: 0.375, at least 1
+        ((7,), (7,), 1),
+    ],
 )
 def test_proportional_topk_keeps_a_chunks_share_of_a_full_chunks_budget(shape, tile, k):
     codec = DCTCodec(chunk_shape=(64, 64), topk=24, mode="tiles", topk_scaling="proportional")
@@ -196,8 +198,16 @@ def test_integer_tensors_are_rejected():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(chunk_shape=()), dict(chunk_shape=(0, 4)), dict(chunk_shape=(1,) * 9), dict(chunk_shape=(4097, 4096)),
-     dict(topk=0), dict(mode="zigzag"), dict(mode=2), dict(topk_scaling="density")],
+    [
+        dict(chunk_shape=()),
+        dict(chunk_shape=(0, 4)),
+        dict(chunk_shape=(1,) * 9),
+        dict(chunk_shape=(4097, 4096)),
+        dict(topk=0),
+        dict(mode="zigzag"),
+        dict(mode=2),
+        dict(topk_scaling="density"),
+    ],
 )
 def test_bad_codec_parameters_are_rejected(kwargs):
     with pytest.raises(ValueError):
@@ -211,7 +221,11 @@ def test_make_codec_builds_a_dct_codec():
 
 def test_bundle_of_several_tensors_round_trips():
     codec = DCTCodec(topk=16)
-    tensors = {"a": _rand((64, 64), seed=9), "b": _rand((10,), torch.bfloat16, seed=10), "c": _rand((3, 3, 3, 3), seed=11)}
+    tensors = {
+        "a": _rand((64, 64), seed=9),
+        "b": _rand((10,), torch.bfloat16, seed=10),
+        "c": _rand((3, 3, 3, 3), seed=11),
+    }
     out = gradwire.decode_bundle(codec.encode_bundle(tensors))
     assert list(out) == ["a", "b", "c"]
     for n, t in tensors.items():
@@ -253,7 +267,12 @@ def _params(entry, **changes):
     c = math.prod(p["chunk_shape"])
     nd = len(p["chunk_shape"])
     return struct.pack(f"<BB{nd}I", p["mode"], nd, *p["chunk_shape"]) + struct.pack(
-        "<IBBBQ", p["k"], changes.get("index_bits", index_bits_for(c)), p["value_bits"], p["index_coding"], p["pad_count"]
+        "<IBBBQ",
+        p["k"],
+        changes.get("index_bits", index_bits_for(c)),
+        p["value_bits"],
+        p["index_coding"],
+        p["pad_count"],
     )
 
 
@@ -278,7 +297,11 @@ PARAM_CASES = [
     ("value_bits", lambda e: _params(e, value_bits=3), "value_bits must be 8, 4, 2 or 1"),
     ("index_coding", lambda e: _params(e, index_coding=2), "index_coding must be 0 (fixed-width) or 1 (Rice)"),
     ("pad_count", lambda e: _params(e, pad_count=0), "pad_count must be (C - numel mod C) mod C"),
-    ("pad_count plus C", lambda e: _params(e, pad_count=unpack_params(e.params)["pad_count"] + 256), "pad_count must be"),
+    (
+        "pad_count plus C",
+        lambda e: _params(e, pad_count=unpack_params(e.params)["pad_count"] + 256),
+        "pad_count must be",
+    ),
 ]
 
 
@@ -318,9 +341,17 @@ def test_mode1_chunk_shape_is_recomputed_and_must_match():
 
 def test_mode1_needs_an_element():
     e = gradwire.Entry(
-        name="w", codec=1, dtype=torch.float32, shape=(0, 4), params=pack_params(1, (1, 1), 1, 0),
-        sections={"idx": np.zeros(0, np.uint8), "val": np.zeros(0, np.int8),
-                  "scale": np.zeros(0, np.float32), "min": np.zeros(0, np.float32)},
+        name="w",
+        codec=1,
+        dtype=torch.float32,
+        shape=(0, 4),
+        params=pack_params(1, (1, 1), 1, 0),
+        sections={
+            "idx": np.zeros(0, np.uint8),
+            "val": np.zeros(0, np.int8),
+            "scale": np.zeros(0, np.float32),
+            "min": np.zeros(0, np.float32),
+        },
     )
     with pytest.raises(FrameError, match="at least one element"):
         _decode_edited(e)
@@ -349,7 +380,8 @@ def test_sections_out_of_order_are_rejected():
 
 
 @pytest.mark.parametrize(
-    "name, dtype", [("idx", np.uint16), ("val", np.uint8), ("scale", np.float64), ("min", np.float16), ("scale", np.int32)]
+    "name, dtype",
+    [("idx", np.uint16), ("val", np.uint8), ("scale", np.float64), ("min", np.float16), ("scale", np.int32)],
 )
 def test_section_of_the_wrong_type_is_rejected(name, dtype):
     e = _good()
@@ -366,8 +398,15 @@ def test_bf16_tagged_scale_is_rejected():
         _decode_edited(e)
 
 
-@pytest.mark.parametrize("name, rule", [("idx", "ceil(num_chunks * k * index_bits / 8)"), ("val", "num_chunks * k"),
-                                        ("scale", "num_chunks"), ("min", "num_chunks")])
+@pytest.mark.parametrize(
+    "name, rule",
+    [
+        ("idx", "ceil(num_chunks * k * index_bits / 8)"),
+        ("val", "num_chunks * k"),
+        ("scale", "num_chunks"),
+        ("min", "num_chunks"),
+    ],
+)
 @pytest.mark.parametrize("delta", [-1, 1])
 def test_section_of_the_wrong_length_is_rejected(name, rule, delta):
     e = _good()
@@ -379,7 +418,9 @@ def test_section_of_the_wrong_length_is_rejected(name, rule, delta):
 
 def _set_indices(e, idx):
     p = unpack_params(e.params)
-    e.sections["idx"] = np.frombuffer(wire.pack_bits(idx.reshape(-1).astype(np.uint32), p["index_bits"]), np.uint8).copy()
+    e.sections["idx"] = np.frombuffer(
+        wire.pack_bits(idx.reshape(-1).astype(np.uint32), p["index_bits"]), np.uint8
+    ).copy()
 
 
 def _indices(e):
@@ -420,10 +461,15 @@ def test_indices_repeated_or_not_ascending_are_rejected(how):
 
 @pytest.mark.parametrize(
     "name, value, rule",
-    [("scale", 0.0, "scales must be > 0"), ("scale", -1.0, "scales must be > 0"),
-     ("scale", np.nan, "scales must be finite"), ("scale", np.inf, "scales must be finite"),
-     ("min", np.nan, "mins must be finite"), ("min", -np.inf, "mins must be finite"),
-     ("scale", 3e38, "dequantized coefficients must be finite")],
+    [
+        ("scale", 0.0, "scales must be > 0"),
+        ("scale", -1.0, "scales must be > 0"),
+        ("scale", np.nan, "scales must be finite"),
+        ("scale", np.inf, "scales must be finite"),
+        ("min", np.nan, "mins must be finite"),
+        ("min", -np.inf, "mins must be finite"),
+        ("scale", 3e38, "dequantized coefficients must be finite"),
+    ],
 )
 def test_bad_scales_and_mins_are_rejected(name, value, rule):
     e = _good()
@@ -489,8 +535,15 @@ def test_tiles_fall_back_to_flat_chunks_where_tiles_would_be_small():
     p = _mode_of(codec, (103, 64))
     assert p["mode"] == D.MODE_FLAT and p["chunk_shape"] == (64, 64)
     # Normal weights keep their tiles; so do tensors that fit one tile, and half-size tiles.
-    for shape, tile in [((256, 512), (64, 64)), ((1000, 1000), (50, 50)), ((8, 12), (8, 12)), ((96, 10), (48, 10)),
-                        ((70,), (35,)), ((4, 2, 3, 3), (4, 18)), ((97,), None)]:
+    for shape, tile in [
+        ((256, 512), (64, 64)),
+        ((1000, 1000), (50, 50)),
+        ((8, 12), (8, 12)),
+        ((96, 10), (48, 10)),
+        ((70,), (35,)),
+        ((4, 2, 3, 3), (4, 18)),
+        ((97,), None),
+    ]:
         p = _mode_of(codec, shape)
         if tile is None:
             # A prime-length vector longer than a tile (its tiles had 1 element before the fallback).
@@ -541,11 +594,15 @@ BUNDLE = {
 }
 
 
-@pytest.mark.parametrize("codec", [
-    DCTCodec(topk=16, mode="tiles"),
-    DCTCodec(topk=7, mode="tiles", index_coding="rice", value_bits=2, topk_scaling="proportional"),
-    DCTCodec(chunk_shape=(64,), topk=5, mode="flat", index_coding="auto", value_bits=4),
-], ids=repr)
+@pytest.mark.parametrize(
+    "codec",
+    [
+        DCTCodec(topk=16, mode="tiles"),
+        DCTCodec(topk=7, mode="tiles", index_coding="rice", value_bits=2, topk_scaling="proportional"),
+        DCTCodec(chunk_shape=(64,), topk=5, mode="flat", index_coding="auto", value_bits=4),
+    ],
+    ids=repr,
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_bundle_compressed_in_one_batch_gives_each_tensors_own_record_and_reconstruction(codec, dtype):
     tensors = {n: _rand(s, dtype, seed=i) for i, (n, s) in enumerate(BUNDLE.items())}
@@ -582,15 +639,21 @@ def test_decode_level_chunks_decodes_stacked_records_to_each_records_bits():
     from gradwire import dct
 
     codec = DCTCodec(topk=9, mode="tiles")
-    parts = [codec.compress_coefficients(dct.encode_chunks(_rand(s, seed=i), codec.plan(s)), codec.plan(s))[1]
-             for i, s in enumerate([(128, 64), (64, 192), (256, 64)])]
-    stacked = dct.decode_level_chunks(torch.cat([p.idx for p in parts]), torch.cat([p.levels for p in parts]),
-                                      torch.cat([p.scales for p in parts]), torch.cat([p.mins for p in parts]),
-                                      (64, 64))
+    parts = [
+        codec.compress_coefficients(dct.encode_chunks(_rand(s, seed=i), codec.plan(s)), codec.plan(s))[1]
+        for i, s in enumerate([(128, 64), (64, 192), (256, 64)])
+    ]
+    stacked = dct.decode_level_chunks(
+        torch.cat([p.idx for p in parts]),
+        torch.cat([p.levels for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        torch.cat([p.mins for p in parts]),
+        (64, 64),
+    )
     row = 0
     for p in parts:
         n = p.plan.num_chunks
-        assert torch.equal(dct.from_chunks(stacked[row:row + n], p.plan), p.decode())
+        assert torch.equal(dct.from_chunks(stacked[row : row + n], p.plan), p.decode())
         row += n
 
 
@@ -612,8 +675,10 @@ def test_a_gpu_decode_of_a_large_tiled_tensor_takes_a_few_blocks_within_its_scra
 
 
 def _mixed_records(seed: int):
-    codecs = [DCTCodec(topk=9, mode="tiles"), DCTCodec(topk=12, mode="tiles", topk_scaling="proportional",
-                                                       value_bits=4, index_coding="rice")]
+    codecs = [
+        DCTCodec(topk=9, mode="tiles"),
+        DCTCodec(topk=12, mode="tiles", topk_scaling="proportional", value_bits=4, index_coding="rice"),
+    ]
     shapes = {"a": (128, 64), "b": (64, 192), "bias": (100,), "empty": (0, 3), "odd": (37, 5), "c": (60, 64)}
     out = []
     for j, codec in enumerate(codecs):
@@ -645,8 +710,15 @@ def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_b
     bad = entries[7]  # b1: a 64×192 weight
     bad_val = bad.sections["scale"].copy()
     bad_val[0] = -1.0
-    entries[7] = Entry(name=bad.name, codec=bad.codec, dtype=bad.dtype, shape=bad.shape, params=bad.params,
-                       sections={**bad.sections, "scale": bad_val}, section_elems={})
+    entries[7] = Entry(
+        name=bad.name,
+        codec=bad.codec,
+        dtype=bad.dtype,
+        shape=bad.shape,
+        params=bad.params,
+        sections={**bad.sections, "scale": bad_val},
+        section_elems={},
+    )
     monkeypatch.setattr(cd, "_decodes_stacked", lambda dev: True)
     stacked = []
     monkeypatch.setattr(cd, "_decode_stacked", lambda *a: stacked.append(a))
@@ -692,10 +764,13 @@ def test_an_own_record_taken_as_kept_is_what_parsing_its_bytes_gives(value_bits,
     what the hostile-input parser reads from the record's bytes (positions, levels, grid, coefficients)."""
     from gradwire.codecs.dct_parse import _parse_record, own_records_trusted, parse_record
 
-    codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=topk, mode="tiles", value_bits=value_bits,
-                              index_coding="rice")
+    codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=topk, mode="tiles", value_bits=value_bits, index_coding="rice")
     g = torch.Generator().manual_seed(5)
-    tensors = {"w": torch.randn(256, 128, generator=g), "b": torch.randn(300, generator=g), "v": torch.randn(64, 192, generator=g)}
+    tensors = {
+        "w": torch.randn(256, 128, generator=g),
+        "b": torch.randn(300, generator=g),
+        "v": torch.randn(64, 192, generator=g),
+    }
     done = codec.compress_bundle(tensors)
     for name, (entry, _) in done.items():
         parsed = _parse_record(entry, torch.device("cpu"))

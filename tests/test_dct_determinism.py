@@ -27,7 +27,9 @@ def _levels(plan, k, seed):
     return idx, levels, scales, mins
 
 
-@pytest.mark.parametrize("chunk, k", [((64, 64), 32), ((8, 8), 16), ((16,), 5), ((4, 4, 4), 7), ((8, 8), 60), ((1024,), 3)])
+@pytest.mark.parametrize(
+    "chunk, k", [((64, 64), 32), ((8, 8), 16), ((16,), 5), ((4, 4, 4), 7), ((8, 8), 60), ((1024,), 3)]
+)
 def test_exact_decode_matches_the_matrix_inverse(chunk, k):
     plan = D.plan_flat((3000,), chunk)
     idx, levels, scales, mins = _levels(plan, k, 0)
@@ -39,7 +41,17 @@ def test_exact_decode_matches_the_matrix_inverse(chunk, k):
 
 
 @pytest.mark.parametrize(
-    "chunk, k", [((64, 64), 32), ((64, 64), 700), ((8, 8), 60), ((4, 4, 4), 7), ((4, 5, 6), 50), ((16,), 5), ((64,), 32), ((6, 10), 1)]
+    "chunk, k",
+    [
+        ((64, 64), 32),
+        ((64, 64), 700),
+        ((8, 8), 60),
+        ((4, 4, 4), 7),
+        ((4, 5, 6), 50),
+        ((16,), 5),
+        ((64,), 32),
+        ((6, 10), 1),
+    ],
 )
 def test_every_route_gives_the_same_bits(chunk, k):
     plan = D.plan_flat((20000,), chunk)
@@ -49,8 +61,9 @@ def test_every_route_gives_the_same_bits(chunk, k):
         assert torch.equal(D.decode_levels(*args, plan, route=route), dense), route
 
 
-@pytest.mark.parametrize("shape, k", [((192, 320), 40), ((64, 64), 100), ((130, 64 * 7), 30), ((96, 4, 5), 9),
-                                     ((90, 252), 20)])
+@pytest.mark.parametrize(
+    "shape, k", [((192, 320), 40), ((64, 64), 100), ((130, 64 * 7), 30), ((96, 4, 5), 9), ((90, 252), 20)]
+)
 def test_tiles_decode_in_place_by_every_route(restore_threads, monkeypatch, shape, k):
     # The rows route combines tiles straight into the matrix (no tile-to-matrix copy); a block of
     # chunks may start and end inside a tile row, so small blocks and odd grids are tried too. Blocks
@@ -76,14 +89,13 @@ def test_an_unknown_route_is_refused():
 
 
 def test_the_rows_kernel_refuses_a_position_outside_the_chunk():
-    from gradwire import _native
     import numpy as np
+
+    from gradwire import _native
 
     out = np.zeros(2 * 2 * 4)
     with pytest.raises(_native.WireError) as err:
-        _native.dct_scatter_basis_rows(
-            np.array([0, 8]), np.array([1, 1], dtype=np.int16), 2, 2, 4, np.ones(16), out
-        )
+        _native.dct_scatter_basis_rows(np.array([0, 8]), np.array([1, 1], dtype=np.int16), 2, 2, 4, np.ones(16), out)
     assert err.value.kind == "index_out_of_range" and not out.any()
 
 
@@ -120,8 +132,9 @@ def test_the_rows_route_gives_the_same_bits_on_any_thread_count(restore_threads,
 
 
 def test_the_combine_kernel_refuses_mismatched_sizes():
-    from gradwire import _native
     import numpy as np
+
+    from gradwire import _native
 
     out = np.zeros(2 * 3 * 4, dtype=np.float32)
     with pytest.raises(_native.WireError) as err:

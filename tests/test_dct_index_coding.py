@@ -285,8 +285,11 @@ def test_one_native_call_codes_every_record_as_the_single_kernels_do(index_codin
         fixed = wire.pack_bits(idx, bits)
         rice_param, rice_len = wire.rice_param(idx, c, set_len=k)
         rice = wire.rice_encode(idx, c, rice_param, set_len=k)
-        want = {"fixed": (INDEX_CODING_FIXED, fixed), "rice": (INDEX_CODING_RICE, rice),
-                "auto": (INDEX_CODING_FIXED, fixed) if len(fixed) <= len(rice) else (INDEX_CODING_RICE, rice)}
+        want = {
+            "fixed": (INDEX_CODING_FIXED, fixed),
+            "rice": (INDEX_CODING_RICE, rice),
+            "auto": (INDEX_CODING_FIXED, fixed) if len(fixed) <= len(rice) else (INDEX_CODING_RICE, rice),
+        }
         coding, stream = want[index_coding]
         assert p["index_coding"] == coding and bytes(entry.sections["idx"]) == stream
         if value_bits < 8:
@@ -299,13 +302,16 @@ def test_the_native_payload_call_refuses_layouts_that_do_not_add_up():
     from gradwire.errors import WireError
 
     with pytest.raises(WireError) as err:
-        _native.dct_payloads(np.arange(5, dtype=np.uint32), np.empty(0, np.uint32),
-                             np.array([1, 4, 16], dtype=np.uint64), 0, 8)
+        _native.dct_payloads(
+            np.arange(5, dtype=np.uint32), np.empty(0, np.uint32), np.array([1, 4, 16], dtype=np.uint64), 0, 8
+        )
     assert err.value.kind == "length_mismatch"
     with pytest.raises(WireError) as err:
-        _native.dct_payloads(np.array([3, 1], dtype=np.uint32), np.empty(0, np.uint32),
-                             np.array([1, 2, 16], dtype=np.uint64), 1, 8)
+        _native.dct_payloads(
+            np.array([3, 1], dtype=np.uint32), np.empty(0, np.uint32), np.array([1, 2, 16], dtype=np.uint64), 1, 8
+        )
     assert err.value.kind == "not_strictly_ascending"
     with pytest.raises(ValueError, match="index_coding must be 0, 1 or 2"):
-        _native.dct_payloads(np.array([1, 3], dtype=np.uint32), np.empty(0, np.uint32),
-                             np.array([1, 2, 16], dtype=np.uint64), 7, 8)
+        _native.dct_payloads(
+            np.array([1, 3], dtype=np.uint32), np.empty(0, np.uint32), np.array([1, 2, 16], dtype=np.uint64), 7, 8
+        )

@@ -4,8 +4,7 @@ bits; its digit counts come from bounds, not data; a device picks a route by mea
 import pytest
 import torch
 
-from gradwire.dct import decode
-from gradwire.dct import route_choice
+from gradwire.dct import decode, route_choice
 from gradwire.dct.integer import digit_count, exact_int_mm, int_digits, integer_basis, rows_level_sums_int
 
 
@@ -95,7 +94,11 @@ def test_auto_picks_the_faster_route_once_per_shape_and_modes_override(monkeypat
         assert route_choice.device_route(60, (64, 64), dev, "rows", time_route) == "integer" and len(calls) == n
         (row,) = route_choice.choices()
         assert row["route"] == "integer" and row["k_bucket"] == 64 and row["rows_ms"] > row["integer_ms"]
-        assert route_choice.kept_route(dev, (64, 64), 50) == "integer" and route_choice.kept_route(dev, (64, 64), 8) is None
+        assert (
+            route_choice.kept_route(dev, (64, 64), 50) == "integer"
+            and route_choice.kept_route(dev, (64, 64), 8) is None
+        )
+
         # a device without the int8 kernel: auto keeps the float64 route
         def no_int8(route):
             if route == "integer":

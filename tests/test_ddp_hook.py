@@ -12,8 +12,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire
 import gradwire.torch as gt
-from gradwire.frame import Limits
 from distributed_toys import all_ranks_equal, flat_parameters, gather, make_model, shard
+from gradwire.frame import Limits
 
 # Small buckets, so DDP's rebuild after iteration 0 regroups the parameters into two buckets.
 BUCKET_MB = 0.001

@@ -9,8 +9,6 @@ tiny last one, one per parameter) leaves a rank waiting (every collective is bou
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
@@ -18,10 +16,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire
 import gradwire.torch as gt
+from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
 from gradwire.algorithms import exact_mean
 from gradwire.feedback import ErrorFeedback
 from gradwire.frame import read_frame, write_frame
-from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
 
 # A hang fails the test within this many seconds instead of blocking the suite.
 TIMEOUT_S = 30.0
@@ -166,7 +164,9 @@ def _many_buckets(rank: int, world: int, codec_name: str, bucket_mb: float, step
         bucket_counts.append(len(layouts))
         bucket_sizes |= {sum(reference.params[i].numel() for i in b) for b in layouts}
         reference.step(x, y, list(layouts), step, rank, world)
-    overlapped, blocking, by_hand = (flat_parameters(m) for m in (nets[True][0].module, nets[False][0].module, reference.model))
+    overlapped, blocking, by_hand = (
+        flat_parameters(m) for m in (nets[True][0].module, nets[False][0].module, reference.model)
+    )
     return dict(
         overlap_vs_blocking=torch.equal(overlapped, blocking),
         overlap_vs_reference=torch.equal(overlapped, by_hand),

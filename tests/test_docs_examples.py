@@ -27,8 +27,8 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -96,12 +96,18 @@ def _of(language: str, *, running: bool) -> list[Block]:
 
 def test_every_block_says_what_it_is():
     unmarked = [b.id for b in BLOCKS if not b.language]
-    assert not unmarked, (f"code blocks without an info string: {unmarked}; give each one: python or sh (run by "
-                          f"{Path(__file__).name}), json, text (output, diagrams), or '<language> no-run' with a "
-                          f"first-line comment saying why")
+    assert not unmarked, (
+        f"code blocks without an info string: {unmarked}; give each one: python or sh (run by "
+        f"{Path(__file__).name}), json, text (output, diagrams), or '<language> no-run' with a "
+        f"first-line comment saying why"
+    )
     unknown = [f"{b.id} ({b.language})" for b in BLOCKS if b.language not in KNOWN and "no-run" not in b.flags]
     assert not unknown, f"blocks in a language this test cannot run, not marked no-run: {unknown}"
-    silent = [b.id for b in BLOCKS if "no-run" in b.flags and not COMMENT.match(b.code.splitlines()[0] if b.code.strip() else "")]
+    silent = [
+        b.id
+        for b in BLOCKS
+        if "no-run" in b.flags and not COMMENT.match(b.code.splitlines()[0] if b.code.strip() else "")
+    ]
     assert not silent, f"no-run blocks whose first line is not a comment saying why: {silent}"
     assert len(_of("python", running=True)) >= 5  # the harness found the examples
 
@@ -127,8 +133,9 @@ def given_model(ctx) -> Iterator[dict]:
     model = _small_model()
     x, y = _batches(1)[0]
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    yield dict(model=model, data=_batches(), loader=_batches(), loss_fn=torch.nn.functional.cross_entropy, step=0,
-               node_id=1)
+    yield dict(
+        model=model, data=_batches(), loader=_batches(), loss_fn=torch.nn.functional.cross_entropy, step=0, node_id=1
+    )
 
 
 @contextlib.contextmanager
@@ -160,7 +167,9 @@ def given_node(ctx) -> Iterator[dict]:
     """:func:`given_model`, and a run on the test's server holding that model (AdamW, the uplink the README
     names, quorum 1) with one registered node: ``run_id``, ``node_id``, ``token``."""
     with given_model(ctx) as names, GradwireClient(ctx.server.url, ctx.server.admin_token) as admin:
-        run_id = admin.create_run({"quorum": 1, "uplink": {"codec": "dct", "params": {"chunk_shape": [64, 64], "topk": 32}}})
+        run_id = admin.create_run(
+            {"quorum": 1, "uplink": {"codec": "dct", "params": {"chunk_shape": [64, 64], "topk": 32}}}
+        )
         admin.put_state(run_id, names["model"].state_dict())
         node_id, token = admin.register_node(run_id, "docs")
         yield {**names, "run_id": run_id, "node_id": node_id, "token": token}
@@ -234,8 +243,10 @@ def _check_signatures(block: Block) -> None:
         dotted, params = m.groups()
         module_name, _, attr = dotted.rpartition(".")
         real = inspect.signature(getattr(importlib.import_module(module_name), attr))
-        real = real.replace(parameters=[p.replace(annotation=inspect.Parameter.empty) for p in real.parameters.values()],
-                            return_annotation=inspect.Signature.empty)  # the docs leave the types out
+        real = real.replace(
+            parameters=[p.replace(annotation=inspect.Parameter.empty) for p in real.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )  # the docs leave the types out
         documented = inspect.signature(_function_from(params))
         assert str(documented) == str(real), f"{block.id}: {dotted}{documented}\n  but the code says {dotted}{real}"
 
@@ -289,8 +300,14 @@ def test_shell_block_runs(block, server, tmp_path):
     env = {**os.environ, "ADMIN": server.admin_token, "GRADWIRE_ADMIN_TOKEN": server.admin_token}
     setup = _shell_setup(block, server, tmp_path)
     env.update(setup)
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", _at(server, block.code)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _at(server, block.code)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, f"{block.id}:\n{proc.stdout}\n{proc.stderr}"
 
 

@@ -36,8 +36,18 @@ def test_compressed_run_trains_and_every_node_ends_bit_identical(live_server, tm
     initial_loss, _ = evaluate(before, data)
 
     result = run_distributed(
-        live_server.url, live_server.admin_token, label="dct", uplink=DCT, downlink=DCT,
-        task=DigitsTask(data=data), workers=3, rounds=15, lr=1e-2, batch_size=64, log_dir=tmp_path, progress=False,
+        live_server.url,
+        live_server.admin_token,
+        label="dct",
+        uplink=DCT,
+        downlink=DCT,
+        task=DigitsTask(data=data),
+        workers=3,
+        rounds=15,
+        lr=1e-2,
+        batch_size=64,
+        log_dir=tmp_path,
+        progress=False,
         timeout=240,
     )
 
@@ -64,9 +74,19 @@ def test_late_joiner_catches_up_from_the_full_state(live_server, tmp_path):
     # Quorum 2 of 3: the two early nodes carry the run until the third joins at version 5; after that
     # some submissions lose the race for their round and go back into the residual.
     result = run_distributed(
-        live_server.url, live_server.admin_token, label="late", uplink=DCT, downlink=DCT,
-        workers=3, rounds=12, lr=1e-2, run_config={"quorum": 2}, join_at={2: 5},
-        log_dir=tmp_path, progress=False, timeout=240,
+        live_server.url,
+        live_server.admin_token,
+        label="late",
+        uplink=DCT,
+        downlink=DCT,
+        workers=3,
+        rounds=12,
+        lr=1e-2,
+        run_config={"quorum": 2},
+        join_at={2: 5},
+        log_dir=tmp_path,
+        progress=False,
+        timeout=240,
     )
     assert result.joined[1] == 0 and result.joined[2] == 0
     assert result.joined[3] >= 5
@@ -77,14 +97,19 @@ def test_late_joiner_catches_up_from_the_full_state(live_server, tmp_path):
 def _node_pair(url, admin_token, *, keep_versions=1000, device="cpu"):
     """A quorum-1 run with two in-process nodes on it."""
     admin = GradwireClient(url, admin_token)
-    run_id = admin.create_run({"uplink": DCT, "downlink": DCT, "quorum": 1, "keep_versions": keep_versions,
-                               "optimizer": {"lr": 1e-2}})
+    run_id = admin.create_run(
+        {"uplink": DCT, "downlink": DCT, "quorum": 1, "keep_versions": keep_versions, "optimizer": {"lr": 1e-2}}
+    )
     admin.put_state(run_id, _initial_state(hidden=16))
     nodes = []
     for _ in range(2):
         node_id, token = admin.register_node(run_id)
         model = digits_mlp(16).to(device)
-        nodes.append(Node(GradwireClient(url, token), run_id, model, gradwire.make_codec("dct", **DCT["params"]), node_id, wait=10))
+        nodes.append(
+            Node(
+                GradwireClient(url, token), run_id, model, gradwire.make_codec("dct", **DCT["params"]), node_id, wait=10
+            )
+        )
     return admin, run_id, nodes
 
 

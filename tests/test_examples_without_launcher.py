@@ -19,8 +19,9 @@ LAUNCHER = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 @pytest.mark.parametrize("script", ["sparseloco_torchrun.py", "demo_torchrun.py", "ddp_digits.py"])
 def test_example_without_a_launcher_is_a_usage_error(script):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "torchrun --nproc-per-node 2" in lines[0] and "RANK" in lines[0]

@@ -16,8 +16,8 @@ import tempfile
 import httpx
 import pytest
 import schemathesis
-from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from gradwire_server.app import create_app
 from gradwire_server.settings import ServerSettings
@@ -61,9 +61,21 @@ def test_the_schema_is_the_live_one(server):
 #: Refusals that depend on what binary bytes hold or on the run's state, which no schema can say: a
 #: schema-valid request may get these (each documented for its operation), and only these.
 CONTENT_OR_STATE = {
-    "bad_frame", "bad_state", "not_a_bundle", "sender_mismatch", "round_mismatch", "tensor_mismatch",
-    "non_finite", "norm_too_large", "version_ahead", "too_far_behind", "round_closed", "frame_too_large",
-    "state_too_large", "run_binding_mismatch", "run_binding_missing",
+    "bad_frame",
+    "bad_state",
+    "not_a_bundle",
+    "sender_mismatch",
+    "round_mismatch",
+    "tensor_mismatch",
+    "non_finite",
+    "norm_too_large",
+    "version_ahead",
+    "too_far_behind",
+    "round_closed",
+    "frame_too_large",
+    "state_too_large",
+    "run_binding_mismatch",
+    "run_binding_missing",
 }
 
 
@@ -96,8 +108,9 @@ def _destructive(case) -> bool:
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 def test_every_operation_keeps_the_contract(case, run, server):
     # each generated request as is (a made-up run id: an unknown run) and on the real run, with the admin
     # token and with a node's

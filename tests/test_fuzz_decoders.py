@@ -81,8 +81,12 @@ def _model_frames() -> list[bytes]:
 
 def _published() -> list[bytes]:
     identity = make_codec("identity")
-    node = [gradwire.write_frame([identity.compress(torch.full((6,), float(i)), "x")[0]], round=4, sender=i + 1,
-                                 bundle=True) for i in range(3)]
+    node = [
+        gradwire.write_frame(
+            [identity.compress(torch.full((6,), float(i)), "x")[0]], round=4, sender=i + 1, bundle=True
+        )
+        for i in range(3)
+    ]
     dct = make_codec("dct")
     aggregate = [entry for entry, _ in dct.compress_bundle({"x": torch.randn(8, 8)}).values()]
     return [
@@ -288,9 +292,16 @@ def test_mutated_published_versions(version, data):
 
 
 @FUZZ
-@given(data=st.binary(max_size=64), bits=st.integers(0, 40), count=st.integers(0, 600),
-       universe=st.integers(0, 1 << 40), param=st.integers(0, 40), set_len=st.integers(0, 40),
-       kind=st.sampled_from(["gamma", "omega"]), expected=st.none() | st.integers(0, 4000))
+@given(
+    data=st.binary(max_size=64),
+    bits=st.integers(0, 40),
+    count=st.integers(0, 600),
+    universe=st.integers(0, 1 << 40),
+    param=st.integers(0, 40),
+    set_len=st.integers(0, 40),
+    kind=st.sampled_from(["gamma", "omega"]),
+    expected=st.none() | st.integers(0, 4000),
+)
 def test_section_decoders(data, bits, count, universe, param, set_len, kind, expected):
     typed(wire.unpack_bits, data, bits, count)
     typed(wire.unpack_bits_exact, data, bits, count)

@@ -19,8 +19,20 @@ ROOTS = {
 }
 LIBRARY = "gradwire"
 #: Packages the library must never import, directly or through another module of it.
-NOT_FOR_THE_LIBRARY = ("gradwire_apps", "gradwire_server", "typer", "rich", "tqdm", "sklearn", "matplotlib",
-                       "fastapi", "uvicorn", "starlette", "pydantic_settings", "prometheus_client")
+NOT_FOR_THE_LIBRARY = (
+    "gradwire_apps",
+    "gradwire_server",
+    "typer",
+    "rich",
+    "tqdm",
+    "sklearn",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "pydantic_settings",
+    "prometheus_client",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -146,7 +158,8 @@ def test_nothing_reaches_code_through_sys_path():
         str(path.relative_to(REPO))
         for folder in ("python", "server", "tests", "bench", "examples")
         for path in (REPO / folder).rglob("*.py")
-        if path != Path(__file__).resolve() and ("sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())
+        if path != Path(__file__).resolve()
+        and ("sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())
     ]
     assert not hits, hits
 
@@ -206,7 +219,9 @@ def test_the_architecture_table_maps_every_library_module_and_its_imports():
         documented = {_row_of(f"{LIBRARY}.{name}", keys) for name in table[key]}
         documented.discard(key)
         if documented != measured[key]:
-            wrong.append(f"`{key}`: table says {sorted(d or '?' for d in documented)}, imports are {sorted(measured[key])}")
+            wrong.append(
+                f"`{key}`: table says {sorted(d or '?' for d in documented)}, imports are {sorted(measured[key])}"
+            )
     assert not wrong, "docs/ARCHITECTURE.md's library table is out of date:\n" + "\n".join(wrong)
 
 

@@ -12,12 +12,28 @@ import sys
 
 #: Import names that belong to the applications (gradwire_apps, the apps extra) or to the server.
 APP_MODULES = (
-    "typer", "rich", "tqdm", "sklearn", "matplotlib", "fastapi", "uvicorn", "starlette", "gradwire_server",
+    "typer",
+    "rich",
+    "tqdm",
+    "sklearn",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "gradwire_server",
     "gradwire_apps",
 )
 #: The same, as distribution names in the metadata.
 APP_DISTRIBUTIONS = (
-    "typer", "rich", "tqdm", "scikit-learn", "matplotlib", "fastapi", "uvicorn", "starlette", "gradwire-server",
+    "typer",
+    "rich",
+    "tqdm",
+    "scikit-learn",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "gradwire-server",
 )
 
 

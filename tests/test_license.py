@@ -19,8 +19,9 @@ def test_license_is_the_apache_2_0_text():
 def test_every_package_declares_apache_2_0():
     declared = {
         "pyproject.toml": re.search(r'^license = \{ text = "([^"]+)" \}', (ROOT / "pyproject.toml").read_text(), re.M),
-        "server/pyproject.toml": re.search(r'^license = \{ text = "([^"]+)" \}',
-                                           (ROOT / "server" / "pyproject.toml").read_text(), re.M),
+        "server/pyproject.toml": re.search(
+            r'^license = \{ text = "([^"]+)" \}', (ROOT / "server" / "pyproject.toml").read_text(), re.M
+        ),
         "Cargo.toml": re.search(r'^license = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M),
     }
     assert {name: m and m.group(1) for name, m in declared.items()} == dict.fromkeys(declared, "Apache-2.0")

@@ -75,9 +75,17 @@ def test_spec_bytes_follow_the_format_byte_for_byte():
     spec = ModelSpec([("a.w", torch.float32, (2, 3)), ("é", torch.bfloat16, ()), ("b", torch.float16, (0, 4))])
     want = (
         struct.pack("<I", 3)
-        + struct.pack("<H", 3) + b"a.w" + bytes([10, 2]) + struct.pack("<2Q", 2, 3)
-        + struct.pack("<H", 2) + "é".encode() + bytes([9, 0])
-        + struct.pack("<H", 1) + b"b" + bytes([8, 2]) + struct.pack("<2Q", 0, 4)
+        + struct.pack("<H", 3)
+        + b"a.w"
+        + bytes([10, 2])
+        + struct.pack("<2Q", 2, 3)
+        + struct.pack("<H", 2)
+        + "é".encode()
+        + bytes([9, 0])
+        + struct.pack("<H", 1)
+        + b"b"
+        + bytes([8, 2])
+        + struct.pack("<2Q", 0, 4)
     )
     assert spec.encode() == want
     assert spec.hash == hashlib.blake2b(want, digest_size=16).hexdigest()
@@ -117,8 +125,14 @@ def test_a_bad_spec_is_refused(items, match):
 
 def test_spec_bytes_are_checked_when_read():
     good = ModelSpec([("a", torch.float32, (2, 3))]).encode()
-    for bad in (good[:-1], good + b"\0", struct.pack("<I", 0), good[:6] + b"\xff" + good[7:],
-                good[:7] + bytes([3]) + good[8:], good[:8] + bytes([9]) + good[9:]):
+    for bad in (
+        good[:-1],
+        good + b"\0",
+        struct.pack("<I", 0),
+        good[:6] + b"\xff" + good[7:],
+        good[:7] + bytes([3]) + good[8:],
+        good[:8] + bytes([9]) + good[9:],
+    ):
         with pytest.raises(ValueError):
             ModelSpec.from_bytes(bad)
 
@@ -159,7 +173,12 @@ def test_flatten_refuses_tensors_that_are_not_the_specs():
     extra = dict(named, more=torch.zeros(2))
     reshaped = dict(named, **{"block.0.weight": named["block.0.weight"].t().reshape(16, 16).reshape(8, 32)})
     retyped = dict(named, scale=named["scale"].double())
-    for bad, match in ((missing, "missing"), (extra, "not in the spec"), (reshaped, "spec says"), (retyped, "spec says")):
+    for bad, match in (
+        (missing, "missing"),
+        (extra, "not in the spec"),
+        (reshaped, "spec says"),
+        (retyped, "spec says"),
+    ):
         with pytest.raises(ValueError, match=match):
             spec.flatten(bad)
     with pytest.raises(ValueError, match="1-D tensor"):
@@ -285,15 +304,19 @@ def test_a_receiver_with_another_spec_rejects_the_frame(change):
 def model_entry(spec: ModelSpec, *, numel=None, name=None, dtype=torch.float32) -> Entry:
     n = spec.numel if numel is None else numel
     return Entry(
-        name=spec.record_name if name is None else name, codec=0, dtype=dtype, shape=(n,),
+        name=spec.record_name if name is None else name,
+        codec=0,
+        dtype=dtype,
+        shape=(n,),
         sections={"data": np.zeros(n, dtype=np.float32)},
     )
 
 
 def test_hostile_model_frames_are_rejected():
     spec = ModelSpec.from_tensors(tensors())
-    other = Entry(name="head.weight", codec=0, dtype=torch.float32, shape=(2,),
-                  sections={"data": np.zeros(2, dtype=np.float32)})
+    other = Entry(
+        name="head.weight", codec=0, dtype=torch.float32, shape=(2,), sections={"data": np.zeros(2, dtype=np.float32)}
+    )
     cases = {
         "wrong length": write_frame([model_entry(spec, numel=spec.numel - 1)], bundle=True),
         "longer": write_frame([model_entry(spec, numel=spec.numel + 1)], bundle=True),
@@ -303,8 +326,9 @@ def test_hostile_model_frames_are_rejected():
         "no record": write_frame([], bundle=True),
         "tensor frame": write_frame([model_entry(spec)]),
         "per-tensor bundle": IdentityCodec().encode_bundle(tensors()),
-        "upper-case hash": write_frame([model_entry(spec, name=spec.record_name.upper().replace("@MODEL", "@model"))],
-                                       bundle=True),
+        "upper-case hash": write_frame(
+            [model_entry(spec, name=spec.record_name.upper().replace("@MODEL", "@model"))], bundle=True
+        ),
         "short hash": write_frame([model_entry(spec, name=spec.record_name[:-1])], bundle=True),
     }
     for what, frame in cases.items():

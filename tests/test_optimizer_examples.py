@@ -15,8 +15,16 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _torchrun(script: str, *args: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(EXAMPLES / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLES / script),
+        *args,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

@@ -33,8 +33,15 @@ def _build(model: nn.Module, which: str, exchange: str, dtype: torch.dtype):
         # optimizer is the user's, and so is this choice.
         eps = 1e-6 if dtype == torch.float16 else 1e-8
         inner = torch.optim.AdamW(param_groups(model, 3e-3), lr=3e-3, eps=eps)
-        opt = gt.SparseLoCo(model.named_parameters(), inner, sync_every=SYNC_EVERY, exchange=exchange,
-                            outer_lr=0.7, outer_momentum=0.9, nesterov=True)
+        opt = gt.SparseLoCo(
+            model.named_parameters(),
+            inner,
+            sync_every=SYNC_EVERY,
+            exchange=exchange,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            nesterov=True,
+        )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.1 * s))
     return opt, sched
 
@@ -67,8 +74,12 @@ def _habits_run(rank: int, world: int, which: str, exchange: str) -> dict:
     losses, identical = _train(model, opt, sched, batches, 0, which)
     whole = flat_parameters(model)
     counters = (opt.bytes_sent, opt.bytes_received)
-    out.update(losses=losses, identical=identical, frozen_kept=torch.equal(model.wpe.weight, frozen_before),
-               lrs=[g["lr"] for g in opt.param_groups])
+    out.update(
+        losses=losses,
+        identical=identical,
+        frozen_kept=torch.equal(model.wpe.weight, frozen_before),
+        lrs=[g["lr"] for g in opt.param_groups],
+    )
     if which == "sparseloco":
         out["inner_lrs"] = [g["lr"] for g in opt.inner.param_groups]
 
@@ -84,8 +95,11 @@ def _habits_run(rank: int, world: int, which: str, exchange: str) -> dict:
     opt.load_state_dict(saved["opt"])
     sched.load_state_dict(saved["sched"])
     _, identical_resumed = _train(model, opt, sched, batches[HALF:], HALF, which)
-    out.update(resumed_equal=torch.equal(flat_parameters(model), whole), identical_resumed=identical_resumed,
-               counters_equal=(opt.bytes_sent, opt.bytes_received) == counters)
+    out.update(
+        resumed_equal=torch.equal(flat_parameters(model), whole),
+        identical_resumed=identical_resumed,
+        counters_equal=(opt.bytes_sent, opt.bytes_received) == counters,
+    )
 
     # bf16 and fp16 parameters.
     for dtype in (torch.bfloat16, torch.float16):
@@ -93,8 +107,12 @@ def _habits_run(rank: int, world: int, which: str, exchange: str) -> dict:
         opt, sched = _build(model, which, exchange, dtype)
         losses, identical = _train(model, opt, sched, batches[:4], 0, which)
         params = flat_parameters(model)
-        out[str(dtype)] = dict(identical=identical, finite=bool(torch.isfinite(params.float()).all()),
-                               dtype=str(params.dtype), losses=losses)
+        out[str(dtype)] = dict(
+            identical=identical,
+            finite=bool(torch.isfinite(params.float()).all()),
+            dtype=str(params.dtype),
+            losses=losses,
+        )
     return out
 
 
@@ -154,7 +172,9 @@ def test_checkpoint_of_another_model_is_refused_naming_the_parameter(which):
     wider.wpe = nn.Embedding(24, 32)  # a longer context: same count, another shape
     wider.wpe.weight.requires_grad_(False)
     opt3, _ = _build(wider, which, "all_gather", torch.float32)
-    with pytest.raises(ValueError, match=r"another model: g0\.p1 \(wpe\.weight\) has shape \(16, 32\) in it, \(24, 32\) here"):
+    with pytest.raises(
+        ValueError, match=r"another model: g0\.p1 \(wpe\.weight\) has shape \(16, 32\) in it, \(24, 32\) here"
+    ):
         opt3.load_state_dict(state)
 
 
@@ -228,8 +248,18 @@ def _hf_gpt2(dtype: torch.dtype):
 
     torch.manual_seed(0)
     # No dropout: its random draws would differ between the uninterrupted and the resumed run.
-    config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=17, vocab_size=96, bos_token_id=0,
-                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=17,
+        vocab_size=96,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return GPT2LMHeadModel(config).to(dtype)
 
 
@@ -237,6 +267,7 @@ def _hf_gpt2_run(rank: int, world: int) -> dict:
     batches = token_batches(rank, 4)
     out = {}
     for which in ("demo", "sparseloco"):
+
         def build(model):
             if which == "demo":
                 return gt.DeMo(model.named_parameters(), lr=0.01, beta=0.9)

@@ -21,16 +21,40 @@ _bench = load_bench
 def test_the_optimizer_step_bench_times_every_row_beside_adamw_and_the_reference(tmp_path):
     out = tmp_path / "optimizer_step.md"
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--device", "cpu", "--params", "1.1M", "--models", "linear,many,mlp",
-         "--repeat", "1", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(BENCH),
+            "--device",
+            "cpu",
+            "--params",
+            "1.1M",
+            "--models",
+            "linear,many,mlp",
+            "--repeat",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     text = out.read_text()
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
-            if line.startswith("| linear") or line.startswith("| many") or line.startswith("| mlp")]
-    names = {"torch AdamW (foreach)", "DeMo reference (demo.py)", "gradwire DeMo", "gradwire SparseLoCo, per step",
-             "gradwire SparseLoCo, the sync step (1 in 8)"}
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith("| linear") or line.startswith("| many") or line.startswith("| mlp")
+    ]
+    names = {
+        "torch AdamW (foreach)",
+        "DeMo reference (demo.py)",
+        "gradwire DeMo",
+        "gradwire SparseLoCo, per step",
+        "gradwire SparseLoCo, the sync step (1 in 8)",
+    }
     by_model: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         by_model.setdefault(r[0], {})[r[3]] = r

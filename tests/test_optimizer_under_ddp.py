@@ -57,8 +57,14 @@ def _under_ddp_run(rank: int, world: int, which: str, hook: str) -> dict:
                 losses.append(loss.item())
     except gt.DenseAllReduceError as e:
         return dict(error=str(e))
-    return dict(error=None, local=local, identical=all_ranks_equal(flat_parameters(model)), losses=losses,
-                sent=opt.bytes_sent, warned=[str(w.message) for w in caught])
+    return dict(
+        error=None,
+        local=local,
+        identical=all_ranks_equal(flat_parameters(model)),
+        losses=losses,
+        sent=opt.bytes_sent,
+        warned=[str(w.message) for w in caught],
+    )
 
 
 @pytest.mark.parametrize("which", ["demo", "sparseloco"])
@@ -93,8 +99,14 @@ def _hook_dtype_run(rank: int, world: int, dtype_name: str) -> dict:
         opt.step()
         losses.append(loss.item())
     params = flat_parameters(model)
-    return dict(identical=all_ranks_equal(params), dtype=str(params.dtype), losses=losses,
-                dense=state.dense_bytes, steps=state.steps, numel=params.numel())
+    return dict(
+        identical=all_ranks_equal(params),
+        dtype=str(params.dtype),
+        losses=losses,
+        dense=state.dense_bytes,
+        steps=state.steps,
+        numel=params.numel(),
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -129,8 +141,13 @@ def _buffers_run(rank: int, world: int) -> dict:
     before = all_ranks_equal(buffers())
     mean = model.norm.running_mean.clone()
     averaged = gt.average_buffers(model)
-    return dict(params=all_ranks_equal(flat_parameters(model)), before=before, after=all_ranks_equal(buffers()),
-                averaged=averaged, moved=not torch.equal(mean, model.norm.running_mean))
+    return dict(
+        params=all_ranks_equal(flat_parameters(model)),
+        before=before,
+        after=all_ranks_equal(buffers()),
+        averaged=averaged,
+        moved=not torch.equal(mean, model.norm.running_mean),
+    )
 
 
 def test_batchnorm_buffers_drift_apart_until_averaged():

@@ -9,8 +9,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.torch as gt
-from gradwire.lowrank import orthogonalize_ as orthogonalize
 from distributed_toys import all_ranks_equal, flat_parameters, make_model, shard
+from gradwire.lowrank import orthogonalize_ as orthogonalize
 
 
 def _train(model: DDP, rank: int, steps: int, *, check_identical: bool = False) -> tuple[list[float], bool]:

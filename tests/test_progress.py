@@ -39,7 +39,7 @@ def test_the_time_left_leaves_out_the_start_up(monkeypatch):
     log = io.StringIO()
     bar = PlainProgress(total=10, desc="demo", unit="version", file=log)
     clock.now += 300.0  # five minutes of start-up: workers spawned, torch imported
-    bar.update(1)       # the first version: the rate is measured from here
+    bar.update(1)  # the first version: the rate is measured from here
     assert log.getvalue().splitlines() == ["demo: 1/10 version (10%), 5:00 elapsed"]  # no estimate yet
     for _ in range(4):
         clock.now += 2.0
@@ -77,5 +77,11 @@ def test_a_terminal_gets_tqdm_and_disabled_shows_nothing():
 
 
 def test_format_seconds():
-    assert [format_seconds(s) for s in (0, 59.4, 61, 3599, 3600, 7322)] == ["0:00", "0:59", "1:01", "59:59",
-                                                                            "1:00:00", "2:02:02"]
+    assert [format_seconds(s) for s in (0, 59.4, 61, 3599, 3600, 7322)] == [
+        "0:00",
+        "0:59",
+        "1:01",
+        "59:59",
+        "1:00:00",
+        "2:02:02",
+    ]

@@ -32,7 +32,9 @@ def test_documented_statuses_match_the_server_table():
     # Rows of the endpoint tables: | status | `reason`, `reason` | when |
     for status, reasons in re.findall(r"^\| (\d{3}) \| ([^|]*`[a-z_]+`[^|]*)\|", API_MD, flags=re.M):
         for name in re.findall(r"`([a-z_]+)`", reasons):
-            assert STATUS[Reason(name)] == int(status), f"{name}: API.md says {status}, the server {STATUS[Reason(name)]}"
+            assert STATUS[Reason(name)] == int(status), (
+                f"{name}: API.md says {status}, the server {STATUS[Reason(name)]}"
+            )
 
 
 def test_the_server_answers_with_the_protocols_names(live_server):

@@ -54,15 +54,17 @@ def test_a_header_announcing_more_frames_than_follow_is_refused():
 def test_a_version_must_start_with_the_servers_header():
     with pytest.raises(gradwire.FrameError, match="header frame"):
         read_published(_node_frame(1))
-    fake = gradwire.IdentityCodec().encode_bundle({HEADER_RECORD: torch.ones(1, dtype=torch.float64)},
-                                                  round=1, sender=SERVER_SENDER)
+    fake = gradwire.IdentityCodec().encode_bundle(
+        {HEADER_RECORD: torch.ones(1, dtype=torch.float64)}, round=1, sender=SERVER_SENDER
+    )
     server_as_node = gradwire.IdentityCodec().encode_bundle({"a": torch.ones(3)}, round=1, sender=SERVER_SENDER)
     with pytest.raises(gradwire.FrameError, match="bundle from a node"):
         read_published(fake + server_as_node)
 
 
-@pytest.mark.parametrize("bad", [{"name": "weights"}, {"dtype": torch.float32}, {"value": float("nan")},
-                                 {"value": -1.0}])
+@pytest.mark.parametrize(
+    "bad", [{"name": "weights"}, {"dtype": torch.float32}, {"value": float("nan")}, {"value": -1.0}]
+)
 def test_a_malformed_header_record_is_refused(bad):
     t = torch.tensor([bad.get("value", 1.0)], dtype=bad.get("dtype", torch.float64))
     header = gradwire.IdentityCodec().encode_bundle({bad.get("name", HEADER_RECORD): t}, round=1, sender=SERVER_SENDER)
@@ -137,20 +139,31 @@ def test_a_trim_that_keeps_nothing_is_refused_on_both_ends(trim):
     from gradwire.published import TRIM_RECORD
 
     header = gradwire.IdentityCodec().encode_bundle(
-        {HEADER_RECORD: torch.full((4,), 0.25, dtype=torch.float64), TRIM_RECORD: torch.tensor([float(trim)], dtype=torch.float64)},
-        round=1, sender=SERVER_SENDER)
+        {
+            HEADER_RECORD: torch.full((4,), 0.25, dtype=torch.float64),
+            TRIM_RECORD: torch.tensor([float(trim)], dtype=torch.float64),
+        },
+        round=1,
+        sender=SERVER_SENDER,
+    )
     with pytest.raises(gradwire.FrameError, match="trim"):
         read_published(header + b"".join(_frames(4)))
 
 
-@pytest.mark.parametrize("value, match", [(torch.tensor([1.0]), "float64"), (torch.tensor([0.5], dtype=torch.float64), "whole"),
-                                          (torch.tensor([float("nan")], dtype=torch.float64), "whole"),
-                                          (torch.tensor([1.0, 1.0], dtype=torch.float64), "shape")])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (torch.tensor([1.0]), "float64"),
+        (torch.tensor([0.5], dtype=torch.float64), "whole"),
+        (torch.tensor([float("nan")], dtype=torch.float64), "whole"),
+        (torch.tensor([1.0, 1.0], dtype=torch.float64), "shape"),
+    ],
+)
 def test_a_malformed_trim_record_is_refused(value, match):
     from gradwire.published import TRIM_RECORD
 
     header = gradwire.IdentityCodec().encode_bundle(
-        {HEADER_RECORD: torch.full((3,), 1 / 3, dtype=torch.float64), TRIM_RECORD: value},
-        round=1, sender=SERVER_SENDER)
+        {HEADER_RECORD: torch.full((3,), 1 / 3, dtype=torch.float64), TRIM_RECORD: value}, round=1, sender=SERVER_SENDER
+    )
     with pytest.raises(gradwire.FrameError, match=match):
         read_published(header + b"".join(_frames(3)))

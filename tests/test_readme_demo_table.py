@@ -17,7 +17,7 @@ DEMO_RUN_LABELS = ("SparseLoCo H=8 k=256", "DeMo k=4", "dense AdamW")
 
 def _readme_demo_block() -> str:
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## What `make demo` prints"):]
+    section = text[text.index("## What `make demo` prints") :]
     return re.search(r"```text\n(.*?)```", section, re.S).group(1)
 
 

@@ -24,13 +24,27 @@ def _needs(*packages: str):
 
 def _env() -> dict:
     # One thread per rank; gloo on loopback whatever the host name resolves to.
-    return dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TOKENIZERS_PARALLELISM="false",
-                HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+    )
 
 
 def _torchrun(script: str, *args: str) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(EXAMPLES / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLES / script),
+        *args,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
@@ -62,8 +76,9 @@ def test_hf_trainer_resumes_every_rank_from_the_file_rank_zero_saved(tmp_path):
     run = ["--optimizer", "sparseloco", "--steps", "4", "--sync-every", "2"]
     whole = _torchrun("hf_trainer.py", *run, "--out", str(tmp_path / "whole"))
     _torchrun("hf_trainer.py", *run, "--save-every", "2", "--out", str(tmp_path / "saved"))
-    resumed = _torchrun("hf_trainer.py", *run, "--out", str(tmp_path / "saved"),
-                        "--resume", str(tmp_path / "saved" / "checkpoint-2"))
+    resumed = _torchrun(
+        "hf_trainer.py", *run, "--out", str(tmp_path / "saved"), "--resume", str(tmp_path / "saved" / "checkpoint-2")
+    )
     assert "replicas bit-identical: True" in resumed, resumed
     assert _hash(resumed) == _hash(whole), (resumed, whole)
 
@@ -96,11 +111,32 @@ def test_two_machine_torchrun_on_loopback():
     port = _free_port()
     launchers = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", "recipes-test", str(EXAMPLES / "sparseloco_torchrun.py"), "--steps", "4",
-             "--sync-every", "2", "--width", "256"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "recipes-test",
+                str(EXAMPLES / "sparseloco_torchrun.py"),
+                "--steps",
+                "4",
+                "--sync-every",
+                "2",
+                "--width",
+                "256",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
         )
         for _machine in (0, 1)
     ]

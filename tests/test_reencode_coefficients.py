@@ -26,8 +26,11 @@ SHAPES = {"fc1.weight": (48, 64), "fc1.bias": (96,), "head": (7, 64)}
 NODE_CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2}
 DOWNLINK = {"chunk_shape": [64], "topk": 6, "value_bits": 4}
 DEMO = {"algorithm": "demo", "demo": {"lr": 3e-3, "beta": 0.9}, "downlink": {"codec": "dct", "params": DOWNLINK}}
-SPARSELOCO = {"algorithm": "sparseloco", "downlink": {"codec": "dct", "params": DOWNLINK},
-              "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}}
+SPARSELOCO = {
+    "algorithm": "sparseloco",
+    "downlink": {"codec": "dct", "params": DOWNLINK},
+    "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
+}
 
 
 def _grads(seed: int) -> dict[str, torch.Tensor]:
@@ -37,14 +40,19 @@ def _grads(seed: int) -> dict[str, torch.Tensor]:
 
 def _records(rnd: int, nodes: int = 3, codec: dict = NODE_CODEC) -> list[list]:
     enc = gradwire.DCTCodec(**codec)
-    return [read_frame(enc.encode_bundle(_grads(100 * rnd + i), round=rnd, sender=i + 1)).entries
-            for i in range(nodes)]
+    return [read_frame(enc.encode_bundle(_grads(100 * rnd + i), round=rnd, sender=i + 1)).entries for i in range(nodes)]
 
 
 def _updates(rnd: int, nodes: int = 3) -> list[Update]:
-    return [Update(read_frame(gradwire.DCTCodec(**NODE_CODEC).encode_bundle(_grads(100 * rnd + i), round=rnd,
-                                                                            sender=i + 1)), 1.0, 0.0, i + 1)
-            for i in range(nodes)]
+    return [
+        Update(
+            read_frame(gradwire.DCTCodec(**NODE_CODEC).encode_bundle(_grads(100 * rnd + i), round=rnd, sender=i + 1)),
+            1.0,
+            0.0,
+            i + 1,
+        )
+        for i in range(nodes)
+    ]
 
 
 def _master() -> dict[str, torch.Tensor]:
@@ -56,8 +64,9 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("codec", [DOWNLINK, {"chunk_shape": [64, 64], "topk": 40, "mode": "tiles"}],
-                         ids=["flat-padded", "tiles"])
+@pytest.mark.parametrize(
+    "codec", [DOWNLINK, {"chunk_shape": [64, 64], "topk": 40, "mode": "tiles"}], ids=["flat-padded", "tiles"]
+)
 def test_the_coefficient_residual_follows_the_parameter_domain_feedback_over_rounds(codec):
     # The same error feedback in another orthonormal basis: over several rounds the residuals (and what is
     # published) stay within float32 rounding of the parameter-domain path's. Five nodes keep every

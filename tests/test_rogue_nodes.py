@@ -19,8 +19,14 @@ import torch
 import gradwire
 from gradwire import aggregation
 from gradwire.accumulate import entry_coefficients
-from gradwire.aggregation import (CLIP_MULTIPLE, NormHistory, bounded_level, opposed_senders, rule_weights,
-                                  sender_alignment)
+from gradwire.aggregation import (
+    CLIP_MULTIPLE,
+    NormHistory,
+    bounded_level,
+    opposed_senders,
+    rule_weights,
+    sender_alignment,
+)
 from gradwire_server.config import RunConfig
 from live_server import LiveServer
 from server_helpers import dense_frame, make_run, published_across_a_crash, random_grads
@@ -63,7 +69,7 @@ def test_the_history_caps_a_round_made_of_one_rogue_update():
     # ... so a rogue that owns every round grows the step by at most the factor every few rounds.
     for _ in range(4):
         h.observe([1e15])
-    assert h.cap() <= m * 3.0 ** 3
+    assert h.cap() <= m * 3.0**3
     # A round of zero updates is not remembered (it would cap every later round to 0), and the state
     # round-trips as a checkpoint stores it.
     before = list(h.levels)
@@ -98,8 +104,11 @@ def test_the_demo_defaults_to_the_bounded_rule():
 
     assert DemoSettings().aggregation == aggregation.DEFAULT_RULE
     assert inspect.signature(run_distributed).parameters["aggregation"].default == aggregation.DEFAULT_RULE
-    demo = next(c for c in build_app(serve_settings=False).registered_commands if c.name in (None, "demo")
-                and c.callback.__name__ == "demo").callback
+    demo = next(
+        c
+        for c in build_app(serve_settings=False).registered_commands
+        if c.name in (None, "demo") and c.callback.__name__ == "demo"
+    ).callback
     assert inspect.signature(demo).parameters["aggregation"].default.default == aggregation.DEFAULT_RULE
 
 
@@ -117,8 +126,9 @@ def _dct_round(n: int, flipped=(), scale=None, seed: int = 0, noise: float = 0.8
         if scale and i in scale:
             u = u * scale[i]
         bias = torch.randn(10, generator=g) * 0.1  # a second tensor, coded densely
-        out.append([codec.compress(u, "w")[0], gradwire.IdentityCodec().compress(-bias if i in flipped else bias,
-                                                                                 "b")[0]])
+        out.append(
+            [codec.compress(u, "w")[0], gradwire.IdentityCodec().compress(-bias if i in flipped else bias, "b")[0]]
+        )
     return out
 
 
@@ -163,8 +173,10 @@ def test_at_most_a_minority_is_dropped():
     assert sender_alignment(pair, [0.5, 0.5])[1] < 0 and opposed_senders(pair, [0.5, 0.5]) == [False, False]
     # An all-zero update points nowhere: never dropped.
     zero = _dct_round(3)
-    zero[2] = [gradwire.IdentityCodec().compress(torch.zeros(128, 96), "w")[0],
-               gradwire.IdentityCodec().compress(torch.zeros(10), "b")[0]]
+    zero[2] = [
+        gradwire.IdentityCodec().compress(torch.zeros(128, 96), "w")[0],
+        gradwire.IdentityCodec().compress(torch.zeros(10), "b")[0],
+    ]
     assert sender_alignment(zero, [1 / 3] * 3)[2] == 0.0 and opposed_senders(zero, [1 / 3] * 3) == [False] * 3
 
 

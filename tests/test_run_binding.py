@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import gradwire
+import reference_reader
 from gradwire.binding import RUN_BINDING_PREFIX, binding_entry, run_binding, split_binding, strip_binding
 from gradwire.errors import FrameError
 from gradwire.frame import Entry, read_frame, write_frame
-
-import reference_reader
 from live_server import LiveServer
 from server_helpers import make_run, random_grads
 
@@ -36,12 +35,20 @@ def test_the_binding_is_the_documented_hash_and_readers_agree():
     assert found == run_binding("run-a", 3) and not any(e.name.startswith(RUN_BINDING_PREFIX) for e in rest)
     assert [e.name for e in strip_binding(read_frame(frame)).entries] == [e.name for e in rest] == list(random_grads(0))
     # Malformed bindings are a typed error, never silently ignored.
-    twice = write_frame([binding_entry("a", 0), Entry(RUN_BINDING_PREFIX + "0" * 32, 0, torch.float32, (0,), b"",
-                                                     {"data": np.zeros(0, np.float32)})], bundle=True)
-    short = write_frame([Entry(RUN_BINDING_PREFIX + "abc", 0, torch.float32, (0,), b"",
-                               {"data": np.zeros(0, np.float32)})], bundle=True)
-    valued = write_frame([Entry(RUN_BINDING_PREFIX + "0" * 32, 0, torch.float32, (1,), b"",
-                                {"data": np.zeros(1, np.float32)})], bundle=True)
+    twice = write_frame(
+        [
+            binding_entry("a", 0),
+            Entry(RUN_BINDING_PREFIX + "0" * 32, 0, torch.float32, (0,), b"", {"data": np.zeros(0, np.float32)}),
+        ],
+        bundle=True,
+    )
+    short = write_frame(
+        [Entry(RUN_BINDING_PREFIX + "abc", 0, torch.float32, (0,), b"", {"data": np.zeros(0, np.float32)})], bundle=True
+    )
+    valued = write_frame(
+        [Entry(RUN_BINDING_PREFIX + "0" * 32, 0, torch.float32, (1,), b"", {"data": np.zeros(1, np.float32)})],
+        bundle=True,
+    )
     for bad in (twice, short, valued):
         with pytest.raises(FrameError) as info:
             split_binding(read_frame(bad).entries)
@@ -72,17 +79,24 @@ def test_a_frame_is_taken_only_by_its_run_and_round(server):
         assert a.submit(a.nodes[1], 0, _bound(a.run_id, 0, a.nodes[1].node_id, seed=1)).status_code == 202
         a.wait_version(1)
         # A malformed binding is a bad frame; an unbound frame is taken (old clients) ...
-        r = b.submit(node_b, 0, write_frame([*read_frame(captured).entries, binding_entry(b.run_id, 0)],
-                                            round=0, sender=node_b.node_id, bundle=True))
+        r = b.submit(
+            node_b,
+            0,
+            write_frame(
+                [*read_frame(captured).entries, binding_entry(b.run_id, 0)], round=0, sender=node_b.node_id, bundle=True
+            ),
+        )
         assert r.status_code == 400 and r.json()["error"] == "bad_frame", r.text
-        unbound = gradwire.DCTCodec(chunk_shape=(64,), topk=8).encode_bundle(random_grads(2), round=0,
-                                                                              sender=node_b.node_id)
+        unbound = gradwire.DCTCodec(chunk_shape=(64,), topk=8).encode_bundle(
+            random_grads(2), round=0, sender=node_b.node_id
+        )
         assert b.submit(node_b, 0, unbound).status_code == 202
         # ... unless the run requires bindings.
         strict = make_run(client, server.admin_token, n_nodes=1, require_run_binding=True)
         node = strict.nodes[0]
-        unbound = gradwire.DCTCodec(chunk_shape=(64,), topk=8).encode_bundle(random_grads(2), round=0,
-                                                                              sender=node.node_id)
+        unbound = gradwire.DCTCodec(chunk_shape=(64,), topk=8).encode_bundle(
+            random_grads(2), round=0, sender=node.node_id
+        )
         r = strict.submit(node, 0, unbound)
         assert r.status_code == 422 and r.json()["error"] == "run_binding_missing", r.text
         assert strict.submit(node, 0, _bound(strict.run_id, 0, node.node_id)).status_code == 202

@@ -147,8 +147,9 @@ def test_a_state_of_the_wrong_shape_is_refused():
         SenderHistory().load_state_dict({"senders": torch.tensor([1, 2]), "memory": torch.zeros(2, 7)})
 
 
-@pytest.mark.parametrize("kwargs", [{"beta": 1.0}, {"beta": -0.1}, {"buckets": 0}, {"multiple": 0.5},
-                                    {"multiple": math.inf}])
+@pytest.mark.parametrize(
+    "kwargs", [{"beta": 1.0}, {"beta": -0.1}, {"buckets": 0}, {"multiple": 0.5}, {"multiple": math.inf}]
+)
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         SenderHistory(**kwargs)

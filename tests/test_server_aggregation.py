@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import gradwire
+from gradwire.client import split_frames
 from gradwire.state import apply_update, state_hash
 from gradwire_server.aggregate import Update, aggregate, clip_factors
 from live_server import LiveServer
 from server_helpers import dct_frame, dense_frame, make_run
-from gradwire.client import split_frames
 
 SHAPES = {"w": (24, 40), "b": (24,)}
 NAMES = sorted(SHAPES)
@@ -155,8 +155,12 @@ def server(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "rule,rogue,should_train",
-    [("clipped_mean", "scaled", True), ("median", "random", True), ("trimmed_mean", "scaled", True),
-     ("mean", "scaled", False)],
+    [
+        ("clipped_mean", "scaled", True),
+        ("median", "random", True),
+        ("trimmed_mean", "scaled", True),
+        ("mean", "scaled", False),
+    ],
 )
 def test_training_through_the_server_with_a_rogue_node(server, rule, rogue, should_train):
     x, y = _regression()
@@ -164,9 +168,17 @@ def test_training_through_the_server_with_a_rogue_node(server, rule, rogue, shou
     init = {"w": torch.zeros(8, 16), "b": torch.zeros(8)}
     codec = {"codec": "dct", "params": {"chunk_shape": [64], "topk": 32}}
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        run = make_run(client, server.admin_token, n_nodes=5, state=init, quorum=5, uplink=codec, downlink=codec,
-                       optimizer={"lr": 0.1, "weight_decay": 0.0},
-                       aggregation={"rule": rule, "trim_fraction": 0.2})
+        run = make_run(
+            client,
+            server.admin_token,
+            n_nodes=5,
+            state=init,
+            quorum=5,
+            uplink=codec,
+            downlink=codec,
+            optimizer={"lr": 0.1, "weight_decay": 0.0},
+            aggregation={"rule": rule, "trim_fraction": 0.2},
+        )
         replica = {n: t.clone() for n, t in init.items()}
         feedback = [gradwire.ErrorFeedback(gradwire.DCTCodec(chunk_shape=(64,), topk=32)) for _ in range(4)]
         first = _loss_and_grads(replica, x, y)[0]

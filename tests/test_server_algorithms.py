@@ -3,9 +3,7 @@ gets the outer momentum, and a kill -9 between syncs that loses nothing."""
 
 from __future__ import annotations
 
-
 import pytest
-
 import torch
 from torch import nn
 
@@ -51,8 +49,9 @@ def _together(nodes: list[Node], steps: int) -> None:
 
 
 def test_demo_nodes_hold_the_servers_weights_after_every_version(live_server):
-    admin, run_id = _run(live_server.url, live_server.admin_token,
-                         {"algorithm": "demo", "quorum": 2, "demo": {"lr": 3e-3, "beta": 0.9}})
+    admin, run_id = _run(
+        live_server.url, live_server.admin_token, {"algorithm": "demo", "quorum": 2, "demo": {"lr": 3e-3, "beta": 0.9}}
+    )
     nodes = [_node(live_server.url, admin, run_id) for _ in range(2)]
     before = [_loss(n.module, 99, 0).item() for n in nodes]
     _together(nodes, steps=6)
@@ -68,9 +67,17 @@ def test_demo_nodes_hold_the_servers_weights_after_every_version(live_server):
 
 
 def test_sparseloco_syncs_survive_kill_9_and_a_late_joiner_gets_the_outer_momentum(tmp_path):
-    config = {"algorithm": "sparseloco", "quorum": 2,
-              "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
-                             "inner": {"lr": 1e-2}}}
+    config = {
+        "algorithm": "sparseloco",
+        "quorum": 2,
+        "sparseloco": {
+            "sync_every": 2,
+            "outer_lr": 0.7,
+            "outer_momentum": 0.9,
+            "nesterov": True,
+            "inner": {"lr": 1e-2},
+        },
+    }
     with LiveServer(tmp_path / "data") as srv:
         admin, run_id = _run(srv.url, srv.admin_token, config)
         nodes = [_node(srv.url, admin, run_id) for _ in range(2)]
@@ -99,9 +106,17 @@ def test_sparseloco_syncs_survive_kill_9_and_a_late_joiner_gets_the_outer_moment
 
 def test_a_median_demo_run_publishes_the_trim_and_nodes_hold_the_servers_weights(live_server):
     # three nodes, median: each coordinate's middle value, which a node alone cannot move
-    admin, run_id = _run(live_server.url, live_server.admin_token,
-                         {"algorithm": "demo", "quorum": 3, "demo": {"lr": 3e-3, "beta": 0.9},
-                          "aggregation": {"rule": "median"}, "publish": "frames"})
+    admin, run_id = _run(
+        live_server.url,
+        live_server.admin_token,
+        {
+            "algorithm": "demo",
+            "quorum": 3,
+            "demo": {"lr": 3e-3, "beta": 0.9},
+            "aggregation": {"rule": "median"},
+            "publish": "frames",
+        },
+    )
     nodes = [_node(live_server.url, admin, run_id) for _ in range(3)]
     before = _loss(nodes[0].module, 99, 0).item()
     _together(nodes, steps=4)
@@ -123,9 +138,11 @@ def _record_names(node: Node, run_id: str) -> set:
 
 def test_a_model_record_demo_run_sends_one_record_and_nodes_hold_the_servers_weights(live_server):
     def train(model_record: bool) -> tuple[list[Node], str]:
-        admin, run_id = _run(live_server.url, live_server.admin_token,
-                             {"algorithm": "demo", "quorum": 2, "demo": {"lr": 3e-3, "beta": 0.9},
-                              "model_record": model_record})
+        admin, run_id = _run(
+            live_server.url,
+            live_server.admin_token,
+            {"algorithm": "demo", "quorum": 2, "demo": {"lr": 3e-3, "beta": 0.9}, "model_record": model_record},
+        )
         nodes = [_node(live_server.url, admin, run_id) for _ in range(2)]
         _together(nodes, steps=4)
         status = admin.status(run_id)
@@ -142,9 +159,18 @@ def test_a_model_record_demo_run_sends_one_record_and_nodes_hold_the_servers_wei
 
 
 def test_a_model_record_sparseloco_run_survives_kill_9_and_a_late_joiner_follows(tmp_path):
-    config = {"algorithm": "sparseloco", "quorum": 2, "model_record": True,
-              "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
-                             "inner": {"lr": 1e-2}}}
+    config = {
+        "algorithm": "sparseloco",
+        "quorum": 2,
+        "model_record": True,
+        "sparseloco": {
+            "sync_every": 2,
+            "outer_lr": 0.7,
+            "outer_momentum": 0.9,
+            "nesterov": True,
+            "inner": {"lr": 1e-2},
+        },
+    }
     with LiveServer(tmp_path / "data") as srv:
         admin, run_id = _run(srv.url, srv.admin_token, config)
         nodes = [_node(srv.url, admin, run_id) for _ in range(2)]
@@ -166,8 +192,9 @@ def test_a_model_record_sparseloco_run_survives_kill_9_and_a_late_joiner_follows
 def test_a_model_record_run_refuses_a_frame_per_tensor(live_server):
     from gradwire.client import FrameRejectedError
 
-    admin, run_id = _run(live_server.url, live_server.admin_token,
-                         {"algorithm": "demo", "quorum": 1, "model_record": True})
+    admin, run_id = _run(
+        live_server.url, live_server.admin_token, {"algorithm": "demo", "quorum": 1, "model_record": True}
+    )
     node_id, token = admin.register_node(run_id)
     client = GradwireClient(live_server.url, token)
     grads = {n: torch.zeros_like(p) for n, p in _model().named_parameters()}
@@ -190,11 +217,11 @@ def test_model_record_is_refused_for_adamw_runs():
 def test_a_codec_named_without_params_gets_its_own_defaults_not_the_dcts():
     from gradwire_server.config import RunConfig
 
-    cfg = RunConfig.model_validate({"algorithm": "sparseloco", "uplink": {"codec": "onebit"},
-                                    "downlink": {"codec": "onebit"}})
+    cfg = RunConfig.model_validate(
+        {"algorithm": "sparseloco", "uplink": {"codec": "onebit"}, "downlink": {"codec": "onebit"}}
+    )
     assert (cfg.uplink.params, cfg.downlink.params) == ({}, {})
     assert isinstance(cfg.downlink.build(), gradwire.OneBit)
-    assert RunConfig.model_validate({"uplink": {"codec": "dct"}}).uplink.params == {"chunk_shape": [64, 64],
-                                                                                    "topk": 32}
+    assert RunConfig.model_validate({"uplink": {"codec": "dct"}}).uplink.params == {"chunk_shape": [64, 64], "topk": 32}
     with pytest.raises(ValueError, match="onebit"):  # a parameter the codec does not take is still refused
         RunConfig.model_validate({"uplink": {"codec": "onebit", "params": {"topk": 4}}})

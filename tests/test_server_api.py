@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import gradwire
+from gradwire.client import split_frames
 from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
 from live_server import LiveServer
 from server_helpers import SHAPES, dct_frame, dense_frame, make_run, metric, random_grads, tiny_state
-from gradwire.client import split_frames
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,17 @@ def test_health_ready_and_metrics(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
     text = client.get("/metrics").text
-    for name in ("gradwire_updates_accepted_total", "gradwire_bytes_in_total", "gradwire_bytes_out_total",
-                 "gradwire_compression_ratio", "gradwire_round_duration_seconds_bucket",
-                 "gradwire_decode_seconds_bucket", "gradwire_aggregate_seconds_bucket", "gradwire_live_nodes",
-                 "gradwire_commit_group_size_bucket"):
+    for name in (
+        "gradwire_updates_accepted_total",
+        "gradwire_bytes_in_total",
+        "gradwire_bytes_out_total",
+        "gradwire_compression_ratio",
+        "gradwire_round_duration_seconds_bucket",
+        "gradwire_decode_seconds_bucket",
+        "gradwire_aggregate_seconds_bucket",
+        "gradwire_live_nodes",
+        "gradwire_commit_group_size_bucket",
+    ):
         assert name in text
 
 
@@ -65,8 +72,13 @@ def test_create_run_defaults_and_invalid_config(server, client):
     assert cfg["optimizer"]["betas"] == [0.9, 0.999] and cfg["aggregation"]["rule"] == "bounded_mean"
     assert cfg["quorum"] == 1 and cfg["late_policy"] == "reject" and cfg["keep_versions"] == 1000
     assert st["warnings"] == []  # the default rule bounds one node's influence
-    for bad in ({"quorum": 0}, {"aggregation": {"rule": "mode"}}, {"uplink": {"codec": "nope"}},
-                {"optimizer": {"schedule": "cosine"}}, {"unknown_field": 1}):
+    for bad in (
+        {"quorum": 0},
+        {"aggregation": {"rule": "mode"}},
+        {"uplink": {"codec": "nope"}},
+        {"optimizer": {"schedule": "cosine"}},
+        {"unknown_field": 1},
+    ):
         r = client.post("/v1/runs", json=bad, headers=admin)
         assert r.status_code == 422, bad
         assert r.json()["error"] == "invalid_request"
@@ -109,23 +121,33 @@ def test_state_roundtrip_and_already_started(server, client):
 def test_bad_initial_state_is_refused(server, client):
     admin = server.admin_headers()
     run_id = client.post("/v1/runs", headers=admin).json()["run_id"]
-    for body, what in [(b"\x00" * 20, "garbage"),
-                       (state_to_bytes({"w": torch.tensor([1.0, float("nan")])}), "NaN"),
-                       (state_to_bytes({"w": torch.arange(4)}), "integer tensor")]:
+    for body, what in [
+        (b"\x00" * 20, "garbage"),
+        (state_to_bytes({"w": torch.tensor([1.0, float("nan")])}), "NaN"),
+        (state_to_bytes({"w": torch.arange(4)}), "integer tensor"),
+    ]:
         r = client.put(f"/v1/runs/{run_id}/state", content=body, headers=admin)
         assert r.status_code == 400, what
         assert r.json()["error"] == "bad_state"
     # Before a state exists, nodes have nothing to submit to.
     node = client.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json()
-    r = client.post(f"/v1/runs/{run_id}/rounds/0/updates", content=b"x" * 40,
-                    headers={"Authorization": f"Bearer {node['token']}"})
+    r = client.post(
+        f"/v1/runs/{run_id}/rounds/0/updates", content=b"x" * 40, headers={"Authorization": f"Bearer {node['token']}"}
+    )
     assert r.status_code == 409 and r.json()["error"] == "state_not_set"
 
 
 def test_rounds_publish_and_nodes_stay_bit_identical(server, client):
     state = tiny_state(5)
-    run = make_run(client, server.admin_token, n_nodes=2, state=state, quorum=2,
-                   optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
+    run = make_run(
+        client,
+        server.admin_token,
+        n_nodes=2,
+        state=state,
+        quorum=2,
+        optimizer={"lr": 0.01},
+        downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}},
+    )
     replica = {n: t.clone() for n, t in state.items()}
     frames_seen = []
     for rnd in range(3):
@@ -210,8 +232,9 @@ def test_staleness_policy_counts_a_late_update_in_the_open_round(server, client)
     r = run3.submit(z, 0, dct_frame(random_grads(3), 0, 3))  # one version stale: weight 1/2
     assert r.status_code == 202 and r.json()["submitted"] == 1
     db = sqlite3.connect(server.data_dir / "gradwire.sqlite3")
-    weight, target = db.execute("SELECT weight, target_round FROM submissions WHERE run_id = ? AND node_id = 3",
-                                (run3.run_id,)).fetchone()
+    weight, target = db.execute(
+        "SELECT weight, target_round FROM submissions WHERE run_id = ? AND node_id = 3", (run3.run_id,)
+    ).fetchone()
     db.close()
     assert weight == pytest.approx(0.5) and target == 1
 
@@ -274,9 +297,8 @@ def test_metrics_count_bytes_and_ratio(server, client):
 
 def test_generated_admin_token_file_is_private(tmp_path):
     from gradwire_server.app import ServerContext
-    from gradwire_server.settings import ServerSettings
-
     from gradwire_server.auth import hash_token
+    from gradwire_server.settings import ServerSettings
 
     ctx = ServerContext(ServerSettings(data_dir=tmp_path, admin_token=None))
     path = tmp_path / "admin_token"
@@ -315,9 +337,12 @@ def test_cli_flags_override_the_environment(monkeypatch, tmp_path):
 
 
 def test_a_body_that_is_not_json_says_where_and_what(live_server):
-    r = httpx.post(f"{live_server.url}/v1/runs", content=b'{"quorum": 2,\n "x": }',
-                   headers={"Authorization": f"Bearer {live_server.admin_token}", "Content-Type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        f"{live_server.url}/v1/runs",
+        content=b'{"quorum": 2,\n "x": }',
+        headers={"Authorization": f"Bearer {live_server.admin_token}", "Content-Type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 422
     body = r.json()
     assert body["error"] == "invalid_request"

@@ -22,9 +22,11 @@ REPLAY_ENV = {"GRADWIRE_CHECKPOINT_EVERY": str(EVERY), "GRADWIRE_CHECKPOINT_EVER
 ROUNDS, CRASH_ROUND = 7, 5  # the crash comes two versions after checkpoint 3
 
 ADAMW = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
-SPARSELOCO = {"algorithm": "sparseloco",
-              "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
-              "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 4, "value_bits": 2}}}
+SPARSELOCO = {
+    "algorithm": "sparseloco",
+    "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
+    "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 4, "value_bits": 2}},
+}
 SPARSELOCO_FRAMES = {**SPARSELOCO, "publish": "frames"}
 #: Frames per published version: AdamW's diff; SparseLoCo's header and the server's re-encoded frame; or
 #: the header and the two node frames verbatim.
@@ -110,8 +112,12 @@ def test_cuda_device_is_refused_clearly_where_there_is_none(tmp_path):
     with pytest.raises(ValueError, match="cpu or cuda"):
         ServerSettings(device="meta")
     assert ServerSettings(device="cpu").torch_device() == torch.device("cpu")
-    proc = subprocess.run([sys.executable, "-m", "gradwire_server", "--device", "cuda", "--data-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradwire_server", "--device", "cuda", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "CUDA is not available" in proc.stderr + proc.stdout
 

@@ -72,8 +72,11 @@ def test_a_restarted_server_trusts_every_node_as_an_uninterrupted_one(tmp_path):
     published after the restart must equal an uninterrupted twin server's, and the biased node must have
     lost weight (else the test proves nothing)."""
     env = {"GRADWIRE_CHECKPOINT_EVERY": "4", "GRADWIRE_CHECKPOINT_EVERY_VERSION_BELOW_BYTES": "0"}
-    configs = [{"algorithm": "adamw", "quorum": 4}, {"algorithm": "demo", "quorum": 4, "publish": "frames"},
-               {"algorithm": "sparseloco", "quorum": 4, "publish": "aggregate"}]
+    configs = [
+        {"algorithm": "adamw", "quorum": 4},
+        {"algorithm": "demo", "quorum": 4, "publish": "frames"},
+        {"algorithm": "sparseloco", "quorum": 4, "publish": "aggregate"},
+    ]
 
     def frame(rnd: int, sender: int) -> bytes:
         grads = random_grads(1000 * rnd + sender)
@@ -96,9 +99,12 @@ def test_only_runs_whose_versions_are_a_mean_of_the_nodes_records_keep_histories
     from gradwire_server.transition import RunState
 
     weights = {"w": torch.zeros(4, 4)}
-    for config, kept in (({"algorithm": "adamw"}, False), ({"algorithm": "demo"}, True),
-                         ({"algorithm": "sparseloco"}, True),
-                         ({"algorithm": "demo", "aggregation": {"rule": "mean"}}, False)):
+    for config, kept in (
+        ({"algorithm": "adamw"}, False),
+        ({"algorithm": "demo"}, True),
+        ({"algorithm": "sparseloco"}, True),
+        ({"algorithm": "demo", "aggregation": {"rule": "mean"}}, False),
+    ):
         state = RunState.load(RunConfig.model_validate(config), 0, weights, None, {}, torch.device("cpu"))
         assert (state.senders is not None) == kept, config
         assert ("senders" in state.checkpoint()[2]) == kept, config

@@ -32,18 +32,27 @@ SOFT_NOFILE = 200
 def limited_python(folder: Path, limit: str) -> str:
     """A wrapper that starts this Python under ``ulimit <limit>`` (e.g. ``-Sn 200``)."""
     path = folder / "python-limited"
-    path.write_text(f"#!/bin/bash\nulimit {limit} || exit 97\nexec {sys.executable} \"$@\"\n")
+    path.write_text(f'#!/bin/bash\nulimit {limit} || exit 97\nexec {sys.executable} "$@"\n')
     path.chmod(0o755)
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    args = ["--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
-            "--min-body-rate", str(MIN_BODY_RATE), "--max-connections", str(MAX_CONNECTIONS)]
+    args = [
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--min-body-rate",
+        str(MIN_BODY_RATE),
+        "--max-connections",
+        str(MAX_CONNECTIONS),
+    ]
     folder = tmp_path_factory.mktemp("connections")
-    with LoopbackServer(folder / "data", admin_token=ADMIN, extra_args=args,
-                        python=limited_python(folder, f"-Sn {SOFT_NOFILE}")) as srv:
+    with LoopbackServer(
+        folder / "data", admin_token=ADMIN, extra_args=args, python=limited_python(folder, f"-Sn {SOFT_NOFILE}")
+    ) as srv:
         yield srv
 
 
@@ -55,8 +64,13 @@ def test_the_open_files_limit_is_raised_only_as_far_as_the_connections_need(serv
 
 def test_a_server_whose_hard_limit_cannot_hold_its_connections_refuses_to_start(tmp_path):
     # max_connections 512 (the default) needs 768; a fixed port: no retry on another one.
-    srv = LoopbackServer(tmp_path / "data", admin_token=ADMIN, port=free_port(),
-                         python=limited_python(tmp_path, "-n 300"), ready_timeout_s=60)
+    srv = LoopbackServer(
+        tmp_path / "data",
+        admin_token=ADMIN,
+        port=free_port(),
+        python=limited_python(tmp_path, "-n 300"),
+        ready_timeout_s=60,
+    )
     with pytest.raises(ServerStartError, match="max_connections 512 needs 768 file descriptors"):
         srv.start()
 
@@ -106,8 +120,10 @@ def _response_length(data: bytes) -> int:
 
 
 def upload_head(path: str, token: str, length: int) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {length}\r\n\r\n").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 def test_slow_headers_are_closed_at_the_deadline_and_prompt_clients_are_served(server, client):
@@ -149,13 +165,13 @@ def test_the_cap_closes_the_oldest_waiting_connections_never_a_prompt_client(ser
             assert prompt.get("/healthz").status_code == 200
     client = httpx.Client(base_url=server.url, timeout=30)
     closed = 0
-    for s in idle[:2 * MAX_CONNECTIONS]:
+    for s in idle[: 2 * MAX_CONNECTIONS]:
         s.settimeout(0.5)
         try:
             closed += s.recv(1) == b""
         except ConnectionResetError:
             closed += 1
-        except socket.timeout:
+        except TimeoutError:
             pass
     assert closed >= MAX_CONNECTIONS, closed  # the oldest went first
     assert metric(client, "gradwire_connections_closed_total", 'cause="evicted"') - evicted >= 2 * MAX_CONNECTIONS
@@ -220,8 +236,10 @@ def test_a_state_upload_is_refused_before_its_body_once_the_run_started(server, 
     run = make_run(client, ADMIN, n_nodes=1, quorum=1)  # the state itself was spooled to disk and accepted
     assert run.submit(run.nodes[0], 0, dct_frame(random_grads(1), 0, 1)).status_code == 202
     s = connect(server)
-    s.sendall(f"PUT /v1/runs/{run.run_id}/state HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
-              f"Content-Length: {1 << 30}\r\n\r\n".encode())  # 1 GiB announced, none sent
+    s.sendall(
+        f"PUT /v1/runs/{run.run_id}/state HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n".encode()
+    )  # 1 GiB announced, none sent
     status, response = read_response(s)
     assert status == 409 and b"already_started" in response, response
     s.close()
@@ -231,8 +249,10 @@ def test_sigterm_is_not_held_by_an_abandoned_long_poll(server, client):
     """Last in this file: it stops the module's server."""
     run = make_run(client, ADMIN, n_nodes=1, quorum=1)
     poll = connect(server)
-    poll.sendall(f"GET /v1/runs/{run.run_id}/updates?since=0&wait=60 HTTP/1.1\r\nHost: x\r\n"
-                 f"Authorization: Bearer {ADMIN}\r\n\r\n".encode())
+    poll.sendall(
+        f"GET /v1/runs/{run.run_id}/updates?since=0&wait=60 HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {ADMIN}\r\n\r\n".encode()
+    )
     time.sleep(0.5)  # the poll is waiting in the server; its client will never read the answer
     t0 = time.monotonic()
     server.process.send_signal(signal.SIGTERM)

@@ -18,15 +18,28 @@ from live_server import LiveServer, free_port
 
 def _second_server(data_dir: Path, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gradwire_server", "--host", "127.0.0.1", "--port", str(free_port()),
-         "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "GRADWIRE_ADMIN_TOKEN": "t"},
+        [
+            sys.executable,
+            "-m",
+            "gradwire_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "GRADWIRE_ADMIN_TOKEN": "t"},
     )
 
 
 def _cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gradwire_apps.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gradwire_apps.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_second_server_on_a_held_directory_exits_naming_the_holder(tmp_path):
@@ -69,13 +82,28 @@ def test_lock_is_counted_within_a_process_and_exclusive_across_opens(tmp_path):
     again.release()
     # Still held by `first`: another process is refused.
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from gradwire_server.dirlock import DataDirLock, DataDirLocked\n"
-         "try:\n DataDirLock(sys.argv[1]).acquire()\nexcept DataDirLocked as e:\n print(e.pid); sys.exit(3)",
-         str(tmp_path)], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gradwire_server.dirlock import DataDirLock, DataDirLocked\n"
+            "try:\n DataDirLock(sys.argv[1]).acquire()\nexcept DataDirLocked as e:\n print(e.pid); sys.exit(3)",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.returncode == 3 and probe.stdout.strip() == str(os.getpid())
     first.release()
-    probe = subprocess.run([sys.executable, "-c", "import sys; from gradwire_server.dirlock import DataDirLock\n"
-                            "DataDirLock(sys.argv[1]).acquire()", str(tmp_path)], timeout=60)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gradwire_server.dirlock import DataDirLock\nDataDirLock(sys.argv[1]).acquire()",
+            str(tmp_path),
+        ],
+        timeout=60,
+    )
     assert probe.returncode == 0
 
 

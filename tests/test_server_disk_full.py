@@ -24,7 +24,6 @@ from gradwire.state import state_from_bytes, state_hash, state_to_bytes
 from gradwire_server.app import create_app
 from gradwire_server.launcher import LoopbackServer
 from gradwire_server.settings import ServerSettings
-
 from server_helpers import bearer, dense_frame, make_run, metric, random_grads, served, tiny_state
 
 ADMIN = "disk-admin"
@@ -45,8 +44,12 @@ def _wait(condition, timeout: float = 15.0, every: float = 0.05):
 
 
 def _is_json_507(r: httpx.Response) -> bool:
-    return (r.status_code == 507 and r.headers["content-type"].startswith("application/json")
-            and r.json()["error"] == "insufficient_storage" and "Retry-After" in r.headers)
+    return (
+        r.status_code == 507
+        and r.headers["content-type"].startswith("application/json")
+        and r.json()["error"] == "insufficient_storage"
+        and "Retry-After" in r.headers
+    )
 
 
 @contextlib.contextmanager
@@ -56,8 +59,10 @@ def _database_full(store, run_id: str):
     SQLite answers SQLITE_FULL to every write."""
     fillers = {
         "runs": ("INSERT INTO runs (run_id, config, created_at) VALUES ('filler-' || ?, '{}', 0)", lambda i: (i,)),
-        "nodes": ("INSERT INTO nodes (run_id, node_id, created_at, deleted_at) VALUES (?, ?, 0, 0)",
-                  lambda i: (run_id, 10**6 + i)),
+        "nodes": (
+            "INSERT INTO nodes (run_id, node_id, created_at, deleted_at) VALUES (?, ?, 0, 0)",
+            lambda i: (run_id, 10**6 + i),
+        ),
         "submissions": ("INSERT INTO submissions VALUES (?, ?, -1, -1, '', 0, 0, 0, 0)", lambda i: (run_id, 10**6 + i)),
         "versions": ("INSERT INTO versions VALUES (?, ?, '', 0, 0, 0)", lambda i: (run_id, -1 - i)),
     }
@@ -87,9 +92,11 @@ def test_a_full_database_is_507_logged_once_and_recovers(tmp_path, caplog):
         assert run.submit(run.nodes[0], 0, frames[1]).status_code == 202
         with _database_full(store, run.run_id):
             # Every write path: a JSON 507 naming the cause, nothing recorded.
-            for r in (client.post("/v1/runs", json={}, headers=bearer(ADMIN)),
-                      client.post(run.url("/nodes"), json={"name": "late"}, headers=bearer(ADMIN)),
-                      run.submit(run.nodes[1], 0, frames[2])):
+            for r in (
+                client.post("/v1/runs", json={}, headers=bearer(ADMIN)),
+                client.post(run.url("/nodes"), json={"name": "late"}, headers=bearer(ADMIN)),
+                run.submit(run.nodes[1], 0, frames[2]),
+            ):
                 assert _is_json_507(r), (r.status_code, r.text)
                 assert "database or disk is full" in r.json()["detail"]
             assert run.status()["submitted"] == 1 and run.status()["nodes"] == 2
@@ -115,10 +122,13 @@ def test_a_full_database_is_507_logged_once_and_recovers(tmp_path, caplog):
     assert "cannot rollback" not in text
     store_lines = [r for r in caplog.records if r.name == "gradwire_server.store" and r.levelno >= logging.WARNING]
     # Per episode of a full disk: one line when writes start failing, one when they work again.
-    assert [r.levelno for r in store_lines] == [logging.ERROR, logging.WARNING] * 2, [r.getMessage() for r in store_lines]
+    assert [r.levelno for r in store_lines] == [logging.ERROR, logging.WARNING] * 2, [
+        r.getMessage() for r in store_lines
+    ]
     assert all("database or disk is full" in r.getMessage() for r in store_lines)
-    close_lines = [r.getMessage() for r in caplog.records if r.name == "gradwire_server.rounds"
-                   and r.levelno >= logging.WARNING]
+    close_lines = [
+        r.getMessage() for r in caplog.records if r.name == "gradwire_server.rounds" and r.levelno >= logging.WARNING
+    ]
     assert len(close_lines) == 2, close_lines  # the first failure (with its backoff), then the recovery
     assert "closing round 0 failed: database or disk is full" in close_lines[0] and "retrying" in close_lines[0]
     assert "round 0 closed after" in close_lines[1]
@@ -152,8 +162,12 @@ def _fill(path: Path) -> None:
 
 
 def test_a_full_tmpfs_is_507_then_recovers(tmpfs, tmp_path):
-    server = LoopbackServer(tmpfs / "data", admin_token=ADMIN, log_path=tmp_path / "server.log",
-                            env={f"GRADWIRE_{k.upper()}": str(v) for k, v in RETRY.items()})
+    server = LoopbackServer(
+        tmpfs / "data",
+        admin_token=ADMIN,
+        log_path=tmp_path / "server.log",
+        env={f"GRADWIRE_{k.upper()}": str(v) for k, v in RETRY.items()},
+    )
     with server, httpx.Client(base_url=server.url, timeout=30) as client:
         run = make_run(client, ADMIN, n_nodes=2, **DEADLINE_RUN)
         frames = {n.node_id: dense_frame(random_grads(n.node_id), 0, n.node_id) for n in run.nodes}
@@ -167,8 +181,11 @@ def test_a_full_tmpfs_is_507_then_recovers(tmpfs, tmp_path):
         for r in (created, client.post(run.url("/nodes"), json={}, headers=bearer(ADMIN))):
             assert r.status_code == 201 or _is_json_507(r), (r.status_code, r.text)
         if created.status_code == 201:  # its initial state does not fit
-            r = client.put(f"/v1/runs/{created.json()['run_id']}/state", content=state_to_bytes(tiny_state()),
-                           headers=bearer(ADMIN))
+            r = client.put(
+                f"/v1/runs/{created.json()['run_id']}/state",
+                content=state_to_bytes(tiny_state()),
+                headers=bearer(ADMIN),
+            )
             assert _is_json_507(r), (r.status_code, r.text)
         assert client.get("/readyz").status_code == 503
         os.unlink(filler)

@@ -49,8 +49,9 @@ def test_no_version_is_larger_than_the_frames_it_replaces(live_server, algorithm
     frame = _frame_maker(chunk_shape, topk)
     extra = {"downlink": downlink} if downlink else {}
     with httpx.Client(base_url=live_server.url, timeout=60) as c:
-        run = make_run(c, live_server.admin_token, n_nodes=n_nodes, quorum=n_nodes, state=_state(),
-                       algorithm=algorithm, **extra)
+        run = make_run(
+            c, live_server.admin_token, n_nodes=n_nodes, quorum=n_nodes, state=_state(), algorithm=algorithm, **extra
+        )
         run.publish_rounds(frame, 0, rounds)
         data, _ = _published(c, run)
     versions = read_published(data)
@@ -66,9 +67,10 @@ def test_no_version_is_larger_than_the_frames_it_replaces(live_server, algorithm
 def test_the_issue_setup_stays_within_the_uplinks_and_nodes_match_the_server(live_server):
     # sparseloco with the defaults, 3 nodes sending 8×8-chunk DCT frames (k = 8) of a small model: the
     # re-encoded aggregate was 7,810 B against 3,078 B for the three uplinks together.
+    from torch import nn
+
     from gradwire.client import GradwireClient, Node
     from gradwire.state import state_hash
-    from torch import nn
 
     def model() -> nn.Module:
         torch.manual_seed(0)
@@ -87,8 +89,16 @@ def test_the_issue_setup_stays_within_the_uplinks_and_nodes_match_the_server(liv
     nodes = []
     for _ in range(3):
         node_id, token = admin.register_node(run_id)
-        nodes.append(Node(GradwireClient(live_server.url, token), run_id, model(),
-                          gradwire.DCTCodec(chunk_shape=(8, 8), topk=8), node_id, wait=20))
+        nodes.append(
+            Node(
+                GradwireClient(live_server.url, token),
+                run_id,
+                model(),
+                gradwire.DCTCodec(chunk_shape=(8, 8), topk=8),
+                node_id,
+                wait=20,
+            )
+        )
     train_together(nodes, loss, 4 * admin.status(run_id)["config"]["sparseloco"]["sync_every"])
     status = admin.status(run_id)
     assert status["version"] == 4

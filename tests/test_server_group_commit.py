@@ -46,8 +46,10 @@ async def _submit_while_locked(engine: RoundEngine, run_id: str, submissions: li
 
 def _group_sizes(engine: RoundEngine) -> tuple[float, float]:
     reg = engine.metrics.registry
-    return (reg.get_sample_value("gradwire_commit_group_size_count") or 0.0,
-            reg.get_sample_value("gradwire_commit_group_size_sum") or 0.0)
+    return (
+        reg.get_sample_value("gradwire_commit_group_size_count") or 0.0,
+        reg.get_sample_value("gradwire_commit_group_size_sum") or 0.0,
+    )
 
 
 async def _start(tmp_path) -> tuple[Store, RoundEngine]:

@@ -10,10 +10,8 @@ import httpx
 import pytest
 import torch
 
-from gradwire.state import state_to_bytes
 from gradwire_server.__main__ import main as server_main
 from gradwire_server.launcher import LoopbackServer
-
 from server_helpers import bearer, dense_frame, make_run, metric
 
 #: One 1 MiB tensor: the state and each dense update take about 1 MiB on disk.
@@ -34,10 +32,18 @@ def capped(tmp_path_factory):
     token_file = tmp / "admin.token"
     token_file.write_text("admin-from-a-file\n")
     token_file.chmod(0o600)
-    server = LoopbackServer(tmp / "data", admin_token="admin-from-a-file", log_path=tmp / "server.log",
-                            env={"GRADWIRE_ADMIN_TOKEN": "", "GRADWIRE_MAX_RUNS": "2",
-                                 "GRADWIRE_MAX_NODES_PER_RUN": "2", "GRADWIRE_MAX_STORED_BYTES": str(3 << 20)},
-                            extra_args=["--admin-token-file", str(token_file)])
+    server = LoopbackServer(
+        tmp / "data",
+        admin_token="admin-from-a-file",
+        log_path=tmp / "server.log",
+        env={
+            "GRADWIRE_ADMIN_TOKEN": "",
+            "GRADWIRE_MAX_RUNS": "2",
+            "GRADWIRE_MAX_NODES_PER_RUN": "2",
+            "GRADWIRE_MAX_STORED_BYTES": str(3 << 20),
+        },
+        extra_args=["--admin-token-file", str(token_file)],
+    )
     with server, httpx.Client(base_url=server.url, timeout=30) as client:
         yield server, client
 

@@ -36,6 +36,10 @@ def test_list_runs_needs_the_admin(live_server):
     r = httpx.get(f"{live_server.url}/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert r.status_code == 403
     assert httpx.get(f"{live_server.url}/v1/runs", timeout=30).status_code == 401
-    r = httpx.get(f"{live_server.url}/v1/runs", params={"limit": 0},
-                  headers={"Authorization": f"Bearer {live_server.admin_token}"}, timeout=30)
+    r = httpx.get(
+        f"{live_server.url}/v1/runs",
+        params={"limit": 0},
+        headers={"Authorization": f"Bearer {live_server.admin_token}"},
+        timeout=30,
+    )
     assert r.status_code == 422

@@ -17,8 +17,9 @@ import torch
 
 from gradwire.state import state_to_bytes
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the settings are glibc's malloc's")
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="the settings are glibc's malloc's"
+)
 
 PROBE = """
 import ctypes, resource, sys, threading
@@ -51,8 +52,14 @@ print(faults, libc.mallinfo2().arena)
 def _probe(setup: str = "", reserve: str = "", **env: str) -> tuple[int, int]:
     environ = {k: v for k, v in os.environ.items() if k != "GRADWIRE_KEEP_FREED_MEMORY"}
     environ.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE.format(setup=setup, reserve=reserve)], env=environ,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(setup=setup, reserve=reserve)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     faults, heap = (int(x) for x in out.stdout.split())
     return faults, heap
 
@@ -80,21 +87,38 @@ def test_without_a_reserve_the_same_work_grows_the_heap_page_by_page():
 @glibc_only
 def test_the_opt_out_leaves_malloc_alone():
     out = subprocess.run(
-        [sys.executable, "-c", "from gradwire_server.memory import keep_freed_memory, reserve, retained_bytes\n"
-                               "print(keep_freed_memory(), reserve(1 << 20), retained_bytes())"],
-        env={**os.environ, "GRADWIRE_KEEP_FREED_MEMORY": "0"}, capture_output=True, text=True, timeout=120, check=True)
+        [
+            sys.executable,
+            "-c",
+            "from gradwire_server.memory import keep_freed_memory, reserve, retained_bytes\n"
+            "print(keep_freed_memory(), reserve(1 << 20), retained_bytes())",
+        ],
+        env={**os.environ, "GRADWIRE_KEEP_FREED_MEMORY": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.split() == ["False", "0", "0"]
 
 
 @glibc_only
 def test_a_reserve_is_capped_by_reserve_max():
     out = subprocess.run(
-        [sys.executable, "-c", "from gradwire_server import memory\n"
-                               "memory.RESERVE_MAX = 64 << 20\n"
-                               "assert memory.keep_freed_memory()\n"
-                               "print(memory.reserve(10 << 30), memory.retained_bytes())"],
+        [
+            sys.executable,
+            "-c",
+            "from gradwire_server import memory\n"
+            "memory.RESERVE_MAX = 64 << 20\n"
+            "assert memory.keep_freed_memory()\n"
+            "print(memory.reserve(10 << 30), memory.retained_bytes())",
+        ],
         env={k: v for k, v in os.environ.items() if k != "GRADWIRE_KEEP_FREED_MEMORY"},
-        capture_output=True, text=True, timeout=120, check=True)
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     touched, retained = (int(x) for x in out.stdout.split())
     assert touched == 64 << 20 and retained == 64 << 20
 

@@ -18,8 +18,14 @@ print(policy, os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
 def _probe(before: str = "", **env: str) -> list[str]:
     environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     environ.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], env=environ, capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(before=before)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.split()
 
 
@@ -38,11 +44,14 @@ def test_nothing_changes_once_torch_is_loaded():
 def test_the_server_entry_point_sets_the_passive_policy_before_torch_loads(tmp_path):
     # `python -m gradwire_server --help` parses its flags after the policy is set; the policy reaches torch's
     # OpenMP runtime, which reads it at load (observable as the variable in the process's environment).
-    code = ("import runpy, sys, os; sys.argv = ['gradwire_server', '--help']\n"
-            "try:\n    runpy.run_module('gradwire_server', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "import torch; print('POLICY', os.environ.get('OMP_WAIT_POLICY'))")
+    code = (
+        "import runpy, sys, os; sys.argv = ['gradwire_server', '--help']\n"
+        "try:\n    runpy.run_module('gradwire_server', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "import torch; print('POLICY', os.environ.get('OMP_WAIT_POLICY'))"
+    )
     environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=True
+    )
     assert "POLICY PASSIVE" in out.stdout

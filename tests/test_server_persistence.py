@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 import gradwire
+from gradwire.client import split_frames
 from gradwire.state import apply_update, state_hash
 from gradwire_server.store import atomic_write
 from live_server import LiveServer
 from server_helpers import dct_frame, make_run, random_grads, tiny_state
-from gradwire.client import split_frames
 
 CONFIG = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
 
@@ -115,9 +115,13 @@ def test_uncommitted_files_are_ignored_and_removed(server):
         h1 = run.wait_version(1).headers["X-Gradwire-Weights-Hash"]
     server.kill()
     root = server.data_dir / "runs" / run.run_id
-    planted = [root / "diffs" / "v000000002.gwf", root / "weights" / "v000000002.safetensors",
-               root / "moments" / "v000000002.safetensors", root / "submissions" / f"r000000001-n1-{'ab' * 16}.gwf",
-               root / "weights" / ".v000000002.safetensors.abcd.tmp"]
+    planted = [
+        root / "diffs" / "v000000002.gwf",
+        root / "weights" / "v000000002.safetensors",
+        root / "moments" / "v000000002.safetensors",
+        root / "submissions" / f"r000000001-n1-{'ab' * 16}.gwf",
+        root / "weights" / ".v000000002.safetensors.abcd.tmp",
+    ]
     for p in planted:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"written before a crash, never committed")

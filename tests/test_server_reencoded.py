@@ -27,9 +27,10 @@ CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2
 #: Every version replayed from the last checkpoint after a restart (none written inline).
 REPLAY_ENV = {"GRADWIRE_CHECKPOINT_EVERY": "1000", "GRADWIRE_CHECKPOINT_EVERY_VERSION_BELOW_BYTES": "0"}
 DEMO = {"algorithm": "demo", "demo": {"lr": 3e-3, "beta": 0.9}}
-SPARSELOCO = {"algorithm": "sparseloco",
-              "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
-                             "inner": {"lr": 1e-2}}}
+SPARSELOCO = {
+    "algorithm": "sparseloco",
+    "sparseloco": {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True, "inner": {"lr": 1e-2}},
+}
 
 
 def _model() -> nn.Module:
@@ -74,8 +75,9 @@ def test_a_nodes_downlink_stays_the_same_from_3_to_9_nodes_while_verbatim_frames
     dense = 4 * sum(p.numel() for p in _model().parameters())
 
     def per_version(n_nodes: int, publish: str) -> float:
-        nodes, _ = _train_together(live_server.url, live_server.admin_token, {**DEMO, "publish": publish},
-                                   n_nodes=n_nodes, steps=3)
+        nodes, _ = _train_together(
+            live_server.url, live_server.admin_token, {**DEMO, "publish": publish}, n_nodes=n_nodes, steps=3
+        )
         assert all(n.state_loads == 1 for n in nodes)
         return (nodes[0].bytes_received - dense) / 3  # less the one full-state load at the start
 
@@ -91,9 +93,12 @@ def test_one_bit_both_ways_reencodes_every_coordinate_and_nodes_match_the_server
     """SparseLoCo with 1-bit SGD's codec up and down (docs/ALGORITHMS.md, "One bit both ways"): the server
     re-encodes the mean of 3 or 6 nodes' sign frames as one sign frame under its own error feedback, so a
     node receives the same bytes per version at either node count, and every node ends on its weights."""
-    config = {"algorithm": "sparseloco",
-              "sparseloco": {"sync_every": 2, "error_decay": 1.0, "inner": {"lr": 1e-2}},
-              "uplink": {"codec": "onebit"}, "downlink": {"codec": "onebit"}}
+    config = {
+        "algorithm": "sparseloco",
+        "sparseloco": {"sync_every": 2, "error_decay": 1.0, "inner": {"lr": 1e-2}},
+        "uplink": {"codec": "onebit"},
+        "downlink": {"codec": "onebit"},
+    }
     admin = GradwireClient(live_server.url, live_server.admin_token)
     received = {}
     for n_nodes in (3, 6):
@@ -102,8 +107,9 @@ def test_one_bit_both_ways_reencodes_every_coordinate_and_nodes_match_the_server
         nodes = []
         for _ in range(n_nodes):
             node_id, token = admin.register_node(run_id)
-            nodes.append(Node(GradwireClient(live_server.url, token), run_id, _model(), gradwire.OneBit(), node_id,
-                              wait=20))
+            nodes.append(
+                Node(GradwireClient(live_server.url, token), run_id, _model(), gradwire.OneBit(), node_id, wait=20)
+            )
         train_together(nodes, _loss, 6)
         status = admin.status(run_id)
         assert status["version"] == 3
@@ -121,8 +127,13 @@ def test_one_bit_both_ways_reencodes_every_coordinate_and_nodes_match_the_server
 
 def test_only_the_robust_aggregate_reaches_the_servers_error_buffer():
     # Median of three: a rogue node scaled by 1e6 moves no coordinate of the aggregate beyond the others.
-    cfg = RunConfig.model_validate({"algorithm": "demo", "aggregation": {"rule": "median"},
-                                    "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 4}}})
+    cfg = RunConfig.model_validate(
+        {
+            "algorithm": "demo",
+            "aggregation": {"rule": "median"},
+            "downlink": {"codec": "dct", "params": {"chunk_shape": [64], "topk": 4}},
+        }
+    )
     master = tiny_state()
     state = RunState.load(cfg, 0, master, None, {}, torch.device("cpu"))
     grads = [random_grads(i) for i in range(3)]

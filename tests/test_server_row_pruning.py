@@ -23,8 +23,15 @@ def _rows(db, table: str, run_id: str) -> list[int]:
 def test_rows_older_than_the_retained_window_are_deleted_and_recent_duplicates_still_answered(tmp_path):
     rounds = ROW_PRUNE_EVERY + KEEP + 2
     with LiveServer(tmp_path / "data") as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        run = make_run(c, srv.admin_token, n_nodes=2, quorum=2, keep_versions=KEEP,
-                       optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
+        run = make_run(
+            c,
+            srv.admin_token,
+            n_nodes=2,
+            quorum=2,
+            keep_versions=KEEP,
+            optimizer={"lr": 0.01},
+            downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}},
+        )
 
         def frame(rnd: int, node_id: int) -> bytes:
             return dct_frame(random_grads(1000 * rnd + node_id, scale=0.1), rnd, node_id)

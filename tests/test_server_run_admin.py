@@ -7,10 +7,8 @@ import logging
 import threading
 import time
 
-
 from gradwire_server.app import create_app
 from gradwire_server.settings import ServerSettings
-
 from server_helpers import dense_frame, make_run, metric, random_grads, served
 
 ADMIN = "run-admin"
@@ -25,8 +23,14 @@ def _wait(condition, timeout: float = 15.0):
 
 def test_a_close_failing_the_same_way_marks_the_run_failed_until_resumed(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="gradwire_server")
-    settings = ServerSettings(data_dir=tmp_path, admin_token=ADMIN, close_retry_initial_s=0.05,
-                              close_retry_max_s=0.2, close_failures_before_failed=3, metrics_run_ids=True)
+    settings = ServerSettings(
+        data_dir=tmp_path,
+        admin_token=ADMIN,
+        close_retry_initial_s=0.05,
+        close_retry_max_s=0.2,
+        close_failures_before_failed=3,
+        metrics_run_ids=True,
+    )
     with served(create_app(settings)) as client:
         run = make_run(client, ADMIN, n_nodes=3, quorum=2)
         # The run's diffs folder is a file: publishing fails the same way every time (not for want of space).
@@ -85,8 +89,11 @@ def test_pause_resume_and_delete_a_run(tmp_path):
         # Deleted: its tokens, its rows, its files and its metric go, a long poll on it ends; the other run is
         # untouched.
         polled: list = []
-        poll = threading.Thread(target=lambda: polled.append(client.get(
-            run.url("/updates"), params={"since": 1, "wait": 30}, headers=run.nodes[0].headers)))
+        poll = threading.Thread(
+            target=lambda: polled.append(
+                client.get(run.url("/updates"), params={"since": 1, "wait": 30}, headers=run.nodes[0].headers)
+            )
+        )
         poll.start()
         time.sleep(0.5)
         t0 = time.monotonic()

@@ -14,13 +14,16 @@ import pytest
 from live_server import LiveServer
 
 
-def _stalled_post(port: int, path: str, token: str | None, length: int = 100_000,
-                  source: str = "127.0.0.1") -> socket.socket:
+def _stalled_post(
+    port: int, path: str, token: str | None, length: int = 100_000, source: str = "127.0.0.1"
+) -> socket.socket:
     """A complete header block announcing ``length`` bytes of body, then one byte of it, then nothing."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
-                 f"Content-Length: {length}\r\n\r\n{{".encode())
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {length}\r\n\r\n{{".encode()
+    )
     return sock
 
 
@@ -52,7 +55,7 @@ def _closed_by_server(sock: socket.socket, deadline_s: float) -> bool:
         return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -66,8 +69,10 @@ def test_body_without_a_valid_token_is_refused_before_it_is_read(tmp_path, token
             sock.close()
             sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
             scheme = "" if header_token.startswith("Basic") else "Bearer "
-            sock.sendall(f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme}{header_token}\r\n"
-                         "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{".encode())
+            sock.sendall(
+                f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme}{header_token}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{".encode()
+            )
         started = time.monotonic()
         response = _read_response(sock)
         assert time.monotonic() - started < 5.0  # not after the 20 s body deadline
@@ -97,8 +102,9 @@ def test_update_submission_without_a_token_is_refused_before_its_body(tmp_path):
 def test_stalled_bodies_with_a_valid_token_make_room_at_the_cap(tmp_path):
     # 40 stalled admin uploads against a cap of 16, and more arriving with every normal request: the one
     # silent longest makes room, so every normal request is answered.
-    server = LiveServer(tmp_path / "data", env={"GRADWIRE_MAX_CONNECTIONS": "16",
-                                                "GRADWIRE_MAX_CONNECTIONS_PER_ADDRESS": "0"})
+    server = LiveServer(
+        tmp_path / "data", env={"GRADWIRE_MAX_CONNECTIONS": "16", "GRADWIRE_MAX_CONNECTIONS_PER_ADDRESS": "0"}
+    )
     socks = [_stalled_post(server.port, "/v1/runs", "test-admin") for _ in range(40)]
     try:
         deadline = time.monotonic() + 30
@@ -122,14 +128,16 @@ def test_stalled_bodies_with_a_valid_token_make_room_at_the_cap(tmp_path):
 
 
 def test_one_address_cannot_take_the_whole_cap(tmp_path):
-    server = LiveServer(tmp_path / "data", env={"GRADWIRE_MAX_CONNECTIONS": "64",
-                                                "GRADWIRE_MAX_CONNECTIONS_PER_ADDRESS": "8"})
+    server = LiveServer(
+        tmp_path / "data", env={"GRADWIRE_MAX_CONNECTIONS": "64", "GRADWIRE_MAX_CONNECTIONS_PER_ADDRESS": "8"}
+    )
     socks = []
     try:
         # 30 idle sockets from 127.0.0.2: that address keeps at most 8 of them open.
         for _ in range(30):
-            socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=10,
-                                                  source_address=("127.0.0.2", 0)))
+            socks.append(
+                socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=("127.0.0.2", 0))
+            )
         closed = sum(_closed_by_server(s, 0.2) for s in socks)
         assert closed >= 30 - 8
         # Another address is not affected.

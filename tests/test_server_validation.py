@@ -31,8 +31,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def run(server, client):
     # quorum 2 keeps round 0 open while the hostile frames arrive; max_update_norm for the norm check.
-    return make_run(client, server.admin_token, n_nodes=2, quorum=2, max_frame_bytes=MAX_FRAME,
-                    max_update_norm=1000.0)
+    return make_run(client, server.admin_token, n_nodes=2, quorum=2, max_frame_bytes=MAX_FRAME, max_update_norm=1000.0)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +89,12 @@ def test_admin_token_on_the_node_route_and_node_token_on_admin_routes(client, ru
 
 
 def test_unknown_run(client, run):
-    _expect(client, client.post("/v1/runs/doesnotexist/rounds/0/updates", content=good(),
-                                headers=run.nodes[0].headers), 404, "unknown_run")
+    _expect(
+        client,
+        client.post("/v1/runs/doesnotexist/rounds/0/updates", content=good(), headers=run.nodes[0].headers),
+        404,
+        "unknown_run",
+    )
 
 
 def test_sender_must_be_the_tokens_node(client, run):
@@ -207,7 +210,19 @@ def test_nothing_rejected_touched_the_round(client, run):
     run.wait_version(1)
     assert client.get("/readyz").status_code == 200
     text = client.get("/metrics").text
-    for reason in ("missing_token", "invalid_token", "forbidden", "bad_frame", "frame_too_large", "not_a_bundle",
-                   "tensor_mismatch", "round_mismatch", "round_not_open", "non_finite", "norm_too_large",
-                   "sender_mismatch", "unknown_run"):
+    for reason in (
+        "missing_token",
+        "invalid_token",
+        "forbidden",
+        "bad_frame",
+        "frame_too_large",
+        "not_a_bundle",
+        "tensor_mismatch",
+        "round_mismatch",
+        "round_not_open",
+        "non_finite",
+        "norm_too_large",
+        "sender_mismatch",
+        "unknown_run",
+    ):
         assert f'gradwire_updates_rejected_total{{reason="{reason}"}}' in text, reason

@@ -22,8 +22,11 @@ def _documented_stream(state: dict[str, torch.Tensor]) -> bytes:
 def test_weights_hash_is_blake3_128_of_the_documented_stream():
     gen = torch.Generator().manual_seed(3)
     # One tensor large enough to be hashed on several threads, one small, one of another dtype.
-    state = {"w": torch.randn(700, 1024, generator=gen), "b": torch.randn(5, generator=gen),
-             "h": torch.randn(4, 4, generator=gen).to(torch.bfloat16).view(torch.int16)}
+    state = {
+        "w": torch.randn(700, 1024, generator=gen),
+        "b": torch.randn(5, generator=gen),
+        "h": torch.randn(4, 4, generator=gen).to(torch.bfloat16).view(torch.int16),
+    }
     want = blake3.blake3(_documented_stream(state)).hexdigest(16)
     assert state_hash(state) == want
     assert len(want) == 32

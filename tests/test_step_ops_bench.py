@@ -67,8 +67,10 @@ def test_the_emulated_device_sends_the_library_down_its_gpu_branch(step_ops):
 
     codec = gradwire.DCTCodec(chunk_shape=(8, 8), topk=4, mode="tiles")
     with step_ops.emulated_device() as emu:
-        tensors = {n: step_ops.mark(torch.randn(16, 16, generator=torch.Generator().manual_seed(i)))
-                   for i, n in enumerate(("a", "b"))}
+        tensors = {
+            n: step_ops.mark(torch.randn(16, 16, generator=torch.Generator().manual_seed(i)))
+            for i, n in enumerate(("a", "b"))
+        }
         codec.compress_bundle(tensors)  # the first call moves the codec's cached bases to the device once
         with step_ops.counting(emu) as c:
             out = codec.compress_bundle(tensors)
@@ -81,13 +83,24 @@ def test_the_emulated_device_sends_the_library_down_its_gpu_branch(step_ops):
 
 
 def test_the_bench_counts_every_row_at_two_sizes_and_prints_the_targets():
-    run = subprocess.run([sys.executable, str(BENCH), "--cases", "2x64,20x64"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--cases", "2x64,20x64"], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| 2 ") or line.startswith("| 20 ")]
-    names = {"torch AdamW (foreach)", "DeMo reference (demo.py)", "gradwire DeMo", "gradwire SparseLoCo, local step",
-             "gradwire SparseLoCo, sync step", "gradwire SparseLoCo, mean step (1 sync in 8)"}
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in lines
+        if line.startswith("| 2 ") or line.startswith("| 20 ")
+    ]
+    names = {
+        "torch AdamW (foreach)",
+        "DeMo reference (demo.py)",
+        "gradwire DeMo",
+        "gradwire SparseLoCo, local step",
+        "gradwire SparseLoCo, sync step",
+        "gradwire SparseLoCo, mean step (1 sync in 8)",
+    }
     for tensors in ("2", "20"):
         got = {r[3]: r for r in rows if r[0] == tensors}
         assert set(got) == names, tensors

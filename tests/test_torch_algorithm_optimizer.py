@@ -5,7 +5,8 @@ registered in a test file (no optimizer class of its own) trains on real gloo ra
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -34,17 +35,33 @@ def _same_as_own_optimizer(rank: int, world: int, which: str) -> dict:
         config = {"lr": 0.01, "beta": 0.9, "weight_decay": 0.01}
         own = gt.DeMo(theirs.parameters(), lr=0.01, beta=0.9, weight_decay=0.01, exchange="all_gather")
     else:
-        cfg = SparseLoCoConfig(sync_every=2, outer_lr=0.7, outer_momentum=0.9, nesterov=True,
-                               inner=dataclasses.replace(SparseLoCoConfig().inner, lr=0.01))
+        cfg = SparseLoCoConfig(
+            sync_every=2,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            nesterov=True,
+            inner=dataclasses.replace(SparseLoCoConfig().inner, lr=0.01),
+        )
         inner = torch.optim.AdamW(theirs.parameters(), **cfg.inner.torch_kwargs())
-        own = gt.SparseLoCo(theirs.parameters(), inner, sync_every=2, outer_lr=0.7, outer_momentum=0.9,
-                            nesterov=True, exchange="all_gather")
+        own = gt.SparseLoCo(
+            theirs.parameters(),
+            inner,
+            sync_every=2,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            nesterov=True,
+            exchange="all_gather",
+        )
         config = cfg
     opt = gt.AlgorithmOptimizer(ours, which, config)
     _train(ours, opt, x, y, 6)
     _train(theirs, own, x, y, 6)
-    return dict(same=torch.equal(flat_parameters(ours), flat_parameters(theirs)),
-                identical=all_ranks_equal(flat_parameters(ours)), rounds=opt.rounds, sent=opt.bytes_sent)
+    return dict(
+        same=torch.equal(flat_parameters(ours), flat_parameters(theirs)),
+        identical=all_ranks_equal(flat_parameters(ours)),
+        rounds=opt.rounds,
+        sent=opt.bytes_sent,
+    )
 
 
 @pytest.mark.parametrize("which, rounds", [("demo", 6), ("sparseloco", 3)])
@@ -105,8 +122,9 @@ def _new_algorithm_run(rank: int, world: int) -> dict:
     model = make_model()
     opt = gt.AlgorithmOptimizer(model, "test_mean_sgd", {"lr": 0.5})
     losses = _train(model, opt, x, y, 8)
-    return dict(identical=all_ranks_equal(flat_parameters(model)), first=losses[0], last=losses[-1],
-                sent=opt.bytes_sent)
+    return dict(
+        identical=all_ranks_equal(flat_parameters(model)), first=losses[0], last=losses[-1], sent=opt.bytes_sent
+    )
 
 
 def test_an_algorithm_registered_in_a_test_file_trains_on_gloo_ranks_with_no_optimizer_class():

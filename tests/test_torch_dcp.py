@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 import gradwire.torch as gt
@@ -28,11 +27,19 @@ def _save(rank: int, world: int, which: str, path: str) -> dict:
     model = _net()
     opt = _make(which, model, piece_numel=PIECE)
     _train(opt, model, x, y, 4)
-    before = (flat_parameters(model).clone(), _momenta(opt), getattr(opt, "steps", None), getattr(opt, "local_steps", None))
+    before = (
+        flat_parameters(model).clone(),
+        _momenta(opt),
+        getattr(opt, "steps", None),
+        getattr(opt, "local_steps", None),
+    )
     osd = get_optimizer_state_dict(model, opt)
     after = (flat_parameters(model), _momenta(opt), getattr(opt, "steps", None), getattr(opt, "local_steps", None))
-    untouched = (torch.equal(before[0], after[0]) and before[2:] == after[2:]
-                 and all(torch.equal(before[1][n], after[1][n]) for n in before[1]))
+    untouched = (
+        torch.equal(before[0], after[0])
+        and before[2:] == after[2:]
+        and all(torch.equal(before[1][n], after[1][n]) for n in before[1])
+    )
     dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=path)
     saved = [_momenta(opt)]
     gathered = [None] * world
@@ -50,8 +57,11 @@ def _load(rank: int, world: int, which: str, path: str) -> dict:
     loaded = {n: t.tolist() for n, t in _momenta(opt).items()}
     x, y = shard(rank)
     _train(opt, model, x, y, 4)
-    return dict(loaded=loaded, identical=all_ranks_equal(flat_parameters(model)),
-                steps=getattr(opt, "steps", getattr(opt, "local_steps", None)))
+    return dict(
+        loaded=loaded,
+        identical=all_ranks_equal(flat_parameters(model)),
+        steps=getattr(opt, "steps", getattr(opt, "local_steps", None)),
+    )
 
 
 @pytest.mark.parametrize("which, new_world", [("demo", 2), ("demo", 3), ("sparseloco", 3)])
@@ -101,9 +111,11 @@ def _fsdp_round_trip(rank: int, world: int, path: str) -> dict:
     fresh.load_state_dict(state["model"])
     set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
     loaded = get_optimizer_state_dict(fresh, fresh_opt)["state"]
-    return dict(dtensors=all(isinstance(m, DTensor) for m in momenta),
-                same=all(torch.equal(loaded[k]["momentum"].to_local(), saved[k]) for k in saved),
-                steps=fresh_opt.steps)
+    return dict(
+        dtensors=all(isinstance(m, DTensor) for m in momenta),
+        same=all(torch.equal(loaded[k]["momentum"].to_local(), saved[k]) for k in saved),
+        steps=fresh_opt.steps,
+    )
 
 
 def test_fsdp2_momenta_go_through_dcp_as_dtensors_shard_by_shard(tmp_path):

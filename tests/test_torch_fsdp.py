@@ -82,14 +82,16 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _optimizer(which: str, model: nn.Module, group):
     if which == "demo":
         return gt.DeMo(model.parameters(), lr=LR, beta=0.9, process_group=group)
-    return gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=LR), sync_every=4,
-                         process_group=group)
+    return gt.SparseLoCo(
+        model.parameters(), torch.optim.AdamW(model.parameters(), lr=LR), sync_every=4, process_group=group
+    )
 
 
 def _full(model: nn.Module) -> torch.Tensor:
     """The whole weights, gathered from the shards (plain parameters as they are)."""
-    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).reshape(-1)
-                      for p in model.parameters()])
+    return torch.cat(
+        [(p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).reshape(-1) for p in model.parameters()]
+    )
 
 
 def _step(model, opt, x, y) -> float:
@@ -207,8 +209,11 @@ def _refusal_run(rank: int, world: int, workdir: str) -> dict:
 
     # Native HSDP: FSDP itself all-reduces the gradients across the replicate dimension.
     hsdp = _sharded(mesh)
-    out["hsdp"] = refused(lambda: gt.SparseLoCo(hsdp.parameters(), torch.optim.SGD(hsdp.parameters(), lr=0.1),
-                                                process_group=mesh.get_group("replicate")))
+    out["hsdp"] = refused(
+        lambda: gt.SparseLoCo(
+            hsdp.parameters(), torch.optim.SGD(hsdp.parameters(), lr=0.1), process_group=mesh.get_group("replicate")
+        )
+    )
     model = _sharded(mesh["shard"])
     # The default group holds the other shard of every parameter.
     out["world"] = refused(lambda: gt.DeMo(model.parameters(), lr=LR))
@@ -236,14 +241,27 @@ def test_exchange_group_must_join_the_replicas_of_one_shard(tmp_path):
         assert "of unsharded parameters" in r["unsharded"], r["unsharded"]
 
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
-                       "fsdp_sparseloco_torchrun.py")
+EXAMPLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "fsdp_sparseloco_torchrun.py"
+)
 
 
 def test_the_example_trains_and_ends_with_bit_identical_replicas():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, EXAMPLE, "--spawn", "4", "--steps", "4", "--sync-every", "2", "--width", "64",
-           "--layers", "1"]
+    cmd = [
+        sys.executable,
+        EXAMPLE,
+        "--spawn",
+        "4",
+        "--steps",
+        "4",
+        "--sync-every",
+        "2",
+        "--width",
+        "64",
+        "--layers",
+        "1",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mesh: 2 replicas x 2 shards" in done.stdout and "replicas bit-identical: True" in done.stdout, done.stdout

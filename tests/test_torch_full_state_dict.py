@@ -29,9 +29,11 @@ def _resume_from_rank_zeros_file(rank: int, world: int, which: str, exchange: st
 
     run = interrupted_run(lambda m: _make(which, m, **kw), x, y, rank_zeros_file)
     whole, resumed, saved = run.whole, run.resumed, run.saved
-    out = dict(same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
-               identical=all_ranks_equal(flat_parameters(resumed)),
-               shares=len(saved["gradwire"]["ranks"]))
+    out = dict(
+        same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
+        identical=all_ranks_equal(flat_parameters(resumed)),
+        shares=len(saved["gradwire"]["ranks"]),
+    )
     # rank 0's own state_dict() is no full one: on rank 1 (sharded) it is refused, naming the rank.
     if exchange == "sharded" and rank == 1:
         try:
@@ -47,11 +49,11 @@ def _rank_zero_share(full: dict) -> dict:
     return dict(full, gradwire=full["gradwire"]["ranks"][0])
 
 
-@pytest.mark.parametrize("which, exchange", [("demo", "sharded"), ("sparseloco", "sharded"),
-                                             ("sparseloco", "all_gather")])
+@pytest.mark.parametrize(
+    "which, exchange", [("demo", "sharded"), ("sparseloco", "sharded"), ("sparseloco", "all_gather")]
+)
 def test_every_rank_resumes_bit_identically_from_rank_zeros_full_state_file(tmp_path, which, exchange):
-    results = gt.spawn(_resume_from_rank_zeros_file, 2, (which, exchange, str(tmp_path / "optimizer.pt")),
-                       timeout_s=90)
+    results = gt.spawn(_resume_from_rank_zeros_file, 2, (which, exchange, str(tmp_path / "optimizer.pt")), timeout_s=90)
     for r in results:
         assert r["same"] and r["identical"] and r["shares"] == 2
     if exchange == "sharded":
@@ -77,11 +79,16 @@ def test_a_full_state_of_another_group_size_is_resharded_into_this_ones():
 
 
 def test_state_bytes_round_trip_every_kind_of_value():
-    state = {"state": {0: {"exp_avg": torch.randn(3, 4), "step": torch.tensor(7.0)}},
-             "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "foreach": None, "amsgrad": False,
-                               "params": [0, 1], "name": "g0"}],
-             "bf16": torch.randn(5).to(torch.bfloat16), "empty": torch.zeros(0, 3),
-             "inf": float("inf"), "nested": [[1, 2], {"k": torch.arange(4)}]}
+    state = {
+        "state": {0: {"exp_avg": torch.randn(3, 4), "step": torch.tensor(7.0)}},
+        "param_groups": [
+            {"lr": 1e-3, "betas": (0.9, 0.999), "foreach": None, "amsgrad": False, "params": [0, 1], "name": "g0"}
+        ],
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "empty": torch.zeros(0, 3),
+        "inf": float("inf"),
+        "nested": [[1, 2], {"k": torch.arange(4)}],
+    }
     back = state_from_bytes(state_to_bytes(state))
     assert back["param_groups"][0]["betas"] == (0.9, 0.999) and back["param_groups"][0]["foreach"] is None
     assert torch.equal(back["state"][0]["exp_avg"], state["state"][0]["exp_avg"])

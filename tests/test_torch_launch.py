@@ -44,8 +44,15 @@ def _free_port() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
 def test_destroy_process_group_stops_gloo_threads_after_an_optimizer_is_built():
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OMP_NUM_THREADS="1",
+    )
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     before, during, after = map(int, done.stdout.split()[-3:])

@@ -9,7 +9,7 @@ from torch import nn
 
 import gradwire
 import gradwire.torch as gt
-from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, shard, IN, CLASSES
+from distributed_toys import CLASSES, IN, all_ranks_equal, checkpoint_roundtrip, flat_parameters, shard
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
 
@@ -103,8 +103,10 @@ def test_muon_adamw_steps_exactly_as_torch_muon_and_adamw_side_by_side():
     ma, oa = gt.muon_split(a, exclude=[a.head])
     joined = gt.MuonAdamW(ma, oa, lr=0.02, weight_decay=0.01)
     mb, ob = gt.muon_split(b, exclude=[b.head])
-    apart = [torch.optim.Muon(mb, lr=0.02, weight_decay=0.01, adjust_lr_fn="match_rms_adamw"),
-             torch.optim.AdamW(ob, lr=0.02, weight_decay=0.01)]
+    apart = [
+        torch.optim.Muon(mb, lr=0.02, weight_decay=0.01, adjust_lr_fn="match_rms_adamw"),
+        torch.optim.AdamW(ob, lr=0.02, weight_decay=0.01),
+    ]
     _steps([joined], a, 7)
     _steps(apart, b, 7)
     assert torch.equal(flat_parameters(a), flat_parameters(b))
@@ -124,15 +126,15 @@ def test_muon_adamw_steps_exactly_as_torch_muon_and_adamw_side_by_side():
 def test_an_lr_scheduler_sets_the_lr_of_both_halves():
     m = _model()
     opt = gt.MuonAdamW(*gt.muon_split(m, exclude=[m.head]), lr=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** t)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5**t)
     x, y = shard(0)
     for _ in range(3):
         opt.zero_grad()
         _loss(m, x, y).backward()
         opt.step()
         sched.step()
-    assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
-    assert opt.adamw.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+    assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    assert opt.adamw.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
 
 
 def _train(steps, factory, state=None, model_state=None):
@@ -170,8 +172,15 @@ def _muloco_run(rank: int, world: int, steps: int, sync_every: int, exchange: st
     inner = gt.MuonAdamW(*gt.muon_split(model, exclude=[model.head]), lr=0.02)
     # sharded: the owners re-encode their slices' exact mean at one bit (all_gather has no downlink codec)
     down = dict(downlink_codec=gradwire.OneBit()) if exchange == "sharded" else {}
-    opt = gt.SparseLoCo(model.parameters(), inner, sync_every=sync_every, codec=gradwire.OneBit(),
-                        error_decay=1.0, exchange=exchange, **down)
+    opt = gt.SparseLoCo(
+        model.parameters(),
+        inner,
+        sync_every=sync_every,
+        codec=gradwire.OneBit(),
+        error_decay=1.0,
+        exchange=exchange,
+        **down,
+    )
     x, y = shard(rank)
     losses, identical = [], True
     for t in range(1, steps + 1):

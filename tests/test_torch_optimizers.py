@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
@@ -10,9 +9,9 @@ from torch import nn
 import gradwire.torch as gt
 import gradwire.torch.all_gather_exchange as optimizers  # where the all-gather exchange finds its collective
 import gradwire.torch.sharded as sharded
+from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, make_model, shard
 from gradwire.algorithms import DEFAULT_SYNC_EVERY
 from gradwire.state import state_hash
-from distributed_toys import all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, make_model, shard
 
 
 def _record_frames():
@@ -81,8 +80,9 @@ def _demo_run(rank: int, world: int, steps: int, weight_decay: float) -> dict:
         opt.step()
         losses.append(loss.item())
         identical &= all_ranks_equal(flat_parameters(model)) and _hash_identical(model)
-    return dict(losses=losses, identical=identical, sent=opt.bytes_sent, received=opt.bytes_received,
-                seen=seen, steps=opt.steps)
+    return dict(
+        losses=losses, identical=identical, sent=opt.bytes_sent, received=opt.bytes_received, seen=seen, steps=opt.steps
+    )
 
 
 @pytest.mark.parametrize("world, weight_decay", [(3, 0.0), (2, 0.1)])
@@ -125,8 +125,16 @@ def _sparseloco_run(rank: int, world: int, steps: int, sync_every: int, nesterov
             diverged |= not same  # between syncs the ranks do move apart
     with torch.no_grad():
         final = nn.functional.cross_entropy(model(x), y).item()
-    return dict(losses=losses, final=final, identical=identical, diverged=diverged, sent=opt.bytes_sent,
-                received=opt.bytes_received, seen=seen, syncs=opt.syncs)
+    return dict(
+        losses=losses,
+        final=final,
+        identical=identical,
+        diverged=diverged,
+        sent=opt.bytes_sent,
+        received=opt.bytes_received,
+        seen=seen,
+        syncs=opt.syncs,
+    )
 
 
 @pytest.mark.parametrize("world, nesterov", [(3, False), (2, True)])
@@ -174,8 +182,9 @@ class Small(nn.Module):
         return self.head(torch.relu(self.body(self.embed(ids))))
 
 
-def _ratio_run(rank: int, world: int, which: str, steps: int, model_name: str = "wide",
-               exchange: str = "sharded") -> dict:
+def _ratio_run(
+    rank: int, world: int, which: str, steps: int, model_name: str = "wide", exchange: str = "sharded"
+) -> dict:
     torch.manual_seed(0)
     model = Wide() if model_name == "wide" else Small()
     g = torch.Generator().manual_seed(rank + 1)
@@ -201,8 +210,13 @@ def _ratio_run(rank: int, world: int, which: str, steps: int, model_name: str = 
         opt.step()
         losses.append(loss.item())
     n = sum(p.numel() for p in model.parameters())
-    return dict(ratio=4 * n * steps / opt.bytes_sent, received=4 * n * steps / opt.bytes_received,
-                per_step=opt.bytes_sent / steps, identical=_hash_identical(model), losses=losses)
+    return dict(
+        ratio=4 * n * steps / opt.bytes_sent,
+        received=4 * n * steps / opt.bytes_received,
+        per_step=opt.bytes_sent / steps,
+        identical=_hash_identical(model),
+        losses=losses,
+    )
 
 
 @pytest.mark.parametrize("which, steps", [("demo", 3), ("sparseloco", 32)])
@@ -243,8 +257,14 @@ def _train_single(opt_factory, steps: int, state=None, model_state=None):
     "factory",
     [
         lambda m: gt.DeMo(m.parameters(), lr=0.02, beta=0.9, weight_decay=0.01),
-        lambda m: gt.SparseLoCo(m.parameters(), torch.optim.AdamW(m.parameters(), lr=0.01), sync_every=3,
-                                outer_lr=0.7, outer_momentum=0.9, nesterov=True),
+        lambda m: gt.SparseLoCo(
+            m.parameters(),
+            torch.optim.AdamW(m.parameters(), lr=0.01),
+            sync_every=3,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            nesterov=True,
+        ),
     ],
     ids=["demo", "sparseloco"],
 )
@@ -300,8 +320,7 @@ def _nccl_run(rank: int, world: int, which: str, steps: int) -> dict:
         opt.step()
         losses.append(loss.item())
     params = flat_parameters(model)
-    return dict(losses=losses, identical=all(torch.equal(params, p) for p in gather(params)),
-                sent=opt.bytes_sent)
+    return dict(losses=losses, identical=all(torch.equal(params, p) for p in gather(params)), sent=opt.bytes_sent)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
@@ -359,8 +378,14 @@ def _model_record_run(rank: int, world: int, which: str, steps: int, exchange: s
         if which == "demo" or t % 2 == 0:
             identical &= all_ranks_equal(flat_parameters(model)) and _hash_identical(model)
     dist.barrier()
-    return dict(losses=losses, identical=identical, names=names, record=opt.model_record.name,
-                sent=opt.bytes_sent, received=opt.bytes_received)
+    return dict(
+        losses=losses,
+        identical=identical,
+        names=names,
+        record=opt.model_record.name,
+        sent=opt.bytes_sent,
+        received=opt.bytes_received,
+    )
 
 
 @pytest.mark.parametrize("exchange", ["sharded", "all_gather"])
@@ -399,8 +424,12 @@ def test_model_record_sends_fewer_bytes_than_a_record_per_tensor(which):
         if which == "demo":
             opt = gt.DeMo(model.parameters(), lr=0.01, model_record=model_record)
         else:
-            opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=1,
-                                model_record=model_record)
+            opt = gt.SparseLoCo(
+                model.parameters(),
+                torch.optim.AdamW(model.parameters(), lr=0.01),
+                sync_every=1,
+                model_record=model_record,
+            )
         x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
         for _ in range(3):
             opt.zero_grad()
@@ -442,5 +471,7 @@ def test_model_record_restart_continues_bit_identically():
     )
     whole, opt_whole = _train_single(factory, 10)
     first, opt_first = _train_single(factory, 4)
-    resumed, _ = _train_single(factory, 6, state=checkpoint_roundtrip(opt_first.state_dict()), model_state=first.state_dict())
+    resumed, _ = _train_single(
+        factory, 6, state=checkpoint_roundtrip(opt_first.state_dict()), model_state=first.state_dict()
+    )
     assert torch.equal(flat_parameters(whole), flat_parameters(resumed))

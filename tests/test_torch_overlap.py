@@ -8,13 +8,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradwire.frame import FRAME_HEADER_BYTES
-from gradwire.state import state_hash
 import gradwire.torch as gt
 from distributed_toys import all_ranks_equal, flat_parameters, shard
+from gradwire.frame import FRAME_HEADER_BYTES
+from gradwire.state import state_hash
 from gradwire.torch.overlap import GradientBuckets, cut_buckets
 from test_torch_sharded_exchange import PIECE, _net
-
 
 EMPTY_BUNDLE_BYTES = FRAME_HEADER_BYTES + 4  # header and CRC-32C trailer
 
@@ -37,10 +36,13 @@ def _overlap_run(rank: int, world: int, exchange: str) -> dict:
             if opt is opt_over:  # every bucket was handed to the worker by the hooks, before the step
                 started_in_backward.append(len(opt._buckets._started))
             opt.step()
-    return dict(same=torch.equal(flat_parameters(plain), flat_parameters(over)),
-                identical=all_ranks_equal(flat_parameters(over)),
-                buckets=len(opt_over._buckets.buckets), started=started_in_backward,
-                sent=(opt_plain.bytes_sent, opt_over.bytes_sent))
+    return dict(
+        same=torch.equal(flat_parameters(plain), flat_parameters(over)),
+        identical=all_ranks_equal(flat_parameters(over)),
+        buckets=len(opt_over._buckets.buckets),
+        started=started_in_backward,
+        sent=(opt_plain.bytes_sent, opt_over.bytes_sent),
+    )
 
 
 @pytest.mark.parametrize("exchange", ["sharded", "all_gather"])
@@ -209,7 +211,11 @@ def _exchange_in_backward_run(rank: int, world: int, exchange: str) -> dict:
         h = _WaitForExchange.apply(first(x), opt, opt.bytes_sent, seen)
         nn.functional.cross_entropy(rest(h), y).backward()
         opt.step()
-    return dict(seen=seen, buckets=len(opt._buckets.buckets), identical=all_ranks_equal(torch.cat([p.detach().reshape(-1) for p in params])))
+    return dict(
+        seen=seen,
+        buckets=len(opt._buckets.buckets),
+        identical=all_ranks_equal(torch.cat([p.detach().reshape(-1) for p in params])),
+    )
 
 
 @pytest.mark.parametrize("exchange", ["sharded", "all_gather"])

@@ -29,8 +29,12 @@ def _agree_run(rank: int, world: int) -> dict:
 
 def test_replicas_agree_until_one_bit_of_one_rank_differs_in_fp32_and_bf16():
     for r in gt.spawn(_agree_run, 2, ()):
-        assert r == {"torch.float32 same": True, "torch.float32 one bit off": False,
-                     "torch.bfloat16 same": True, "torch.bfloat16 one bit off": False}, r
+        assert r == {
+            "torch.float32 same": True,
+            "torch.float32 one bit off": False,
+            "torch.bfloat16 same": True,
+            "torch.bfloat16 one bit off": False,
+        }, r
 
 
 def test_one_process_without_a_group_agrees_with_itself():

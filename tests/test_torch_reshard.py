@@ -20,8 +20,7 @@ def _kw(exchange: str) -> dict:
 
 def _buffers(share: dict) -> dict[str, torch.Tensor]:
     """A share's per-parameter buffers (DeMo's momenta or SparseLoCo's error buffers), by parameter."""
-    return {n: f.get("momentum", f.get("error")) for n, f in share["params"].items()
-            if "momentum" in f or "error" in f}
+    return {n: f.get("momentum", f.get("error")) for n, f in share["params"].items() if "momentum" in f or "error" in f}
 
 
 def _residual(opt, parts: list[dict]) -> dict[str, torch.Tensor]:
@@ -30,8 +29,9 @@ def _residual(opt, parts: list[dict]) -> dict[str, torch.Tensor]:
 
     pieces = opt._route.pieces_for(len(parts))
     # Every owner's residuals in parameter space (the coefficient domain's by their inverse transform), uncut.
-    held = _owner_feedback([p["owner"] for p in parts], pieces, pieces, [q.name for q in pieces.pieces],
-                           opt.downlink_codec)["residuals"]
+    held = _owner_feedback(
+        [p["owner"] for p in parts], pieces, pieces, [q.name for q in pieces.pieces], opt.downlink_codec
+    )["residuals"]
     return pieces.join({p.name: held.get(p.name, torch.zeros(p.shape)).reshape(p.shape) for p in pieces.pieces})
 
 
@@ -57,8 +57,11 @@ def _resume(rank: int, world: int, which: str, exchange: str, path: str) -> dict
     now = opt.full_state_dict()["gradwire"]["ranks"]  # collective
     mine = _buffers(now[rank])
     mean_old = {n: torch.stack([_buffers(p)[n] for p in old]).sum(0) / len(old) for n in _buffers(old[0])}
-    out = dict(world=world, buffers=len(mine),
-               mean_taken=all(torch.allclose(mine[n], m, atol=1e-7) for n, m in mean_old.items()))
+    out = dict(
+        world=world,
+        buffers=len(mine),
+        mean_taken=all(torch.allclose(mine[n], m, atol=1e-7) for n, m in mean_old.items()),
+    )
     if exchange == "sharded":
         before, after = _residual(opt, old), _residual(opt, now)
         out["residual_kept"] = all(torch.equal(before[n], after[n]) for n in before)
@@ -71,13 +74,21 @@ def _resume(rank: int, world: int, which: str, exchange: str, path: str) -> dict
         loss.backward()
         opt.step()
         losses.append(float(loss))
-    out.update(identical=all_ranks_equal(flat_parameters(model)), finite=all(map(torch.isfinite, map(torch.tensor, losses))))
+    out.update(
+        identical=all_ranks_equal(flat_parameters(model)), finite=all(map(torch.isfinite, map(torch.tensor, losses)))
+    )
     return out
 
 
-@pytest.mark.parametrize("which, exchange, old_world, new_world", [
-    ("demo", "sharded", 4, 2), ("demo", "sharded", 2, 3), ("sparseloco", "sharded", 2, 4),
-    ("sparseloco", "all_gather", 4, 2)])
+@pytest.mark.parametrize(
+    "which, exchange, old_world, new_world",
+    [
+        ("demo", "sharded", 4, 2),
+        ("demo", "sharded", 2, 3),
+        ("sparseloco", "sharded", 2, 4),
+        ("sparseloco", "all_gather", 4, 2),
+    ],
+)
 def test_a_full_state_saved_by_one_group_size_resumes_in_another(tmp_path, which, exchange, old_world, new_world):
     path = str(tmp_path / "checkpoint.pt")
     gt.spawn(_save, old_world, (which, exchange, path), timeout_s=120)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import gradwire.torch as gt
+from bench_modules import load_bench
 from gradwire.algorithms import default_demo_codec, default_sparseloco_codec
 from gradwire.torch.sharded import Pieces, assign_owners, balanced_piece_numel, cut_tensor
 
-from bench_modules import load_bench
 
 def _bench():
     return load_bench("exchange_balance")
@@ -67,12 +67,21 @@ def _most_owned(pieces: Pieces, world: int) -> int:
 def test_the_cut_is_chosen_for_balance_where_tiles_leave_a_piece_over():
     """A 2048×256 embedding and a 1536×256 weight at 8 ranks: cut at 1.5 shares (whole 64-row tiles) one rank
     held 1.39 shares; of the bounds tried, the cut kept holds the busiest owner near one share."""
-    tensors = [("embed", (2048, 256)), ("mid", (1536, 256)), ("mid_bias", (1536,)), ("head", (16, 1536)), ("head_bias", (16,))]
+    tensors = [
+        ("embed", (2048, 256)),
+        ("mid", (1536, 256)),
+        ("mid_bias", (1536,)),
+        ("head", (16, 1536)),
+        ("head_bias", (16,)),
+    ]
     total = sum(torch.Size(s).numel() for _, s in tensors)
     codec = default_demo_codec()
     at_first_bound = Pieces.__new__(Pieces)
-    at_first_bound.pieces = [p for n, s in tensors
-                             for p in cut_tensor(n, s, codec, balanced_piece_numel([s for _, s in tensors], 1 << 18, 8))]
+    at_first_bound.pieces = [
+        p
+        for n, s in tensors
+        for p in cut_tensor(n, s, codec, balanced_piece_numel([s for _, s in tensors], 1 << 18, 8))
+    ]
     assert _most_owned(at_first_bound, 8) > 1.35 * total / 8
     chosen = Pieces(tensors, codec, world=8)
     assert _most_owned(chosen, 8) <= 1.15 * total / 8

@@ -8,7 +8,6 @@ bit-identically and are refused in a group of another size, and a refusal that r
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +18,9 @@ from torch import nn
 
 import gradwire
 import gradwire.torch as gt
-import gradwire.torch.sharded as sharded
 import gradwire.torch.all_gather_exchange as all_gather_exchange
-from distributed_toys import IN, CLASSES, all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, shard
+import gradwire.torch.sharded as sharded
+from distributed_toys import CLASSES, IN, all_ranks_equal, checkpoint_roundtrip, flat_parameters, gather, shard
 from gradwire.aggregation import exact_mean
 from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_downlink, demo_update
 from gradwire.errors import FrameError
@@ -29,7 +28,7 @@ from gradwire.frame import Limits, read_frame, write_frame
 from gradwire.model_record import model_record_codec
 from gradwire.state import state_hash
 from gradwire.torch.collectives import all_gather_bytes, all_to_all_bytes
-from gradwire.torch.sharded import Piece, assign_owners, cut_tensor
+from gradwire.torch.sharded import Piece, assign_owners
 
 PIECE = 4096  # small pieces, so the toy model's weights are cut
 
@@ -58,8 +57,9 @@ def _make(which: str, model: nn.Module, **kw):
     inner = torch.optim.AdamW(model.parameters(), lr=0.01)
     if which == "onebit":  # 1-bit SGD's codec both ways (docs/ALGORITHMS.md, "One bit both ways")
         down = {"downlink_codec": gradwire.OneBit()} if kw.get("exchange") == "sharded" else {}
-        return gt.SparseLoCo(model.parameters(), inner, sync_every=2, codec=gradwire.OneBit(), error_decay=1.0,
-                             **down, **kw)
+        return gt.SparseLoCo(
+            model.parameters(), inner, sync_every=2, codec=gradwire.OneBit(), error_decay=1.0, **down, **kw
+        )
     return gt.SparseLoCo(model.parameters(), inner, sync_every=2, **kw)
 
 
@@ -94,8 +94,11 @@ def _hash_identical(model: nn.Module) -> bool:
     ],
 )
 def test_pieces_carry_exactly_the_whole_tensors_records(shape, piece_numel, codec_kind, expected_pieces):
-    codec = {"dct": default_demo_codec, "record": lambda: model_record_codec(default_demo_codec()),
-             "onebit": gradwire.OneBit}[codec_kind]()
+    codec = {
+        "dct": default_demo_codec,
+        "record": lambda: model_record_codec(default_demo_codec()),
+        "onebit": gradwire.OneBit,
+    }[codec_kind]()
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     layout = sharded.Pieces([("t", shape)], codec, piece_numel)
     pieces = layout.by_tensor["t"]
@@ -118,11 +121,14 @@ def test_pieces_carry_exactly_the_whole_tensors_records(shape, piece_numel, code
     if codec_kind == "onebit":
         # The same signs and column means; a mean's float32 column sum may round an ulp apart, as torch
         # orders a reduction by the matrix's width. (Every rank cuts alike, so replicas stay identical.)
-        assert torch.allclose(joined, whole, rtol=2.0 ** -22, atol=0.0)
+        assert torch.allclose(joined, whole, rtol=2.0**-22, atol=0.0)
     else:
         assert torch.equal(joined, whole)  # same chunks, same kept coefficients, same bits
-    sent = sum(len(e.sections[k]) if isinstance(e.sections[k], bytes) else e.sections[k].nbytes
-               for e, _ in records.values() for k in e.sections)
+    sent = sum(
+        len(e.sections[k]) if isinstance(e.sections[k], bytes) else e.sections[k].nbytes
+        for e, _ in records.values()
+        for k in e.sections
+    )
     alone = sum(len(v) if isinstance(v, bytes) else v.nbytes for v in entry.sections.values())
     if codec_kind == "onebit":  # the same sign bits and column means, whatever the cut (bit packing aside)
         assert sent - alone <= len(pieces)
@@ -147,8 +153,11 @@ def _a2a_run(rank: int, world: int) -> dict:
     for method in ("auto", "pairwise"):
         payloads = [bytes([rank, r]) * (rank + r) if (rank + r) % 3 else b"" for r in range(world)]
         got = all_to_all_bytes(payloads, method=method)
-        out[method] = all(bytes(got[s]) == (bytes([s, rank]) * (s + rank) if (s + rank) % 3 else b"")
-                          for s in range(world) if s != rank)
+        out[method] = all(
+            bytes(got[s]) == (bytes([s, rank]) * (s + rank) if (s + rank) % 3 else b"")
+            for s in range(world)
+            if s != rank
+        )
         out[method] &= bytes(got[rank]) == payloads[rank]
     # nothing to move at all: no payload collective
     out["empty"] = all(len(f) == 0 for f in all_to_all_bytes([b""] * world))
@@ -215,9 +224,13 @@ def _train_run(rank: int, world: int, steps: int) -> dict:
                 final = nn.functional.cross_entropy(model(x), y).item()
             exchanges = steps if which == "demo" else steps // 2
             out[f"{which}/{exchange}"] = dict(
-                identical=identical, first=losses[0], final=final,
-                sent=opt.bytes_sent / exchanges, received=opt.bytes_received / exchanges,
-                seen={k: seen[k] - before[k] for k in seen}, pieces=len(opt._pieces) if opt._pieces else 0,
+                identical=identical,
+                first=losses[0],
+                final=final,
+                sent=opt.bytes_sent / exchanges,
+                received=opt.bytes_received / exchanges,
+                seen={k: seen[k] - before[k] for k in seen},
+                pieces=len(opt._pieces) if opt._pieces else 0,
                 owned=len(opt._exchange.owned(rank)) if opt._pieces else 0,
             )
     return out
@@ -347,8 +360,12 @@ def _all_gather_reference_run(rank: int, world: int, steps: int) -> dict:
             demo_update(named, exact_mean([read_frame(f).entries for f in got]), 0.01, 0.1)
         same &= torch.equal(flat_parameters(model), flat_parameters(ref))
     sd = opt.state_dict()
-    return dict(same=same, counters=[opt.bytes_sent, opt.bytes_received] == [sent, received],
-                keys=sorted(sd["gradwire"]), momenta=sorted(i for i, f in sd["state"].items() if "momentum" in f))
+    return dict(
+        same=same,
+        counters=[opt.bytes_sent, opt.bytes_received] == [sent, received],
+        keys=sorted(sd["gradwire"]),
+        momenta=sorted(i for i, f in sd["state"].items() if "momentum" in f),
+    )
 
 
 def test_all_gather_exchange_is_the_former_one_bit_for_bit():
@@ -413,7 +430,8 @@ def _resume_run(rank: int, world: int, which: str, model_record: bool) -> dict:
         same=torch.equal(flat_parameters(whole), flat_parameters(resumed)),
         counters=[opt_whole.bytes_sent, opt_whole.bytes_received]
         == [opt_resumed.bytes_sent, opt_resumed.bytes_received],
-        owner=sorted(owner), owned=[p.name for p in opt_first._exchange.owned(rank)],
+        owner=sorted(owner),
+        owned=[p.name for p in opt_first._exchange.owned(rank)],
         residual=any(bool(r.abs().sum() > 0) for r in owner.values()),
         coefficient_domain=sorted(held.get("coefficients", {})),
         identical=all_ranks_equal(flat_parameters(resumed)),
@@ -431,8 +449,11 @@ def _resume_run(rank: int, world: int, which: str, model_record: bool) -> dict:
     return out
 
 
-@pytest.mark.parametrize("which, model_record", [("demo", False), ("sparseloco", False), ("onebit", False), ("demo", True)],
-                         ids=["demo", "sparseloco", "onebit-column-pieces", "demo-model-record"])
+@pytest.mark.parametrize(
+    "which, model_record",
+    [("demo", False), ("sparseloco", False), ("onebit", False), ("demo", True)],
+    ids=["demo", "sparseloco", "onebit-column-pieces", "demo-model-record"],
+)
 def test_sharded_checkpoint_resumes_bit_identically_and_only_in_a_group_of_its_size(which, model_record):
     results = gt.spawn(_resume_run, 3, (which, model_record), timeout_s=60)
     for rank, r in enumerate(results):
@@ -466,7 +487,10 @@ def test_single_process_checkpoints_are_refused_across_exchanges_and_ranks():
     with pytest.raises(ValueError, match="rank 1's"):
         _make("demo", _net(), piece_numel=PIECE).load_state_dict(other_rank)
     # pieces cut otherwise: the node's momenta are the pieces', so the checkpoint names other buffers
-    with pytest.raises(ValueError, match=r"pieces are cut otherwise \(10 pieces, this optimizer's 6;.*'g0.p0\[0:128\]' saved, 'g0.p0' here"):
+    with pytest.raises(
+        ValueError,
+        match=r"pieces are cut otherwise \(10 pieces, this optimizer's 6;.*'g0.p0\[0:128\]' saved, 'g0.p0' here",
+    ):
         _make("demo", _net(), piece_numel=1 << 18).load_state_dict(saved)
     net = _net()
     onebit = _make("onebit", net, piece_numel=PIECE)

@@ -16,9 +16,31 @@ _bench = load_bench
 
 def test_the_train_step_bench_times_every_optimizer_beside_adamw_and_prints_the_target():
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--device", "cpu", "--batch", "2", "--seq", "32", "--layers", "2",
-         "--width", "64", "--heads", "2", "--vocab", "256", "--repeat", "1", "--threads", "1"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(BENCH),
+            "--device",
+            "cpu",
+            "--batch",
+            "2",
+            "--seq",
+            "32",
+            "--layers",
+            "2",
+            "--width",
+            "64",
+            "--heads",
+            "2",
+            "--vocab",
+            "256",
+            "--repeat",
+            "1",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
@@ -46,7 +68,13 @@ def test_the_gpu_script_parses_and_runs_each_part_under_its_own_timeout():
     script = BENCH_DIR / "gpu.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     text = script.read_text()
-    for part in ("part install", "part tests", "part optimizer_step_10M", "part optimizer_step_100M",
-                 "part dct_codec", "part train_step"):
+    for part in (
+        "part install",
+        "part tests",
+        "part optimizer_step_10M",
+        "part optimizer_step_100M",
+        "part dct_codec",
+        "part train_step",
+    ):
         assert part in text, part
     assert "--carry" not in text and 'carry=["dist", ".gpu-wheels"]' in text

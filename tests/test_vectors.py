@@ -50,7 +50,11 @@ def test_golden_frame_decodes_to_its_stored_tensors(name):
 def test_reading_and_rewriting_a_golden_frame_gives_the_same_bytes(name):
     frame, _ = load(name)
     f = read_frame(frame)
-    assert (f.round, f.sender, f.bundle) == (MANIFEST[name]["round"], MANIFEST[name]["sender"], MANIFEST[name]["bundle"])
+    assert (f.round, f.sender, f.bundle) == (
+        MANIFEST[name]["round"],
+        MANIFEST[name]["sender"],
+        MANIFEST[name]["bundle"],
+    )
     assert write_frame(f.entries, round=f.round, sender=f.sender, bundle=f.bundle) == frame
 
 

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,9 +44,32 @@ def _free_port() -> int:
 def _train(tmp: Path, name: str, *extra: str) -> Path:
     """One node of the dense row (a group of one on loopback): 24 steps of the char transformer."""
     log = tmp / f"{name}.jsonl"
-    cmd = [sys.executable, str(BENCH / "wan_node.py"), "train", "--mode", "dense", "--model", "chars", "--rank", "0",
-           "--world", "1", "--steps", "24", "--lr", "0.01", "--batch", "4", "--eval-every", "8", "--log", str(log),
-           "--master", f"127.0.0.1:{_free_port()}", *extra]
+    cmd = [
+        sys.executable,
+        str(BENCH / "wan_node.py"),
+        "train",
+        "--mode",
+        "dense",
+        "--model",
+        "chars",
+        "--rank",
+        "0",
+        "--world",
+        "1",
+        "--steps",
+        "24",
+        "--lr",
+        "0.01",
+        "--batch",
+        "4",
+        "--eval-every",
+        "8",
+        "--log",
+        str(log),
+        "--master",
+        f"127.0.0.1:{_free_port()}",
+        *extra,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return log
@@ -141,22 +163,26 @@ def test_the_emulated_link_has_its_delay_and_rate(wan, tmp_path):
     wan_net = wan.wan_net
     if not _can_build_namespaces(wan_net):
         pytest.skip("needs root and network namespaces")
-    sink = ("import socket\n"
-            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('0.0.0.0', 5001)); s.listen(); c, _ = s.accept(); c.sendall(c.recv(1))\n"
-            "while c.recv(1 << 20): pass\n"
-            "c.sendall(b'k')\n")
-    source = ("import socket, time, json\n"
-              "deadline = time.monotonic() + 30\n"
-              "while True:  # until the receiver listens\n"
-              "    try:\n"
-              f"        c = socket.create_connection(('{wan_net.host_ip(1)}', 5001), timeout=30); break\n"
-              "    except ConnectionRefusedError:\n"
-              "        if time.monotonic() > deadline: raise\n"
-              "        time.sleep(0.05)\n"
-              "t = time.perf_counter(); c.sendall(b'x'); c.recv(1); rtt = time.perf_counter() - t\n"
-              "t = time.perf_counter(); c.sendall(bytes(8 << 20)); c.shutdown(socket.SHUT_WR); c.recv(1)\n"
-              "print(json.dumps({'rtt': rtt, 'seconds': time.perf_counter() - t}))\n")
+    sink = (
+        "import socket\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('0.0.0.0', 5001)); s.listen(); c, _ = s.accept(); c.sendall(c.recv(1))\n"
+        "while c.recv(1 << 20): pass\n"
+        "c.sendall(b'k')\n"
+    )
+    source = (
+        "import socket, time, json\n"
+        "deadline = time.monotonic() + 30\n"
+        "while True:  # until the receiver listens\n"
+        "    try:\n"
+        f"        c = socket.create_connection(('{wan_net.host_ip(1)}', 5001), timeout=30); break\n"
+        "    except ConnectionRefusedError:\n"
+        "        if time.monotonic() > deadline: raise\n"
+        "        time.sleep(0.05)\n"
+        "t = time.perf_counter(); c.sendall(b'x'); c.recv(1); rtt = time.perf_counter() - t\n"
+        "t = time.perf_counter(); c.sendall(bytes(8 << 20)); c.shutdown(socket.SHUT_WR); c.recv(1)\n"
+        "print(json.dumps({'rtt': rtt, 'seconds': time.perf_counter() - t}))\n"
+    )
     link = wan_net.Link("test", 100.0, 25.0)
     net = wan_net.Wan(2, link, tmp_path, prefix=f"gwwt{os.getpid()}")
     try:
@@ -177,5 +203,7 @@ def test_the_emulated_link_has_its_delay_and_rate(wan, tmp_path):
     report = net.delay_report()
     assert report["packets"] > 900 and report["delay_ms"] == 25.0
     assert report["mean_late_ms"] < 10.0
-    assert not any(line.startswith(f"gwwt{os.getpid()}-") for line in
-                   subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+    assert not any(
+        line.startswith(f"gwwt{os.getpid()}-")
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    )

@@ -38,18 +38,32 @@ def test_the_wheel_installs_and_round_trips_a_frame_in_a_fresh_venv(tmp_path, wh
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     no_rust = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CARGO_HOME", "RUSTUP_HOME")}
-    no_rust["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                      if p and not (Path(p) / "cargo").exists() and not (Path(p) / "rustc").exists())
+    no_rust["PATH"] = os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (Path(p) / "cargo").exists() and not (Path(p) / "rustc").exists()
+    )
     assert shutil.which("cargo", path=no_rust["PATH"]) is None
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, env=no_rust, timeout=300)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        env=no_rust,
+        timeout=300,
+    )
     # Then the dependencies (torch is GBs) from this environment, after the fresh one's own site-packages
     # (written after the install, so pip finds no gradwire but the wheel's).
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     deps = list(dict.fromkeys([*site_module.getsitepackages(), sysconfig.get_paths()["purelib"]]))
     (site / "zz_test_deps.pth").write_text("\n".join(deps) + "\n")
-    out = subprocess.run([str(py), "-c", ROUND_TRIP], capture_output=True, text=True, env=no_rust, timeout=300,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [str(py), "-c", ROUND_TRIP], capture_output=True, text=True, env=no_rust, timeout=300, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(site)), out.stdout  # gradwire came from the wheel, not a checkout

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradwire import WireError, wire
 
@@ -282,12 +283,16 @@ def test_huffman_rejects_hostile_streams():
 def test_arbitrary_bytes_raise_or_decode_canonically(data, count, set_len, universe, param):
     count -= count % set_len
     for decode, encode in (
-        (lambda: wire.rice_decode(data, count, universe, param, set_len=set_len),
-         lambda out: wire.rice_encode(out, universe, param, set_len=set_len)),
+        (
+            lambda: wire.rice_decode(data, count, universe, param, set_len=set_len),
+            lambda out: wire.rice_encode(out, universe, param, set_len=set_len),
+        ),
         (lambda: wire.elias_decode(data, count, "omega"), lambda out: wire.elias_encode(out, "omega")),
         (lambda: wire.elias_decode(data, count, "gamma"), lambda out: wire.elias_encode(out, "gamma")),
-        (lambda: wire.sparse_levels_decode(data, count, universe, set_len),
-         lambda out: wire.sparse_levels_encode(*out)),
+        (
+            lambda: wire.sparse_levels_decode(data, count, universe, set_len),
+            lambda out: wire.sparse_levels_encode(*out),
+        ),
     ):
         try:
             out = decode()

@@ -13,6 +13,7 @@ import math
 
 from bench.attacks import ATTACKS, MODES, Outcome, ratio, run_one
 from bench.reliability.row import Row
+
 from gradwire_server.launcher import LoopbackServer
 
 #: The held-out loss an attacked run may reach, relative to its clean run (issue 21: within 5 %).
@@ -34,7 +35,7 @@ def _attack_row(got: Outcome, clean: Outcome, rounds: int) -> Row:
         probe=f"attacks: {got.mode}, 1 rogue node of 4 ({got.attack}), default rule, {rounds} versions",
         expected=f"held-out loss <= {LOSS_BOUND}x clean, max |published| finite and <= {PUBLISHED_BOUND:g}x clean",
         observed=f"{r:.3f}x clean ({got.held_out:.4g} vs {clean.held_out:.4g}), max |published| {pub:.3g}x clean"
-                 + refused,
+        + refused,
         passed=r <= LOSS_BOUND and math.isfinite(got.max_published) and pub <= PUBLISHED_BOUND,
     )
 
@@ -53,12 +54,14 @@ def probes(quick: bool) -> list[Row]:
             mean_clean = run_one(server, mode, "clean", "mean", rounds)
             hurt = run_one(server, mode, "flip_x1e15", "mean", rounds)
             r = ratio(hurt, mean_clean)
-            rows.append(Row(
-                probe=f"attacks: {mode}, the same rogue (flip_x1e15) under the unbounded rule 'mean', {rounds} versions",
-                expected="hurt (> 1.5x clean): the bound above is the default rule's doing; status warns",
-                observed=f"{r:.3g}x clean, max |published| {hurt.max_published:.3g}; status warnings: {len(hurt.warnings)}",
-                passed=(not math.isfinite(r) or r > 1.5) and bool(hurt.warnings),
-            ))
+            rows.append(
+                Row(
+                    probe=f"attacks: {mode}, the same rogue (flip_x1e15) under the unbounded rule 'mean', {rounds} versions",
+                    expected="hurt (> 1.5x clean): the bound above is the default rule's doing; status warns",
+                    observed=f"{r:.3g}x clean, max |published| {hurt.max_published:.3g}; status warnings: {len(hurt.warnings)}",
+                    passed=(not math.isfinite(r) or r > 1.5) and bool(hurt.warnings),
+                )
+            )
         if not quick:
             rows.extend(_colluding_rows(server, rounds))
     return rows
@@ -73,10 +76,12 @@ def _colluding_rows(server: LoopbackServer, rounds: int) -> list[Row]:
         for attack in COLLUDING_PROBED:
             got = run_one(server, mode, attack, "default", rounds, nodes=8, rogues=2)
             r = ratio(got, clean)
-            rows.append(Row(
-                probe=f"attacks: {mode}, 2 colluders of 8 ({attack}), default rule, {rounds} versions",
-                expected=f"held-out loss <= {COLLUDING_BOUND}x clean",
-                observed=f"{r:.3f}x clean ({got.held_out:.4g} vs {clean.held_out:.4g})",
-                passed=r <= COLLUDING_BOUND,
-            ))
+            rows.append(
+                Row(
+                    probe=f"attacks: {mode}, 2 colluders of 8 ({attack}), default rule, {rounds} versions",
+                    expected=f"held-out loss <= {COLLUDING_BOUND}x clean",
+                    observed=f"{r:.3f}x clean ({got.held_out:.4g} vs {clean.held_out:.4g})",
+                    passed=r <= COLLUDING_BOUND,
+                )
+            )
     return rows

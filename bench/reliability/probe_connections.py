@@ -36,9 +36,9 @@ from pathlib import Path
 
 import httpx
 import torch
+from bench.reliability.row import Row
 
 import gradwire
-from bench.reliability.row import Row
 from gradwire.client import GradwireClient
 from gradwire_server.launcher import LoopbackServer
 
@@ -68,7 +68,7 @@ def _percentile(values: list[float], q: float) -> float:
 def _limited_python(folder: Path) -> str:
     """A wrapper that starts this Python under ``ulimit -n 1024``."""
     path = folder / "python-nofile-1024"
-    path.write_text(f"#!/bin/sh\nulimit -n {NOFILE}\nexec {sys.executable} \"$@\"\n")
+    path.write_text(f'#!/bin/sh\nulimit -n {NOFILE}\nexec {sys.executable} "$@"\n')
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -90,8 +90,10 @@ class _Attack:
             auth = f"Authorization: Bearer {self.node_token}\r\n" if "node token" in kind else ""
             return f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}X-Slow: ".encode(), b"a"
         token = self.node_token if "node token" in kind else "not-a-token"
-        return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                f"Content-Type: application/octet-stream\r\nContent-Length: {60 << 20}\r\n\r\n").encode(), b"\0"
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {60 << 20}\r\n\r\n"
+        ).encode(), b"\0"
 
     async def _slow_socket(self, kind: str) -> None:
         head, drip = self._head(kind)
@@ -165,9 +167,11 @@ def _normal_clients(server: LoopbackServer, run_id: str, nodes: list[tuple[int, 
 
     def fresh() -> None:
         while time.monotonic() < end:
+
             def one() -> None:
                 r = httpx.get(f"{server.url}/healthz", timeout=30)
                 r.raise_for_status()
+
             timed(one)
             time.sleep(0.02)
 
@@ -218,8 +222,9 @@ def probes(quick: bool) -> list[Row]:
     seconds = 40.0 if quick else 90.0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="probe-connections-") as tmp:
-        server = LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, python=_limited_python(Path(tmp)),
-                                ready_timeout_s=120)
+        server = LoopbackServer(
+            Path(tmp) / "data", admin_token=ADMIN, python=_limited_python(Path(tmp)), ready_timeout_s=120
+        )
         with server:
             pid = server.process.pid
             limit = int(Path(f"/proc/{pid}/limits").read_text().split("Max open files")[1].split()[0])
@@ -264,40 +269,58 @@ def probes(quick: bool) -> list[Row]:
             p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
             b50, b99 = _percentile(base, 0.5), _percentile(base, 0.99)
             bound = max(P99_BOUND_S, 2 * b99)
-            rows.append(Row(
-                f"{SLOW_SOCKETS} slow sockets (250 each: {'; '.join(KINDS)}; 1 B/s, reconnecting 1 s after a close) for "
-                f"{seconds:.0f} s; normal clients: 4 status readers, 1 new connection per request, 2 nodes in rounds; "
-                f"server at RLIMIT_NOFILE {limit}, default settings",
-                f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
-                f"without: {len(base)} answered, {len(base_failures)} failed, p50 {b50 * 1000:.0f} ms, p99 "
-                f"{b99 * 1000:.0f} ms; with: {len(latencies)} answered, {len(failures)} failed"
-                f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
-                f"(bound {bound * 1000:.0f} ms); {published} rounds published; {connects} slow connections made; "
-                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
-                not failures and not base_failures and p99 <= bound and published > 0))
-            bounds = {KINDS[0]: HEADER_TIMEOUT_S, KINDS[1]: HEADER_TIMEOUT_S, KINDS[2]: LINGER_S,
-                      KINDS[3]: BODY_TIMEOUT_S}
+            rows.append(
+                Row(
+                    f"{SLOW_SOCKETS} slow sockets (250 each: {'; '.join(KINDS)}; 1 B/s, reconnecting 1 s after a close) for "
+                    f"{seconds:.0f} s; normal clients: 4 status readers, 1 new connection per request, 2 nodes in rounds; "
+                    f"server at RLIMIT_NOFILE {limit}, default settings",
+                    f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
+                    f"without: {len(base)} answered, {len(base_failures)} failed, p50 {b50 * 1000:.0f} ms, p99 "
+                    f"{b99 * 1000:.0f} ms; with: {len(latencies)} answered, {len(failures)} failed"
+                    f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
+                    f"(bound {bound * 1000:.0f} ms); {published} rounds published; {connects} slow connections made; "
+                    f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+                    not failures and not base_failures and p99 <= bound and published > 0,
+                )
+            )
+            bounds = {
+                KINDS[0]: HEADER_TIMEOUT_S,
+                KINDS[1]: HEADER_TIMEOUT_S,
+                KINDS[2]: LINGER_S,
+                KINDS[3]: BODY_TIMEOUT_S,
+            }
             p99s = {k: _percentile(v, 0.99) for k, v in lifetimes.items()}
             longest = {k: max(v, default=float("nan")) for k, v in lifetimes.items()}
             ok = all(lifetimes[k] and p99s[k] <= bounds[k] + LAG_S for k in KINDS)
-            rows.append(Row(
-                "the slow sockets' lifetimes, connect to closed by the server, as the attacker saw them (p99, max); "
-                "a body with a node token goes to an open round: one holds the node's upload slot, the others are "
-                "refused (429) before their body",
-                f"p99 ≤ the deadline + {LAG_S:g} s of event-loop lag: headers 10 s, refused body 2 s linger, "
-                "body with a token 20 s",
-                "; ".join(f"{k}: {p99s[k]:.1f} s, {longest[k]:.1f} s ({len(lifetimes[k])} closed)" for k in KINDS),
-                ok))
-            rows.append(Row(
-                f"the server's open descriptors during the attack (RLIMIT_NOFILE {limit})",
-                f"≤ max_connections 512 + reserve 256 < {limit}",
-                f"peak {peak_fds[0]}", peak_fds[0] <= 512 + 256))
+            rows.append(
+                Row(
+                    "the slow sockets' lifetimes, connect to closed by the server, as the attacker saw them (p99, max); "
+                    "a body with a node token goes to an open round: one holds the node's upload slot, the others are "
+                    "refused (429) before their body",
+                    f"p99 ≤ the deadline + {LAG_S:g} s of event-loop lag: headers 10 s, refused body 2 s linger, "
+                    "body with a token 20 s",
+                    "; ".join(f"{k}: {p99s[k]:.1f} s, {longest[k]:.1f} s ({len(lifetimes[k])} closed)" for k in KINDS),
+                    ok,
+                )
+            )
+            rows.append(
+                Row(
+                    f"the server's open descriptors during the attack (RLIMIT_NOFILE {limit})",
+                    f"≤ max_connections 512 + reserve 256 < {limit}",
+                    f"peak {peak_fds[0]}",
+                    peak_fds[0] <= 512 + 256,
+                )
+            )
 
             # SIGTERM with the attack going on and an abandoned long poll.
             poll = httpx.Client(base_url=server.url, timeout=90, headers={"Authorization": f"Bearer {ADMIN}"})
             version = GradwireClient(server.url, ADMIN).status(run_id)["version"]
-            poller = threading.Thread(target=lambda: _quietly(lambda: poll.get(
-                f"/v1/runs/{run_id}/updates", params={"since": version, "wait": 60})), daemon=True)
+            poller = threading.Thread(
+                target=lambda: _quietly(
+                    lambda: poll.get(f"/v1/runs/{run_id}/updates", params={"since": version, "wait": 60})
+                ),
+                daemon=True,
+            )
             poller.start()
             time.sleep(1.0)
             t0 = time.monotonic()
@@ -309,11 +332,14 @@ def probes(quick: bool) -> list[Row]:
             took = time.monotonic() - t0
             stop.set()
             attacker.join(timeout=30)
-            rows.append(Row(
-                f"SIGTERM with a long poll (wait=60) open and the {SLOW_SOCKETS} slow sockets still attacking",
-                f"exits within shutdown_grace_s {GRACE_S:.0f} s + 2 s (before: 24 s; systemd waits 90 s, Kubernetes 30 s)",
-                f"exited after {took:.1f} s, {'cleanly' if 'stopped cleanly' in server.log() else 'NOT cleanly'}",
-                took <= GRACE_S + 2.0 and "stopped cleanly" in server.log()))
+            rows.append(
+                Row(
+                    f"SIGTERM with a long poll (wait=60) open and the {SLOW_SOCKETS} slow sockets still attacking",
+                    f"exits within shutdown_grace_s {GRACE_S:.0f} s + 2 s (before: 24 s; systemd waits 90 s, Kubernetes 30 s)",
+                    f"exited after {took:.1f} s, {'cleanly' if 'stopped cleanly' in server.log() else 'NOT cleanly'}",
+                    took <= GRACE_S + 2.0 and "stopped cleanly" in server.log(),
+                )
+            )
             poll.close()
     return rows
 

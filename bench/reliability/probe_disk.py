@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import httpx
-
 from bench.reliability.row import Row
+
 from gradwire.state import state_from_bytes, state_hash, state_to_bytes
 from gradwire_server.launcher import LoopbackServer
 
@@ -43,8 +43,11 @@ def _wait(condition, timeout: float) -> float | None:
 
 
 def _json_507(r: httpx.Response) -> bool:
-    return (r.status_code == 507 and r.headers.get("content-type", "").startswith("application/json")
-            and r.json().get("error") == "insufficient_storage")
+    return (
+        r.status_code == 507
+        and r.headers.get("content-type", "").startswith("application/json")
+        and r.json().get("error") == "insufficient_storage"
+    )
 
 
 def _metric(c: httpx.Client, key: str) -> float:
@@ -61,8 +64,14 @@ def _describe(r: httpx.Response) -> str:
 
 def probes(quick: bool) -> list[Row]:
     if os.geteuid() != 0:
-        return [Row("full tmpfs data directory", "507 JSON, readiness 503, recovery",
-                    "not measured: needs root to mount a tmpfs (run make reliability as root)", False)]
+        return [
+            Row(
+                "full tmpfs data directory",
+                "507 JSON, readiness 503, recovery",
+                "not measured: needs root to mount a tmpfs (run make reliability as root)",
+                False,
+            )
+        ]
     with tempfile.TemporaryDirectory(prefix="probe-disk-") as tmp:
         mnt = Path(tmp) / "fs"
         mnt.mkdir()
@@ -79,22 +88,30 @@ def _probe(mnt: Path, log_path: Path, failing_s: float) -> list[Row]:
     from gradwire import IdentityCodec
 
     rows: list[Row] = []
-    server = LoopbackServer(mnt / "data", admin_token=ADMIN, log_path=log_path,
-                            env={"GRADWIRE_CLOSE_RETRY_INITIAL_S": "1", "GRADWIRE_CLOSE_RETRY_MAX_S": "30"})
+    server = LoopbackServer(
+        mnt / "data",
+        admin_token=ADMIN,
+        log_path=log_path,
+        env={"GRADWIRE_CLOSE_RETRY_INITIAL_S": "1", "GRADWIRE_CLOSE_RETRY_MAX_S": "30"},
+    )
     admin = {"Authorization": f"Bearer {ADMIN}"}
     shapes = {"w": (256, 256), "b": (256,)}
     state = {n: torch.randn(s) for n, s in shapes.items()}
     with server, httpx.Client(base_url=server.url, timeout=60) as c:
-        run = c.post("/v1/runs", json={"quorum": 3, "min_updates": 2, "round_deadline_s": 2.0}, headers=admin).json()["run_id"]
+        run = c.post("/v1/runs", json={"quorum": 3, "min_updates": 2, "round_deadline_s": 2.0}, headers=admin).json()[
+            "run_id"
+        ]
         assert c.put(f"/v1/runs/{run}/state", content=state_to_bytes(state), headers=admin).status_code == 200
         nodes = [c.post(f"/v1/runs/{run}/nodes", json={}, headers=admin).json() for _ in range(2)]
 
         def submit(i: int) -> httpx.Response:
             node = nodes[i]
-            frame = IdentityCodec().encode_bundle({n: torch.randn(s) * 1e-3 for n, s in shapes.items()}, round=0,
-                                                  sender=node["node_id"])
-            return c.post(f"/v1/runs/{run}/rounds/0/updates", content=frame,
-                          headers={"Authorization": f"Bearer {node['token']}"})
+            frame = IdentityCodec().encode_bundle(
+                {n: torch.randn(s) * 1e-3 for n, s in shapes.items()}, round=0, sender=node["node_id"]
+            )
+            return c.post(
+                f"/v1/runs/{run}/rounds/0/updates", content=frame, headers={"Authorization": f"Bearer {node['token']}"}
+            )
 
         assert submit(0).status_code == 202
         filler = mnt / "filler"
@@ -103,17 +120,35 @@ def _probe(mnt: Path, log_path: Path, failing_s: float) -> list[Row]:
         answers["run creation"] = created = c.post("/v1/runs", json={}, headers=admin)
         answers["node registration"] = c.post(f"/v1/runs/{run}/nodes", json={}, headers=admin)
         if created.status_code == 201:
-            answers["initial state"] = c.put(f"/v1/runs/{created.json()['run_id']}/state",
-                                             content=state_to_bytes(state), headers=admin)
-        rows.append(Row("16 MiB tmpfs filled: an update (64 KiB frame)", "507 JSON insufficient_storage",
-                        _describe(answers["update"]), _json_507(answers["update"])))
+            answers["initial state"] = c.put(
+                f"/v1/runs/{created.json()['run_id']}/state", content=state_to_bytes(state), headers=admin
+            )
+        rows.append(
+            Row(
+                "16 MiB tmpfs filled: an update (64 KiB frame)",
+                "507 JSON insufficient_storage",
+                _describe(answers["update"]),
+                _json_507(answers["update"]),
+            )
+        )
         others = {k: r for k, r in answers.items() if k != "update"}
-        rows.append(Row("full tmpfs: " + ", ".join(others), "each 2xx (it fit) or 507 JSON; no 5xx plain text",
-                        "; ".join(f"{k} {_describe(r)}" for k, r in others.items()),
-                        all(r.status_code < 300 or _json_507(r) for r in others.values())))
+        rows.append(
+            Row(
+                "full tmpfs: " + ", ".join(others),
+                "each 2xx (it fit) or 507 JSON; no 5xx plain text",
+                "; ".join(f"{k} {_describe(r)}" for k, r in others.items()),
+                all(r.status_code < 300 or _json_507(r) for r in others.values()),
+            )
+        )
         ready = c.get("/readyz")
-        rows.append(Row("full tmpfs: /readyz", "503 storage_failing", _describe(ready) + f" {ready.json().get('status')}",
-                        ready.status_code == 503 and ready.json().get("status") == "storage_failing"))
+        rows.append(
+            Row(
+                "full tmpfs: /readyz",
+                "503 storage_failing",
+                _describe(ready) + f" {ready.json().get('status')}",
+                ready.status_code == 503 and ready.json().get("status") == "storage_failing",
+            )
+        )
         # Space for the update, not for the close: the round closes at its deadline onto a full disk.
         os.unlink(filler)
         _wait(lambda: c.get("/readyz").status_code == 200, 10)
@@ -124,11 +159,15 @@ def _probe(mnt: Path, log_path: Path, failing_s: float) -> list[Row]:
         lines = log_path.read_text().splitlines()[log_before:]
         attempts = _metric(c, 'gradwire_round_close_failures_total{cause="storage"}')
         failures = [ln for ln in lines if "closing round" in ln]
-        rows.append(Row(f"round close failing on a full disk for {failing_s:.0f} s (retries 1 s doubling to 30 s)",
-                        "one log line per change (≤ 2: the store's cause, the close's), no traceback",
-                        f"{attempts:.0f} failed closes, {len(lines)} log lines ({len(failures)} about the close, "
-                        f"{len(lines) * 60.0 / failing_s:.0f}/min), tracebacks {sum('Traceback' in ln for ln in lines)}",
-                        len(lines) <= 2 and len(failures) <= 1 and not any("Traceback" in ln for ln in lines)))
+        rows.append(
+            Row(
+                f"round close failing on a full disk for {failing_s:.0f} s (retries 1 s doubling to 30 s)",
+                "one log line per change (≤ 2: the store's cause, the close's), no traceback",
+                f"{attempts:.0f} failed closes, {len(lines)} log lines ({len(failures)} about the close, "
+                f"{len(lines) * 60.0 / failing_s:.0f}/min), tracebacks {sum('Traceback' in ln for ln in lines)}",
+                len(lines) <= 2 and len(failures) <= 1 and not any("Traceback" in ln for ln in lines),
+            )
+        )
         t_free = time.monotonic()
         os.unlink(filler)
         ready_s = _wait(lambda: c.get("/readyz").status_code == 200, 30)
@@ -139,17 +178,32 @@ def _probe(mnt: Path, log_path: Path, failing_s: float) -> list[Row]:
         intact = state_hash(state_from_bytes(r.content)) == served
         server.restart()
         after = c.get(f"/v1/runs/{run}", headers=admin).json()
-        rows.append(Row("space returns", "ready within 2 s, the round published within 35 s (the backoff cap), "
-                        "weights hash of the served state and after a restart intact",
-                        f"ready after {ready_s if ready_s is None else round(ready_s, 2)} s, version "
-                        f"{published.headers.get('X-Gradwire-Version')} after {close_s:.1f} s, hash "
-                        f"{'intact' if intact else 'WRONG'}, after restart version {after['version']} "
-                        f"{'same hash' if after['weights_hash'] == served else 'OTHER HASH'}",
-                        ready_s is not None and ready_s <= 2 and published.headers.get("X-Gradwire-Version") == "1"
-                        and close_s <= 35 and intact and after["weights_hash"] == served and after["version"] == 1))
+        rows.append(
+            Row(
+                "space returns",
+                "ready within 2 s, the round published within 35 s (the backoff cap), "
+                "weights hash of the served state and after a restart intact",
+                f"ready after {ready_s if ready_s is None else round(ready_s, 2)} s, version "
+                f"{published.headers.get('X-Gradwire-Version')} after {close_s:.1f} s, hash "
+                f"{'intact' if intact else 'WRONG'}, after restart version {after['version']} "
+                f"{'same hash' if after['weights_hash'] == served else 'OTHER HASH'}",
+                ready_s is not None
+                and ready_s <= 2
+                and published.headers.get("X-Gradwire-Version") == "1"
+                and close_s <= 35
+                and intact
+                and after["weights_hash"] == served
+                and after["version"] == 1,
+            )
+        )
     log = log_path.read_text()
-    rows.append(Row("server log over the whole probe", "no 'cannot rollback', no traceback",
-                    f"{log.count('cannot rollback')} 'cannot rollback', {log.count('Traceback')} tracebacks, "
-                    f"'storage cannot write' {log.count('storage cannot write')}x",
-                    "cannot rollback" not in log and "Traceback" not in log))
+    rows.append(
+        Row(
+            "server log over the whole probe",
+            "no 'cannot rollback', no traceback",
+            f"{log.count('cannot rollback')} 'cannot rollback', {log.count('Traceback')} tracebacks, "
+            f"'storage cannot write' {log.count('storage cannot write')}x",
+            "cannot rollback" not in log and "Traceback" not in log,
+        )
+    )
     return rows

@@ -29,21 +29,30 @@ def _rust_rows(results: dict, need: int, source: str) -> list[Row]:
     rows = []
     for t in results["targets"]:
         execs, crashes = int(t["executions"]), int(t["crashes"])
-        observed = (f"{execs / 1e6:.1f} M executions at {int(t['exec_per_s']):,} exec/s, {crashes} crash(es)"
-                    + (f", input {t['artifact']}" if crashes else ""))
-        rows.append(Row(
-            probe=f"cargo-fuzz `{t['target']}` ({source}, sanitizer {results.get('sanitizer', 'address')})",
-            expected=(f">= {need / 1e6:.0f} M executions, " if need else "") + "0 crashes",
-            observed=observed,
-            passed=crashes == 0 and execs >= need,
-        ))
+        observed = f"{execs / 1e6:.1f} M executions at {int(t['exec_per_s']):,} exec/s, {crashes} crash(es)" + (
+            f", input {t['artifact']}" if crashes else ""
+        )
+        rows.append(
+            Row(
+                probe=f"cargo-fuzz `{t['target']}` ({source}, sanitizer {results.get('sanitizer', 'address')})",
+                expected=(f">= {need / 1e6:.0f} M executions, " if need else "") + "0 crashes",
+                observed=observed,
+                passed=crashes == 0 and execs >= need,
+            )
+        )
     return rows
 
 
 def rust_recorded() -> list[Row]:
     if not RECORDED.exists():
-        return [Row("cargo-fuzz: the last `make fuzz`", f">= {TARGET_EXECUTIONS // 10**6} M executions per target",
-                    f"no results at {RECORDED.relative_to(ROOT)}: run `make fuzz`", False)]
+        return [
+            Row(
+                "cargo-fuzz: the last `make fuzz`",
+                f">= {TARGET_EXECUTIONS // 10**6} M executions per target",
+                f"no results at {RECORDED.relative_to(ROOT)}: run `make fuzz`",
+                False,
+            )
+        ]
     results = json.loads(RECORDED.read_text())
     return _rust_rows(results, TARGET_EXECUTIONS, f"`make fuzz` of {results['date'][:10]}")
 
@@ -59,18 +68,26 @@ def rust_quick(seconds: int = 10) -> list[Row]:
 
 def python_rows(examples: int) -> list[Row]:
     env = {**os.environ, "GRADWIRE_FUZZ_EXAMPLES": str(examples)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          str(ROOT / "tests" / "test_fuzz_decoders.py")], env=env, capture_output=True, text=True,
-                         cwd=ROOT)
-    summary = next((line for line in reversed(run.stdout.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
-                   run.stdout[-200:])
-    return [Row(
-        probe=f"hypothesis: every Python decoder (frames, codec records, model records and specs, published "
-              f"versions, sections), {examples} examples per test",
-        expected="a WireError/FrameError for every bad input, no other exception, no allocation past 1 GiB",
-        observed=summary.strip("= "),
-        passed=run.returncode == 0,
-    )]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_fuzz_decoders.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    summary = next(
+        (line for line in reversed(run.stdout.splitlines()) if re.search(r"\d+ (passed|failed)", line)),
+        run.stdout[-200:],
+    )
+    return [
+        Row(
+            probe=f"hypothesis: every Python decoder (frames, codec records, model records and specs, published "
+            f"versions, sections), {examples} examples per test",
+            expected="a WireError/FrameError for every bad input, no other exception, no allocation past 1 GiB",
+            observed=summary.strip("= "),
+            passed=run.returncode == 0,
+        )
+    ]
 
 
 def probes(quick: bool) -> list[Row]:

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import httpx
 import torch
+from bench.reliability.row import Row
 from torch import nn
 
 import gradwire
-from bench.reliability.row import Row
 from gradwire.client import GradwireClient, Node
 from gradwire.state import state_hash, state_to_bytes
 from gradwire_server.launcher import LoopbackServer
@@ -50,8 +50,10 @@ DOWNLINK = {"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}}
 MODES = {
     "adamw": {"optimizer": {"lr": 0.01}, "downlink": DOWNLINK},
     "demo": {"algorithm": "demo", "demo": {"lr": 3e-3, "beta": 0.9}},
-    "sparseloco": {"algorithm": "sparseloco",
-                   "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}},
+    "sparseloco": {
+        "algorithm": "sparseloco",
+        "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},
+    },
 }
 NODE_CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2}
 
@@ -87,12 +89,13 @@ def rounds_over_time(mode: str, rounds: int, nodes: int, keep_versions: int) -> 
     state = {n: torch.randn(s, generator=g) * 0.1 for n, s in SHAPES.items()}
     # A pool of gradients, so the submitting threads spend their time on HTTP, not on torch.randn.
     pool = [{n: torch.randn(s, generator=g) * 0.01 for n, s in SHAPES.items()} for _ in range(32)]
-    with tempfile.TemporaryDirectory(prefix="gradwire-load-") as tmp, \
-            LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, ready_timeout_s=120) as srv:
+    with (
+        tempfile.TemporaryDirectory(prefix="gradwire-load-") as tmp,
+        LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, ready_timeout_s=120) as srv,
+    ):
         admin = _bearer(ADMIN)
         with httpx.Client(base_url=srv.url, timeout=120) as c:
-            r = c.post("/v1/runs", json={**MODES[mode], "quorum": nodes, "keep_versions": keep_versions},
-                       headers=admin)
+            r = c.post("/v1/runs", json={**MODES[mode], "quorum": nodes, "keep_versions": keep_versions}, headers=admin)
             r.raise_for_status()
             run_id = r.json()["run_id"]
             tokens = []
@@ -136,8 +139,11 @@ def rounds_over_time(mode: str, rounds: int, nodes: int, keep_versions: int) -> 
                 if (rnd + 1) % 10 == 0:
                     samples[rnd + 1] = _process_sample(srv.process.pid, srv.data_dir)
                 if (rnd + 1) % 100 == 0:
-                    print(f"      {mode}: round {rnd + 1}/{rounds}, RSS {samples[rnd + 1][0]:.0f} MiB, "
-                          f"{time.perf_counter() - t_start:.0f} s", flush=True)
+                    print(
+                        f"      {mode}: round {rnd + 1}/{rounds}, RSS {samples[rnd + 1][0]:.0f} MiB, "
+                        f"{time.perf_counter() - t_start:.0f} s",
+                        flush=True,
+                    )
         for client in clients + [reader]:
             client.close()
     return {"submit_s": submit_s, "close_s": close_s, "samples": samples, "seconds": time.perf_counter() - t_start}
@@ -155,18 +161,36 @@ def rounds_rows(mode: str, result: dict, rounds: int, nodes: int, keep_versions:
     sub, close = result["submit_s"], result["close_s"]
     what = f"{mode}: {rounds} rounds × {nodes} nodes"
     return [
-        Row(f"{what}, server RSS round {first} → {rounds}", "≤ +10 %",
-            f"{rss0:.0f} → {rss1:.0f} MiB ({growth:+.1%})", growth <= 0.10),
-        Row(f"{what}, open descriptors round {first} → {rounds}", "no growth (± 4)",
-            f"{fds0} → {fds1}", fds1 <= fds0 + 4),
-        Row(f"{what}, the store (database, WAL, run files) round {steady} → {rounds} (keep_versions {keep_versions})", "≤ +10 %",
-            f"{disk0 / 2**20:.1f} → {disk1 / 2**20:.1f} MiB ({disk1 / disk0 - 1:+.1%})", disk1 <= 1.10 * disk0),
-        Row(f"{what}, submission latency p50 / p99 ({len(sub)} requests, 16 at once)", "p99 ≤ 1 s",
+        Row(
+            f"{what}, server RSS round {first} → {rounds}",
+            "≤ +10 %",
+            f"{rss0:.0f} → {rss1:.0f} MiB ({growth:+.1%})",
+            growth <= 0.10,
+        ),
+        Row(
+            f"{what}, open descriptors round {first} → {rounds}",
+            "no growth (± 4)",
+            f"{fds0} → {fds1}",
+            fds1 <= fds0 + 4,
+        ),
+        Row(
+            f"{what}, the store (database, WAL, run files) round {steady} → {rounds} (keep_versions {keep_versions})",
+            "≤ +10 %",
+            f"{disk0 / 2**20:.1f} → {disk1 / 2**20:.1f} MiB ({disk1 / disk0 - 1:+.1%})",
+            disk1 <= 1.10 * disk0,
+        ),
+        Row(
+            f"{what}, submission latency p50 / p99 ({len(sub)} requests, 16 at once)",
+            "p99 ≤ 1 s",
             f"{1e3 * statistics.median(sub):.1f} / {1e3 * _percentile(sub, 0.99):.1f} ms",
-            _percentile(sub, 0.99) <= 1.0),
-        Row(f"{what}, round close p50 / p99 (quorum's last 202 → version seen)", "p99 ≤ 1 s",
+            _percentile(sub, 0.99) <= 1.0,
+        ),
+        Row(
+            f"{what}, round close p50 / p99 (quorum's last 202 → version seen)",
+            "p99 ≤ 1 s",
             f"{1e3 * statistics.median(close):.1f} / {1e3 * _percentile(close, 0.99):.1f} ms",
-            _percentile(close, 0.99) <= 1.0),
+            _percentile(close, 0.99) <= 1.0,
+        ),
     ]
 
 
@@ -212,11 +236,16 @@ def _train_run(url: str, config: dict, nodes: int, steps: int):
 
 
 def kill_at_random(mode: str, nodes: int, steps: int, kills: int, seed: int) -> list[Row]:
-    config = MODES[mode] if mode != "sparseloco" else {
-        **MODES[mode], "sparseloco": {**MODES[mode]["sparseloco"], "sync_every": 2, "inner": {"lr": 1e-2}}}
+    config = (
+        MODES[mode]
+        if mode != "sparseloco"
+        else {**MODES[mode], "sparseloco": {**MODES[mode]["sparseloco"], "sync_every": 2, "inner": {"lr": 1e-2}}}
+    )
     rng = random.Random(seed)
-    with tempfile.TemporaryDirectory(prefix="gradwire-kill-") as tmp, \
-            LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, ready_timeout_s=120) as srv:
+    with (
+        tempfile.TemporaryDirectory(prefix="gradwire-kill-") as tmp,
+        LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, ready_timeout_s=120) as srv,
+    ):
         # The run never killed, for the version and weights hash the killed one must end at.
         ref_id, _, threads, errors = _train_run(srv.url, config, nodes, steps)
         for t in threads:
@@ -240,18 +269,32 @@ def kill_at_random(mode: str, nodes: int, steps: int, kills: int, seed: int) -> 
         got = admin.status(run_id)
         hashes = {state_hash(n.params) for n in replicas}
     what = f"{mode}: {nodes} nodes × {steps} steps, SIGKILL at random moments"
-    rows = [Row(f"{what}: kills while training, then every node finished", f"{kills} kills, no error",
-                f"{done} kills, " + ("no error" if not errors else f"{type(errors[0]).__name__}: {errors[0]}"),
-                done == kills and not errors)]
-    rows.append(Row(f"{what}: version and weights hash vs the run never killed",
-                    "the same (no acknowledged update lost or applied twice)",
-                    f"version {got['version']} vs {want['version']}, hash "
-                    f"{'equal' if got['weights_hash'] == want['weights_hash'] else 'DIFFERENT'}",
-                    got["version"] == want["version"] and got["weights_hash"] == want["weights_hash"]))
-    rows.append(Row(f"{what}: every node's replica (checked against the server after each version)",
-                    "the server's weights, bit for bit", f"{len(hashes)} distinct hash(es), "
-                    f"{'= server' if hashes == {got['weights_hash']} else '≠ server'}; {time.perf_counter() - t0:.0f} s",
-                    hashes == {got["weights_hash"]}))
+    rows = [
+        Row(
+            f"{what}: kills while training, then every node finished",
+            f"{kills} kills, no error",
+            f"{done} kills, " + ("no error" if not errors else f"{type(errors[0]).__name__}: {errors[0]}"),
+            done == kills and not errors,
+        )
+    ]
+    rows.append(
+        Row(
+            f"{what}: version and weights hash vs the run never killed",
+            "the same (no acknowledged update lost or applied twice)",
+            f"version {got['version']} vs {want['version']}, hash "
+            f"{'equal' if got['weights_hash'] == want['weights_hash'] else 'DIFFERENT'}",
+            got["version"] == want["version"] and got["weights_hash"] == want["weights_hash"],
+        )
+    )
+    rows.append(
+        Row(
+            f"{what}: every node's replica (checked against the server after each version)",
+            "the server's weights, bit for bit",
+            f"{len(hashes)} distinct hash(es), "
+            f"{'= server' if hashes == {got['weights_hash']} else '≠ server'}; {time.perf_counter() - t0:.0f} s",
+            hashes == {got["weights_hash"]},
+        )
+    )
     return rows
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import httpx
 import torch
+from bench.reliability.row import Row
 
 import gradwire
-from bench.reliability.row import Row
 from gradwire.client import GradwireClient
 from gradwire.frame import write_frame
 from gradwire.protocol import LATEST_VERSION_HEADER, VERSION_HEADER
@@ -72,7 +72,7 @@ class _PeakRss:
             self.peak = max(self.peak, _rss_mib(self.pid))
             self._stop.wait(0.02)
 
-    def __enter__(self) -> "_PeakRss":
+    def __enter__(self) -> _PeakRss:
         self.peak = _rss_mib(self.pid)
         self._thread.start()
         return self
@@ -92,9 +92,15 @@ def _publish(server: LoopbackServer, rounds: int) -> tuple[str, list[str], list[
     trained it, and those of ``STALLED`` more nodes of the run that never submitted."""
     codec = gradwire.DCTCodec(**CODEC)
     with GradwireClient(server.url, ADMIN, timeout=120) as admin:
-        run_id = admin.create_run({"algorithm": "sparseloco", "publish": "frames", "quorum": NODES,
-                                   "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9},
-                                   "keep_versions": 1000})
+        run_id = admin.create_run(
+            {
+                "algorithm": "sparseloco",
+                "publish": "frames",
+                "quorum": NODES,
+                "sparseloco": {"sync_every": 1, "outer_lr": 0.7, "outer_momentum": 0.9},
+                "keep_versions": 1000,
+            }
+        )
         admin.put_state(run_id, {n: torch.zeros(s) for n, s in SHAPES.items()})
         nodes = [admin.register_node(run_id) for _ in range(NODES)]
         # Nodes that never submit: their uploads to a closed round are late, not conflicting.
@@ -105,7 +111,9 @@ def _publish(server: LoopbackServer, rounds: int) -> tuple[str, list[str], list[
         records = [[e for e, _ in codec.compress_bundle(_grads(node_id)).values()] for node_id, _ in nodes]
         with ThreadPoolExecutor(NODES) as pool:
             for rnd in range(rounds):
-                frames = [write_frame(r, round=rnd, sender=node_id, bundle=True) for r, (node_id, _) in zip(records, nodes)]
+                frames = [
+                    write_frame(r, round=rnd, sender=node_id, bundle=True) for r, (node_id, _) in zip(records, nodes)
+                ]
                 list(pool.map(lambda cf: cf[0].submit(run_id, rnd, cf[1]), zip(clients, frames)))
                 clients[0].published(run_id, rnd, wait=60)
     finally:
@@ -137,8 +145,12 @@ def _catch_up(url: str, run_id: str, token: str) -> tuple[int, int, int]:
 def _stalled_upload(port: int, path: str, token: str) -> socket.socket:
     """Announce a 60 MiB body, send what the socket takes without blocking, and stall."""
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-               f"Content-Type: application/octet-stream\r\nContent-Length: {STALLED_BYTES}\r\n\r\n").encode())
+    s.sendall(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {STALLED_BYTES}\r\n\r\n"
+        ).encode()
+    )
     s.setblocking(False)
     block = b"\0" * (1 << 20)
     try:
@@ -170,27 +182,39 @@ def probes(quick: bool) -> list[Row]:
             catch_up_s = time.perf_counter() - t1
         growth = rss.peak - before
         complete = all(n == published for n, _, _ in results)
-        rows.append(Row(
-            f"{CATCH_UPS} concurrent catch-ups (since=0) of a {rounds}-version SparseLoCo run, 263 k parameters, "
-            f"{NODES} nodes, publish frames ({published / 2**20:.0f} MiB each)",
-            f"server RSS growth ≤ {CATCH_UP_GROWTH_MIB} MiB, every byte delivered (before: +2,795 MiB for 8 × 207 MiB)",
-            f"+{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB); {sum(p for _, p, _ in results)} pages, "
-            f"{sum(b for _, _, b in results)} answered 429 busy and retried; {catch_up_s:.1f} s; "
-            f"complete: {'yes' if complete else 'NO'}",
-            growth <= CATCH_UP_GROWTH_MIB and complete))
+        rows.append(
+            Row(
+                f"{CATCH_UPS} concurrent catch-ups (since=0) of a {rounds}-version SparseLoCo run, 263 k parameters, "
+                f"{NODES} nodes, publish frames ({published / 2**20:.0f} MiB each)",
+                f"server RSS growth ≤ {CATCH_UP_GROWTH_MIB} MiB, every byte delivered (before: +2,795 MiB for 8 × 207 MiB)",
+                f"+{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB); {sum(p for _, p, _ in results)} pages, "
+                f"{sum(b for _, _, b in results)} answered 429 busy and retried; {catch_up_s:.1f} s; "
+                f"complete: {'yes' if complete else 'NO'}",
+                growth <= CATCH_UP_GROWTH_MIB and complete,
+            )
+        )
 
         # The client joins the pages into exactly the published bytes.
         with GradwireClient(server.url, tokens[0], timeout=120) as client:
             batch = client.published(run_id, 0)
         joined = read_published(b"".join(f.read_bytes() for f in files))
-        same = (batch.nbytes == published and len(batch.versions) == rounds
-                and all(a.version == b.version and a.weights == b.weights and a.nbytes == b.nbytes
-                        for a, b in zip(batch.versions, joined)))
-        rows.append(Row(
-            "GradwireClient.published(since=0) of the same run: pages fetched and joined",
-            "every version, the bytes of the version files",
-            f"{batch.nbytes / 2**20:.0f} MiB, {len(batch.versions)} versions, "
-            f"{'the same' if same else 'DIFFERENT'}", same))
+        same = (
+            batch.nbytes == published
+            and len(batch.versions) == rounds
+            and all(
+                a.version == b.version and a.weights == b.weights and a.nbytes == b.nbytes
+                for a, b in zip(batch.versions, joined)
+            )
+        )
+        rows.append(
+            Row(
+                "GradwireClient.published(since=0) of the same run: pages fetched and joined",
+                "every version, the bytes of the version files",
+                f"{batch.nbytes / 2**20:.0f} MiB, {len(batch.versions)} versions, "
+                f"{'the same' if same else 'DIFFERENT'}",
+                same,
+            )
+        )
 
         # 2. Eight stalled 60 MiB uploads to a closed round.
         time.sleep(1.0)
@@ -209,10 +233,13 @@ def probes(quick: bool) -> list[Row]:
                     pass
                 s.close()
         growth = rss.peak - before
-        rows.append(Row(
-            f"{STALLED} stalled uploads announcing 60 MiB to a closed round",
-            f"410 before the body, server RSS growth ≤ {STALLED_GROWTH_MIB} MiB (before: +480 MiB)",
-            f"{answered}/{STALLED} answered 410 round_closed; +{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB)",
-            answered == STALLED and growth <= STALLED_GROWTH_MIB))
+        rows.append(
+            Row(
+                f"{STALLED} stalled uploads announcing 60 MiB to a closed round",
+                f"410 before the body, server RSS growth ≤ {STALLED_GROWTH_MIB} MiB (before: +480 MiB)",
+                f"{answered}/{STALLED} answered 410 round_closed; +{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB)",
+                answered == STALLED and growth <= STALLED_GROWTH_MIB,
+            )
+        )
         print(f"    (publishing {rounds} rounds took {publish_s:.0f} s)", flush=True)
     return rows

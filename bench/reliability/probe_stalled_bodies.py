@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import httpx
-
 from bench.reliability.probe_connections import _limited_python, _percentile
 from bench.reliability.row import Row
+
 from gradwire_server.launcher import LoopbackServer
 
 ADMIN = "stalled-admin"
@@ -36,8 +36,9 @@ RECONNECT_S = 1.0
 
 async def _stalled(port: int, token: str | None, index: int, stop: asyncio.Event, counts: dict) -> None:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    head = (f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
-            f"Content-Length: 100000\r\n\r\n{{").encode()
+    head = (
+        f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}Content-Length: 100000\r\n\r\n{{"
+    ).encode()
     source = ADDRESSES[index % len(ADDRESSES)]
     while not stop.is_set():
         try:
@@ -120,8 +121,9 @@ def probes(quick: bool) -> list[Row]:
     rows: list[Row] = []
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="probe-stalled-") as tmp:
-        server = LoopbackServer(Path(tmp) / "data", admin_token=ADMIN, python=_limited_python(Path(tmp)),
-                                ready_timeout_s=120)
+        server = LoopbackServer(
+            Path(tmp) / "data", admin_token=ADMIN, python=_limited_python(Path(tmp)), ready_timeout_s=120
+        )
         with server:
             pid = server.process.pid
             limit = int(Path(f"/proc/{pid}/limits").read_text().split("Max open files")[1].split()[0])
@@ -151,16 +153,19 @@ def probes(quick: bool) -> list[Row]:
                     counts = results.get(timeout=60)
                     attacker.join(timeout=30)
                     p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
-                    rows.append(Row(
-                        f"{sockets} sockets stalled in a body (POST /v1/runs, Content-Length 100000, 1 byte sent; "
-                        f"{label}; from {len(ADDRESSES)} loopback addresses, reconnecting {RECONNECT_S:g} s after a "
-                        f"close) for {seconds:.0f} s; normal clients: 2 new connections per request, 2 kept alive; "
-                        f"server at RLIMIT_NOFILE {limit}, default settings",
-                        f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
-                        f"without: {len(base)} answered, {len(base_failures)} failed, p99 {b99 * 1000:.0f} ms; "
-                        f"with: {len(latencies)} answered, {len(failures)} failed"
-                        f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 "
-                        f"{p99 * 1000:.0f} ms (bound {bound * 1000:.0f} ms); {counts['connects']} attacking "
-                        f"connections made, {counts['closed']} closed by the server; peak descriptors {peak[0]}",
-                        not failures and not base_failures and bool(latencies) and p99 <= bound and peak[0] < limit))
+                    rows.append(
+                        Row(
+                            f"{sockets} sockets stalled in a body (POST /v1/runs, Content-Length 100000, 1 byte sent; "
+                            f"{label}; from {len(ADDRESSES)} loopback addresses, reconnecting {RECONNECT_S:g} s after a "
+                            f"close) for {seconds:.0f} s; normal clients: 2 new connections per request, 2 kept alive; "
+                            f"server at RLIMIT_NOFILE {limit}, default settings",
+                            f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
+                            f"without: {len(base)} answered, {len(base_failures)} failed, p99 {b99 * 1000:.0f} ms; "
+                            f"with: {len(latencies)} answered, {len(failures)} failed"
+                            f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 "
+                            f"{p99 * 1000:.0f} ms (bound {bound * 1000:.0f} ms); {counts['connects']} attacking "
+                            f"connections made, {counts['closed']} closed by the server; peak descriptors {peak[0]}",
+                            not failures and not base_failures and bool(latencies) and p99 <= bound and peak[0] < limit,
+                        )
+                    )
     return rows

@@ -7,17 +7,29 @@ decode / aggregate → update.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from . import wire
-from .codecs import CODECS, Codec, DCTCodec, IdentityCodec
 from .accordion import Accordion
-from .codecs import MinMaxUInt8, OneBit, PowerSGD, RandomK, SignSGD, ThreeLC, TopK
-from .codecs import QSGD, GComp, GCompDecoderState
+from .codecs import (
+    CODECS,
+    QSGD,
+    Codec,
+    DCTCodec,
+    GComp,
+    GCompDecoderState,
+    IdentityCodec,
+    MinMaxUInt8,
+    OneBit,
+    PowerSGD,
+    RandomK,
+    SignSGD,
+    ThreeLC,
+    TopK,
+)
 from .errors import FrameError, WireError
 from .feedback import ErrorFeedback
-from .model_record import ModelSpec, decode_model, encode_model, is_model_record
-from .registry import POLICIES, build_codec, codec_names
 from .frame import (
     Entry,
     Frame,
@@ -29,6 +41,8 @@ from .frame import (
     register_decoder,
     write_frame,
 )
+from .model_record import ModelSpec, decode_model, encode_model, is_model_record
+from .registry import POLICIES, build_codec, codec_names
 
 try:
     __version__ = _version("gradwire")

@@ -15,7 +15,7 @@ raises ``ValueError``; an array of the wrong dtype or number of dimensions raise
 an integer argument out of range raises ``OverflowError``.
 """
 
-from typing import Final, Optional
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -66,7 +66,7 @@ def pack_bits(values: npt.NDArray[np.uint32], bits: int) -> bytes:
     """
 
 def unpack_bits(
-    data: npt.NDArray[np.uint8], bits: int, count: int, out: Optional[npt.NDArray[np.uint32]] = None
+    data: npt.NDArray[np.uint8], bits: int, count: int, out: npt.NDArray[np.uint32] | None = None
 ) -> npt.NDArray[np.uint32]:
     """Unpack ``count`` values of ``bits`` bits from an LSB-first bit stream (lenient form).
 
@@ -76,7 +76,7 @@ def unpack_bits(
     """
 
 def unpack_bits_exact(
-    data: npt.NDArray[np.uint8], bits: int, count: int, out: Optional[npt.NDArray[np.uint32]] = None
+    data: npt.NDArray[np.uint8], bits: int, count: int, out: npt.NDArray[np.uint32] | None = None
 ) -> npt.NDArray[np.uint32]:
     """Strict :func:`unpack_bits`: ``data`` must be exactly ``ceil(count*bits/8)`` bytes and its
     padding bits zero, so exactly one byte string decodes to a given list of values.
@@ -93,7 +93,7 @@ def quartic_encode(trits: npt.NDArray[np.int8]) -> bytes:
     """
 
 def quartic_decode(
-    data: npt.NDArray[np.uint8], count: int, out: Optional[npt.NDArray[np.int8]] = None
+    data: npt.NDArray[np.uint8], count: int, out: npt.NDArray[np.int8] | None = None
 ) -> npt.NDArray[np.int8]:
     """Decode ``count`` trits from exactly ``ceil(count/5)`` quartic bytes.
 
@@ -109,7 +109,7 @@ def zero_run_encode(data: npt.NDArray[np.uint8]) -> bytes:
     ``rem == 0``. Other bytes are copied. Raises ``WireError`` if a byte is above 242.
     """
 
-def zero_run_decode(data: npt.NDArray[np.uint8], expected_len: Optional[int] = None) -> bytes:
+def zero_run_decode(data: npt.NDArray[np.uint8], expected_len: int | None = None) -> bytes:
     """Invert :func:`zero_run_encode`: each byte ``b > 242`` becomes ``b - 241`` bytes 121.
 
     With ``expected_len``, a decoded length other than it raises ``WireError`` before any output
@@ -375,7 +375,7 @@ def rice_decode(
     set_len: int,
     universe: int,
     param: int,
-    out: Optional[npt.NDArray[np.uint32]] = None,
+    out: npt.NDArray[np.uint32] | None = None,
 ) -> npt.NDArray[np.uint32]:
     """Decode ``count`` indices; the stream must be exact (length, padding). ``count`` is checked
     against the input before allocating."""
@@ -418,8 +418,8 @@ def gcomp_metric(
     kind: str,
     grad: npt.NDArray[np.uint32],
     param: npt.NDArray[np.float32],
-    first: Optional[npt.NDArray[np.float32]] = None,
-    second: Optional[npt.NDArray[np.float32]] = None,
+    first: npt.NDArray[np.float32] | None = None,
+    second: npt.NDArray[np.float32] | None = None,
     *,
     lr: float,
     weight_decay: float = 0.0,
@@ -441,8 +441,8 @@ def gcomp_block_levels(
     kind: str,
     grad: npt.NDArray[np.uint32],
     param: npt.NDArray[np.float32],
-    first: Optional[npt.NDArray[np.float32]] = None,
-    second: Optional[npt.NDArray[np.float32]] = None,
+    first: npt.NDArray[np.float32] | None = None,
+    second: npt.NDArray[np.float32] | None = None,
     *,
     block: int,
     thresholds: tuple[float, float, float],

@@ -30,8 +30,9 @@ module imports :mod:`gradwire.codecs`, never the other way round.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
 import torch
 
@@ -62,8 +63,8 @@ class AccordionDecision(NamedTuple):
 @dataclass
 class _Layer:
     calls: int = 0
-    total: Optional[torch.Tensor] = None
-    old_norm: Optional[float] = None
+    total: torch.Tensor | None = None
+    old_norm: float | None = None
     setting: str = LOW
 
 
@@ -168,7 +169,7 @@ class Accordion(Codec):
         layer.total = None
         self.log.append(AccordionDecision(layer.calls, name, norm, ratio, critical, layer.setting))
 
-    def regime_of(self, entry: Entry) -> Optional[str]:
+    def regime_of(self, entry: Entry) -> str | None:
         """``"low"`` or ``"high"``: which setting made ``entry`` (by its codec id and parameters), or
         ``None`` if this Accordion never made such a record, or both settings did (identical records)."""
         made = self._made_by.get((entry.name, _key(setting_of(entry))), set())
@@ -223,8 +224,16 @@ class Accordion(Codec):
             step, name, norm, ratio, critical, setting = sd.sequence(d, what, 6)
             if not isinstance(name, str) or not isinstance(critical, bool):
                 raise ValueError(f"{what}: name must be a str and critical a bool, got {name!r}, {critical!r}")
-            log.append(AccordionDecision(sd.integer(step, f"{what} step"), name, sd.from_float(norm, f"{what} norm"),
-                                         sd.from_float(ratio, f"{what} ratio"), critical, _setting(setting, what)))
+            log.append(
+                AccordionDecision(
+                    sd.integer(step, f"{what} step"),
+                    name,
+                    sd.from_float(norm, f"{what} norm"),
+                    sd.from_float(ratio, f"{what} ratio"),
+                    critical,
+                    _setting(setting, what),
+                )
+            )
         made_by: dict[tuple[str, tuple], set[str]] = {}
         for i, m in enumerate(sd.sequence(s["made_by"], "Accordion state 'made_by'")):
             what = f"Accordion made_by entry {i}"

@@ -12,8 +12,9 @@ same records added in the same order give bit-identical results on every node.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable, Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -46,10 +47,10 @@ class Accumulator(Protocol):
 class DenseAccumulator:
     """Decodes each record and adds it: works for every codec."""
 
-    def __init__(self, shape: tuple[int, ...], device: Optional[torch.device] = None):
+    def __init__(self, shape: tuple[int, ...], device: torch.device | None = None):
         self.shape = tuple(shape)
         self.device = device
-        self.total: Optional[torch.Tensor] = None
+        self.total: torch.Tensor | None = None
         self.count = 0
 
     def add(self, entry: Entry, weight: float = 1.0) -> None:
@@ -67,7 +68,7 @@ class DenseAccumulator:
         return self.total
 
 
-AccumulatorFactory = Callable[[Entry, Optional[torch.device]], Accumulator]
+AccumulatorFactory = Callable[[Entry, torch.device | None], Accumulator]
 
 
 def register_accumulator(codec_id: int) -> Callable[[AccumulatorFactory], AccumulatorFactory]:
@@ -84,7 +85,7 @@ def register_norm(codec_id: int) -> Callable[[Callable[[Entry], float]], Callabl
     return lambda fn: provide(codec_id, "norm", fn)
 
 
-def make_accumulator(first: Entry, device: Optional[torch.device] = None) -> Accumulator:
+def make_accumulator(first: Entry, device: torch.device | None = None) -> Accumulator:
     """The best accumulator for records like ``first``: its codec's own, or a dense one."""
     factory = capabilities_of(first.codec).accumulator
     if factory is not None:
@@ -113,11 +114,13 @@ class Coefficients:
 
     basis: Hashable
     size: int
-    idx: Optional[torch.Tensor]
+    idx: torch.Tensor | None
     values: torch.Tensor
 
 
-def register_coefficients(codec_id: int) -> Callable[[Callable[[Entry], Coefficients]], Callable[[Entry], Coefficients]]:
+def register_coefficients(
+    codec_id: int,
+) -> Callable[[Callable[[Entry], Coefficients]], Callable[[Entry], Coefficients]]:
     """Register how to read a record of ``codec_id`` as sparse coordinates in an orthonormal basis."""
     return lambda fn: provide(codec_id, "coefficients", fn)
 

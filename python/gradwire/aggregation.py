@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -134,7 +134,7 @@ def check_rule(rule: str) -> str:
 
 def exact_mean(
     records: Sequence[Sequence[Entry]],
-    weights: Optional[Sequence[float]] = None,
+    weights: Sequence[float] | None = None,
     device=None,
 ) -> dict[str, torch.Tensor]:
     """``{name: Σ_i w_i · decode(records[i][name])}`` in float32, bit-identical wherever it runs.
@@ -160,7 +160,9 @@ def _float32(w: float) -> float:
     return float(torch.tensor(float(w), dtype=torch.float32))
 
 
-def weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device=None, *, exact: bool = True) -> torch.Tensor:
+def weighted_sum(
+    entries: Sequence[Entry], weights: Sequence[float], device=None, *, exact: bool = True
+) -> torch.Tensor:
     """``Σ wᵢ · decode(entries[i])`` of one tensor's records, in the given order, float32: the one weighted
     sum of records (:func:`exact_mean` runs it per tensor, :func:`transform_domain_sum` is its inexact
     form, the DDP hook takes either).
@@ -185,8 +187,8 @@ def weighted_sum(entries: Sequence[Entry], weights: Sequence[float], device=None
     fused = weighted_sum_fused(entries, w32, dev)
     if fused is not None:
         return fused
-    total: Optional[torch.Tensor] = None
-    scaled: Optional[torch.Tensor] = None  # one product buffer, reused across records
+    total: torch.Tensor | None = None
+    scaled: torch.Tensor | None = None  # one product buffer, reused across records
     for e, w in zip(entries, w32):
         t = decode_entry(e, dev).to(torch.float32)
         if total is None:
@@ -209,8 +211,8 @@ def _device_mean(names, layout, per_sender, w32: list[float], dev: torch.device)
     while at < len(names):
         decoded: dict[tuple[int, str], torch.Tensor] = {}
         _gpu_decode_batch(names[at:], layout, per_sender, dev, decoded)
-        taken = names[at:at + len({n for _, n in decoded})]
-        acc: Optional[list[torch.Tensor]] = None
+        taken = names[at : at + len({n for _, n in decoded})]
+        acc: list[torch.Tensor] | None = None
         for i, w in enumerate(w32):
             ts = [decoded.pop((i, n)).to(torch.float32) for n in taken]
             if acc is None:
@@ -232,8 +234,9 @@ def _decodes_in_batches(dev: torch.device) -> bool:
     return dev.type != "cpu"
 
 
-def _gpu_decode_batch(names: Sequence[str], layout: Mapping[str, tuple[int, ...]], per_sender,
-                      dev: torch.device, into: dict) -> None:
+def _gpu_decode_batch(
+    names: Sequence[str], layout: Mapping[str, tuple[int, ...]], per_sender, dev: torch.device, into: dict
+) -> None:
     """Decode every sender's records of the first of ``names`` (and of the next, while the decoded values
     stay under :data:`_GPU_DECODE_ELEMS`) together into ``into[(sender, name)]``."""
     taken: list[str] = []
@@ -249,7 +252,7 @@ def _gpu_decode_batch(names: Sequence[str], layout: Mapping[str, tuple[int, ...]
         into[key] = t
 
 
-def sender_weights(records: Sequence[Sequence[Entry]], weights: Optional[Sequence[float]], what: str) -> list[float]:
+def sender_weights(records: Sequence[Sequence[Entry]], weights: Sequence[float] | None, what: str) -> list[float]:
     """``weights`` checked against the senders of ``records`` (default ``1/n`` each); ``ValueError`` for no
     senders or another count of weights."""
     n = len(records)
@@ -280,12 +283,12 @@ def _by_name(records: Sequence[Sequence[Entry]]) -> tuple[dict[str, tuple[int, .
         if set(mine) != set(layout):
             missing = sorted(set(layout) - set(mine))[:5]
             extra = sorted(set(mine) - set(layout))[:5]
-            raise ValueError(f"sender {i} disagrees with sender 0 on the tensor names (missing {missing}, extra {extra})")
+            raise ValueError(
+                f"sender {i} disagrees with sender 0 on the tensor names (missing {missing}, extra {extra})"
+            )
         for name, e in mine.items():
             if tuple(e.shape) != layout[name]:
-                raise ValueError(
-                    f"sender {i} sent {name!r} with shape {tuple(e.shape)}, sender 0 with {layout[name]}"
-                )
+                raise ValueError(f"sender {i} sent {name!r} with shape {tuple(e.shape)}, sender 0 with {layout[name]}")
         per_sender.append(mine)
     return layout, per_sender
 
@@ -306,9 +309,7 @@ def trim_count(rule: str, n: int, trim_fraction: float = 0.0) -> int:
     return (n - 1) // 2  # median
 
 
-def exact_trimmed_mean(
-    records: Sequence[Sequence[Entry]], trim: int, device=None
-) -> dict[str, torch.Tensor]:
+def exact_trimmed_mean(records: Sequence[Sequence[Entry]], trim: int, device=None) -> dict[str, torch.Tensor]:
     """``{name: per-coordinate mean of the decoded values left after dropping the trim smallest and the
     trim largest}`` in float32, bit-identical wherever it runs (see the module docstring).
 
@@ -337,7 +338,7 @@ def exact_trimmed_mean(
 
 def exact_aggregate(
     records: Sequence[Sequence[Entry]],
-    weights: Optional[Sequence[float]] = None,
+    weights: Sequence[float] | None = None,
     trim: int = 0,
     device=None,
 ) -> dict[str, torch.Tensor]:
@@ -351,7 +352,7 @@ def exact_aggregate(
 # -- the rules' weights --------------------------------------------------------------------------
 
 
-def clip_factors(norms: Sequence[float], level: Optional[float] = None) -> list[float]:
+def clip_factors(norms: Sequence[float], level: float | None = None) -> list[float]:
     """``min(1, level / norm)`` per update: every update is scaled to at most ``level`` (default: the
     median norm; an update of norm 0 keeps factor 1)."""
     if not norms:
@@ -405,7 +406,7 @@ class NormHistory:
             raise ValueError(f"cap rounds must be >= 1, got {rounds!r}")
         self.factor = float(factor)
         self.rounds = int(rounds)
-        self.levels: list[float] = [float(x) for x in levels][-self.rounds:]
+        self.levels: list[float] = [float(x) for x in levels][-self.rounds :]
 
     def cap(self) -> float:
         """The highest clip level the next round may use (``inf`` while no level is remembered)."""
@@ -416,7 +417,7 @@ class NormHistory:
         its weights); returns that level."""
         level = bounded_level(norms, self.cap())
         if level > 0.0 and math.isfinite(level):
-            self.levels = (self.levels + [level])[-self.rounds:]
+            self.levels = (self.levels + [level])[-self.rounds :]
         return level
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -424,7 +425,7 @@ class NormHistory:
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         levels = state.get("levels")
-        self.levels = [] if levels is None else [float(x) for x in levels.reshape(-1).tolist()][-self.rounds:]
+        self.levels = [] if levels is None else [float(x) for x in levels.reshape(-1).tolist()][-self.rounds :]
 
     def __repr__(self) -> str:
         return f"NormHistory(factor={self.factor}, rounds={self.rounds}, levels={self.levels})"
@@ -446,9 +447,14 @@ OPPOSED_MADS = 3.0
 OPPOSED_MEDIANS = 2.0
 
 
-def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[float]] = None,
-                 cap: float = math.inf, records: Optional[Sequence[Sequence[Entry]]] = None,
-                 opposed_medians: float = OPPOSED_MEDIANS) -> list[float]:
+def rule_weights(
+    rule: str,
+    weights: Sequence[float],
+    norms: Sequence[float] | None = None,
+    cap: float = math.inf,
+    records: Sequence[Sequence[Entry]] | None = None,
+    opposed_medians: float = OPPOSED_MEDIANS,
+) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
     (``cᵢ`` from :func:`clip_factors`: to the median norm, or to :func:`bounded_level` with ``cap``;
@@ -474,8 +480,6 @@ def rule_weights(rule: str, weights: Sequence[float], norms: Optional[Sequence[f
         return coeffs
     kept = sum(w for w, o in zip(weights, opposed) if not o)
     return [0.0 if o else w * c / kept for w, c, o in zip(weights, clip, opposed)]
-
-
 
 
 def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[float]:
@@ -509,8 +513,16 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
         # a cache-sized window of positions (about 7x faster than index_add_/index_select/index_fill_ on
         # SparseLoCo's 10 M close).
         d, q = _native.sparse_alignment(
-            [(np.ascontiguousarray(v.idx.cpu().numpy(), dtype=np.int64),
-              np.ascontiguousarray(v.values.cpu().numpy(), dtype=np.float64)) for v in views], weights64, views[0].size)
+            [
+                (
+                    np.ascontiguousarray(v.idx.cpu().numpy(), dtype=np.int64),
+                    np.ascontiguousarray(v.values.cpu().numpy(), dtype=np.float64),
+                )
+                for v in views
+            ],
+            weights64,
+            views[0].size,
+        )
         for i in range(n):
             dot[i] += d[i]
             sq[i] += q[i]
@@ -545,8 +557,9 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
     return out
 
 
-def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float],
-                    medians: float = OPPOSED_MEDIANS) -> list[bool]:
+def opposed_senders(
+    records: Sequence[Sequence[Entry]], coeffs: Sequence[float], medians: float = OPPOSED_MEDIANS
+) -> list[bool]:
     """Which senders ``bounded_mean`` drops: those whose update points against the rest of the round, as an
     outlier among the round's updates.
 
@@ -581,10 +594,10 @@ def opposed_senders(records: Sequence[Sequence[Entry]], coeffs: Sequence[float],
 def weights_and_trim(
     rule: str,
     weights: Sequence[float],
-    norms: Optional[Sequence[float]] = None,
+    norms: Sequence[float] | None = None,
     trim_fraction: float = 0.0,
     cap: float = math.inf,
-    records: Optional[Sequence[Sequence[Entry]]] = None,
+    records: Sequence[Sequence[Entry]] | None = None,
 ) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version (DeMo, SparseLoCo; :func:`exact_aggregate` applies
     them): the weighted means put everything in the weights (:func:`rule_weights`, trim 0); the
@@ -602,7 +615,7 @@ def weights_and_trim(
 
 
 def transform_domain_sum(
-    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
+    entries: Sequence[Entry], weights: Sequence[float], device: torch.device | None = None
 ) -> torch.Tensor:
     """``Σ wᵢ · decode(entries[i])`` of one tensor's records, summed in the codec's domain where it
     declared an accumulator (:func:`gradwire.accumulate.make_accumulator`), in the given order:
@@ -617,10 +630,10 @@ def aggregate(
     records: Sequence[Sequence[Entry]],
     names: Sequence[str],
     rule: str = "mean",
-    weights: Optional[Sequence[float]] = None,
-    norms: Optional[Sequence[float]] = None,
+    weights: Sequence[float] | None = None,
+    norms: Sequence[float] | None = None,
     trim_fraction: float = 0.0,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
     cap: float = math.inf,
     opposed_medians: float = OPPOSED_MEDIANS,
 ) -> dict[str, torch.Tensor]:
@@ -644,13 +657,18 @@ def aggregate(
         raise ValueError(f"got {len(weights)} weights for {n} senders")
     picked = pick(records, names)
     if rule in _MEANS:
-        return weighted_aggregate(picked, names, rule_weights(rule, weights, norms, cap, picked, opposed_medians),
-                                  device)
+        return weighted_aggregate(
+            picked, names, rule_weights(rule, weights, norms, cap, picked, opposed_medians), device
+        )
     return exact_trimmed_mean(picked, trim_count(rule, n, trim_fraction), device)
 
 
-def weighted_aggregate(records: Sequence[Sequence[Entry]], names: Sequence[str], coeffs: Sequence[float],
-                       device: Optional[torch.device] = None) -> dict[str, torch.Tensor]:
+def weighted_aggregate(
+    records: Sequence[Sequence[Entry]],
+    names: Sequence[str],
+    coeffs: Sequence[float],
+    device: torch.device | None = None,
+) -> dict[str, torch.Tensor]:
     """``{name: Σ coeffsᵢ · recordᵢ}`` for each of ``names``, summed in the codec's domain
     (:func:`transform_domain_sum`): a weighted rule's aggregate once its coefficients are known."""
     picked = pick(records, names)

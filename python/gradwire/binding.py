@@ -17,7 +17,7 @@ it is the run's aggregation rule (``bounded_mean`` by default; docs/SERVER.md, "
 from __future__ import annotations
 
 import hashlib
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -45,29 +45,39 @@ def run_binding(run_id: str, round: int) -> str:
 
 def binding_entry(run_id: str, round: int) -> Entry:
     """The binding record of run ``run_id``'s round ``round``: append it to a frame's records."""
-    return Entry(RUN_BINDING_PREFIX + run_binding(run_id, round), _IDENTITY, torch.float32, (0,), b"",
-                 {"data": np.zeros(0, dtype=np.float32)})
+    return Entry(
+        RUN_BINDING_PREFIX + run_binding(run_id, round),
+        _IDENTITY,
+        torch.float32,
+        (0,),
+        b"",
+        {"data": np.zeros(0, dtype=np.float32)},
+    )
 
 
-def split_binding(entries: Sequence[Entry]) -> tuple[list[Entry], Optional[str]]:
+def split_binding(entries: Sequence[Entry]) -> tuple[list[Entry], str | None]:
     """``(the other records, the binding's hex digits or None)``. :class:`FrameError` for more than one
     binding record or one that is not an empty float32 identity record named with 32 hex digits (kind
     ``invalid_run_binding``)."""
     rest: list[Entry] = []
-    found: Optional[str] = None
+    found: str | None = None
     for e in entries:
         if not e.name.startswith(RUN_BINDING_PREFIX):
             rest.append(e)
             continue
-        digits = e.name[len(RUN_BINDING_PREFIX):]
+        digits = e.name[len(RUN_BINDING_PREFIX) :]
         if found is not None:
             raise error("invalid_run_binding", "a frame holds at most one @run binding record")
         if len(digits) != 32 or any(c not in "0123456789abcdef" for c in digits):
-            raise error("invalid_run_binding",
-                        f"binding record {e.name[:48]!r}: the name must be '@run:' and 32 lowercase hex digits")
+            raise error(
+                "invalid_run_binding",
+                f"binding record {e.name[:48]!r}: the name must be '@run:' and 32 lowercase hex digits",
+            )
         if e.codec != _IDENTITY or e.dtype != torch.float32 or tuple(e.shape) != (0,):
-            raise error("invalid_run_binding",
-                        f"binding record {e.name!r} must be an empty float32 identity record of shape (0,)")
+            raise error(
+                "invalid_run_binding",
+                f"binding record {e.name!r} must be an empty float32 identity record of shape (0,)",
+            )
         found = digits
     return rest, found
 

@@ -21,8 +21,9 @@ them: :mod:`gradwire.frame`, :mod:`gradwire.accumulate` and :mod:`gradwire.accor
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 # This module sits below gradwire.frame (which reads it), so it names no type of frame's or torch's:
 # ``Record`` is a gradwire.frame.Entry, ``Device`` an optional torch.device, ``Tensor`` a torch.Tensor.
@@ -39,14 +40,13 @@ class CodecCapabilities:
 
     codec_id: int
     name: str = ""
-    decode: Optional[Callable[[Record, Device], Tensor]] = None
-    decode_batch: Optional[Callable[[Sequence[Record], Device], Optional[list]]] = None
-    weighted_sum: Optional[Callable[[Sequence[Record], Sequence[float], Device],
-                                    Optional[Tensor]]] = None
-    accumulator: Optional[Callable[[Record, Device], Any]] = None
-    norm: Optional[Callable[[Record], float]] = None
-    coefficients: Optional[Callable[[Record], Any]] = None
-    setting: Optional[Callable[[Record], dict]] = None
+    decode: Callable[[Record, Device], Tensor] | None = None
+    decode_batch: Callable[[Sequence[Record], Device], list | None] | None = None
+    weighted_sum: Callable[[Sequence[Record], Sequence[float], Device], Tensor | None] | None = None
+    accumulator: Callable[[Record, Device], Any] | None = None
+    norm: Callable[[Record], float] | None = None
+    coefficients: Callable[[Record], Any] | None = None
+    setting: Callable[[Record], dict] | None = None
 
 
 #: The capabilities a codec may offer, in declaration order.

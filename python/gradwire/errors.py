@@ -23,8 +23,8 @@ rule it stands for, in docs/FORMAT.md section 7.1:
   section 9), set on the instance by :func:`error`.
 """
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from ._native import ERROR_KINDS, FrameError, WireError
 

@@ -11,7 +11,8 @@ Error feedback is the sender's business and never lives inside a codec.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -55,7 +56,9 @@ class ErrorFeedback:
         """
         return [entry for entry, _ in self.compress_bundle_reconstructed(tensors).values()]
 
-    def compress_bundle_reconstructed(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
+    def compress_bundle_reconstructed(
+        self, tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, tuple[Entry, torch.Tensor]]:
         """:meth:`compress_bundle`, also giving each record's reconstruction: ``{name: (record, what
         receivers decode from it)}`` in the mapping's order.
 
@@ -75,8 +78,7 @@ class ErrorFeedback:
                 for n in owned:
                     self._residuals[n] = xs[n]
                 settled = set(owned)
-                return {n: done[n] if n in settled else self._settle(tensors[n], n, xs[n], *done[n])
-                        for n in tensors}
+                return {n: done[n] if n in settled else self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
         return {n: self._settle(tensors[n], n, xs[n], *done[n]) for n in tensors}
 
     def _records_copy(self) -> bool:
@@ -89,8 +91,9 @@ class ErrorFeedback:
         """Every ``tensor + residual`` (:meth:`_with_residual`), the sums as one ``_foreach_add`` (the same
         once-rounded additions, one dispatched operation however many tensors)."""
         xs = {n: self._with_residual(t, n, add=False) for n, t in tensors.items()}
-        pairs = [(n, self._residuals[n].to(device=xs[n].device, dtype=torch.float32))
-                 for n in xs if n in self._residuals]
+        pairs = [
+            (n, self._residuals[n].to(device=xs[n].device, dtype=torch.float32)) for n in xs if n in self._residuals
+        ]
         if pairs:
             sums = torch._foreach_add([xs[n] for n, _ in pairs], [r for _, r in pairs])
             for (n, _), x in zip(pairs, sums):
@@ -112,8 +115,9 @@ class ErrorFeedback:
                 x = x + r.to(device=x.device, dtype=torch.float32)
         return x
 
-    def _settle(self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry,
-                recon: torch.Tensor) -> tuple[Entry, torch.Tensor]:
+    def _settle(
+        self, tensor: torch.Tensor, name: str, x: torch.Tensor, entry: Entry, recon: torch.Tensor
+    ) -> tuple[Entry, torch.Tensor]:
         if tensor.dtype != torch.float32:
             # Receivers decode to the record's dtype: tag it with the original one and account for the
             # final rounding here (decoders compute in their own precision and cast at the end).
@@ -126,9 +130,7 @@ class ErrorFeedback:
         """A tensor frame holding ``tensor`` (with its residual) compressed."""
         return write_frame([self.compress(tensor, name)], round=round, sender=sender)
 
-    def encode_bundle(
-        self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0
-    ) -> bytes:
+    def encode_bundle(self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0) -> bytes:
         """One bundle frame holding every named tensor (with its residual) compressed."""
         return write_frame(self.compress_bundle(tensors), round=round, sender=sender, bundle=True)
 
@@ -147,7 +149,7 @@ class ErrorFeedback:
 
     # -- state -----------------------------------------------------------------------------------
 
-    def residual(self, name: str = "") -> Optional[torch.Tensor]:
+    def residual(self, name: str = "") -> torch.Tensor | None:
         """The residual stored for ``name`` (float32), or ``None`` before its first compression."""
         return self._residuals.get(name)
 
@@ -161,7 +163,7 @@ class ErrorFeedback:
         """Names with a stored residual."""
         return list(self._residuals)
 
-    def reset(self, name: Optional[str] = None) -> None:
+    def reset(self, name: str | None = None) -> None:
         """Forget every residual, or only ``name``'s."""
         if name is None:
             self._residuals.clear()

@@ -6,9 +6,9 @@ dispatches each record to the decoder registered for its codec id.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -182,9 +182,7 @@ def _section_spec(entry: Entry, name: str, arr) -> tuple[str, int, np.ndarray]:
     return name, elem, as_u8(np.ascontiguousarray(arr.reshape(-1)))
 
 
-def write_frame(
-    entries: Sequence[Entry], *, round: int = 0, sender: int = 0, bundle: bool = False
-) -> bytes:
+def write_frame(entries: Sequence[Entry], *, round: int = 0, sender: int = 0, bundle: bool = False) -> bytes:
     """Serialize records into one frame; a tensor frame (``bundle=False``) takes exactly one."""
     if not bundle and len(entries) != 1:
         raise ValueError(f"a tensor frame holds exactly one record, got {len(entries)}")
@@ -213,7 +211,7 @@ def frame_length(data: BytesLike) -> int:
     return _native.frame_length(as_u8(data))
 
 
-def read_frame(data: BytesLike, *, limits: Optional[Limits] = None) -> Frame:
+def read_frame(data: BytesLike, *, limits: Limits | None = None) -> Frame:
     """Parse and check a frame; sections are zero-copy numpy views into ``data``."""
     lim = limits or DEFAULT_LIMITS
     buf = as_u8(data)
@@ -246,7 +244,7 @@ def read_frame(data: BytesLike, *, limits: Optional[Limits] = None) -> Frame:
 # Decoding: every codec declares its decoder (and what else it can do with its records) under its id,
 # in one gradwire.capabilities.CodecCapabilities.
 
-Decoder = Callable[[Entry, Optional[torch.device]], torch.Tensor]
+Decoder = Callable[[Entry, torch.device | None], torch.Tensor]
 
 
 def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
@@ -255,7 +253,7 @@ def register_decoder(codec_id: int) -> Callable[[Decoder], Decoder]:
     return lambda fn: provide(codec_id, "decode", fn)
 
 
-def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.Tensor:
+def decode_entry(entry: Entry, device: torch.device | None = None) -> torch.Tensor:
     """Decode one record into a dense tensor of its shape and dtype."""
     fn = capabilities_of(entry.codec).decode
     if fn is None:
@@ -265,7 +263,7 @@ def decode_entry(entry: Entry, device: Optional[torch.device] = None) -> torch.T
 
 #: A codec's decode of several of its records at once (:func:`decode_entries`): the tensors
 #: :func:`decode_entry` gives, in order, or ``None`` where it does not apply to these records.
-BatchDecoder = Callable[[Sequence[Entry], Optional[torch.device]], Optional[list]]
+BatchDecoder = Callable[[Sequence[Entry], torch.device | None], list | None]
 
 
 def register_batch_decoder(codec_id: int) -> Callable[[BatchDecoder], BatchDecoder]:
@@ -273,14 +271,14 @@ def register_batch_decoder(codec_id: int) -> Callable[[BatchDecoder], BatchDecod
     return lambda fn: provide(codec_id, "decode_batch", fn)
 
 
-def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = None) -> list[torch.Tensor]:
+def decode_entries(entries: Sequence[Entry], device: torch.device | None = None) -> list[torch.Tensor]:
     """:func:`decode_entry` of each record, in order: the same tensors, bit for bit.
 
     A codec with a batch decoder decodes its records together where it can (the DCT's, on a GPU: one
     exact decode over every record's chunks, where one record at a time spent its time launching
     kernels); the others are decoded one by one.
     """
-    out: list[Optional[torch.Tensor]] = [None] * len(entries)
+    out: list[torch.Tensor | None] = [None] * len(entries)
     by_codec: dict[int, list[int]] = {}
     for i, entry in enumerate(entries):
         by_codec.setdefault(entry.codec, []).append(i)
@@ -296,7 +294,7 @@ def decode_entries(entries: Sequence[Entry], device: Optional[torch.device] = No
 
 #: A codec's fused ``Σ_i w_i · decode(entries[i])`` (see :func:`weighted_sum_fused`): the float32 result,
 #: or ``None`` where it does not apply to these records.
-WeightedSum = Callable[[Sequence[Entry], Sequence[float], Optional[torch.device]], Optional[torch.Tensor]]
+WeightedSum = Callable[[Sequence[Entry], Sequence[float], torch.device | None], torch.Tensor | None]
 
 
 def register_weighted_sum(codec_id: int) -> Callable[[WeightedSum], WeightedSum]:
@@ -305,8 +303,8 @@ def register_weighted_sum(codec_id: int) -> Callable[[WeightedSum], WeightedSum]
 
 
 def weighted_sum_fused(
-    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device] = None
-) -> Optional[torch.Tensor]:
+    entries: Sequence[Entry], weights: Sequence[float], device: torch.device | None = None
+) -> torch.Tensor | None:
     """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` the
     float32 decode of ``entries[i]`` and each weight rounded to float32 — computed by the records' codec
     without writing each decoded tensor out (the DCT's: in one Rust pass), with the same bits as
@@ -330,7 +328,7 @@ def _as_frame(frame, limits) -> Frame:
 
 
 def decode(
-    frame: BytesLike | Frame, *, device: Optional[torch.device | str] = None, limits: Optional[Limits] = None
+    frame: BytesLike | Frame, *, device: torch.device | str | None = None, limits: Limits | None = None
 ) -> torch.Tensor:
     """Decode a tensor frame made by any codec."""
     f = _as_frame(frame, limits)
@@ -338,7 +336,7 @@ def decode(
 
 
 def decode_bundle(
-    frame: BytesLike | Frame, *, device: Optional[torch.device | str] = None, limits: Optional[Limits] = None
+    frame: BytesLike | Frame, *, device: torch.device | str | None = None, limits: Limits | None = None
 ) -> dict[str, torch.Tensor]:
     """Decode every record of a frame (bundle or tensor frame) into ``{name: tensor}``."""
     f = _as_frame(frame, limits)
@@ -346,6 +344,5 @@ def decode_bundle(
     return {e.name: decode_entry(e, dev) for e in f.entries}
 
 
-def _device(device) -> Optional[torch.device]:
+def _device(device) -> torch.device | None:
     return None if device is None else torch.device(device)
-

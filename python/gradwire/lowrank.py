@@ -13,7 +13,7 @@ factor is orthogonalized. Both follow torch's ``powerSGD_hook`` here.
 from __future__ import annotations
 
 import zlib
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -57,7 +57,7 @@ def initial_q(
     generator: torch.Generator,
     *,
     dtype: torch.dtype = torch.float32,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """A first ``Q`` (``cols × rank``, i.i.d. standard normal) drawn on the host from ``generator`` (a CPU
     generator) and moved to ``device``: the same numbers on every device."""

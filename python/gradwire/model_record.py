@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from typing import Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -118,22 +118,20 @@ class ModelSpec:
     # -- building ----------------------------------------------------------------------------------
 
     @classmethod
-    def from_tensors(cls, named: Mapping[str, torch.Tensor]) -> "ModelSpec":
+    def from_tensors(cls, named: Mapping[str, torch.Tensor]) -> ModelSpec:
         """The spec of named tensors (parameters, gradients, a state dict), in the mapping's order."""
         return cls((n, t.dtype, tuple(t.shape)) for n, t in named.items())
 
     @classmethod
-    def from_module(cls, module: torch.nn.Module, *, trainable_only: bool = False) -> "ModelSpec":
+    def from_module(cls, module: torch.nn.Module, *, trainable_only: bool = False) -> ModelSpec:
         """The spec of ``module``'s parameters in the order of ``module.named_parameters()``; with
         ``trainable_only``, only those that require a gradient."""
         return cls(
-            (n, p.dtype, tuple(p.shape))
-            for n, p in module.named_parameters()
-            if p.requires_grad or not trainable_only
+            (n, p.dtype, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad or not trainable_only
         )
 
     @classmethod
-    def from_bytes(cls, data: BytesLike) -> "ModelSpec":
+    def from_bytes(cls, data: BytesLike) -> ModelSpec:
         """The spec whose canonical bytes (:meth:`encode`) are ``data``; ``WireError`` (a ``ValueError``) if
         they are not: these bytes come from the network (a run's spec), so any bytes give that one error."""
         buf = bytes(data)
@@ -235,9 +233,7 @@ class ModelSpec:
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name!r}: expected a tensor, got {type(t).__name__}")
             if tuple(t.shape) != shape or t.dtype != dtype:
-                raise ValueError(
-                    f"{name!r} is {t.dtype} {tuple(t.shape)}, the model spec says {dtype} {shape}"
-                )
+                raise ValueError(f"{name!r} is {t.dtype} {tuple(t.shape)}, the model spec says {dtype} {shape}")
             parts.append(t.detach().reshape(-1).to(torch.float32))
         return torch.cat(parts)
 
@@ -286,7 +282,7 @@ def is_model_record(entry: Entry) -> bool:
 
 
 def encode_model(
-    coder: Union[Codec, ErrorFeedback],
+    coder: Codec | ErrorFeedback,
     tensors: Mapping[str, torch.Tensor],
     spec: ModelSpec,
     *,
@@ -309,11 +305,11 @@ def encode_model(
 
 
 def decode_model(
-    frame: Union[BytesLike, Frame],
+    frame: BytesLike | Frame,
     spec: ModelSpec,
     *,
-    device: Optional[Union[torch.device, str]] = None,
-    limits: Optional[Limits] = None,
+    device: torch.device | str | None = None,
+    limits: Limits | None = None,
 ) -> dict[str, torch.Tensor]:
     """``{name: tensor}`` in ``spec``'s order from a frame made by :func:`encode_model`.
 
@@ -355,7 +351,7 @@ def check_model_entries(entries, spec: ModelSpec) -> Entry:
     if entry.name != spec.record_name:
         raise error(
             "model_spec_mismatch",
-            f"the frame's model record is for the model spec {entry.name[len(MODEL_RECORD_PREFIX):]}, "
+            f"the frame's model record is for the model spec {entry.name[len(MODEL_RECORD_PREFIX) :]}, "
             f"this receiver's spec is {spec.hash} ({len(spec)} tensors, {spec.numel} elements): "
             "the two sides list different tensor names, dtypes, shapes or order",
         )
@@ -395,6 +391,7 @@ def model_record_codec(codec: Codec) -> Codec:
     from .dct import MODE_TILES
 
     if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
-        return DCTCodec(codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits,
-                        topk_scaling=codec.topk_scaling)
+        return DCTCodec(
+            codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits, topk_scaling=codec.topk_scaling
+        )
     return codec

@@ -22,7 +22,8 @@ either.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 import torch
 
@@ -125,7 +126,7 @@ def chunked_dct_encode_int8(
     x: torch.Tensor,
     chunk_shape: ShapeLike,
     k: IntLike,
-    prev_error: Optional[torch.Tensor] = None,
+    prev_error: torch.Tensor | None = None,
     norm: str = "ortho",
 ):
     """Compress ``x`` (plus ``prev_error``) chunk by chunk.

@@ -31,22 +31,31 @@ same bits.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, MutableMapping, Optional, Sequence
+from typing import Any
 
 import torch
 
 from .aggregation import exact_aggregate
-from .binding import strip_binding
 from .algorithms import get_algorithm
+from .binding import strip_binding
 from .codecs.identity import IdentityCodec
 from .errors import FrameError
 from .frame import SERVER_SENDER, Entry, Frame, Limits, decode_entry, frame_length, read_frame, write_frame
 from .model_record import expand_model_mean, run_spec
 from .wire import BytesLike, as_u8
 
-__all__ = ["HEADER_RECORD", "REENCODED_RECORD", "TRIM_RECORD", "Published", "apply_mean", "read_published",
-           "write_published", "write_published_aggregate"]
+__all__ = [
+    "HEADER_RECORD",
+    "REENCODED_RECORD",
+    "TRIM_RECORD",
+    "Published",
+    "apply_mean",
+    "read_published",
+    "write_published",
+    "write_published_aggregate",
+]
 
 #: The name of the header frame's first record: the node frames' weights.
 HEADER_RECORD = "@aggregate"
@@ -108,9 +117,7 @@ def apply_mean(
     return algo.apply(section, weights, mean, state)
 
 
-def write_published(
-    version: int, node_frames: Sequence[bytes], weights: Sequence[float], trim: int = 0
-) -> bytes:
+def write_published(version: int, node_frames: Sequence[bytes], weights: Sequence[float], trim: int = 0) -> bytes:
     """The bytes that publish ``version``: the header (the weights, and ``trim`` when it is not 0), then
     ``node_frames`` verbatim."""
     n = len(node_frames)
@@ -143,7 +150,7 @@ def write_published_aggregate(version: int, entries: Sequence[Entry], senders: i
     return header + write_frame(list(entries), round=version, sender=SERVER_SENDER, bundle=True)
 
 
-def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[Published]:
+def read_published(data: BytesLike, *, limits: Limits | None = None) -> list[Published]:
     """Every version in ``data`` (concatenated published versions), each fully checked.
 
     Raises :class:`~gradwire.FrameError` for bytes that are not whole versions: a bad frame, a header
@@ -174,9 +181,11 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
                 raise FrameError(f"version {header.round}: the re-encoded aggregate's frame is missing")
             frame, n = next_frame(f"version {header.round}: the re-encoded aggregate")
             if frame.sender != SERVER_SENDER or not frame.bundle or frame.round != header.round:
-                raise FrameError(f"version {header.round}: a re-encoded aggregate must be the server's bundle frame "
-                                 f"for round {header.round}, got sender {frame.sender:#x}, round {frame.round}, "
-                                 f"bundle={frame.bundle}")
+                raise FrameError(
+                    f"version {header.round}: a re-encoded aggregate must be the server's bundle frame "
+                    f"for round {header.round}, got sender {frame.sender:#x}, round {frame.round}, "
+                    f"bundle={frame.bundle}"
+                )
             _same_tensors(header.round, [frame])
             out.append(Published(header.round, [frame], [1.0], total + n, 0, reencoded_from=senders))
             continue
@@ -184,12 +193,15 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
         frames = []
         for i in range(len(weights)):
             if offset >= len(buf):
-                raise FrameError(f"version {header.round}: the header announces {len(weights)} node frames, "
-                                 f"only {i} follow")
+                raise FrameError(
+                    f"version {header.round}: the header announces {len(weights)} node frames, only {i} follow"
+                )
             frame, n = next_frame(f"version {header.round}: node frame {i}")
             if frame.sender == SERVER_SENDER or not frame.bundle:
-                raise FrameError(f"version {header.round}: node frame {i} must be a bundle from a node, "
-                                 f"got sender {frame.sender:#x}, bundle={frame.bundle}")
+                raise FrameError(
+                    f"version {header.round}: node frame {i} must be a bundle from a node, "
+                    f"got sender {frame.sender:#x}, bundle={frame.bundle}"
+                )
             # A node frame's run binding (FORMAT.md section 10) is the server's to check, not part of the mean.
             frames.append(strip_binding(frame))
             total += n
@@ -201,7 +213,7 @@ def read_published(data: BytesLike, *, limits: Optional[Limits] = None) -> list[
 def _same_tensors(version: int, frames: Sequence[Frame]) -> None:
     """The frames of a version each name a tensor once, and all the same tensors with the same shapes (the
     server publishes no other round); ``FrameError`` otherwise, before anything is decoded."""
-    first: Optional[dict[str, tuple[int, ...]]] = None
+    first: dict[str, tuple[int, ...]] | None = None
     for i, frame in enumerate(frames):
         layout: dict[str, tuple[int, ...]] = {}
         for entry in frame.entries:
@@ -219,11 +231,19 @@ def _reencoded_header(header: Frame) -> int:
     if not header.entries or header.entries[0].name != REENCODED_RECORD:
         return 0
     entry = header.entries[0]
-    if header.sender != SERVER_SENDER or not header.bundle or len(header.entries) != 1 \
-            or entry.codec != IdentityCodec.codec_id or entry.dtype != torch.float64 or tuple(entry.shape) != (1,):
-        raise FrameError(f"a re-encoded version's header is the server's bundle frame with one record "
-                         f"{REENCODED_RECORD!r}: identity, float64, shape (1,); got sender {header.sender:#x}, "
-                         f"{len(header.entries)} record(s), codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}")
+    if (
+        header.sender != SERVER_SENDER
+        or not header.bundle
+        or len(header.entries) != 1
+        or entry.codec != IdentityCodec.codec_id
+        or entry.dtype != torch.float64
+        or tuple(entry.shape) != (1,)
+    ):
+        raise FrameError(
+            f"a re-encoded version's header is the server's bundle frame with one record "
+            f"{REENCODED_RECORD!r}: identity, float64, shape (1,); got sender {header.sender:#x}, "
+            f"{len(header.entries)} record(s), codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}"
+        )
     value = float(decode_entry(entry)[0])
     if not (math.isfinite(value) and value == int(value) and value >= 1):
         raise FrameError(f"the header's {REENCODED_RECORD!r} must be a whole number >= 1, got {value}")
@@ -233,24 +253,39 @@ def _reencoded_header(header: Frame) -> int:
 def _header(header: Frame) -> tuple[list[float], int]:
     """The header's weights and trim, every field checked."""
     if header.sender != SERVER_SENDER or not header.bundle or len(header.entries) not in (1, 2):
-        raise FrameError(f"a published version starts with the server's header frame (one or two records, "
-                         f"sender {SERVER_SENDER:#x}), got sender {header.sender:#x} with "
-                         f"{len(header.entries)} record(s)")
+        raise FrameError(
+            f"a published version starts with the server's header frame (one or two records, "
+            f"sender {SERVER_SENDER:#x}), got sender {header.sender:#x} with "
+            f"{len(header.entries)} record(s)"
+        )
     entry = header.entries[0]
-    if entry.name != HEADER_RECORD or entry.codec != IdentityCodec.codec_id or entry.dtype != torch.float64 \
-            or len(entry.shape) != 1 or entry.shape[0] < 1:
-        raise FrameError(f"the header record must be {HEADER_RECORD!r}: identity, float64, shape (n,) with n >= 1; "
-                         f"got {entry.name!r}, codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}")
+    if (
+        entry.name != HEADER_RECORD
+        or entry.codec != IdentityCodec.codec_id
+        or entry.dtype != torch.float64
+        or len(entry.shape) != 1
+        or entry.shape[0] < 1
+    ):
+        raise FrameError(
+            f"the header record must be {HEADER_RECORD!r}: identity, float64, shape (n,) with n >= 1; "
+            f"got {entry.name!r}, codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}"
+        )
     weights = [float(w) for w in decode_entry(entry).tolist()]
     if not all(math.isfinite(w) and w >= 0 for w in weights):
         raise FrameError(f"the header's weights must be finite and non-negative, got {weights}")
     if len(header.entries) == 1:
         return weights, 0
     entry = header.entries[1]
-    if entry.name != TRIM_RECORD or entry.codec != IdentityCodec.codec_id or entry.dtype != torch.float64 \
-            or tuple(entry.shape) != (1,):
-        raise FrameError(f"the header's second record must be {TRIM_RECORD!r}: identity, float64, shape (1,); "
-                         f"got {entry.name!r}, codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}")
+    if (
+        entry.name != TRIM_RECORD
+        or entry.codec != IdentityCodec.codec_id
+        or entry.dtype != torch.float64
+        or tuple(entry.shape) != (1,)
+    ):
+        raise FrameError(
+            f"the header's second record must be {TRIM_RECORD!r}: identity, float64, shape (1,); "
+            f"got {entry.name!r}, codec {entry.codec}, {entry.dtype}, shape {tuple(entry.shape)}"
+        )
     value = float(decode_entry(entry)[0])
     if not (math.isfinite(value) and value == int(value)):
         raise FrameError(f"the header's trim must be a whole number, got {value}")

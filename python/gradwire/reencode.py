@@ -34,7 +34,8 @@ a residual moves between the domains by one float transform when a tensor switch
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -74,10 +75,10 @@ class ReencodeFeedback:
     def reencode(
         self,
         records: Sequence[Sequence[Entry]],
-        weights: Optional[Sequence[float]] = None,
+        weights: Sequence[float] | None = None,
         trim: int = 0,
         device=None,
-        lap: Optional[Callable[[str], None]] = None,
+        lap: Callable[[str], None] | None = None,
     ) -> dict[str, tuple[Entry, torch.Tensor]]:
         """The senders' exact aggregate (``weights``, or the trimmed mean when ``trim`` > 0, as
         :func:`gradwire.aggregation.exact_aggregate`) plus the residuals, compressed with the codec:
@@ -101,8 +102,7 @@ class ReencodeFeedback:
         mean: dict[str, torch.Tensor] = {}
         if rest:
             rest_records = [[mine[name] for name in rest] for mine in per_sender]
-            mean = (exact_trimmed_mean(rest_records, trim, dev) if trim
-                    else exact_mean(rest_records, weights, dev))
+            mean = exact_trimmed_mean(rest_records, trim, dev) if trim else exact_mean(rest_records, weights, dev)
         # Weights rounded to float32 once, as exact_mean rounds them.
         w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
         sums = {name: self._add_aggregate(name, recs, w32, dev) for name, recs in parsed.items()}
@@ -112,8 +112,9 @@ class ReencodeFeedback:
         done.update(self._reencode_coefficient_buffers(sums))
         return {name: done[name] for name in names}
 
-    def _coefficient_records(self, name: str, entries: Sequence[Entry], device: torch.device
-                             ) -> Optional[list[ParsedRecord]]:
+    def _coefficient_records(
+        self, name: str, entries: Sequence[Entry], device: torch.device
+    ) -> list[ParsedRecord] | None:
         """``entries`` parsed, if the coefficient domain can take them: float32 DCT records all cut as
         the downlink codec cuts the tensor; ``None`` otherwise."""
         if not isinstance(self.codec, DCTCodec):
@@ -129,8 +130,9 @@ class ReencodeFeedback:
             parsed.append(p)
         return parsed
 
-    def _add_aggregate(self, name: str, parsed: Sequence[ParsedRecord], w32: Sequence[float],
-                       device: torch.device) -> torch.Tensor:
+    def _add_aggregate(
+        self, name: str, parsed: Sequence[ParsedRecord], w32: Sequence[float], device: torch.device
+    ) -> torch.Tensor:
         """The residual's coefficients plus ``Σ wᵢ · parsed[i]``, added in place in sender order (one
         rounded multiply and one rounded add per coefficient, as :func:`exact_mean` combines its decoded
         tensors); ``(num_chunks, C)``."""
@@ -140,8 +142,14 @@ class ReencodeFeedback:
         flat = buf.reshape(-1)
         for p, w in zip(parsed, w32):
             if device.type == "cpu":
-                _native.scatter_add_rows(p.idx.contiguous().reshape(-1).numpy(),
-                                         p.values.contiguous().reshape(-1).numpy(), p.k, c, w, flat.numpy())
+                _native.scatter_add_rows(
+                    p.idx.contiguous().reshape(-1).numpy(),
+                    p.values.contiguous().reshape(-1).numpy(),
+                    p.k,
+                    c,
+                    w,
+                    flat.numpy(),
+                )
                 continue
             pos = (p.idx + torch.arange(plan.num_chunks, device=device).unsqueeze(1) * c).reshape(-1)
             # A record's positions are distinct: no colliding writes, no atomics.
@@ -163,8 +171,10 @@ class ReencodeFeedback:
         for name in sums:
             plan = self.codec.plan(self._coefficients[name][0])
             groups.setdefault(plan.chunk_shape, []).append((name, torch.float32, plan))
-        items = [(members, torch.cat([sums[n] for n, _, _ in members]) if len(members) > 1 else sums[members[0][0]])
-                 for members in groups.values()]
+        items = [
+            (members, torch.cat([sums[n] for n, _, _ in members]) if len(members) > 1 else sums[members[0][0]])
+            for members in groups.values()
+        ]
         done, kept = self.codec.compress_coefficient_groups(items)
         for (members, _), (idx, levels, scales, mins) in zip(items, kept):
             values = dequantize_levels(levels, scales, mins)
@@ -197,8 +207,10 @@ class ReencodeFeedback:
         if held is not None:
             shape, buf = held
             if shape != plan.shape or tuple(buf.shape) != (plan.num_chunks, plan.chunk_numel):
-                raise ValueError(f"tensor {name!r} has shape {plan.shape} but its coefficient residual was kept "
-                                 f"for shape {shape}; call reset(name) if the tensor changed")
+                raise ValueError(
+                    f"tensor {name!r} has shape {plan.shape} but its coefficient residual was kept "
+                    f"for shape {shape}; call reset(name) if the tensor changed"
+                )
             buf = buf.to(device)
         else:
             r = self.feedback.residual(name)
@@ -206,8 +218,10 @@ class ReencodeFeedback:
                 buf = torch.zeros((plan.num_chunks, plan.chunk_numel), dtype=torch.float32, device=device)
             else:
                 if tuple(r.shape) != plan.shape:
-                    raise ValueError(f"tensor {name!r} has shape {plan.shape} but its residual has "
-                                     f"{tuple(r.shape)}; call reset(name) if the tensor changed")
+                    raise ValueError(
+                        f"tensor {name!r} has shape {plan.shape} but its residual has "
+                        f"{tuple(r.shape)}; call reset(name) if the tensor changed"
+                    )
                 buf = _dct.encode_chunks(r.to(device=device, dtype=torch.float32), plan).contiguous()
                 self.feedback.reset(name)
         self._coefficients[name] = (plan.shape, buf)
@@ -237,7 +251,7 @@ class ReencodeFeedback:
 
     # -- state -----------------------------------------------------------------------------------
 
-    def residual(self, name: str) -> Optional[torch.Tensor]:
+    def residual(self, name: str) -> torch.Tensor | None:
         """``name``'s residual in parameter space (float32): the parameter-domain one, or the inverse
         transform of the coefficient-domain one (float, so within rounding of it); ``None`` before the
         tensor's first re-encoding."""
@@ -245,7 +259,7 @@ class ReencodeFeedback:
             return self._parameter_view(name)
         return self.feedback.residual(name)
 
-    def coefficient_residual(self, name: str) -> Optional[torch.Tensor]:
+    def coefficient_residual(self, name: str) -> torch.Tensor | None:
         """``name``'s coefficient-domain residual (float32 ``(num_chunks, C)``, the live buffer), or
         ``None`` if it is held in parameter space or not at all."""
         held = self._coefficients.get(name)
@@ -255,7 +269,7 @@ class ReencodeFeedback:
         """Names with a residual, in either domain."""
         return sorted(set(self._coefficients) | set(self.feedback.names()))
 
-    def reset(self, name: Optional[str] = None) -> None:
+    def reset(self, name: str | None = None) -> None:
         """Forget every residual, or only ``name``'s."""
         if name is None:
             self._coefficients.clear()
@@ -270,8 +284,10 @@ class ReencodeFeedback:
         return {
             "format": STATE_FORMAT,
             "residuals": inner["residuals"],
-            "coefficients": {n: {"shape": list(shape), "chunks": buf.detach().clone().contiguous()}
-                             for n, (shape, buf) in self._coefficients.items()},
+            "coefficients": {
+                n: {"shape": list(shape), "chunks": buf.detach().clone().contiguous()}
+                for n, (shape, buf) in self._coefficients.items()
+            },
             "codec": inner["codec"],
         }
 
@@ -286,22 +302,27 @@ class ReencodeFeedback:
             self._coefficients = {}
             return
         if state["format"] != STATE_FORMAT:
-            raise ValueError(f"ReencodeFeedback state of format {state['format']!r}: this gradwire reads "
-                             f"{STATE_FORMAT!r} and ErrorFeedback states (no format)")
+            raise ValueError(
+                f"ReencodeFeedback state of format {state['format']!r}: this gradwire reads "
+                f"{STATE_FORMAT!r} and ErrorFeedback states (no format)"
+            )
         state = sd.fields(state, "ReencodeFeedback state", ("format", "residuals", "coefficients", "codec"))
         coefficients = {}
         for name, held in sd.mapping(state["coefficients"], "ReencodeFeedback state 'coefficients'").items():
             what = f"coefficient residual {name!r}"
             held = sd.fields(held, what, ("shape", "chunks"))
             if not isinstance(self.codec, DCTCodec):
-                raise ValueError(f"{what}: a coefficient-domain residual needs a DCT downlink codec, "
-                                 f"this one is {self.codec!r}")
+                raise ValueError(
+                    f"{what}: a coefficient-domain residual needs a DCT downlink codec, this one is {self.codec!r}"
+                )
             shape = tuple(sd.integer(d, f"{what} 'shape'") for d in sd.sequence(held["shape"], f"{what} 'shape'"))
             chunks = sd.tensor(held["chunks"], f"{what} 'chunks'", floating=True)
             plan = self.codec.plan(shape)
             if tuple(chunks.shape) != (plan.num_chunks, plan.chunk_numel):
-                raise ValueError(f"{what}: {tuple(chunks.shape)} coefficients, but the codec cuts shape {shape} "
-                                 f"into ({plan.num_chunks}, {plan.chunk_numel})")
+                raise ValueError(
+                    f"{what}: {tuple(chunks.shape)} coefficients, but the codec cuts shape {shape} "
+                    f"into ({plan.num_chunks}, {plan.chunk_numel})"
+                )
             coefficients[name] = (shape, chunks.detach().to(torch.float32).clone().contiguous())
         self.feedback.load_state_dict({"residuals": state["residuals"], "codec": state["codec"]})
         both = sorted(set(coefficients) & set(self.feedback.names()))
@@ -310,8 +331,10 @@ class ReencodeFeedback:
         self._coefficients = coefficients
 
     def __repr__(self) -> str:
-        return (f"ReencodeFeedback({self.codec!r}, coefficient residuals={len(self._coefficients)}, "
-                f"parameter residuals={len(self.feedback.names())})")
+        return (
+            f"ReencodeFeedback({self.codec!r}, coefficient residuals={len(self._coefficients)}, "
+            f"parameter residuals={len(self.feedback.names())})"
+        )
 
 
 def _drop_padding(buf: torch.Tensor, plan: _dct.ChunkPlan) -> None:
@@ -319,5 +342,5 @@ def _drop_padding(buf: torch.Tensor, plan: _dct.ChunkPlan) -> None:
     keeps of it, without the component only the dropped padding held."""
     c = plan.chunk_numel
     last = _dct.idct_chunks(buf[-1:].reshape(1, *plan.chunk_shape)).reshape(c)
-    last[c - plan.pad_count:] = 0.0
+    last[c - plan.pad_count :] = 0.0
     buf[-1] = _dct.dct_chunks(last.reshape(1, *plan.chunk_shape)).reshape(c)

@@ -9,7 +9,7 @@ between a gentle and an aggressive setting), and its records carry the picked co
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .accordion import Accordion
 from .codecs import CODECS, Codec, make_codec

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -81,8 +81,11 @@ def _sketch(views: Sequence[tuple[str, Coefficients]], buckets: int) -> np.ndarr
         values = np.ascontiguousarray(view.values.detach().cpu().numpy(), dtype=np.float64)
         if values.size == 0:
             continue
-        positions = (np.arange(view.size, dtype=np.int64) if view.idx is None
-                     else np.ascontiguousarray(view.idx.detach().cpu().numpy(), dtype=np.int64))
+        positions = (
+            np.arange(view.size, dtype=np.int64)
+            if view.idx is None
+            else np.ascontiguousarray(view.idx.detach().cpu().numpy(), dtype=np.int64)
+        )
         h = _positions_hash(name, positions)
         bucket = (h >> np.uint64(32)) % np.uint64(buckets)
         sign = np.where((h >> np.uint64(16)) & np.uint64(1), 1.0, -1.0)
@@ -123,8 +126,7 @@ class SenderHistory:
     it with each checkpoint (:meth:`state_dict`) and replays it with the versions since, as it does
     :class:`~gradwire.aggregation.NormHistory`."""
 
-    def __init__(self, beta: float = HISTORY_BETA, buckets: int = SKETCH_BUCKETS,
-                 multiple: float = TRUST_MULTIPLE):
+    def __init__(self, beta: float = HISTORY_BETA, buckets: int = SKETCH_BUCKETS, multiple: float = TRUST_MULTIPLE):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"history beta must lie in [0, 1), got {beta!r}")
         if buckets < 1:
@@ -177,7 +179,7 @@ class SenderHistory:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         ids = sorted(self.memory)
-        memory = (np.stack([self.memory[i] for i in ids]) if ids else np.zeros((0, self.buckets), dtype=np.float64))
+        memory = np.stack([self.memory[i] for i in ids]) if ids else np.zeros((0, self.buckets), dtype=np.float64)
         return {"senders": torch.tensor(ids, dtype=torch.int64), "memory": torch.from_numpy(memory.copy())}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -187,11 +189,11 @@ class SenderHistory:
         if ids is None or memory is None:
             return
         if memory.ndim != 2 or memory.shape[0] != ids.numel() or memory.shape[1] != self.buckets:
-            raise ValueError(f"a sender history of shape {tuple(memory.shape)} for {ids.numel()} senders and "
-                             f"{self.buckets} buckets")
+            raise ValueError(
+                f"a sender history of shape {tuple(memory.shape)} for {ids.numel()} senders and {self.buckets} buckets"
+            )
         rows = memory.to(torch.float64).cpu().numpy()
         self.memory = {int(i): rows[j].copy() for j, i in enumerate(ids.tolist())}
 
     def __repr__(self) -> str:
         return f"SenderHistory(beta={self.beta}, buckets={self.buckets}, senders={len(self.memory)})"
-

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import blake3
 import torch
@@ -36,10 +37,10 @@ __all__ = [
 #: uses. A child forked after that inherits the pool's state but not its threads, and a threaded hash
 #: there would wait forever (torch.multiprocessing and DDP launchers fork), so a child hashes on its
 #: calling thread. A process that never hashed with threads before forking leaves its children free to.
-_threads_pid: Optional[int] = None
+_threads_pid: int | None = None
 
 
-def _hasher() -> "blake3.blake3":
+def _hasher() -> blake3.blake3:
     global _threads_pid
     pid = os.getpid()
     if _threads_pid is None:
@@ -95,7 +96,7 @@ def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
         raise ValueError(f"not a valid safetensors state: {exc}") from exc
 
 
-def state_from_file(path: "os.PathLike | str") -> dict[str, torch.Tensor]:
+def state_from_file(path: os.PathLike | str) -> dict[str, torch.Tensor]:
     """Named tensors from a safetensors file (read without holding the file's bytes twice); never unpickles."""
     try:
         return dict(_st_load_file(os.fspath(path)))
@@ -137,8 +138,10 @@ def pack_state_dict(state: Mapping[str, Any]) -> bytes:
             return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
         if node is None or isinstance(node, (bool, int, float, str)):
             return node
-        raise ValueError(f"state dict value at {path or 'the top'} is a {type(node).__name__}; "
-                         "only tensors, dicts, lists and JSON scalars are kept")
+        raise ValueError(
+            f"state dict value at {path or 'the top'} is a {type(node).__name__}; "
+            "only tensors, dicts, lists and JSON scalars are kept"
+        )
 
     structure = walk(state, "")
     return _st_save(tensors, {_STRUCTURE_KEY: json.dumps(structure, allow_nan=True)})

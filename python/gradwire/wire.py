@@ -6,7 +6,7 @@ released while a kernel runs. Outputs are ``bytes`` or numpy arrays.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def pack_bits(values, bits: int) -> bytes:
     return _native.pack_bits(_as_array(values, np.uint32), bits)
 
 
-def unpack_bits(data: BytesLike, bits: int, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+def unpack_bits(data: BytesLike, bits: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
     """Read ``count`` values of ``bits`` bits from the front of ``data``; extra bytes are ignored.
 
     With ``out`` (a contiguous uint32 array of ``count`` elements) the values are written there and
@@ -86,7 +86,7 @@ def unpack_bits(data: BytesLike, bits: int, count: int, out: Optional[np.ndarray
     return _native.unpack_bits(as_u8(data), bits, count, out)
 
 
-def unpack_bits_exact(data: BytesLike, bits: int, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+def unpack_bits_exact(data: BytesLike, bits: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
     """Like :func:`unpack_bits`, but ``data`` must be exactly the packed length with zero padding bits."""
     return _native.unpack_bits_exact(as_u8(data), bits, count, out)
 
@@ -96,7 +96,7 @@ def quartic_encode(trits) -> bytes:
     return _native.quartic_encode(_as_array(trits, np.int8))
 
 
-def quartic_decode(data: BytesLike, count: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+def quartic_decode(data: BytesLike, count: int, out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of :func:`quartic_encode`: ``count`` int8 values in {-1, 0, 1} (into ``out`` if given)."""
     return _native.quartic_decode(as_u8(data), count, out)
 
@@ -106,7 +106,7 @@ def zero_run_encode(data: BytesLike) -> bytes:
     return _native.zero_run_encode(as_u8(data))
 
 
-def zero_run_decode(data: BytesLike, expected_len: int | None = None, out: Optional[np.ndarray] = None):
+def zero_run_decode(data: BytesLike, expected_len: int | None = None, out: np.ndarray | None = None):
     """Inverse of :func:`zero_run_encode`; ``expected_len`` bounds and checks the output length.
 
     Returns ``bytes``; with ``out`` (a contiguous uint8 array whose length is the expected decoded
@@ -130,11 +130,11 @@ def crc32c(data: BytesLike, value: int = 0) -> int:
 # set of all of them.
 
 
-def _set_len(set_len: Optional[int], count: int) -> int:
+def _set_len(set_len: int | None, count: int) -> int:
     return count if set_len is None else int(set_len)
 
 
-def rice_param(indices, universe: int, set_len: Optional[int] = None) -> tuple[int, int]:
+def rice_param(indices, universe: int, set_len: int | None = None) -> tuple[int, int]:
     """The Rice parameter coding the sets in the fewest bits, and the stream's length in bytes."""
     idx = _as_array(indices, np.uint32)
     return _native.rice_param(idx, _set_len(set_len, idx.size), int(universe))
@@ -145,7 +145,7 @@ def rice_param_estimate(set_len: int, universe: int) -> int:
     return _native.rice_param_estimate(int(set_len), int(universe))
 
 
-def rice_encode(indices, universe: int, param: int, set_len: Optional[int] = None) -> bytes:
+def rice_encode(indices, universe: int, param: int, set_len: int | None = None) -> bytes:
     """Golomb-Rice code of sorted index sets: remainders at ``param`` bits, then unary quotients."""
     idx = _as_array(indices, np.uint32)
     return _native.rice_encode(idx, _set_len(set_len, idx.size), int(universe), int(param))
@@ -156,8 +156,8 @@ def rice_decode(
     count: int,
     universe: int,
     param: int,
-    set_len: Optional[int] = None,
-    out: Optional[np.ndarray] = None,
+    set_len: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``count`` uint32 indices from a Rice stream (into ``out`` if given); the stream must be exact."""
     return _native.rice_decode(as_u8(data), int(count), _set_len(set_len, count), int(universe), int(param), out)
@@ -233,8 +233,11 @@ def gcomp_block_levels(
     """Per block, the largest level 1..3 whose threshold its smallest |δ| over nonzero elements
     reaches, else 0 (uint8); arguments as for :func:`gcomp_metric`."""
     return _native.gcomp_block_levels(
-        kind, *_metric_operands(grad_bits, param, first, second), block=int(block),
-        thresholds=thresholds if type(thresholds) is tuple else tuple(thresholds), **scalars,
+        kind,
+        *_metric_operands(grad_bits, param, first, second),
+        block=int(block),
+        thresholds=thresholds if type(thresholds) is tuple else tuple(thresholds),
+        **scalars,
     )
 
 
@@ -242,7 +245,7 @@ def _metric_operands(grad_bits, param, first, second):
     return _as_array(grad_bits, np.uint32), _f32_or_none(param), _f32_or_none(first), _f32_or_none(second)
 
 
-def _f32_or_none(a) -> Optional[np.ndarray]:
+def _f32_or_none(a) -> np.ndarray | None:
     if a is None or (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 1 and a.flags.c_contiguous):
         return a
     return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)

@@ -15,8 +15,9 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal, Optional
 
 from . import INSTALL_HINT
 from .demo.settings import MODELS
@@ -87,15 +88,26 @@ def _serve_command(run: Callable[..., None], settings_cls: type) -> Callable[...
     import typer
 
     params = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
-                          default=typer.Option(None, help=help_text, show_default=False))
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Optional[kind],
+            default=typer.Option(None, help=help_text, show_default=False),
+        )
         for name, kind, help_text in serve_options(settings_cls)
     ]
-    params.append(inspect.Parameter(
-        "check", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-        default=typer.Option(False, "--check", help="Check the settings, print them as JSON (secrets masked) and "
-                                                     "exit without serving."),
-    ))
+    params.append(
+        inspect.Parameter(
+            "check",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(
+                False,
+                "--check",
+                help="Check the settings, print them as JSON (secrets masked) and exit without serving.",
+            ),
+        )
+    )
 
     def serve(**given: Any) -> None:
         run(**given)
@@ -121,8 +133,12 @@ def build_app(*, serve_settings: bool = True):
     from .demo.settings import DEFAULT_RUNS, RUNS, DemoSettings
 
     # Plain click help, not rich panels: rich cuts long option names at 80 columns ("--checkpoint-eve…").
-    app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                      help="gradwire: compressed gradient transport.")
+    app = typer.Typer(
+        add_completion=False,
+        no_args_is_help=True,
+        rich_markup_mode=None,
+        help="gradwire: compressed gradient transport.",
+    )
 
     def show_version(value: bool) -> None:
         if value:
@@ -131,34 +147,54 @@ def build_app(*, serve_settings: bool = True):
 
     @app.callback()
     def _root(
-        version: bool = typer.Option(False, "--version", is_eager=True, callback=show_version,
-                                     help="Print gradwire's version (and gradwire-server's) and exit."),
+        version: bool = typer.Option(
+            False,
+            "--version",
+            is_eager=True,
+            callback=show_version,
+            help="Print gradwire's version (and gradwire-server's) and exit.",
+        ),
     ) -> None:
         """gradwire: compressed gradient transport."""
 
     @app.command()
     def demo(
-        model: ModelName = typer.Option("digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."),
+        model: ModelName = typer.Option(
+            "digits", help="What to train: digits (MLP) or transformer (char LM on pydoc text)."
+        ),
         workers: int = typer.Option(8, min=1, help="Worker processes (nodes) per run."),
-        steps: int = typer.Option(320, min=1, help="Training steps per node in every run (a multiple of --sync-every)."),
+        steps: int = typer.Option(
+            320, min=1, help="Training steps per node in every run (a multiple of --sync-every)."
+        ),
         runs: str = typer.Option(",".join(DEFAULT_RUNS), help=f"Which runs, comma-separated, of: {', '.join(RUNS)}."),
         sync_every: int = typer.Option(8, min=1, help="SparseLoCo: local steps per sync."),
-        sparseloco_topk: int = typer.Option(256, min=1, help="SparseLoCo: DCT coefficients kept per 64×64 chunk, both ways."),
+        sparseloco_topk: int = typer.Option(
+            256, min=1, help="SparseLoCo: DCT coefficients kept per 64×64 chunk, both ways."
+        ),
         inner_lr: float = typer.Option(1e-2, help="SparseLoCo: each node's local AdamW learning rate."),
         outer_lr: float = typer.Option(1.0, help="SparseLoCo: the outer step's learning rate."),
         outer_momentum: float = typer.Option(0.0, help="SparseLoCo: the outer Nesterov momentum (0: plain SGD)."),
         topk: int = typer.Option(32, min=1, help="Panthalia run: DCT coefficients kept per chunk, both ways."),
         demo_topk: int = typer.Option(4, min=1, help="DeMo run: DCT coefficients of the momentum sent per chunk."),
-        demo_lr: float = typer.Option(1e-2, help="DeMo run: the sign step (best of bench/convergence.py's grid on every task)."),
-        chunk: int = typer.Option(32, min=2, help="DCT chunk side of the DeMo and Panthalia runs: chunks are chunk×chunk."),
+        demo_lr: float = typer.Option(
+            1e-2, help="DeMo run: the sign step (best of bench/convergence.py's grid on every task)."
+        ),
+        chunk: int = typer.Option(
+            32, min=2, help="DCT chunk side of the DeMo and Panthalia runs: chunks are chunk×chunk."
+        ),
         lr: float = typer.Option(1e-2, help="Dense AdamW's learning rate (on the server)."),
         batch_size: int = typer.Option(32, min=1, help="Examples per node per step."),
-        hidden: Optional[int] = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
-        aggregation: str = typer.Option("bounded_mean", help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); the default bounds one node's influence."),
+        hidden: int | None = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
+        aggregation: str = typer.Option(
+            "bounded_mean",
+            help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); the default bounds one node's influence.",
+        ),
         seed: int = typer.Option(0),
         out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
-        url: Optional[str] = typer.Option(None, help="Use this running server instead of starting one on loopback."),
-        admin_token: Optional[str] = typer.Option(None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."),
+        url: str | None = typer.Option(None, help="Use this running server instead of starting one on loopback."),
+        admin_token: str | None = typer.Option(
+            None, envvar="GRADWIRE_ADMIN_TOKEN", help="Admin token of --url's server."
+        ),
         progress: bool = typer.Option(True, help="Draw a progress bar per run."),
     ) -> None:
         """Train a model on N worker processes through the aggregation server, compressed and not.
@@ -176,10 +212,24 @@ def build_app(*, serve_settings: bool = True):
             raise typer.Exit(code=2)
         try:
             settings = DemoSettings(
-                model=model, workers=workers, steps=steps, hidden=hidden, batch_size=batch_size, lr=lr,
-                sync_every=sync_every, sparseloco_topk=sparseloco_topk, inner_lr=inner_lr, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                demo_lr=demo_lr, demo_topk=demo_topk, topk=topk, chunk=chunk,
-                runs=tuple(r.strip() for r in runs.split(",") if r.strip()), aggregation=aggregation, seed=seed,
+                model=model,
+                workers=workers,
+                steps=steps,
+                hidden=hidden,
+                batch_size=batch_size,
+                lr=lr,
+                sync_every=sync_every,
+                sparseloco_topk=sparseloco_topk,
+                inner_lr=inner_lr,
+                outer_lr=outer_lr,
+                outer_momentum=outer_momentum,
+                demo_lr=demo_lr,
+                demo_topk=demo_topk,
+                topk=topk,
+                chunk=chunk,
+                runs=tuple(r.strip() for r in runs.split(",") if r.strip()),
+                aggregation=aggregation,
+                seed=seed,
                 out_dir=str(out),
             )
         except ValueError as exc:
@@ -208,8 +258,9 @@ def build_app(*, serve_settings: bool = True):
         @app.command(help=_SERVE_HELP, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
         def serve() -> None:
             # Only reached without the server package (main builds the options whenever serve is asked for).
-            typer.echo(f"gradwire serve needs the aggregation server package ({server_missing}): {_server_hint()}",
-                       err=True)
+            typer.echo(
+                f"gradwire serve needs the aggregation server package ({server_missing}): {_server_hint()}", err=True
+            )
             raise typer.Exit(code=2)
 
         return app
@@ -229,7 +280,9 @@ def build_app(*, serve_settings: bool = True):
         except ValidationError as exc:
             errors = [(f"--{str(e['loc'][0]).replace('_', '-')}" if e["loc"] else None, e["msg"]) for e in exc.errors()]
             if len(errors) == 1:
-                raise typer.BadParameter(errors[0][1], param_hint=f"'{errors[0][0]}'" if errors[0][0] else None) from None
+                raise typer.BadParameter(
+                    errors[0][1], param_hint=f"'{errors[0][0]}'" if errors[0][0] else None
+                ) from None
             raise typer.BadParameter("; ".join(f"{opt}: {msg}" if opt else msg for opt, msg in errors)) from None
         from gradwire_server.dirlock import DataDirError, DataDirLocked, check_data_dir, lock_holder
 
@@ -243,8 +296,10 @@ def build_app(*, serve_settings: bool = True):
                 raise typer.Exit(code=2) from None
             pid = lock_holder(settings.data_dir)
             if pid is not None:
-                typer.echo(f"gradwire serve --check: {DataDirLocked(Path(settings.data_dir), pid if pid > 0 else None)}",
-                           err=True)
+                typer.echo(
+                    f"gradwire serve --check: {DataDirLocked(Path(settings.data_dir), pid if pid > 0 else None)}",
+                    err=True,
+                )
                 raise typer.Exit(code=1)
             return
         import gradwire_server

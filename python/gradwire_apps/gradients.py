@@ -11,7 +11,7 @@ values, low-rank matrices, layers of very different scales) rather than on Gauss
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -61,7 +61,7 @@ def collect_gradients(
     record_every: int = 4,
     seed: int = 0,
     lr: float = 3e-3,
-    device: Optional[torch.device | str] = None,
+    device: torch.device | str | None = None,
     progress: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     """Train ``model_name`` for ``steps`` AdamW steps and return the gradients of every
@@ -89,7 +89,11 @@ def collect_gradients(
         loss.backward()
         if (step + 1) % record_every == 0:
             recorded.append(
-                {n: p.grad.detach().to(torch.float32).clone() for n, p in model.named_parameters() if p.grad is not None}
+                {
+                    n: p.grad.detach().to(torch.float32).clone()
+                    for n, p in model.named_parameters()
+                    if p.grad is not None
+                }
             )
         opt.step()
         bar.set_postfix_str(f"train loss {loss.item():.3f}")  # this batch's

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Iterable, Iterator, Optional, TextIO
+from collections.abc import Iterable, Iterator
+from typing import TextIO
 
 __all__ = ["PlainProgress", "format_seconds", "progress"]
 
@@ -29,8 +30,16 @@ class PlainProgress:
     writing one line per tenth of ``total``: ``desc: n/total unit (p%), m:ss elapsed, about m:ss left,
     postfix``."""
 
-    def __init__(self, iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
-                 unit: str = "it", file: Optional[TextIO] = None, steps: int = 10):
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        *,
+        total: int | None = None,
+        desc: str = "",
+        unit: str = "it",
+        file: TextIO | None = None,
+        steps: int = 10,
+    ):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
@@ -40,7 +49,7 @@ class PlainProgress:
         self.postfix = ""
         self._shown = 0
         self._t0 = time.monotonic()
-        self._rate_origin: Optional[tuple[float, int]] = None  # (time, n) the rate is measured from
+        self._rate_origin: tuple[float, int] | None = None  # (time, n) the rate is measured from
 
     def unpause(self) -> None:
         """Measure the rate from now on (tqdm's name: it restarts tqdm's timer the same way)."""
@@ -61,8 +70,10 @@ class PlainProgress:
     def line(self) -> str:
         """What is printed now."""
         now = time.monotonic()
-        parts = [f"{self.n}/{self.total} {self.unit} ({100 * self.n // max(1, self.total or 1)}%)",
-                 f"{format_seconds(now - self._t0)} elapsed"]
+        parts = [
+            f"{self.n}/{self.total} {self.unit} ({100 * self.n // max(1, self.total or 1)}%)",
+            f"{format_seconds(now - self._t0)} elapsed",
+        ]
         if self.total and self.n < self.total and self._rate_origin and self.n > self._rate_origin[1]:
             t0, n0 = self._rate_origin
             parts.append(f"about {format_seconds((now - t0) / (self.n - n0) * (self.total - self.n))} left")
@@ -90,15 +101,23 @@ class PlainProgress:
     def __len__(self) -> int:
         return self.total or 0
 
-    def __enter__(self) -> "PlainProgress":
+    def __enter__(self) -> PlainProgress:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "", unit: str = "it",
-             enabled: bool = True, leave: bool = True, file: Optional[TextIO] = None):
+def progress(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    enabled: bool = True,
+    leave: bool = True,
+    file: TextIO | None = None,
+):
     """A tqdm bar when ``file`` (stderr) is a terminal, else a :class:`PlainProgress`; nothing shown when
     not ``enabled`` (a disabled tqdm: it still iterates and counts)."""
     from tqdm.auto import tqdm

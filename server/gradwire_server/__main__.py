@@ -18,8 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if any(a == "--admin-token" or a.startswith("--admin-token=") for a in args):
         # Any user of the machine reads another's command line (ps, /proc/<pid>/cmdline).
-        print("gradwire-server: warning: --admin-token shows in `ps` to every user of this machine; pass it in "
-              "GRADWIRE_ADMIN_TOKEN or a file (--admin-token-file) instead", file=sys.stderr, flush=True)
+        print(
+            "gradwire-server: warning: --admin-token shows in `ps` to every user of this machine; pass it in "
+            "GRADWIRE_ADMIN_TOKEN or a file (--admin-token-file) instead",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         serve(ServerSettings(_cli_parse_args=args))
     except DataDirError as exc:

@@ -13,8 +13,8 @@ anything: each function below is one call into the library.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -69,19 +69,26 @@ def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
     return aggregation.rule_weights(rule, [u.weight for u in updates], [u.norm for u in updates])
 
 
-def published_weights(updates: Sequence[Update], rule: str, trim_fraction: float,
-                      cap: float = math.inf, history: Optional[SenderHistory] = None) -> tuple[list[float], int]:
+def published_weights(
+    updates: Sequence[Update],
+    rule: str,
+    trim_fraction: float,
+    cap: float = math.inf,
+    history: SenderHistory | None = None,
+) -> tuple[list[float], int]:
     """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
     ``cap``: ``bounded_mean``'s cap on the clip level; ``history``: its senders' deviation histories, stepped
     past this round here, whose trust scales each weight: :mod:`gradwire.sender_history`)."""
     counted = counted_once(updates)
-    weights, trim = aggregation.weights_and_trim(rule, counted, [u.norm for u in updates], trim_fraction,
-                                                 cap, [u.frame.entries for u in updates])
+    weights, trim = aggregation.weights_and_trim(
+        rule, counted, [u.norm for u in updates], trim_fraction, cap, [u.frame.entries for u in updates]
+    )
     return _trusted(updates, counted, weights, history), trim
 
 
-def _trusted(updates: Sequence[Update], counted: Sequence[float], coeffs: list[float],
-             history: Optional[SenderHistory]) -> list[float]:
+def _trusted(
+    updates: Sequence[Update], counted: Sequence[float], coeffs: list[float], history: SenderHistory | None
+) -> list[float]:
     """``coeffs`` with each sender's trust from ``history`` (stepped past this round), or as they are."""
     if history is None:
         return coeffs
@@ -96,9 +103,9 @@ def aggregate(
     names: Sequence[str],
     rule: str = "mean",
     trim_fraction: float = 0.2,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
     cap: float = math.inf,
-    history: Optional[SenderHistory] = None,
+    history: SenderHistory | None = None,
 ) -> dict[str, torch.Tensor]:
     """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``
     (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them);
@@ -109,8 +116,8 @@ def aggregate(
         # Without histories (AdamW runs) the direction check is the spread test alone, which holds an
         # IPM pair at −4× the honest mean (1.019× the clean run at 2 of 8, against 1.109× with the lenient
         # test); with them, the histories catch what the lenient test lets through.
-        return aggregation.aggregate(records, names, rule, counted, [u.norm for u in updates], trim_fraction,
-                                     device, cap, opposed_medians=0.0)
-    coeffs = aggregation.rule_weights(rule, counted, [u.norm for u in updates], cap,
-                                      aggregation.pick(records, names))
+        return aggregation.aggregate(
+            records, names, rule, counted, [u.norm for u in updates], trim_fraction, device, cap, opposed_medians=0.0
+        )
+    coeffs = aggregation.rule_weights(rule, counted, [u.norm for u in updates], cap, aggregation.pick(records, names))
     return aggregation.weighted_aggregate(records, names, _trusted(updates, counted, coeffs, history), device)

@@ -14,12 +14,10 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Optional
 
 from fastapi import FastAPI
 
 from .auth import hash_token
-from .version import __version__
 from .http_errors import install_error_handlers
 from .metrics import Metrics
 from .rounds import RoundEngine
@@ -27,6 +25,7 @@ from .routes import health, nodes, runs, state, updates
 from .settings import ServerSettings
 from .store import Store
 from .token_gate import TokenGate
+from .version import __version__
 
 __all__ = ["ServerContext", "create_app"]
 
@@ -57,13 +56,15 @@ class ServerContext:
     def __init__(self, settings: ServerSettings):
         self.settings = settings
         self.ready = False
-        self.store: Optional[Store] = None
-        self.engine: Optional[RoundEngine] = None
+        self.store: Store | None = None
+        self.engine: RoundEngine | None = None
         self.metrics = Metrics(
-            live_nodes=self._live_nodes, run_ids=settings.metrics_run_ids,
+            live_nodes=self._live_nodes,
+            run_ids=settings.metrics_run_ids,
             store_writable=lambda: float(self.store is None or self.store.write_failure is None),
             stored_bytes=lambda: float(0 if self.store is None else self.store.stored_bytes()),
-            run_statuses=lambda: [] if self.engine is None else self.engine.statuses())
+            run_statuses=lambda: [] if self.engine is None else self.engine.statuses(),
+        )
         #: Only the admin token's hash is kept (auth compares hashes).
         self.admin_token_hash = hash_token(self._admin_token())
         self._probe_lock = asyncio.Lock()
@@ -112,7 +113,7 @@ class ServerContext:
         return float(self.store.live_nodes(self.settings.live_window_rounds))
 
 
-def create_app(settings: Optional[ServerSettings] = None) -> FastAPI:
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The gradwire aggregation server as an ASGI app (serve it with uvicorn)."""
     settings = settings or ServerSettings()
     ctx = ServerContext(settings)

@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Optional
 
 from fastapi import Request
 
@@ -35,8 +34,8 @@ class Principal:
     """Who is calling: the admin, or node ``node_id`` of run ``run_id``."""
 
     admin: bool
-    run_id: Optional[str] = None
-    node_id: Optional[int] = None
+    run_id: str | None = None
+    node_id: int | None = None
 
     def require_admin(self) -> None:
         if not self.admin:
@@ -61,15 +60,19 @@ def _bearer(request: Request) -> str:
     return bearer_token(request.headers.get("authorization"))
 
 
-def bearer_token(header: Optional[str]) -> str:
+def bearer_token(header: str | None) -> str:
     """The token of an ``Authorization: Bearer <token>`` header (401 ``missing_token`` when absent or malformed)."""
     if not header:
-        raise Rejected(Reason.MISSING_TOKEN, "send 'Authorization: Bearer <token>'",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise Rejected(
+            Reason.MISSING_TOKEN, "send 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"}
+        )
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise Rejected(Reason.MISSING_TOKEN, "the Authorization header must be 'Bearer <token>'",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise Rejected(
+            Reason.MISSING_TOKEN,
+            "the Authorization header must be 'Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return token.strip()
 
 

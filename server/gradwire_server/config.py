@@ -8,19 +8,34 @@ the registry: a new algorithm needs no change here.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
 from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES, NormHistory
-from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
-from gradwire.algorithms import DEFAULT_ALGORITHM, AdamWConfig, Algorithm, DeMoConfig, SparseLoCoConfig, algorithm_names, algorithms, \
-    get_algorithm
+from gradwire.algorithms import (
+    DEFAULT_ALGORITHM,
+    AdamWConfig,
+    Algorithm,
+    DeMoConfig,
+    SparseLoCoConfig,
+    algorithm_names,
+    algorithms,
+    get_algorithm,
+)
 from gradwire.frame import MIN_FRAME_BYTES
+from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
 
-__all__ = ["ALGORITHMS", "AggregationConfig", "CodecConfig", "DeMoConfig", "OptimizerConfig", "RunConfig",
-           "SparseLoCoConfig"]
+__all__ = [
+    "ALGORITHMS",
+    "AggregationConfig",
+    "CodecConfig",
+    "DeMoConfig",
+    "OptimizerConfig",
+    "RunConfig",
+    "SparseLoCoConfig",
+]
 
 #: How a run trains (docs/ALGORITHMS.md): every registered algorithm.
 ALGORITHMS = algorithm_names()
@@ -41,7 +56,8 @@ class CodecConfig(BaseModel):
     params: dict[str, Any] = Field(
         default_factory=lambda: dict(DEFAULT_DCT_PARAMS),
         description="The codec's keyword parameters. When absent: the default codec's (dct) "
-                    f"{DEFAULT_DCT_PARAMS}, any other codec's own defaults (no parameters).")
+        f"{DEFAULT_DCT_PARAMS}, any other codec's own defaults (no parameters).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -52,7 +68,7 @@ class CodecConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _buildable(self) -> "CodecConfig":
+    def _buildable(self) -> CodecConfig:
         try:
             self.build()
         except (TypeError, ValueError) as exc:
@@ -76,43 +92,60 @@ class AggregationConfig(BaseModel):
     rule: Literal[RULES] = Field(  # type: ignore[valid-type]
         DEFAULT_RULE,
         description="bounded_mean (the default): each update clipped to 1.5 × the round's lower median norm, capped "
-                    "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
-                    "node moves a round no more than 1.5 median updates do; an update pointing against the "
-                    "rest of its round (negative cosine) is dropped, at most a minority of the round. mean: no bound (the run's status "
-                    "says so). clipped_mean: clipped to the round's median norm. trimmed_mean, median: "
-                    "coordinate-wise.")
+        "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
+        "node moves a round no more than 1.5 median updates do; an update pointing against the "
+        "rest of its round (negative cosine) is dropped, at most a minority of the round. mean: no bound (the run's status "
+        "says so). clipped_mean: clipped to the round's median norm. trimmed_mean, median: "
+        "coordinate-wise.",
+    )
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
-    cap_factor: float = Field(3.0, ge=1.0, allow_inf_nan=False,
-                              description="bounded_mean: a round's clip level is at most this many times the "
-                                          "median clip level of the last cap_rounds rounds.")
-    cap_rounds: int = Field(8, ge=1, le=1024, description="bounded_mean: how many recent rounds' clip levels "
-                                                          "the cap looks at.")
+    cap_factor: float = Field(
+        3.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="bounded_mean: a round's clip level is at most this many times the "
+        "median clip level of the last cap_rounds rounds.",
+    )
+    cap_rounds: int = Field(
+        8, ge=1, le=1024, description="bounded_mean: how many recent rounds' clip levels the cap looks at."
+    )
 
-    history_beta: float = Field(HISTORY_BETA, ge=0.0, lt=1.0, allow_inf_nan=False,
-                                description="bounded_mean, DeMo and SparseLoCo runs: how much of each node's past deviations from its rounds "
-                                            "the server remembers (h = beta·h + deviation); a node whose history "
-                                            "grows past 1.5 × the round's lower median loses weight, and all of it at "
-                                            "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
-                                            "deviate the same way every round. 0 remembers only the round itself.")
-    trust_multiple: float = Field(TRUST_MULTIPLE, ge=1.0, allow_inf_nan=False,
-                                  description="bounded_mean: the multiple of the round's lower median history up to "
-                                              "which a node keeps its whole weight (none from twice it).")
+    history_beta: float = Field(
+        HISTORY_BETA,
+        ge=0.0,
+        lt=1.0,
+        allow_inf_nan=False,
+        description="bounded_mean, DeMo and SparseLoCo runs: how much of each node's past deviations from its rounds "
+        "the server remembers (h = beta·h + deviation); a node whose history "
+        "grows past 1.5 × the round's lower median loses weight, and all of it at "
+        "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
+        "deviate the same way every round. 0 remembers only the round itself.",
+    )
+    trust_multiple: float = Field(
+        TRUST_MULTIPLE,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="bounded_mean: the multiple of the round's lower median history up to "
+        "which a node keeps its whole weight (none from twice it).",
+    )
 
-    def sender_history(self) -> Optional[SenderHistory]:
+    def sender_history(self) -> SenderHistory | None:
         """A fresh :class:`~gradwire.sender_history.SenderHistory` for ``bounded_mean`` runs, else ``None``."""
         if self.rule != "bounded_mean":
             return None
         return SenderHistory(self.history_beta, multiple=self.trust_multiple)
 
-    def norm_history(self) -> Optional[NormHistory]:
+    def norm_history(self) -> NormHistory | None:
         """A fresh :class:`~gradwire.aggregation.NormHistory` for ``bounded_mean`` runs, else ``None``."""
         return NormHistory(self.cap_factor, self.cap_rounds) if self.rule == "bounded_mean" else None
 
     def warnings(self, quorum: int) -> list[str]:
         """What this rule leaves unbounded, for a run's status and the log at its creation."""
         if self.rule in UNBOUNDED_RULES:
-            return [f"aggregation rule {self.rule!r} does not bound one node's influence: a single node can move "
-                    "the weights arbitrarily far in one round (use 'bounded_mean', the default; docs/SERVER.md)"]
+            return [
+                f"aggregation rule {self.rule!r} does not bound one node's influence: a single node can move "
+                "the weights arbitrarily far in one round (use 'bounded_mean', the default; docs/SERVER.md)"
+            ]
         # The fewest updates a round needs before the rule drops or clips a rogue one.
         if self.rule == "trimmed_mean":
             least = math.ceil(1 / self.trim_fraction - 1e-9) if self.trim_fraction > 0 else math.inf
@@ -120,9 +153,11 @@ class AggregationConfig(BaseModel):
         else:
             least = 3 if self.rule in ("clipped_mean", "median") else 1
         if quorum < least:
-            return [f"aggregation rule {self.rule!r} bounds one node's influence only in rounds of {least} or more "
-                    f"updates, and quorum is {quorum}: smaller rounds are not bounded (use 'bounded_mean', the "
-                    "default; docs/SERVER.md)"]
+            return [
+                f"aggregation rule {self.rule!r} bounds one node's influence only in rounds of {least} or more "
+                f"updates, and quorum is {quorum}: smaller rounds are not bounded (use 'bounded_mean', the "
+                "default; docs/SERVER.md)"
+            ]
         return []
 
 
@@ -132,37 +167,45 @@ class _RunConfigBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     algorithm: Literal[ALGORITHMS] = Field(  # type: ignore[valid-type]
-        DEFAULT_ALGORITHM, description="; ".join(f"{a.name}: {a.summary}" for a in algorithms()) + " (docs/ALGORITHMS.md).")
+        DEFAULT_ALGORITHM,
+        description="; ".join(f"{a.name}: {a.summary}" for a in algorithms()) + " (docs/ALGORITHMS.md).",
+    )
     uplink: CodecConfig = Field(default_factory=CodecConfig)
     downlink: CodecConfig = Field(
         default_factory=CodecConfig,
         description="What the server's versions are compressed with: adamw's weight diff, or the re-encoded "
-                    "aggregate of publish='aggregate'. When absent, the algorithm's own default (demo, "
-                    "sparseloco: their nodes' top-k DCT codec), else a 64×64 DCT keeping 32 coefficients.")
+        "aggregate of publish='aggregate'. When absent, the algorithm's own default (demo, "
+        "sparseloco: their nodes' top-k DCT codec), else a 64×64 DCT keeping 32 coefficients.",
+    )
     publish: Literal["aggregate", "frames"] = Field(
         "aggregate",
         description="Algorithms whose versions publish a mean (demo, sparseloco). 'aggregate': the server "
-                    "computes the round's exact (robust) aggregate, re-encodes it with the downlink codec and its "
-                    "own error feedback, and publishes that one frame, so a node's downlink does not grow with "
-                    "the node count; 'frames': the round's node frames verbatim (n frames per version). adamw "
-                    "runs always publish their compressed weight diff.")
+        "computes the round's exact (robust) aggregate, re-encodes it with the downlink codec and its "
+        "own error feedback, and publishes that one frame, so a node's downlink does not grow with "
+        "the node count; 'frames': the round's node frames verbatim (n frames per version). adamw "
+        "runs always publish their compressed weight diff.",
+    )
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     quorum: int = Field(1, ge=1, description="Aggregate as soon as this many distinct nodes submitted.")
     min_updates: int = Field(1, ge=1, description="At the deadline, aggregate if at least this many updates.")
     round_deadline_s: float = Field(30.0, gt=0, description="Seconds from the moment a round opens.")
     max_frame_bytes: int = Field(64 << 20, ge=MIN_FRAME_BYTES)
-    max_update_norm: Optional[float] = Field(None, gt=0, description="Per-update L2 norm ceiling.")
+    max_update_norm: float | None = Field(None, gt=0, description="Per-update L2 norm ceiling.")
     require_run_binding: bool = Field(
-        False, description="Refuse update frames without a run-binding record (422 run_binding_missing). A frame "
-                           "that carries one is always checked: bound to another run or round, it is refused (422 "
-                           "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).")
+        False,
+        description="Refuse update frames without a run-binding record (422 run_binding_missing). A frame "
+        "that carries one is always checked: bound to another run or round, it is refused (422 "
+        "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).",
+    )
     late_policy: Literal["reject", "staleness"] = "reject"
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(
-        False, description="Algorithms whose versions publish a mean (demo, sparseloco): nodes send the whole "
-                           "model as one record (its tensors as float32, flattened in sorted name order, named "
-                           "after the spec's hash: docs/FORMAT.md section 9), so a frame's headers do not grow "
-                           "with the tensor count. The server refuses frames of any other form (tensor_mismatch).")
+        False,
+        description="Algorithms whose versions publish a mean (demo, sparseloco): nodes send the whole "
+        "model as one record (its tensors as float32, flattened in sorted name order, named "
+        "after the spec's hash: docs/FORMAT.md section 9), so a frame's headers do not grow "
+        "with the tensor count. The server refuses frames of any other form (tensor_mismatch).",
+    )
 
     @property
     def algorithm_spec(self) -> Algorithm:
@@ -206,11 +249,13 @@ class _RunConfigBase(BaseModel):
         return self.aggregation.warnings(self.quorum)
 
     @model_validator(mode="after")
-    def _check_model_record(self) -> "_RunConfigBase":
+    def _check_model_record(self) -> _RunConfigBase:
         if self.model_record and not self.algorithm_spec.takes_model_record:
             takers = [a.name for a in algorithms() if a.takes_model_record]
-            raise ValueError(f"model_record is for the {' and '.join(takers)} algorithms "
-                             f"({self.algorithm} runs send a record per tensor)")
+            raise ValueError(
+                f"model_record is for the {' and '.join(takers)} algorithms "
+                f"({self.algorithm} runs send a record per tensor)"
+            )
         return self
 
 
@@ -219,7 +264,9 @@ RunConfig = create_model(
     "RunConfig",
     __base__=_RunConfigBase,
     __module__=__name__,
-    **{a.config_field: (a.config_type, Field(default_factory=a.config_type, description=a.config_type.__doc__))
-       for a in algorithms()},
+    **{
+        a.config_field: (a.config_type, Field(default_factory=a.config_type, description=a.config_type.__doc__))
+        for a in algorithms()
+    },
 )
 RunConfig.__doc__ = _RunConfigBase.__doc__

@@ -39,8 +39,8 @@ import asyncio
 import enum
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -78,12 +78,17 @@ class ConnectionLimits:
     max_connections_per_address: int = 128  # 0: no per-address cap
 
     @classmethod
-    def from_settings(cls, settings) -> "ConnectionLimits":
-        return cls(settings.max_connections, settings.header_timeout_s, settings.body_timeout_s,
-                   settings.min_body_rate, settings.max_connections_per_address)
+    def from_settings(cls, settings) -> ConnectionLimits:
+        return cls(
+            settings.max_connections,
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            settings.min_body_rate,
+            settings.max_connections_per_address,
+        )
 
 
-def ensure_descriptors(max_connections: int) -> Optional[tuple[int, int]]:
+def ensure_descriptors(max_connections: int) -> tuple[int, int] | None:
     """Make sure the process may open ``max_connections`` sockets plus :data:`FD_RESERVE` descriptors.
 
     Raises the soft ``RLIMIT_NOFILE`` only when it is below that (never above the hard limit); returns
@@ -95,8 +100,10 @@ def ensure_descriptors(max_connections: int) -> Optional[tuple[int, int]]:
     if soft == resource.RLIM_INFINITY or soft >= need:
         return None
     if hard != resource.RLIM_INFINITY and hard < need:
-        raise ValueError(f"max_connections {max_connections} needs {need} file descriptors, but RLIMIT_NOFILE "
-                         f"allows {hard} (hard limit): lower --max-connections or raise the limit")
+        raise ValueError(
+            f"max_connections {max_connections} needs {need} file descriptors, but RLIMIT_NOFILE "
+            f"allows {hard} (hard limit): lower --max-connections or raise the limit"
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     return soft, need
 
@@ -114,20 +121,20 @@ class ConnectionGuard:
 
     def __init__(self, limits: ConnectionLimits):
         self.limits = limits
-        self.open: set["_GuardedProtocol"] = set()
+        self.open: set[_GuardedProtocol] = set()
         # Insertion-ordered, with the loop time each began to wait: the first has waited longest.
-        self._evictable: dict["_GuardedProtocol", float] = {}
+        self._evictable: dict[_GuardedProtocol, float] = {}
         # Connections receiving a request body, with the time of their last byte: the one silent longest
         # first (each byte moves its connection to the end).
-        self._bodies: dict["_GuardedProtocol", float] = {}
+        self._bodies: dict[_GuardedProtocol, float] = {}
         self._by_address: dict[str, int] = {}
         self.closed: dict[str, int] = {}
         self._unlogged: dict[str, int] = {}
-        self._flush: Optional[asyncio.TimerHandle] = None
+        self._flush: asyncio.TimerHandle | None = None
         #: Called with the cause of every close (the server's metrics).
         self.on_close: Callable[[str], None] = lambda cause: None
 
-    def admit(self, conn: "_GuardedProtocol") -> None:
+    def admit(self, conn: _GuardedProtocol) -> None:
         """A new connection: make room if a cap is reached (see the module's docstring)."""
         self.open.add(conn)
         self.evictable(conn)
@@ -148,7 +155,7 @@ class ConnectionGuard:
                 return
             victim.close("evicted" if victim in self._evictable else "evicted_body")
 
-    def _victim(self, new: "_GuardedProtocol", among=lambda c: True) -> Optional["_GuardedProtocol"]:
+    def _victim(self, new: _GuardedProtocol, among=lambda c: True) -> _GuardedProtocol | None:
         """The connection to close to make room for ``new``: of the one waiting longest for headers and the
         one silent longest in a body, whichever has been silent longer; ``None`` when neither exists
         (``new`` itself never is one)."""
@@ -159,22 +166,22 @@ class ConnectionGuard:
             return (waiting or body or (None,))[0]
         return waiting[0] if waiting[1] <= body[1] else body[0]
 
-    def evictable(self, conn: "_GuardedProtocol") -> None:
+    def evictable(self, conn: _GuardedProtocol) -> None:
         self._bodies.pop(conn, None)
         self._evictable.pop(conn, None)
         self._evictable[conn] = conn.loop.time()
 
-    def receiving(self, conn: "_GuardedProtocol") -> None:
+    def receiving(self, conn: _GuardedProtocol) -> None:
         """``conn`` is receiving a body and a byte just came (or the body began)."""
         self._evictable.pop(conn, None)
         self._bodies.pop(conn, None)
         self._bodies[conn] = conn.loop.time()
 
-    def busy(self, conn: "_GuardedProtocol") -> None:
+    def busy(self, conn: _GuardedProtocol) -> None:
         self._evictable.pop(conn, None)
         self._bodies.pop(conn, None)
 
-    def forget(self, conn: "_GuardedProtocol") -> None:
+    def forget(self, conn: _GuardedProtocol) -> None:
         if conn in self.open and conn.counted_address is not None:
             left = self._by_address.get(conn.counted_address, 1) - 1
             if left > 0:
@@ -195,8 +202,13 @@ class ConnectionGuard:
     def _log(self) -> None:
         self._flush = None
         counts, self._unlogged = self._unlogged, {}
-        log.warning("closed %d connection(s) in the last %.0f s: %s (%d open)", sum(counts.values()), _LOG_EVERY_S,
-                    ", ".join(f"{n} {CAUSES[cause]}" for cause, n in sorted(counts.items())), len(self.open))
+        log.warning(
+            "closed %d connection(s) in the last %.0f s: %s (%d open)",
+            sum(counts.values()),
+            _LOG_EVERY_S,
+            ", ".join(f"{n} {CAUSES[cause]}" for cause, n in sorted(counts.items())),
+            len(self.open),
+        )
 
 
 class _ClockedFlowControl(FlowControl):
@@ -248,12 +260,12 @@ class _GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._phase = _Phase.HEADERS
-        self._deadline: Optional[asyncio.TimerHandle] = None
-        self._stall: Optional[asyncio.TimerHandle] = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None
         self._body_started = 0.0
         self._body_bytes = 0
         self._answered_early = False  # this response said Connection: close (it began before the body was in)
-        self.counted_address: Optional[str] = None  # the client address the guard counts this connection under
+        self.counted_address: str | None = None  # the client address the guard counts this connection under
 
     # -- the phases ---------------------------------------------------------------------------------
 
@@ -261,7 +273,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.flow = _ClockedFlowControl(transport, self.loop.time)
         peer = transport.get_extra_info("peername")
-        self.address: Optional[str] = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+        self.address: str | None = peer[0] if isinstance(peer, (tuple, list)) and peer else None
         self._wait_for_headers()
         self.guard.admit(self)
 
@@ -348,7 +360,7 @@ class _GuardedProtocol(HttpToolsProtocol):
             return  # the rest of a body nobody reads: dropped, never parsed or kept
         super().data_received(data)
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._stall is not None:
             self._stall.cancel()

@@ -18,7 +18,6 @@ import fcntl
 import os
 import threading
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["DataDirError", "DataDirLocked", "DataDirLock", "LOCK_NAME", "check_data_dir", "lock_holder"]
 
@@ -33,12 +32,14 @@ class DataDirError(OSError):
 class DataDirLocked(DataDirError):
     """Another live process serves this data directory."""
 
-    def __init__(self, data_dir: Path, pid: Optional[int]):
+    def __init__(self, data_dir: Path, pid: int | None):
         self.data_dir = data_dir
         self.pid = pid
         holder = f"process {pid}" if pid is not None else "another process"
-        super().__init__(f"data directory {str(data_dir)!r} is in use by {holder} (one server per data "
-                         f"directory: stop it, or give this server another --data-dir)")
+        super().__init__(
+            f"data directory {str(data_dir)!r} is in use by {holder} (one server per data "
+            f"directory: stop it, or give this server another --data-dir)"
+        )
 
 
 _held: dict[Path, tuple[int, int]] = {}  # resolved data dir -> (fd, count)
@@ -65,7 +66,7 @@ def check_data_dir(data_dir: os.PathLike | str) -> Path:
     return path
 
 
-def _read_pid(fd: int) -> Optional[int]:
+def _read_pid(fd: int) -> int | None:
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         return int(text) if text else None
@@ -73,7 +74,7 @@ def _read_pid(fd: int) -> Optional[int]:
         return None
 
 
-def lock_holder(data_dir: os.PathLike | str) -> Optional[int]:
+def lock_holder(data_dir: os.PathLike | str) -> int | None:
     """The pid of the live process holding ``data_dir``'s lock (``-1`` when it holds it but wrote no pid),
     or ``None`` when the directory is free. Takes nothing: the probe's own lock is released at once.
     This process's own lock counts as free (it is this process)."""
@@ -103,9 +104,9 @@ class DataDirLock:
 
     def __init__(self, data_dir: os.PathLike | str):
         self.data_dir = Path(data_dir)
-        self._key: Optional[Path] = None
+        self._key: Path | None = None
 
-    def acquire(self) -> "DataDirLock":
+    def acquire(self) -> DataDirLock:
         check_data_dir(self.data_dir)
         key = _key(self.data_dir)
         with _held_lock:
@@ -117,8 +118,9 @@ class DataDirLock:
             try:
                 fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                raise DataDirError(f"data directory {str(self.data_dir)!r}: cannot open its lock file: "
-                                   f"{exc.strerror}") from None
+                raise DataDirError(
+                    f"data directory {str(self.data_dir)!r}: cannot open its lock file: {exc.strerror}"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -149,7 +151,7 @@ class DataDirLock:
                     os.close(fd)
         self._key = None
 
-    def __enter__(self) -> "DataDirLock":
+    def __enter__(self) -> DataDirLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

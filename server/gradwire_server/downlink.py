@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -48,8 +49,11 @@ class CatchUpSlots:
     def take(self) -> Callable[[], None]:
         """A slot, or 429 ``busy``; returns the function that gives it back (once)."""
         if self.in_use >= self.limit:
-            raise Rejected(Reason.BUSY, f"{self.limit} catch-ups are being sent; retry in {RETRY_AFTER_S} s",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise Rejected(
+                Reason.BUSY,
+                f"{self.limit} catch-ups are being sent; retry in {RETRY_AFTER_S} s",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         self.in_use += 1
         given = False
 
@@ -72,7 +76,7 @@ class Page:
     weights_hash: str
     files: list[BinaryIO] = field(default_factory=list)
     nbytes: int = 0
-    release: Optional[Callable[[], None]] = None
+    release: Callable[[], None] | None = None
 
     def close(self) -> None:
         for f in self.files:
@@ -113,12 +117,15 @@ class PageResponse(Response):
 
     def __init__(self, page: Page):
         self.page = page
-        super().__init__(media_type=OCTET_STREAM, headers={
-            VERSION_HEADER: str(page.last if page.files else page.latest),
-            HASH_HEADER: page.weights_hash,
-            LATEST_VERSION_HEADER: str(page.latest),
-            "Content-Length": str(page.nbytes),
-        })
+        super().__init__(
+            media_type=OCTET_STREAM,
+            headers={
+                VERSION_HEADER: str(page.last if page.files else page.latest),
+                HASH_HEADER: page.weights_hash,
+                LATEST_VERSION_HEADER: str(page.latest),
+                "Content-Length": str(page.nbytes),
+            },
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()

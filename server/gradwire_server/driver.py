@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
 
 from .aggregate import Update
 from .errors import StorageFailed
@@ -67,15 +67,20 @@ class Closed:
         """Seconds of each part of the close (``gradwire_close_part_seconds``): the step's
         :class:`~.transition.Timings`, then the durable publish."""
         t = self.timings
-        return {"aggregate": t.aggregate, "adamw": t.adamw, "encode": t.encode, "apply": t.apply, "hash": t.hash,
-                "publish": self.publish_s}
+        return {
+            "aggregate": t.aggregate,
+            "adamw": t.adamw,
+            "encode": t.encode,
+            "apply": t.apply,
+            "hash": t.hash,
+            "publish": self.publish_s,
+        }
 
 
 class RoundDriver:
     """Every run's driver task, and the round closes, checkpoints and pruning it runs."""
 
-    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings,
-                 reload: Callable[[RunRuntime], None]):
+    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings, reload: Callable[[RunRuntime], None]):
         self.store = store
         self.metrics = metrics
         self.settings = settings
@@ -128,8 +133,12 @@ class RoundDriver:
                     await self._close_failed(rt, exc)
                 else:
                     if rt.close_failures:
-                        log.warning("run %s: round %d closed after %d failed attempt(s)", rt.run_id, rt.version - 1,
-                                    rt.close_failures)
+                        log.warning(
+                            "run %s: round %d closed after %d failed attempt(s)",
+                            rt.run_id,
+                            rt.version - 1,
+                            rt.close_failures,
+                        )
                     rt.reset_retries()
                 continue
             waits = [t - now for t in (rt.deadline(), rt.retry_at) if t is not None and t > now]
@@ -154,24 +163,41 @@ class RoundDriver:
         if not storage and limit and rt.close_same >= limit:
             rt.status = "failed"
             rt.status_detail = f"closing round {rt.version} failed {rt.close_same} times in a row: {cause}"
-            log.error("run %s marked failed: %s. Updates are refused (409 run_failed) until the admin resumes it "
-                      "(POST /v1/runs/%s/resume) or deletes it", rt.run_id, rt.status_detail, rt.run_id)
+            log.error(
+                "run %s marked failed: %s. Updates are refused (409 run_failed) until the admin resumes it "
+                "(POST /v1/runs/%s/resume) or deletes it",
+                rt.run_id,
+                rt.status_detail,
+                rt.run_id,
+            )
             try:
                 await asyncio.to_thread(self.store.set_run_status, rt.run_id, rt.status, rt.status_detail)
             except Exception as persist:  # the store logs a storage failure itself
                 log.warning("run %s: its failed status is kept in memory only (%s)", rt.run_id, persist)
             return
         if same:
-            log.debug("run %s: closing round %d failed again (%d in a row): %s", rt.run_id, rt.version,
-                      rt.close_failures, cause)
+            log.debug(
+                "run %s: closing round %d failed again (%d in a row): %s",
+                rt.run_id,
+                rt.version,
+                rt.close_failures,
+                cause,
+            )
             return
-        retry = (f"retrying in {delay:g} s, then with backoff up to {s.close_retry_max_s:g} s"
-                 + ("" if storage else f"; the run is marked failed after {limit} such failures in a row" if limit else ""))
+        retry = f"retrying in {delay:g} s, then with backoff up to {s.close_retry_max_s:g} s" + (
+            "" if storage else f"; the run is marked failed after {limit} such failures in a row" if limit else ""
+        )
         # A traceback for a failure that is news and not the storage's (whose cause says it all).
-        log.error("run %s: closing round %d failed: %s; %s", rt.run_id, rt.version, cause, retry,
-                  exc_info=None if storage else exc)
+        log.error(
+            "run %s: closing round %d failed: %s; %s",
+            rt.run_id,
+            rt.version,
+            cause,
+            retry,
+            exc_info=None if storage else exc,
+        )
 
-    async def close_round(self, rt: RunRuntime) -> Optional[Closed]:
+    async def close_round(self, rt: RunRuntime) -> Closed | None:
         """Aggregate the open round, step, publish the next version (``None`` if nothing is pending); then
         write a checkpoint if one is due."""
         async with rt.lock:
@@ -203,9 +229,16 @@ class RoundDriver:
         if opened_before is not None:
             m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
         m.set_version(rt.run_id, rt.version)
-        log.info("run %s: published version %d from %d update(s), %d-byte frame, hash %s; closed in %.3f s (%s)",
-                 rt.run_id, rt.version, len(updates), len(closed.frame), rt.weights_hash, time.perf_counter() - t0,
-                 ", ".join(f"{part} {seconds:.3f}" for part, seconds in closed.parts().items()))
+        log.info(
+            "run %s: published version %d from %d update(s), %d-byte frame, hash %s; closed in %.3f s (%s)",
+            rt.run_id,
+            rt.version,
+            len(updates),
+            len(closed.frame),
+            rt.weights_hash,
+            time.perf_counter() - t0,
+            ", ".join(f"{part} {seconds:.3f}" for part, seconds in closed.parts().items()),
+        )
         if rt.version - rt.checkpoint >= self.settings.checkpoint_every:
             await self.checkpoint(rt)
         return closed

@@ -7,8 +7,6 @@ is answered with lives in one place, :mod:`.http_errors`.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from gradwire.protocol import Reason
 
 __all__ = ["Reason", "Rejected", "STORAGE_RETRY_AFTER_S", "StorageFailed"]
@@ -17,7 +15,7 @@ __all__ = ["Reason", "Rejected", "STORAGE_RETRY_AFTER_S", "StorageFailed"]
 class Rejected(Exception):
     """A refused request: a protocol ``reason``, a human ``detail``, and response headers if any."""
 
-    def __init__(self, reason: Reason, detail: str, headers: Optional[dict[str, str]] = None):
+    def __init__(self, reason: Reason, detail: str, headers: dict[str, str] | None = None):
         super().__init__(f"{reason.value}: {detail}")
         self.reason = Reason(reason)
         self.detail = detail
@@ -36,8 +34,11 @@ class StorageFailed(Rejected):
     def __init__(self, full: bool, what: str, cause: str):
         reason = Reason.INSUFFICIENT_STORAGE if full else Reason.STORAGE_UNAVAILABLE
         state = "full" if full else "failing"
-        super().__init__(reason, f"{what}: the server's storage is {state} ({cause}); nothing was recorded, "
-                                 f"retry later", headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)})
+        super().__init__(
+            reason,
+            f"{what}: the server's storage is {state} ({cause}); nothing was recorded, retry later",
+            headers={"Retry-After": str(STORAGE_RETRY_AFTER_S)},
+        )
         self.full = full
         self.what = what
         self.cause = cause

@@ -7,7 +7,7 @@ and counted by reason in the rejection metrics. All are 4xx but the two storage 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -71,8 +71,9 @@ def _is_update_submission(request: Request) -> bool:
 def install_error_handlers(app: FastAPI, reject: Callable[[str, bool], None]) -> None:
     """Answer every refusal as JSON with its status; ``reject(reason, is_update)`` counts it."""
 
-    def answer(request: Request, status: int, reason: str, detail: str,
-               headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    def answer(
+        request: Request, status: int, reason: str, detail: str, headers: dict[str, str] | None = None
+    ) -> JSONResponse:
         reject(reason, _is_update_submission(request))
         return JSONResponse({"error": reason, "detail": detail}, status_code=status, headers=headers)
 
@@ -139,8 +140,11 @@ _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 def _allowed_methods(request: Request) -> list[str]:
     """The methods that some route of the app fully matches at the request's path."""
-    allowed = [m for m in _METHODS
-               if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in request.app.router.routes)]
+    allowed = [
+        m
+        for m in _METHODS
+        if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in request.app.router.routes)
+    ]
     return allowed + (["HEAD"] if "GET" in allowed else [])
 
 

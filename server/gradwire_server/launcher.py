@@ -25,8 +25,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 __all__ = ["LoopbackServer", "ServerStartError", "free_port"]
 
@@ -61,18 +61,18 @@ class LoopbackServer:
 
     def __init__(
         self,
-        data_dir: Optional[os.PathLike | str] = None,
+        data_dir: os.PathLike | str | None = None,
         *,
-        admin_token: Optional[str] = None,
-        port: Optional[int] = None,
-        env: Optional[Mapping[str, str]] = None,
+        admin_token: str | None = None,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
-        log_path: Optional[os.PathLike | str] = None,
+        log_path: os.PathLike | str | None = None,
         python: str = sys.executable,
     ):
-        self._tmp: Optional[tempfile.TemporaryDirectory] = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="gradwire-server-")
             data_dir = self._tmp.name
@@ -86,7 +86,7 @@ class LoopbackServer:
         self.stop_timeout_s = stop_timeout_s
         self.log_path = Path(log_path) if log_path is not None else self.data_dir / "server.log"
         self.python = python
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self._ever_ready = False
 
     @property
@@ -95,7 +95,7 @@ class LoopbackServer:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self) -> "LoopbackServer":
+    def start(self) -> LoopbackServer:
         """Start the process (if not running) and wait until ``/readyz`` is 200; returns ``self``.
 
         Raises :class:`ServerStartError` (with the end of the server's log) if it exits or is not ready
@@ -125,8 +125,18 @@ class LoopbackServer:
         raise AssertionError("unreachable")
 
     def _command(self) -> list[str]:
-        return [self.python, "-m", "gradwire_server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--data-dir", str(self.data_dir), *self.extra_args]
+        return [
+            self.python,
+            "-m",
+            "gradwire_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra_args,
+        ]
 
     def _spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +148,11 @@ class LoopbackServer:
             env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self._command(), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self._command(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 cwd=str(self.data_dir),
             )
 
@@ -175,7 +189,7 @@ class LoopbackServer:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=30)
 
-    def stop(self, timeout: Optional[float] = None) -> int:
+    def stop(self, timeout: float | None = None) -> int:
         """SIGTERM and wait for a graceful exit (SIGKILL after ``timeout``, default ``stop_timeout_s``).
 
         Returns the exit code (0 when it never ran).
@@ -191,7 +205,7 @@ class LoopbackServer:
                 self.process.wait(timeout=30)
         return self.process.returncode
 
-    def restart(self) -> "LoopbackServer":
+    def restart(self) -> LoopbackServer:
         """Stop (gracefully, if still running) and start again on the same port and data directory."""
         self.stop()
         return self.start()
@@ -205,7 +219,7 @@ class LoopbackServer:
                 self._tmp.cleanup()
                 self._tmp = None
 
-    def __enter__(self) -> "LoopbackServer":
+    def __enter__(self) -> LoopbackServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

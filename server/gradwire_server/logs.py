@@ -33,7 +33,9 @@ def logging_config(log_json: bool, level: str) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+        },
         "loggers": {
             "gradwire_server": {"handlers": ["stderr"], "level": lvl, "propagate": False},
             "uvicorn": {"handlers": ["stderr"], "level": lvl, "propagate": False},

@@ -27,7 +27,6 @@ import ctypes
 import ctypes.util
 import os
 import platform
-from typing import Optional
 
 __all__ = ["keep_freed_memory", "reserve", "retained_bytes"]
 
@@ -47,7 +46,7 @@ RESERVE_MAX = 1 << 30
 _state = {"libc": None, "kept": False, "retained": 0}
 
 
-def _glibc() -> Optional[ctypes.CDLL]:
+def _glibc() -> ctypes.CDLL | None:
     if _state["libc"] is None:
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or "LD_PRELOAD" in os.environ:
             _state["libc"] = False
@@ -69,8 +68,11 @@ def keep_freed_memory() -> bool:
     if libc is None or os.environ.get("GRADWIRE_KEEP_FREED_MEMORY", "1").strip() == "0":
         return False
     if not _state["kept"]:
-        ok = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
-              and libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_MAX) == 1)
+        ok = (
+            libc.mallopt(_M_ARENA_MAX, 1) == 1
+            and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+        )
         if not ok:
             return False
         _state["kept"] = True
@@ -84,7 +86,7 @@ def retained_bytes() -> int:
     return _state["retained"] if _state["kept"] else 0
 
 
-def _available_bytes() -> Optional[int]:
+def _available_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -14,8 +14,8 @@ code, so it reproduces the moments bit for bit on the same device and thread cou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping
 
 import torch
 from torch.optim.adamw import adamw as _torch_adamw
@@ -55,13 +55,17 @@ class AdamWState:
     step: int = 0
 
     @classmethod
-    def zeros_like(cls, params: Mapping[str, torch.Tensor]) -> "AdamWState":
-        return cls({n: torch.zeros_like(p) for n, p in params.items()},
-                   {n: torch.zeros_like(p) for n, p in params.items()}, 0)
+    def zeros_like(cls, params: Mapping[str, torch.Tensor]) -> AdamWState:
+        return cls(
+            {n: torch.zeros_like(p) for n, p in params.items()}, {n: torch.zeros_like(p) for n, p in params.items()}, 0
+        )
 
-    def clone(self) -> "AdamWState":
-        return AdamWState({n: t.clone() for n, t in self.exp_avg.items()},
-                          {n: t.clone() for n, t in self.exp_avg_sq.items()}, self.step)
+    def clone(self) -> AdamWState:
+        return AdamWState(
+            {n: t.clone() for n, t in self.exp_avg.items()},
+            {n: t.clone() for n, t in self.exp_avg_sq.items()},
+            self.step,
+        )
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """Flat ``{"exp_avg.<name>": …, "exp_avg_sq.<name>": …}`` for a safetensors file."""
@@ -70,7 +74,7 @@ class AdamWState:
         return out
 
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], step: int, device=None) -> "AdamWState":
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], step: int, device=None) -> AdamWState:
         m, v = {}, {}
         for key, t in tensors.items():
             kind, _, name = key.partition(".")
@@ -98,10 +102,22 @@ def adamw_step_(
     # torch counts steps in one tensor per parameter and increments them itself.
     steps = [torch.tensor(float(state.step), device=device if device.type in _FUSED else "cpu") for _ in names]
     _torch_adamw(
-        targets, gs, [state.exp_avg[n] for n in names], [state.exp_avg_sq[n] for n in names], [], steps,
-        fused=device.type in _FUSED, foreach=None if device.type in _FUSED else True,
-        amsgrad=False, beta1=beta1, beta2=beta2, lr=lr_at(cfg, step), weight_decay=cfg.weight_decay,
-        eps=cfg.eps, maximize=False)
+        targets,
+        gs,
+        [state.exp_avg[n] for n in names],
+        [state.exp_avg_sq[n] for n in names],
+        [],
+        steps,
+        fused=device.type in _FUSED,
+        foreach=None if device.type in _FUSED else True,
+        amsgrad=False,
+        beta1=beta1,
+        beta2=beta2,
+        lr=lr_at(cfg, step),
+        weight_decay=cfg.weight_decay,
+        eps=cfg.eps,
+        maximize=False,
+    )
     state.step = step
 
 

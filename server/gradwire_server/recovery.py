@@ -51,9 +51,15 @@ class Recovery:
         """The runtime of ``run_id`` as the store committed it, with the open round's acknowledged updates."""
         rec = self.store.get_run(run_id)
         assert rec is not None
-        rt = RunRuntime(run_id=run_id, config=RunConfig.model_validate(rec.config), version=rec.version,
-                        weights_hash=rec.weights_hash, opened_at=rec.round_opened_at, status=rec.status,
-                        status_detail=rec.status_detail)
+        rt = RunRuntime(
+            run_id=run_id,
+            config=RunConfig.model_validate(rec.config),
+            version=rec.version,
+            weights_hash=rec.weights_hash,
+            opened_at=rec.round_opened_at,
+            status=rec.status,
+            status_detail=rec.status_detail,
+        )
         if not rec.has_state:
             return rt
         rt.state = self._load_state(rec, rt.config)
@@ -100,15 +106,26 @@ class Recovery:
             if not state.replay(logged, published):
                 diverged.append(v + 1)
         if state.weights_hash() != rec.weights_hash:
-            raise RuntimeError(f"run {run_id}: replaying versions {c + 1}..{rec.version} from checkpoint {c} "
-                               "does not give the committed weights hash")
+            raise RuntimeError(
+                f"run {run_id}: replaying versions {c + 1}..{rec.version} from checkpoint {c} "
+                "does not give the committed weights hash"
+            )
         if diverged:
-            log.warning("run %s: replaying versions %s made frames other than the published ones (another thread "
-                        "count or BLAS?): the weights are exact (the published frames applied), AdamW's moments "
-                        "and the downlink error buffer may differ in their last bits from the original run",
-                        run_id, diverged)
-        log.info("run %s: replayed versions %d..%d from checkpoint %d in %.2f s", run_id, c + 1, rec.version, c,
-                 time.perf_counter() - t0)
+            log.warning(
+                "run %s: replaying versions %s made frames other than the published ones (another thread "
+                "count or BLAS?): the weights are exact (the published frames applied), AdamW's moments "
+                "and the downlink error buffer may differ in their last bits from the original run",
+                run_id,
+                diverged,
+            )
+        log.info(
+            "run %s: replayed versions %d..%d from checkpoint %d in %.2f s",
+            run_id,
+            c + 1,
+            rec.version,
+            c,
+            time.perf_counter() - t0,
+        )
         return state
 
     def reload(self, rt: RunRuntime) -> None:

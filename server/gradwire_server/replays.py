@@ -24,8 +24,8 @@ restart is bounded by the run's rule alone, as any crafted update is.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from gradwire.frame import Entry
 
@@ -56,7 +56,7 @@ def records_digest(entries: Sequence[Entry]) -> bytes:
     return h.digest()
 
 
-def update_digest(entries: Sequence[Entry], norm: float) -> Optional[bytes]:
+def update_digest(entries: Sequence[Entry], norm: float) -> bytes | None:
     """What an update is remembered and compared by: :func:`records_digest` of its records, or ``None``
     for an all-zero update (``norm`` 0), which is never a replay or a copy of anything."""
     return records_digest(entries) if norm > 0.0 else None
@@ -69,17 +69,19 @@ class RecentRecords:
     window: int = REPLAY_WINDOW
     seen: dict[bytes, tuple[int, int]] = field(default_factory=dict)
 
-    def check(self, digest: Optional[bytes], node_id: int, round: int) -> None:
+    def check(self, digest: bytes | None, node_id: int, round: int) -> None:
         """:class:`Rejected` (``replayed_update``) if these records were taken for another round."""
         if digest is None:
             return
         first = self.seen.get(digest)
         if first is not None and first[1] != round:
-            raise Rejected(Reason.REPLAYED_UPDATE,
-                           f"node {node_id}'s update for round {round} repeats the records node {first[0]} sent "
-                           f"for round {first[1]}: an update is taken once")
+            raise Rejected(
+                Reason.REPLAYED_UPDATE,
+                f"node {node_id}'s update for round {round} repeats the records node {first[0]} sent "
+                f"for round {first[1]}: an update is taken once",
+            )
 
-    def add(self, digest: Optional[bytes], node_id: int, round: int) -> None:
+    def add(self, digest: bytes | None, node_id: int, round: int) -> None:
         if digest is not None:
             self.seen.setdefault(digest, (node_id, round))
 

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -80,8 +79,13 @@ class RoundEngine:
             rt = await self._recover(rec)
             self.runs[rt.run_id] = rt
             self._driver.start(rt)
-            log.info("recovered run %s at version %d with %d acknowledged update(s) in round %d",
-                     rt.run_id, rt.version, len(rt.pending), rt.version)
+            log.info(
+                "recovered run %s at version %d with %d acknowledged update(s) in round %d",
+                rt.run_id,
+                rt.version,
+                len(rt.pending),
+                rt.version,
+            )
             if rt.status != "active":
                 log.warning("run %s is %s%s", rt.run_id, rt.status, f": {rt.status_detail}" if rt.status_detail else "")
 
@@ -93,14 +97,25 @@ class RoundEngine:
             return await asyncio.to_thread(self._recovery.recover, rec.run_id)
         except Exception as exc:
             detail = f"recovering it failed: {type(exc).__name__}: {exc}"
-            log.error("run %s: %s; it is marked failed (resume it once the cause is fixed, or delete it)",
-                      rec.run_id, detail, exc_info=exc)
+            log.error(
+                "run %s: %s; it is marked failed (resume it once the cause is fixed, or delete it)",
+                rec.run_id,
+                detail,
+                exc_info=exc,
+            )
             try:
                 config = RunConfig.model_validate(rec.config)
             except ValueError:
                 config = RunConfig()  # a config this server cannot read: the status still answers
-            return RunRuntime(run_id=rec.run_id, config=config, version=rec.version, weights_hash=rec.weights_hash,
-                              opened_at=rec.round_opened_at, status="failed", status_detail=detail)
+            return RunRuntime(
+                run_id=rec.run_id,
+                config=config,
+                version=rec.version,
+                weights_hash=rec.weights_hash,
+                opened_at=rec.round_opened_at,
+                status="failed",
+                status_detail=detail,
+            )
 
     async def stop(self) -> None:
         """Stop the drivers after any round close in flight has finished (its commit is never cut)."""
@@ -137,7 +152,7 @@ class RoundEngine:
         if rt.version > 0 or rt.pending or await asyncio.to_thread(self.store.any_submission, run_id):
             raise Rejected(Reason.ALREADY_STARTED, "updates were already accepted; the initial state is fixed")
 
-    async def set_state(self, run_id: str, source: "bytes | Path") -> dict:
+    async def set_state(self, run_id: str, source: bytes | Path) -> dict:
         """Install the initial model (version 0) from safetensors bytes or a safetensors file."""
         rt = self.runtime(run_id)
         async with rt.lock:
@@ -151,8 +166,12 @@ class RoundEngine:
             rt.weights_hash, rt.opened_at, rt.checkpoint, rt.dropped_to = h, opened, 0, 0
             self.metrics.set_version(run_id, 0)
         rt.wake.set()
-        log.info("run %s: initial state of %d tensors, %d parameters", run_id, len(master),
-                 sum(t.numel() for t in master.values()))
+        log.info(
+            "run %s: initial state of %d tensors, %d parameters",
+            run_id,
+            len(master),
+            sum(t.numel() for t in master.values()),
+        )
         return {"version": 0, "weights_hash": h}
 
     def status(self, run_id: str) -> dict:
@@ -218,11 +237,14 @@ class RoundEngine:
             return Page(since + 1, since, version, h)
         oldest = self.store.oldest_diff(run_id, version, rt.config.keep_versions)
         if since + 1 < oldest:
-            raise Rejected(Reason.TOO_FAR_BEHIND, f"diffs before version {oldest} are no longer kept; fetch the full state")
+            raise Rejected(
+                Reason.TOO_FAR_BEHIND, f"diffs before version {oldest} are no longer kept; fetch the full state"
+            )
         release = self._catch_ups.take() if since + 1 < version else None
         try:
-            files, nbytes = await asyncio.to_thread(open_page, self.store, run_id, since + 1, version,
-                                                    self.settings.max_catch_up_bytes)
+            files, nbytes = await asyncio.to_thread(
+                open_page, self.store, run_id, since + 1, version, self.settings.max_catch_up_bytes
+            )
         except FileNotFoundError:
             if release is not None:
                 release()
@@ -246,18 +268,25 @@ class RoundEngine:
         """409 ``run_paused`` / ``run_failed`` unless the run takes updates (a check cheap enough to make
         before a body is read)."""
         if rt.status == "paused":
-            raise Rejected(Reason.RUN_PAUSED, f"run {rt.run_id} is paused by the admin; updates are refused until "
-                                              "it is resumed")
+            raise Rejected(
+                Reason.RUN_PAUSED, f"run {rt.run_id} is paused by the admin; updates are refused until it is resumed"
+            )
         if rt.status == "failed":
-            raise Rejected(Reason.RUN_FAILED, f"run {rt.run_id} failed ({rt.status_detail}); updates are refused "
-                                              "until the admin resumes it")
+            raise Rejected(
+                Reason.RUN_FAILED,
+                f"run {rt.run_id} failed ({rt.status_detail}); updates are refused until the admin resumes it",
+            )
 
     async def set_status(self, run_id: str, status: str) -> dict:
         """Pause (``paused``: no round closes, updates refused, reads go on) or resume (``active``: a failed
         run's round close is tried again at once) a run; persisted, so a restart keeps it."""
         assert status in ("active", "paused")
         rt = self.runtime(run_id)
-        if rt.state is None and status == "active" and (rec := await asyncio.to_thread(self.store.get_run, run_id)).has_state:
+        if (
+            rt.state is None
+            and status == "active"
+            and (rec := await asyncio.to_thread(self.store.get_run, run_id)).has_state
+        ):
             # Its recovery failed at startup: try it again (its driver waits on the old runtime).
             fresh = await self._recover(rec)
             if fresh.state is None:
@@ -273,8 +302,13 @@ class RoundEngine:
             rt.reset_retries()
         rt.wake.set()
         if before != status:
-            log.warning("run %s: %s by the admin (was %s%s)", run_id, "resumed" if status == "active" else "paused",
-                        before, f": {detail}" if detail else "")
+            log.warning(
+                "run %s: %s by the admin (was %s%s)",
+                run_id,
+                "resumed" if status == "active" else "paused",
+                before,
+                f": {detail}" if detail else "",
+            )
         return self.status(run_id)
 
     async def delete_run(self, run_id: str) -> None:
@@ -304,13 +338,13 @@ class RoundEngine:
     def statuses(self) -> list[str]:
         return [rt.status for rt in self.runs.values()]
 
-    def failed_runs(self) -> dict[str, Optional[str]]:
+    def failed_runs(self) -> dict[str, str | None]:
         """Each failed run's id and cause."""
         return {rt.run_id: rt.status_detail for rt in self.runs.values() if rt.status == "failed"}
 
     # -- submissions and closing rounds (see .submissions and .driver) ----------------------------
 
-    def upload(self, run_id: str, node_id: int, round: int, declared: Optional[int]):
+    def upload(self, run_id: str, node_id: int, round: int, declared: int | None):
         """The checks of an update that need no body, and the node's one upload slot while its body is read
         and recorded (:meth:`.submissions.Submissions.upload`): ``async with engine.upload(…): …``."""
         rt = self.runtime(run_id)
@@ -325,7 +359,7 @@ class RoundEngine:
         self._require_state(rt)
         return await self._submissions.submit(rt, node_id, round, body)
 
-    async def close_round(self, rt: RunRuntime) -> Optional[Closed]:
+    async def close_round(self, rt: RunRuntime) -> Closed | None:
         """Aggregate the open round, step, publish the next version (``None`` if nothing is pending); then
         write a checkpoint if one is due (:meth:`.driver.RoundDriver.close_round`)."""
         return await self._driver.close_round(rt)
@@ -350,10 +384,12 @@ async def _first_of(events: tuple[asyncio.Event, ...], timeout: float) -> None:
             w.cancel()
 
 
-def _parse_state(source: "bytes | Path") -> dict[str, torch.Tensor]:
+def _parse_state(source: bytes | Path) -> dict[str, torch.Tensor]:
     """Safetensors bytes or file → fp32 master weights, checked (never unpickled)."""
     try:
-        state = state_from_bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else state_from_file(source)
+        state = (
+            state_from_bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else state_from_file(source)
+        )
     except ValueError as exc:
         raise Rejected(Reason.BAD_STATE, str(exc)) from None
     if not state:

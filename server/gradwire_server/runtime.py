@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -30,9 +29,9 @@ class RunRuntime:
     run_id: str
     config: RunConfig
     version: int = 0
-    weights_hash: Optional[str] = None
-    opened_at: Optional[float] = None
-    state: Optional[RunState] = None
+    weights_hash: str | None = None
+    opened_at: float | None = None
+    state: RunState | None = None
     #: The last checkpoint recorded in the store, and the target round below which submission frames
     #: were deleted.
     checkpoint: int = 0
@@ -44,8 +43,8 @@ class RunRuntime:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     published: asyncio.Event = field(default_factory=asyncio.Event)
     #: Updates validated and written, waiting for the next group commit, and the task committing them.
-    staged: list["_Staged"] = field(default_factory=list)
-    committer: Optional[asyncio.Task] = None
+    staged: list[_Staged] = field(default_factory=list)
+    committer: asyncio.Task | None = None
     #: Nodes whose update body is being received or recorded now: one upload per node at a time.
     uploading: set[int] = field(default_factory=set)
     #: The digests of the records taken in the last rounds: a replayed or copied update is refused.
@@ -54,14 +53,14 @@ class RunRuntime:
     #: failed ``close_failures_before_failed`` times the same way (``status_detail`` says how), until the
     #: admin resumes it. ``deleted`` once the admin deleted it (whoever still holds it lets go).
     status: str = "active"
-    status_detail: Optional[str] = None
+    status_detail: str | None = None
     deleted: bool = False
     #: The driver's retry state: failed round closes in a row, how many of the last ones failed the same
     #: way (``close_cause``), and when to try again (``None``: as soon as the round is ready).
     close_failures: int = 0
     close_same: int = 0
-    close_cause: Optional[str] = None
-    retry_at: Optional[float] = None
+    close_cause: str | None = None
+    retry_at: float | None = None
 
     def reset_retries(self) -> None:
         """Forget failed closes: the next one is tried as soon as the round is ready."""
@@ -69,7 +68,7 @@ class RunRuntime:
         self.close_cause = self.retry_at = None
 
     @property
-    def master(self) -> Optional[dict[str, torch.Tensor]]:
+    def master(self) -> dict[str, torch.Tensor] | None:
         return None if self.state is None else self.state.master
 
     @property
@@ -83,7 +82,7 @@ class RunRuntime:
     def distinct_nodes(self) -> int:
         return len({node for node, _ in self.pending})
 
-    def deadline(self) -> Optional[float]:
+    def deadline(self) -> float | None:
         return None if self.opened_at is None else self.opened_at + self.config.round_deadline_s
 
     def keep_submissions_from(self) -> int:
@@ -103,6 +102,6 @@ class _Staged:
     frame: Frame
     norm: float
     weight: float = 1.0
-    answer: Optional[asyncio.Future] = None
+    answer: asyncio.Future | None = None
     #: :func:`.replays.update_digest` of its records (``None`` for an all-zero update, which is exempt).
-    digest: Optional[bytes] = None
+    digest: bytes | None = None

@@ -10,7 +10,7 @@ flight (docs/SERVER.md, "Connections and deadlines").
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import uvicorn
 
@@ -40,7 +40,7 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(settings: Optional[ServerSettings] = None) -> None:
+def serve(settings: ServerSettings | None = None) -> None:
     """Run the server with uvicorn until SIGINT/SIGTERM (graceful shutdown within ``shutdown_grace_s``)."""
     settings = settings or ServerSettings()
     # The data directory first: a second server on a held directory (or an unusable one) stops here, at
@@ -64,8 +64,12 @@ def serve(settings: Optional[ServerSettings] = None) -> None:
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
     if raised is not None:
-        log.info("raised the open-files limit (RLIMIT_NOFILE) from %d to %d for max_connections %d",
-                 raised[0], raised[1], settings.max_connections)
+        log.info(
+            "raised the open-files limit (RLIMIT_NOFILE) from %d to %d for max_connections %d",
+            raised[0],
+            raised[1],
+            settings.max_connections,
+        )
     try:
         _Server(config, on_shutdown=app.state.server.begin_shutdown).run()
     finally:

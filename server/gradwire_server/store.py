@@ -57,9 +57,10 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
@@ -140,7 +141,7 @@ _SQLITE_FAILING = frozenset({8, 10, 14})  # SQLITE_READONLY, SQLITE_IOERR, SQLIT
 _PROBE_BYTES = 64 << 10
 
 
-def storage_failure(exc: BaseException) -> Optional[bool]:
+def storage_failure(exc: BaseException) -> bool | None:
     """``True`` if ``exc`` says the storage is full, ``False`` if it says the storage fails otherwise,
     ``None`` if it is not about the storage at all (a bug, a missing file)."""
     if isinstance(exc, sqlite3.Error):
@@ -223,25 +224,25 @@ class RunRecord:
     config: dict
     created_at: float
     version: int
-    weights_hash: Optional[str]
+    weights_hash: str | None
     has_state: bool
-    round_opened_at: Optional[float]
+    round_opened_at: float | None
     #: The last version whose full state is on disk, and its weights hash.
     checkpoint_version: int = 0
-    checkpoint_hash: Optional[str] = None
+    checkpoint_hash: str | None = None
     #: ``active``, ``paused`` (by the admin) or ``failed`` (its round close kept failing), and why.
     status: str = "active"
-    status_detail: Optional[str] = None
+    status_detail: str | None = None
 
 
 @dataclass(frozen=True)
 class NodeRecord:
     run_id: str
     node_id: int
-    name: Optional[str]
+    name: str | None
     created_at: float = 0.0
     #: When its token was revoked (``None``: the token works).
-    revoked_at: Optional[float] = None
+    revoked_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ class Store:
     cap); a write that would pass it is refused with 409 ``limit_reached``.
     """
 
-    def __init__(self, data_dir: os.PathLike | str, max_stored_bytes: Optional[int] = None):
+    def __init__(self, data_dir: os.PathLike | str, max_stored_bytes: int | None = None):
         self.data_dir = Path(data_dir)
         # One server per directory (dirlock): a second store on a held directory raises DataDirLocked.
         self._dir_lock = DataDirLock(self.data_dir).acquire()
@@ -277,13 +278,14 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         #: The cause while writes fail (``None`` while they work): set by every write, and the probe.
-        self.write_failure: Optional[str] = None
+        self.write_failure: str | None = None
         self._failure_lock = threading.Lock()
         with self._lock:
             self._db.executescript(_SCHEMA)
             self._migrate()
-            rows = self._db.execute("SELECT token_hash, run_id, node_id, name, created_at FROM nodes "
-                                    "WHERE token_hash IS NOT NULL").fetchall()
+            rows = self._db.execute(
+                "SELECT token_hash, run_id, node_id, name, created_at FROM nodes WHERE token_hash IS NOT NULL"
+            ).fetchall()
         self._nodes_by_token: dict[str, NodeRecord] = {h: NodeRecord(*rest) for h, *rest in rows}
         self._token_of: dict[tuple[str, int], str] = {(n.run_id, n.node_id): h for h, n in self._nodes_by_token.items()}
         # The runs' files, counted once here and then kept up to date by every write and removal.
@@ -296,25 +298,41 @@ class Store:
         if "checkpoint_version" not in cols:
             # Stores written before checkpoints held the full state of every version: their checkpoint is
             # their version.
-            self._tx([("ALTER TABLE runs ADD COLUMN checkpoint_version INTEGER NOT NULL DEFAULT 0", ()),
-                      ("ALTER TABLE runs ADD COLUMN checkpoint_hash TEXT", ()),
-                      ("UPDATE runs SET checkpoint_version = version, checkpoint_hash = weights_hash", ())])
+            self._tx(
+                [
+                    ("ALTER TABLE runs ADD COLUMN checkpoint_version INTEGER NOT NULL DEFAULT 0", ()),
+                    ("ALTER TABLE runs ADD COLUMN checkpoint_hash TEXT", ()),
+                    ("UPDATE runs SET checkpoint_version = version, checkpoint_hash = weights_hash", ()),
+                ]
+            )
         if "status" not in cols:
-            self._tx([("ALTER TABLE runs ADD COLUMN status TEXT NOT NULL DEFAULT 'active'", ()),
-                      ("ALTER TABLE runs ADD COLUMN status_detail TEXT", ())])
+            self._tx(
+                [
+                    ("ALTER TABLE runs ADD COLUMN status TEXT NOT NULL DEFAULT 'active'", ()),
+                    ("ALTER TABLE runs ADD COLUMN status_detail TEXT", ()),
+                ]
+            )
         node_cols = {row[1] for row in self._db.execute("PRAGMA table_info(nodes)")}
         if "revoked_at" not in node_cols:
             # Revocation clears a node's token hash: the column loses NOT NULL, which SQLite changes only by
             # copying the table (the hashes are copied as they are: node tokens were always stored hashed).
-            self._tx([
-                ("CREATE TABLE nodes_v2 (run_id TEXT NOT NULL REFERENCES runs(run_id), node_id INTEGER NOT NULL, "
-                 "name TEXT, token_hash TEXT UNIQUE, created_at REAL NOT NULL, revoked_at REAL, deleted_at REAL, "
-                 "PRIMARY KEY (run_id, node_id))", ()),
-                ("INSERT INTO nodes_v2 (run_id, node_id, name, token_hash, created_at) "
-                 "SELECT run_id, node_id, name, token_hash, created_at FROM nodes", ()),
-                ("DROP TABLE nodes", ()),
-                ("ALTER TABLE nodes_v2 RENAME TO nodes", ()),
-            ])
+            self._tx(
+                [
+                    (
+                        "CREATE TABLE nodes_v2 (run_id TEXT NOT NULL REFERENCES runs(run_id), node_id INTEGER NOT NULL, "
+                        "name TEXT, token_hash TEXT UNIQUE, created_at REAL NOT NULL, revoked_at REAL, deleted_at REAL, "
+                        "PRIMARY KEY (run_id, node_id))",
+                        (),
+                    ),
+                    (
+                        "INSERT INTO nodes_v2 (run_id, node_id, name, token_hash, created_at) "
+                        "SELECT run_id, node_id, name, token_hash, created_at FROM nodes",
+                        (),
+                    ),
+                    ("DROP TABLE nodes", ()),
+                    ("ALTER TABLE nodes_v2 RENAME TO nodes", ()),
+                ]
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -380,13 +398,17 @@ class Store:
         """:meth:`_writing` for a write made outside the store (a request body spooled into a run's folder)."""
         return self._writing(what)
 
-    def _set_write_failure(self, cause: Optional[str], what: str) -> None:
+    def _set_write_failure(self, cause: str | None, what: str) -> None:
         """One log line when writes start failing, fail another way, or work again; none otherwise."""
         with self._failure_lock:
             before, self.write_failure = self.write_failure, cause
         if cause is not None and before is None:
-            log.error("storage cannot write: %s (first seen writing %s); writes are answered 507/503 and /readyz "
-                      "is 503 until one succeeds", cause, what)
+            log.error(
+                "storage cannot write: %s (first seen writing %s); writes are answered 507/503 and /readyz "
+                "is 503 until one succeeds",
+                cause,
+                what,
+            )
         elif cause is not None and cause != before:
             log.error("storage still cannot write, now: %s (writing %s)", cause, what)
         elif cause is None and before is not None:
@@ -403,8 +425,12 @@ class Store:
                     atomic_write(path, bytes(_PROBE_BYTES), sync_dir=False)
                 finally:
                     path.unlink(missing_ok=True)
-                self._tx([("INSERT INTO write_probe (pad) VALUES (zeroblob(?))", (16 << 10,)),
-                          ("DELETE FROM write_probe", ())])
+                self._tx(
+                    [
+                        ("INSERT INTO write_probe (pad) VALUES (zeroblob(?))", (16 << 10,)),
+                        ("DELETE FROM write_probe", ()),
+                    ]
+                )
         except StorageFailed:
             return False
         return True
@@ -436,9 +462,11 @@ class Store:
             return
         stored = self.stored_bytes()
         if stored + nbytes > cap:
-            raise Rejected(Reason.LIMIT_REACHED,
-                           f"{what} ({nbytes} bytes) would take the stored bytes from {stored} past the cap "
-                           f"max_stored_bytes={cap}: delete runs, or raise GRADWIRE_MAX_STORED_BYTES")
+            raise Rejected(
+                Reason.LIMIT_REACHED,
+                f"{what} ({nbytes} bytes) would take the stored bytes from {stored} past the cap "
+                f"max_stored_bytes={cap}: delete runs, or raise GRADWIRE_MAX_STORED_BYTES",
+            )
 
     def _one(self, sql: str, args: tuple = ()):
         with self._lock:
@@ -467,7 +495,7 @@ class Store:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    def create_run(self, config: dict, max_runs: Optional[int] = None) -> str:
+    def create_run(self, config: dict, max_runs: int | None = None) -> str:
         """A new run's row; 409 ``limit_reached`` when ``max_runs`` runs exist already."""
         self.check_room(0, "a new run")
         run_id = secrets.token_hex(8)
@@ -476,24 +504,32 @@ class Store:
             if max_runs is not None:
                 (count,) = cur.execute("SELECT COUNT(*) FROM runs").fetchone()
                 if count >= max_runs:
-                    raise Rejected(Reason.LIMIT_REACHED, f"the server holds {count} runs, its cap max_runs={max_runs}: "
-                                                         "delete a run, or raise GRADWIRE_MAX_RUNS")
-            cur.execute("INSERT INTO runs (run_id, config, created_at) VALUES (?, ?, ?)",
-                        (run_id, json.dumps(config), time.time()))
+                    raise Rejected(
+                        Reason.LIMIT_REACHED,
+                        f"the server holds {count} runs, its cap max_runs={max_runs}: "
+                        "delete a run, or raise GRADWIRE_MAX_RUNS",
+                    )
+            cur.execute(
+                "INSERT INTO runs (run_id, config, created_at) VALUES (?, ?, ?)",
+                (run_id, json.dumps(config), time.time()),
+            )
 
         with self._writing("creating a run"):
             self._transaction(insert)
         return run_id
 
-    _RUN_COLS = ("run_id, config, created_at, version, weights_hash, has_state, round_opened_at, "
-                 "checkpoint_version, checkpoint_hash, status, status_detail")
+    _RUN_COLS = (
+        "run_id, config, created_at, version, weights_hash, has_state, round_opened_at, "
+        "checkpoint_version, checkpoint_hash, status, status_detail"
+    )
 
     @staticmethod
     def _run(row) -> RunRecord:
-        return RunRecord(row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6], row[7], row[8],
-                         row[9], row[10])
+        return RunRecord(
+            row[0], json.loads(row[1]), row[2], row[3], row[4], bool(row[5]), row[6], row[7], row[8], row[9], row[10]
+        )
 
-    def get_run(self, run_id: str) -> Optional[RunRecord]:
+    def get_run(self, run_id: str) -> RunRecord | None:
         row = self._one(f"SELECT {self._RUN_COLS} FROM runs WHERE run_id = ?", (run_id,))
         return None if row is None else self._run(row)
 
@@ -501,7 +537,7 @@ class Store:
         rows = self._all(f"SELECT {self._RUN_COLS} FROM runs ORDER BY created_at")
         return [self._run(r) for r in rows]
 
-    def set_run_status(self, run_id: str, status: str, detail: Optional[str]) -> None:
+    def set_run_status(self, run_id: str, status: str, detail: str | None) -> None:
         """Record a run as ``active``, ``paused`` or ``failed`` (with why), so a restart keeps it so."""
         with self._writing(f"marking run {run_id} {status}"):
             self._tx([("UPDATE runs SET status = ?, status_detail = ? WHERE run_id = ?", (status, detail, run_id))])
@@ -509,8 +545,12 @@ class Store:
     def delete_run(self, run_id: str) -> None:
         """Remove a run: its rows in one transaction (its nodes' tokens stop working with it), then its files."""
         with self._writing(f"deleting run {run_id}"):
-            self._tx([(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-                      for table in ("submissions", "versions", "nodes", "runs")])
+            self._tx(
+                [
+                    (f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                    for table in ("submissions", "versions", "nodes", "runs")
+                ]
+            )
         with self._lock:
             for key in [k for k in self._token_of if k[0] == run_id]:
                 self._nodes_by_token.pop(self._token_of.pop(key), None)
@@ -542,9 +582,15 @@ class Store:
         with self._writing(f"the initial state of run {run_id}", clears=True):
             self._write(self._versioned(run_id, "weights", 0), data)
             opened = time.time()
-            self._tx([("UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ?, checkpoint_version = 0, "
-                       "checkpoint_hash = ? WHERE run_id = ? AND version = 0",
-                       (weights_hash, opened, weights_hash, run_id))])
+            self._tx(
+                [
+                    (
+                        "UPDATE runs SET has_state = 1, weights_hash = ?, round_opened_at = ?, checkpoint_version = 0, "
+                        "checkpoint_hash = ? WHERE run_id = ? AND version = 0",
+                        (weights_hash, opened, weights_hash, run_id),
+                    )
+                ]
+            )
         return opened
 
     def any_submission(self, run_id: str) -> bool:
@@ -552,20 +598,26 @@ class Store:
 
     # -- nodes ------------------------------------------------------------------------------------
 
-    def add_node(self, run_id: str, name: Optional[str], token_hash: str, max_nodes: Optional[int] = None) -> int:
+    def add_node(self, run_id: str, name: str | None, token_hash: str, max_nodes: int | None = None) -> int:
         """Register a node (the next id of the run: ids of deleted nodes are never given again); 409
         ``limit_reached`` when the run has ``max_nodes`` nodes already."""
         self.check_room(0, "a new node")
         now = time.time()
 
         def insert(cur) -> int:
-            (last, live) = cur.execute("SELECT COALESCE(MAX(node_id), 0), COUNT(*) - COUNT(deleted_at) FROM nodes "
-                                       "WHERE run_id = ?", (run_id,)).fetchone()
+            (last, live) = cur.execute(
+                "SELECT COALESCE(MAX(node_id), 0), COUNT(*) - COUNT(deleted_at) FROM nodes WHERE run_id = ?", (run_id,)
+            ).fetchone()
             if max_nodes is not None and live >= max_nodes:
-                raise Rejected(Reason.LIMIT_REACHED, f"run {run_id} has {live} nodes, the cap max_nodes_per_run="
-                                                     f"{max_nodes}: delete a node, or raise GRADWIRE_MAX_NODES_PER_RUN")
-            cur.execute("INSERT INTO nodes (run_id, node_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
-                        (run_id, last + 1, name, token_hash, now))
+                raise Rejected(
+                    Reason.LIMIT_REACHED,
+                    f"run {run_id} has {live} nodes, the cap max_nodes_per_run="
+                    f"{max_nodes}: delete a node, or raise GRADWIRE_MAX_NODES_PER_RUN",
+                )
+            cur.execute(
+                "INSERT INTO nodes (run_id, node_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, last + 1, name, token_hash, now),
+            )
             return last + 1
 
         with self._lock:
@@ -575,28 +627,38 @@ class Store:
             self._token_of[(run_id, node_id)] = token_hash
         return node_id
 
-    def node_by_token_hash(self, token_hash: str) -> Optional[NodeRecord]:
+    def node_by_token_hash(self, token_hash: str) -> NodeRecord | None:
         """The node holding this token, from memory: every request authenticates, and on the event loop,
         where waiting for the store's lock behind a commit's fsync would stall every request. The map is
         loaded when the store opens and changed with the rows (:meth:`add_node`, :meth:`set_node_token`,
         :meth:`delete_node`, :meth:`delete_run`): one server owns a data directory."""
         return self._nodes_by_token.get(token_hash)
 
-    def set_node_token(self, run_id: str, node_id: int, token_hash: Optional[str]) -> bool:
+    def set_node_token(self, run_id: str, node_id: int, token_hash: str | None) -> bool:
         """Give a node a new token (``token_hash``) or none (revoked): its old token stops working at once.
         ``False`` if the run has no such node (or it was deleted)."""
         revoked = time.time() if token_hash is None else None
         with self._lock:
             with self._writing(f"the token of node {node_id} of run {run_id}"):
-                (n,) = self._tx([("UPDATE nodes SET token_hash = ?, revoked_at = ? WHERE run_id = ? AND node_id = ? "
-                                  "AND deleted_at IS NULL", (token_hash, revoked, run_id, node_id))])
+                (n,) = self._tx(
+                    [
+                        (
+                            "UPDATE nodes SET token_hash = ?, revoked_at = ? WHERE run_id = ? AND node_id = ? "
+                            "AND deleted_at IS NULL",
+                            (token_hash, revoked, run_id, node_id),
+                        )
+                    ]
+                )
             if n != 1:
                 return False
             old = self._token_of.pop((run_id, node_id), None)
             node = self._nodes_by_token.pop(old, None) if old is not None else None
             if token_hash is not None:
-                name = node.name if node is not None else self._one(
-                    "SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", (run_id, node_id))[0]
+                name = (
+                    node.name
+                    if node is not None
+                    else self._one("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", (run_id, node_id))[0]
+                )
                 self._nodes_by_token[token_hash] = NodeRecord(run_id, node_id, name)
                 self._token_of[(run_id, node_id)] = token_hash
         return True
@@ -606,8 +668,15 @@ class Store:
         the updates it had acknowledged stay counted. ``False`` if there is no such node."""
         with self._lock:
             with self._writing(f"deleting node {node_id} of run {run_id}"):
-                (n,) = self._tx([("UPDATE nodes SET token_hash = NULL, deleted_at = ? WHERE run_id = ? AND node_id = ? "
-                                  "AND deleted_at IS NULL", (time.time(), run_id, node_id))])
+                (n,) = self._tx(
+                    [
+                        (
+                            "UPDATE nodes SET token_hash = NULL, deleted_at = ? WHERE run_id = ? AND node_id = ? "
+                            "AND deleted_at IS NULL",
+                            (time.time(), run_id, node_id),
+                        )
+                    ]
+                )
             old = self._token_of.pop((run_id, node_id), None)
             if old is not None:
                 self._nodes_by_token.pop(old, None)
@@ -615,8 +684,11 @@ class Store:
 
     def list_nodes(self, run_id: str) -> list[NodeRecord]:
         """The run's nodes (deleted ones left out), by id."""
-        rows = self._all("SELECT run_id, node_id, name, created_at, revoked_at FROM nodes WHERE run_id = ? "
-                         "AND deleted_at IS NULL ORDER BY node_id", (run_id,))
+        rows = self._all(
+            "SELECT run_id, node_id, name, created_at, revoked_at FROM nodes WHERE run_id = ? "
+            "AND deleted_at IS NULL ORDER BY node_id",
+            (run_id,),
+        )
         return [NodeRecord(*r) for r in rows]
 
     def node_count(self, run_id: str) -> int:
@@ -626,9 +698,11 @@ class Store:
 
     _SUB_COLS = "run_id, node_id, round, target_round, sha256, nbytes, weight, norm, received_at"
 
-    def get_submission(self, run_id: str, node_id: int, round: int) -> Optional[SubmissionRecord]:
-        row = self._one(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND node_id = ? AND round = ?",
-                        (run_id, node_id, round))
+    def get_submission(self, run_id: str, node_id: int, round: int) -> SubmissionRecord | None:
+        row = self._one(
+            f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND node_id = ? AND round = ?",
+            (run_id, node_id, round),
+        )
         return None if row is None else SubmissionRecord(*row)
 
     def write_submission(self, run_id: str, round: int, node_id: int, sha256: str, frame: bytes | memoryview) -> None:
@@ -643,11 +717,29 @@ class Store:
         their frames were written to, then all their rows in one transaction. Only after it may the server
         answer 202 to any of them; a crash before the commit leaves none of them recorded."""
         with self._writing("recording updates"):
-            for directory in sorted({self.submission_path(r.run_id, r.round, r.node_id, r.sha256).parent for r in recs}):
+            for directory in sorted(
+                {self.submission_path(r.run_id, r.round, r.node_id, r.sha256).parent for r in recs}
+            ):
                 _fsync_dir(directory)
-            self._tx([(f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (rec.run_id, rec.node_id, rec.round, rec.target_round, rec.sha256, rec.nbytes, rec.weight,
-                        rec.norm, rec.received_at)) for rec in recs])
+            self._tx(
+                [
+                    (
+                        f"INSERT INTO submissions ({self._SUB_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            rec.run_id,
+                            rec.node_id,
+                            rec.round,
+                            rec.target_round,
+                            rec.sha256,
+                            rec.nbytes,
+                            rec.weight,
+                            rec.norm,
+                            rec.received_at,
+                        ),
+                    )
+                    for rec in recs
+                ]
+            )
 
     def discard_submissions(self, recs: Sequence[SubmissionRecord]) -> None:
         """Remove the frames of updates whose commit failed (they have no row; a restart would prune them)."""
@@ -657,14 +749,18 @@ class Store:
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
         """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
         aggregated in."""
-        rows = self._all(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? "
-                         "ORDER BY node_id, round", (run_id, target_round))
+        rows = self._all(
+            f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? ORDER BY node_id, round",
+            (run_id, target_round),
+        )
         return [SubmissionRecord(*r) for r in rows]
 
     def submissions_between(self, run_id: str, first: int, end: int) -> list[SubmissionRecord]:
         """The updates counted in rounds ``first ≤ target_round < end``."""
-        rows = self._all(f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round >= ? "
-                         "AND target_round < ?", (run_id, first, end))
+        rows = self._all(
+            f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round >= ? AND target_round < ?",
+            (run_id, first, end),
+        )
         return [SubmissionRecord(*r) for r in rows]
 
     def read_submission(self, rec: SubmissionRecord) -> bytes:
@@ -674,7 +770,9 @@ class Store:
         """Distinct nodes, over all runs, with an update counted in one of the last ``window`` rounds."""
         return self._one(
             "SELECT COUNT(*) FROM (SELECT DISTINCT s.run_id, s.node_id FROM submissions s "
-            "JOIN runs r ON r.run_id = s.run_id WHERE s.target_round > r.version - ?)", (window,))[0]
+            "JOIN runs r ON r.run_id = s.run_id WHERE s.target_round > r.version - ?)",
+            (window,),
+        )[0]
 
     # -- versions ---------------------------------------------------------------------------------
 
@@ -698,12 +796,21 @@ class Store:
         args = (version, weights_hash) if checkpoint else ()
         with self._writing(f"publishing version {version} of run {run_id}", clears=True):
             self._write(self.diff_path(run_id, version), frame)
-            self._tx([
-                (f"UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ?{set_checkpoint} "
-                 "WHERE run_id = ? AND version = ?", (version, weights_hash, opened_at, *args, run_id, version - 1)),
-                ("INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
-                 "VALUES (?, ?, ?, ?, ?, ?)", (run_id, version, weights_hash, len(frame), updates, time.time())),
-            ], expect_one=True)
+            self._tx(
+                [
+                    (
+                        f"UPDATE runs SET version = ?, weights_hash = ?, round_opened_at = ?{set_checkpoint} "
+                        "WHERE run_id = ? AND version = ?",
+                        (version, weights_hash, opened_at, *args, run_id, version - 1),
+                    ),
+                    (
+                        "INSERT INTO versions (run_id, version, weights_hash, frame_bytes, updates, published_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (run_id, version, weights_hash, len(frame), updates, time.time()),
+                    ),
+                ],
+                expect_one=True,
+            )
 
     def write_checkpoint(
         self,
@@ -724,11 +831,18 @@ class Store:
     def record_checkpoint(self, run_id: str, version: int, weights_hash: str) -> None:
         """Make the state files of the committed ``version`` (:meth:`write_checkpoint`) the run's checkpoint."""
         with self._writing(f"recording the checkpoint of version {version} of run {run_id}"):
-            self._tx([("UPDATE runs SET checkpoint_version = ?, checkpoint_hash = ? "
-                       "WHERE run_id = ? AND version >= ? AND checkpoint_version < ?",
-                       (version, weights_hash, run_id, version, version))], expect_one=True)
+            self._tx(
+                [
+                    (
+                        "UPDATE runs SET checkpoint_version = ?, checkpoint_hash = ? "
+                        "WHERE run_id = ? AND version >= ? AND checkpoint_version < ?",
+                        (version, weights_hash, run_id, version, version),
+                    )
+                ],
+                expect_one=True,
+            )
 
-    def load_tensors(self, run_id: str, kind: str, version: int) -> Optional[dict[str, torch.Tensor]]:
+    def load_tensors(self, run_id: str, kind: str, version: int) -> dict[str, torch.Tensor] | None:
         """``kind`` in weights/moments; ``None`` if that file does not exist."""
         path = self._versioned(run_id, kind, version)
         if not path.exists():
@@ -776,8 +890,10 @@ class Store:
         self.prune_versions(run_id, version, keep_versions, checkpoint)
         folder = self.run_dir(run_id) / "submissions"
         if folder.is_dir():
-            kept = {(r.round, r.node_id, r.sha256[:32])
-                    for r in self.submissions_between(run_id, submissions_from, version + 1)}
+            kept = {
+                (r.round, r.node_id, r.sha256[:32])
+                for r in self.submissions_between(run_id, submissions_from, version + 1)
+            }
             for path in folder.iterdir():
                 m = _SUBMISSION.match(path.name)
                 if m is None or (int(m.group(1)), int(m.group(2)), m.group(3)) not in kept:
@@ -810,8 +926,12 @@ class Store:
         long as the run lives (about 3 KB a round at 16 nodes). What stays: every row a replay, a catch-up
         page's weights hash or a duplicate resubmission inside the retained window can still ask for."""
         with self._writing(f"pruning rows of run {run_id}"):
-            self._tx([("DELETE FROM submissions WHERE run_id = ? AND target_round < ?", (run_id, rounds_before)),
-                      ("DELETE FROM versions WHERE run_id = ? AND version < ?", (run_id, versions_before))])
+            self._tx(
+                [
+                    ("DELETE FROM submissions WHERE run_id = ? AND target_round < ?", (run_id, rounds_before)),
+                    ("DELETE FROM versions WHERE run_id = ? AND version < ?", (run_id, versions_before)),
+                ]
+            )
 
     def drop_submissions(self, run_id: str, first: int, end: int) -> None:
         """Delete the frames of the updates counted in rounds ``first ≤ target_round < end`` (by their rows,

@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 from gradwire.model_record import run_spec
 
@@ -49,14 +48,15 @@ class Submissions:
         # Submissions are validated in a pool of their own, one thread per core by default: validation
         # is mostly Python and NumPy holding the GIL, and more threads than cores only make the event
         # loop wait longer for the GIL.
-        self._validators = ThreadPoolExecutor(max_workers=settings.validate_threads or os.cpu_count() or 1,
-                                              thread_name_prefix="gradwire-validate")
+        self._validators = ThreadPoolExecutor(
+            max_workers=settings.validate_threads or os.cpu_count() or 1, thread_name_prefix="gradwire-validate"
+        )
 
     def close(self) -> None:
         """Stop the validation pool (at shutdown; queued validations are cancelled)."""
         self._validators.shutdown(wait=False, cancel_futures=True)
 
-    def _existing(self, rt: RunRuntime, node_id: int, round: int, sha: str) -> Optional[dict]:
+    def _existing(self, rt: RunRuntime, node_id: int, round: int, sha: str) -> dict | None:
         """The 202 answer if these bytes were already recorded; 409 if other bytes were.
 
         The open round's updates are all in ``rt.pending`` (an update for round ``r`` counts in round
@@ -73,7 +73,9 @@ class Submissions:
         else:
             return None
         if recorded != sha:
-            raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}")
+            raise Rejected(
+                Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}"
+            )
         return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending)}
 
     def _weight_for(self, rt: RunRuntime, round: int) -> float:
@@ -88,7 +90,7 @@ class Submissions:
         raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed; the open round is {rt.version}")
 
     @contextlib.asynccontextmanager
-    async def upload(self, rt: RunRuntime, node_id: int, round: int, declared: Optional[int]):
+    async def upload(self, rt: RunRuntime, node_id: int, round: int, declared: int | None):
         """Hold the node's one upload slot while its body is read and recorded, after the checks that need
         no body: the round (409 ``round_not_open``, 410 ``round_closed``), an update already recorded for
         this node and round with another size (409 ``conflicting_submission``; the same size needs the
@@ -96,8 +98,11 @@ class Submissions:
         ``upload_in_progress``). ``declared``: the Content-Length, if any. Everything is checked again
         with the body, under the run's lock."""
         if node_id in rt.uploading:
-            raise Rejected(Reason.UPLOAD_IN_PROGRESS, f"node {node_id} is already uploading an update; retry "
-                                                      "when it is answered", headers={"Retry-After": "1"})
+            raise Rejected(
+                Reason.UPLOAD_IN_PROGRESS,
+                f"node {node_id} is already uploading an update; retry when it is answered",
+                headers={"Retry-After": "1"},
+            )
         recorded = rt.pending.get((node_id, round))
         size = len(recorded.raw) if recorded is not None and recorded.raw else None
         if recorded is None and round < rt.version:
@@ -106,8 +111,9 @@ class Submissions:
         if size is None:
             self._weight_for(rt, round)  # no update of this node and round yet: is the round open?
         elif declared is not None and declared != size:
-            raise Rejected(Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update "
-                                                          f"for round {round}")
+            raise Rejected(
+                Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}"
+            )
         rt.uploading.add(node_id)
         try:
             yield
@@ -121,7 +127,8 @@ class Submissions:
         spec = rt.spec
         record = run_spec(rt.master).record_name if rt.config.model_record else None
         staged = await asyncio.get_running_loop().run_in_executor(
-            self._validators, functools.partial(self._stage, rt, spec, record, node_id, round, body))
+            self._validators, functools.partial(self._stage, rt, spec, record, node_id, round, body)
+        )
         if isinstance(staged, dict):
             return staged
         # Shielded: once recording has begun, a client that hangs up must not leave a durable record
@@ -132,8 +139,7 @@ class Submissions:
             self.metrics.compression_ratio.set(rt.dense_bytes / max(1, len(body)))
         return answer
 
-    def _stage(self, rt: RunRuntime, spec, record: Optional[str], node_id: int, round: int,
-               body: bytes) -> "_Staged | dict":
+    def _stage(self, rt: RunRuntime, spec, record: str | None, node_id: int, round: int, body: bytes) -> _Staged | dict:
         """In a worker thread, everything one update needs before its commit: the content hash, the early
         refusals (a duplicate is answered here, before any parsing), full validation, and the frame's
         file written and fsynced. What it reads of ``rt`` is checked again under the lock at the commit."""
@@ -143,10 +149,17 @@ class Submissions:
             return dup
         self._weight_for(rt, round)  # refuse late or early updates before parsing them
         t0 = time.perf_counter()
-        frame, norm = validate_update(body, spec, node_id=node_id, round=round,
-                                      max_frame_bytes=rt.config.max_frame_bytes,
-                                      max_update_norm=rt.config.max_update_norm, model_record=record,
-                                      run_id=rt.run_id, require_binding=rt.config.require_run_binding)
+        frame, norm = validate_update(
+            body,
+            spec,
+            node_id=node_id,
+            round=round,
+            max_frame_bytes=rt.config.max_frame_bytes,
+            max_update_norm=rt.config.max_update_norm,
+            model_record=record,
+            run_id=rt.run_id,
+            require_binding=rt.config.require_run_binding,
+        )
         digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
@@ -154,7 +167,7 @@ class Submissions:
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
         return _Staged(node_id, round, sha, body, frame, norm, digest=digest)
 
-    async def _commit_with_group(self, rt: RunRuntime, staged: "_Staged") -> dict:
+    async def _commit_with_group(self, rt: RunRuntime, staged: _Staged) -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
         while a commit is in flight wait for it and then share the next one: one directory fsync and one
         SQLite transaction for the group, each 202 still only after the commit that holds its row."""
@@ -173,7 +186,7 @@ class Submissions:
                 await self._commit_group(rt, group)
             rt.wake.set()
 
-    async def _commit_group(self, rt: RunRuntime, group: list["_Staged"]) -> None:
+    async def _commit_group(self, rt: RunRuntime, group: list[_Staged]) -> None:
         """Under the run's lock: the checks again (the round may have closed, a concurrent request may have
         recorded the same node and round), then one commit for every update still accepted."""
         accepted: dict[tuple[int, int], _Staged] = {}
@@ -185,8 +198,10 @@ class Submissions:
                 first = accepted.get((s.node_id, s.round))
                 if first is not None:
                     if first.sha != s.sha:
-                        raise Rejected(Reason.CONFLICTING_SUBMISSION,
-                                       f"node {s.node_id} already submitted a different update for round {s.round}")
+                        raise Rejected(
+                            Reason.CONFLICTING_SUBMISSION,
+                            f"node {s.node_id} already submitted a different update for round {s.round}",
+                        )
                     duplicates.append(s)
                     continue
                 dup = self._existing(rt, s.node_id, s.round, s.sha)
@@ -197,17 +212,21 @@ class Submissions:
                 rt.recent.check(s.digest, s.node_id, s.round)
                 first_here = in_group.get(s.digest) if s.digest is not None else None
                 if first_here is not None and first_here[1] != s.round:
-                    raise Rejected(Reason.REPLAYED_UPDATE,
-                                   f"node {s.node_id}'s update for round {s.round} repeats the records node "
-                                   f"{first_here[0]} sent for round {first_here[1]}: an update is taken once")
+                    raise Rejected(
+                        Reason.REPLAYED_UPDATE,
+                        f"node {s.node_id}'s update for round {s.round} repeats the records node "
+                        f"{first_here[0]} sent for round {first_here[1]}: an update is taken once",
+                    )
             except Rejected as exc:
                 s.answer.set_exception(exc)
                 continue
             accepted[(s.node_id, s.round)] = s
             if s.digest is not None:
                 in_group[s.digest] = (s.node_id, s.round)
-        recs = [SubmissionRecord(rt.run_id, s.node_id, s.round, rt.version, s.sha, len(s.body), s.weight, s.norm, now)
-                for s in accepted.values()]
+        recs = [
+            SubmissionRecord(rt.run_id, s.node_id, s.round, rt.version, s.sha, len(s.body), s.weight, s.norm, now)
+            for s in accepted.values()
+        ]
         if recs:
             self.metrics.commit_group_size.observe(len(recs))
             try:

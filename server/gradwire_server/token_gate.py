@@ -14,8 +14,6 @@ stays with the routes; the gate only authenticates, with the same function they 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from fastapi.responses import JSONResponse
 
 from .auth import authenticate, bearer_token
@@ -28,7 +26,7 @@ __all__ = ["TokenGate"]
 GUARDED_PREFIX = "/v1/"
 
 
-def _header(scope, name: bytes) -> Optional[bytes]:
+def _header(scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key == name:
             return value
@@ -53,8 +51,12 @@ class TokenGate:
         self.server = server  # the app's ServerContext: admin token hash, store, metrics
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX) or not _announces_body(scope)
-                or self.server.store is None):
+        if (
+            scope["type"] != "http"
+            or not scope["path"].startswith(GUARDED_PREFIX)
+            or not _announces_body(scope)
+            or self.server.store is None
+        ):
             await self.app(scope, receive, send)  # no store yet: the routes answer 503 as before
             return
         authorization = _header(scope, b"authorization")
@@ -63,9 +65,11 @@ class TokenGate:
         except Rejected as refused:
             is_update = scope["method"] == "POST" and scope["path"].endswith("/updates")
             self.server.metrics.reject(refused.reason.value, update=is_update)
-            response = JSONResponse({"error": refused.reason.value, "detail": refused.detail},
-                                    status_code=STATUS[refused.reason],
-                                    headers=refused.headers)
+            response = JSONResponse(
+                {"error": refused.reason.value, "detail": refused.detail},
+                status_code=STATUS[refused.reason],
+                headers=refused.headers,
+            )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

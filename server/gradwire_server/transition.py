@@ -31,19 +31,20 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.aggregation import NormHistory, update_norm
-from gradwire.sender_history import SenderHistory
 from gradwire.algorithms import exact_aggregate
 from gradwire.codecs.dct_parse import records_parsed_once
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.reencode import ReencodeFeedback
+from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
 from .aggregate import Update, aggregate, published_weights
@@ -87,23 +88,29 @@ class RunState:
     config: RunConfig
     version: int
     master: dict[str, torch.Tensor]
-    moments: Optional[AdamWState] = None
+    moments: AdamWState | None = None
     #: The downlink error feedback: AdamW's diff (parameter space), or a re-encoded aggregate's (its
     #: residuals in the DCT coefficient domain where the nodes' records allow: gradwire.reencode).
-    downlink: Optional[ErrorFeedback | ReencodeFeedback] = None
+    downlink: ErrorFeedback | ReencodeFeedback | None = None
     #: ``bounded_mean``'s recent clip levels (its cap), stepped once per version; ``None`` for other rules.
-    norms: Optional[NormHistory] = None
+    norms: NormHistory | None = None
     #: ``bounded_mean``'s per-node deviation histories (its trust in each node), stepped once per version;
     #: ``None`` for other rules and for AdamW runs (:meth:`load`).
-    senders: Optional[SenderHistory] = None
+    senders: SenderHistory | None = None
     algorithm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, config: RunConfig, version: int, weights: Mapping[str, torch.Tensor],
-             moments: Optional[Mapping[str, torch.Tensor]], server_state: Mapping[str, Any],
-             device: torch.device) -> "RunState":
+    def load(
+        cls,
+        config: RunConfig,
+        version: int,
+        weights: Mapping[str, torch.Tensor],
+        moments: Mapping[str, torch.Tensor] | None,
+        server_state: Mapping[str, Any],
+        device: torch.device,
+    ) -> RunState:
         """The state from a checkpoint's tensors (moments ``None``: zeros, as at version 0)."""
         master = {n: weights[n].to(device=device, dtype=torch.float32).contiguous() for n in sorted(weights)}
         state = cls(config, version, master)
@@ -112,8 +119,11 @@ class RunState:
         norms = server_state.pop("aggregation", {})
         senders = server_state.pop("senders", {})
         if state.publishes_diffs:
-            state.moments = (AdamWState.zeros_like(master) if moments is None
-                             else AdamWState.from_tensors(moments, step=version, device=device))
+            state.moments = (
+                AdamWState.zeros_like(master)
+                if moments is None
+                else AdamWState.from_tensors(moments, step=version, device=device)
+            )
         state.algorithm_state = _to_device(server_state, device)
         state.norms = config.aggregation.norm_history()
         if state.norms is not None:
@@ -161,8 +171,6 @@ class RunState:
             self.replay_average(published)
             return True
 
-
-
     @property
     def device(self) -> torch.device:
         return next(iter(self.master.values())).device
@@ -183,8 +191,15 @@ class RunState:
         """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
-        grads = aggregate(updates, names, cfg.aggregation.rule, cfg.aggregation.trim_fraction, device=self.device,
-                          cap=self._cap(), history=self.senders)
+        grads = aggregate(
+            updates,
+            names,
+            cfg.aggregation.rule,
+            cfg.aggregation.trim_fraction,
+            device=self.device,
+            cap=self._cap(),
+            history=self.senders,
+        )
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         if not self._work:
@@ -242,7 +257,7 @@ class RunState:
         self._average(records, weights, trim)
         return write_published(self.version, [u.raw for u in updates], weights, trim)
 
-    def _verbatim_size(self, updates: Sequence[Update], weights: Sequence[float], trim: int) -> Optional[int]:
+    def _verbatim_size(self, updates: Sequence[Update], weights: Sequence[float], trim: int) -> int | None:
         """The bytes the round's frames would take published verbatim as version ``version + 1`` — its header
         (the header of empty frames is the same) plus the frames — without concatenating them; ``None`` where
         an update came without its bytes (callers that build updates by hand)."""
@@ -251,8 +266,14 @@ class RunState:
         header = write_published(self.version + 1, [b""] * len(updates), weights, trim)
         return len(header) + sum(len(u.raw) for u in updates)
 
-    def _publish_verbatim_instead(self, updates: Sequence[Update], records: Sequence[Sequence],
-                                  weights: Sequence[float], trim: int, recon: Mapping[str, torch.Tensor]) -> bytes:
+    def _publish_verbatim_instead(
+        self,
+        updates: Sequence[Update],
+        records: Sequence[Sequence],
+        weights: Sequence[float],
+        trim: int,
+        recon: Mapping[str, torch.Tensor],
+    ) -> bytes:
         """The re-encoded aggregate came out larger than the round's own frames (a few senders, small
         tensors, a downlink budget above theirs): publish the frames verbatim, so that no version is ever
         larger than the frames it replaces plus its header. Every node then applies the exact aggregate,
@@ -268,8 +289,9 @@ class RunState:
         self._apply_mean(mean)
         return verbatim
 
-    def _reencoded_version(self, records: Sequence[Sequence], weights: Sequence[float],
-                           trim: int) -> tuple[bytes, dict[str, torch.Tensor]]:
+    def _reencoded_version(
+        self, records: Sequence[Sequence], weights: Sequence[float], trim: int
+    ) -> tuple[bytes, dict[str, torch.Tensor]]:
         """The exact (robust) aggregate of ``records``, plus the downlink error buffer, compressed with the
         downlink codec (the buffer keeps the rest): ``(the version's bytes, each record's exact decode)``.
         Only the aggregate reaches the buffer, so a node can move it no more than the rule lets it move
@@ -294,8 +316,11 @@ class RunState:
         records = [u.frame.entries for u in updates]
         ours, recon = self._reencoded_version(records, weights, trim)
         verbatim = self._verbatim_size(updates, weights, trim)
-        if (verbatim is not None and len(ours) > verbatim == len(published)
-                and write_published(self.version + 1, [u.raw for u in updates], weights, trim) == published):
+        if (
+            verbatim is not None
+            and len(ours) > verbatim == len(published)
+            and write_published(self.version + 1, [u.raw for u in updates], weights, trim) == published
+        ):
             # The round published its frames verbatim: close_average made the same choice.
             self._publish_verbatim_instead(updates, records, weights, trim, recon)
             return True
@@ -330,8 +355,9 @@ class RunState:
 
     def _apply_mean(self, mean: Mapping[str, torch.Tensor]) -> None:
         clock = _Clock(self.timings)
-        self.algorithm_state = apply_mean(self.config.algorithm, self.config.algorithm_config(),
-                                          self.master, mean, self.algorithm_state)
+        self.algorithm_state = apply_mean(
+            self.config.algorithm, self.config.algorithm_config(), self.master, mean, self.algorithm_state
+        )
         self.version += 1
         clock.lap("apply")
 

@@ -11,7 +11,7 @@ docs/API.md; nothing here is ever unpickled.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 
@@ -42,12 +42,15 @@ def _record_norm(entry: Entry) -> float:
     except FrameError as exc:
         raise Rejected(Reason.BAD_FRAME, str(exc)) from None
     if not math.isfinite(n):
-        raise Rejected(Reason.NON_FINITE, f"record {entry.name!r} decodes to NaN or infinite values (or to values "
-                                          "beyond float32's range, about 3.4e38)")
+        raise Rejected(
+            Reason.NON_FINITE,
+            f"record {entry.name!r} decodes to NaN or infinite values (or to values "
+            "beyond float32's range, about 3.4e38)",
+        )
     return n
 
 
-def _check_binding(frame: Frame, run_id: Optional[str], round: int, required: bool) -> Frame:
+def _check_binding(frame: Frame, run_id: str | None, round: int, required: bool) -> Frame:
     """``frame`` without its run-binding record, once the binding is checked against ``run_id`` and ``round``."""
     try:
         rest, binding = split_binding(frame.entries)
@@ -55,13 +58,18 @@ def _check_binding(frame: Frame, run_id: Optional[str], round: int, required: bo
         raise Rejected(Reason.BAD_FRAME, str(exc)) from None
     if binding is None:
         if required and run_id is not None:
-            raise Rejected(Reason.RUN_BINDING_MISSING, "this run takes only frames bound to it: add the record "
-                                                       "'@run:<binding>' (docs/FORMAT.md section 10)")
+            raise Rejected(
+                Reason.RUN_BINDING_MISSING,
+                "this run takes only frames bound to it: add the record '@run:<binding>' (docs/FORMAT.md section 10)",
+            )
         return frame
     if run_id is not None and binding != run_binding(run_id, round):
-        raise Rejected(Reason.RUN_BINDING_MISMATCH, f"the frame is bound to another run or round (@run:{binding}), "
-                                                    f"not to run {run_id!r} round {round}: a frame is taken only by "
-                                                    "the run and round it was made for")
+        raise Rejected(
+            Reason.RUN_BINDING_MISMATCH,
+            f"the frame is bound to another run or round (@run:{binding}), "
+            f"not to run {run_id!r} round {round}: a frame is taken only by "
+            "the run and round it was made for",
+        )
     return Frame(round=frame.round, sender=frame.sender, bundle=frame.bundle, entries=rest)
 
 
@@ -72,9 +80,9 @@ def validate_update(
     node_id: int,
     round: int,
     max_frame_bytes: int,
-    max_update_norm: Optional[float],
-    model_record: Optional[str] = None,
-    run_id: Optional[str] = None,
+    max_update_norm: float | None,
+    model_record: str | None = None,
+    run_id: str | None = None,
     require_binding: bool = False,
 ) -> tuple[Frame, float]:
     """The parsed frame and its L2 norm, or :class:`Rejected` naming what is wrong.
@@ -90,8 +98,9 @@ def validate_update(
     if model_record is not None:
         max_elems = sum(math.prod(s) for s in spec.values())
     # One record more than the model's tensors: the run binding.
-    limits = Limits(max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)) + 1,
-                    max_tensor_elements=max(1, max_elems))
+    limits = Limits(
+        max_frame_bytes=max_frame_bytes, max_entries=max(1, len(spec)) + 1, max_tensor_elements=max(1, max_elems)
+    )
     try:
         frame = read_frame(body, limits=limits)
     except FrameError as exc:
@@ -131,8 +140,13 @@ def validate_update(
         raise Rejected(Reason.NON_FINITE, "the update's norm is not finite")
     if norm >= MAX_UPDATE_NORM:
         # Finite, but beyond what a float32 sum holds safely: refused for what it is, not as NaN.
-        raise Rejected(Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} is finite but at least {MAX_UPDATE_NORM:g}, "
-                                              "beyond what float32 aggregation holds safely")
+        raise Rejected(
+            Reason.NORM_TOO_LARGE,
+            f"update L2 norm {norm:.6g} is finite but at least {MAX_UPDATE_NORM:g}, "
+            "beyond what float32 aggregation holds safely",
+        )
     if max_update_norm is not None and norm > max_update_norm:
-        raise Rejected(Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} exceeds the run's ceiling {max_update_norm:g}")
+        raise Rejected(
+            Reason.NORM_TOO_LARGE, f"update L2 norm {norm:.6g} exceeds the run's ceiling {max_update_norm:g}"
+        )
     return frame, norm

@@ -87,43 +87,75 @@ def model_vector(listed: list[dict], config: dict, make_flat):
 
 def vectors():
     g = torch.Generator().manual_seed(1234)
-    yield "identity_f32", dict(round=7, sender=3, bundle=False, stable=True), [
-        ("w", {"codec": "identity"}, torch.randn(2, 3, generator=g)),
-    ]
-    yield "identity_bundle_f16_bf16", dict(round=0, sender=0, bundle=True, stable=True), [
-        ("a.weight", {"codec": "identity", "wire_dtype": "float16"}, torch.randn(3, 5, generator=g)),
-        ("b", {"codec": "identity"}, torch.randn(4, generator=g).to(torch.bfloat16)),
-        ("scalar", {"codec": "identity"}, torch.tensor(-2.75, dtype=torch.float64)),
-    ]
+    yield (
+        "identity_f32",
+        dict(round=7, sender=3, bundle=False, stable=True),
+        [
+            ("w", {"codec": "identity"}, torch.randn(2, 3, generator=g)),
+        ],
+    )
+    yield (
+        "identity_bundle_f16_bf16",
+        dict(round=0, sender=0, bundle=True, stable=True),
+        [
+            ("a.weight", {"codec": "identity", "wire_dtype": "float16"}, torch.randn(3, 5, generator=g)),
+            ("b", {"codec": "identity"}, torch.randn(4, generator=g).to(torch.bfloat16)),
+            ("scalar", {"codec": "identity"}, torch.tensor(-2.75, dtype=torch.float64)),
+        ],
+    )
     flat = {"codec": "dct", "chunk_shape": [16, 16], "topk": 8}
-    yield "dct_flat", dict(round=42, sender=1, bundle=False, stable=True), [
-        ("layer.weight", flat, designed_dct_input((32, 48), build(flat), 1)),
-    ]
+    yield (
+        "dct_flat",
+        dict(round=42, sender=1, bundle=False, stable=True),
+        [
+            ("layer.weight", flat, designed_dct_input((32, 48), build(flat), 1)),
+        ],
+    )
     padded = {"codec": "dct", "chunk_shape": [4, 4], "topk": 3}
-    yield "dct_flat_padded", dict(round=1, sender=2, bundle=False, stable=False), [
-        ("w", padded, torch.randn(5, 7, generator=g)),
-    ]
+    yield (
+        "dct_flat_padded",
+        dict(round=1, sender=2, bundle=False, stable=False),
+        [
+            ("w", padded, torch.randn(5, 7, generator=g)),
+        ],
+    )
     tiles = {"codec": "dct", "topk": 4, "mode": "tiles"}
-    yield "dct_tiles_bundle", dict(round=9, sender=5, bundle=True, stable=True), [
-        ("m", tiles, designed_dct_input((96, 10), build(tiles), 2)),
-        ("v", tiles, designed_dct_input((70,), build(tiles), 3)),
-        ("conv", tiles, designed_dct_input((4, 2, 3, 3), build(tiles), 4)),
-    ]
+    yield (
+        "dct_tiles_bundle",
+        dict(round=9, sender=5, bundle=True, stable=True),
+        [
+            ("m", tiles, designed_dct_input((96, 10), build(tiles), 2)),
+            ("v", tiles, designed_dct_input((70,), build(tiles), 3)),
+            ("conv", tiles, designed_dct_input((4, 2, 3, 3), build(tiles), 4)),
+        ],
+    )
     # Entropy-coded positions and values below a byte (FORMAT.md §5.2 index_coding 1, §6.2).
     rice4 = {"codec": "dct", "chunk_shape": [16, 16], "topk": 8, "index_coding": "rice", "value_bits": 4}
-    yield "dct_rice_4bit", dict(round=3, sender=7, bundle=False, stable=True), [
-        ("layer.weight", rice4, designed_dct_input((32, 48), build(rice4), 5)),
-    ]
+    yield (
+        "dct_rice_4bit",
+        dict(round=3, sender=7, bundle=False, stable=True),
+        [
+            ("layer.weight", rice4, designed_dct_input((32, 48), build(rice4), 5)),
+        ],
+    )
     rice2 = {"codec": "dct", "topk": 24, "mode": "tiles", "index_coding": "rice", "value_bits": 2}
-    yield "dct_tiles_rice_2bit", dict(round=4, sender=8, bundle=False, stable=True), [
-        ("m", rice2, designed_dct_input((8, 12), build(rice2), 6)),
-    ]
+    yield (
+        "dct_tiles_rice_2bit",
+        dict(round=4, sender=8, bundle=False, stable=True),
+        [
+            ("m", rice2, designed_dct_input((8, 12), build(rice2), 6)),
+        ],
+    )
     sparse1 = {"codec": "dct", "chunk_shape": [64], "topk": 3, "index_coding": "auto", "value_bits": 1}
     dense1 = {"codec": "dct", "chunk_shape": [16], "topk": 12, "index_coding": "auto", "value_bits": 1}
-    yield "dct_auto_1bit_bundle", dict(round=5, sender=9, bundle=True, stable=True), [
-        ("sparse", sparse1, designed_dct_input((256,), build(sparse1), 7)),
-        ("dense", dense1, designed_dct_input((48,), build(dense1), 8)),
-    ]
+    yield (
+        "dct_auto_1bit_bundle",
+        dict(round=5, sender=9, bundle=True, stable=True),
+        [
+            ("sparse", sparse1, designed_dct_input((256,), build(sparse1), 7)),
+            ("dense", dense1, designed_dct_input((48,), build(dense1), 8)),
+        ],
+    )
     # Whole-model records (FORMAT.md section 9): one flat record named by the spec's hash.
     spec_listed = [
         {"name": "embed.weight", "dtype": "f32", "shape": [5, 4]},
@@ -154,15 +186,31 @@ def vectors():
     grads = torch.randn(40, 12, generator=g2) * 1e-3
     grads[::3] = 0.0
     grads[5, 7] = 2.5e4  # an exponent that a cap of 5 escapes
-    yield "gcomp_levels_bundle", dict(round=6, sender=10, bundle=True, stable=False), [
-        ("lossless", {"codec": "gcomp", "block": 16, "cap": 5}, grads),
-        ("level2", {"codec": "gcomp", "block": 16, "cap": 5, "fixed_level": 2}, grads.flip(0)),
-        ("bf16", {"codec": "gcomp", "block": 8, "fixed_level": 1}, torch.randn(30, generator=g2).to(torch.bfloat16)),
-    ]
-    yield "qsgd_omega_gamma_bundle", dict(round=7, sender=11, bundle=True, stable=False), [
-        ("omega", {"codec": "qsgd", "levels": 4, "bucket": 32, "seed": 3}, torch.randn(100, generator=g2)),
-        ("gamma", {"codec": "qsgd", "levels": 2, "bucket": 64, "elias": "gamma", "seed": 4}, torch.randn(7, 9, generator=g2)),
-    ]
+    yield (
+        "gcomp_levels_bundle",
+        dict(round=6, sender=10, bundle=True, stable=False),
+        [
+            ("lossless", {"codec": "gcomp", "block": 16, "cap": 5}, grads),
+            ("level2", {"codec": "gcomp", "block": 16, "cap": 5, "fixed_level": 2}, grads.flip(0)),
+            (
+                "bf16",
+                {"codec": "gcomp", "block": 8, "fixed_level": 1},
+                torch.randn(30, generator=g2).to(torch.bfloat16),
+            ),
+        ],
+    )
+    yield (
+        "qsgd_omega_gamma_bundle",
+        dict(round=7, sender=11, bundle=True, stable=False),
+        [
+            ("omega", {"codec": "qsgd", "levels": 4, "bucket": 32, "seed": 3}, torch.randn(100, generator=g2)),
+            (
+                "gamma",
+                {"codec": "qsgd", "levels": 2, "bucket": 64, "elias": "gamma", "seed": 4},
+                torch.randn(7, 9, generator=g2),
+            ),
+        ],
+    )
 
 
 def main(names: list[str]) -> None:
@@ -178,8 +226,9 @@ def main(names: list[str]) -> None:
         if "model_spec" in meta:
             spec = model_spec(meta["model_spec"])
             [(rec, config, flat)] = records
-            again = gradwire.encode_model(build(config), model_inputs(spec, flat), spec,
-                                          round=meta["round"], sender=meta["sender"])
+            again = gradwire.encode_model(
+                build(config), model_inputs(spec, flat), spec, round=meta["round"], sender=meta["sender"]
+            )
             assert again == frame, "encode_model disagrees with the record written by hand"
             for n, t in gradwire.decode_model(frame, spec).items():
                 tensors[f"model/{n}"] = t.clone().contiguous()

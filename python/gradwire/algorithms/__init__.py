@@ -22,10 +22,26 @@ from __future__ import annotations
 
 from ..aggregation import exact_aggregate, exact_mean, exact_trimmed_mean, trim_count
 from .adamw import ADAMW, AdamWConfig
-from .base import DEFAULT_ALGORITHM, Algorithm, NodeSide, algorithm_names, algorithms, config_from_json, get_algorithm, register
+from .base import (
+    DEFAULT_ALGORITHM,
+    Algorithm,
+    NodeSide,
+    algorithm_names,
+    algorithms,
+    config_from_json,
+    get_algorithm,
+    register,
+)
 from .demo import DEMO, DeMoConfig, DeMoState, default_demo_codec, demo_update
-from .sparseloco import (DEFAULT_SYNC_EVERY, SPARSELOCO, OuterStep, SparseLoCoConfig, SparseLoCoState,
-                         default_sparseloco_codec, default_sparseloco_downlink)
+from .sparseloco import (
+    DEFAULT_SYNC_EVERY,
+    SPARSELOCO,
+    OuterStep,
+    SparseLoCoConfig,
+    SparseLoCoState,
+    default_sparseloco_codec,
+    default_sparseloco_downlink,
+)
 
 __all__ = [
     "ADAMW",

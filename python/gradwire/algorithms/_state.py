@@ -3,7 +3,8 @@ their ``state_dict`` / ``load_state_dict`` helpers."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
@@ -37,8 +38,9 @@ def updates_in_place(codec: Codec) -> bool:
     return bool(says()) if callable(says) else False
 
 
-def send_and_keep_rest(codec: Codec, buffers: MutableMapping[str, torch.Tensor], names: Sequence[str],
-                       in_place: bool = False) -> list[Entry]:
+def send_and_keep_rest(
+    codec: Codec, buffers: MutableMapping[str, torch.Tensor], names: Sequence[str], in_place: bool = False
+) -> list[Entry]:
     """The codec compresses ``buffers[name]`` for every name (one ``compress_bundle``, in the order given);
     each buffer keeps what was not sent (``b − reconstruction``). Returns the records in that order.
 

@@ -8,7 +8,8 @@ the AdamW arithmetic on the master weights is the server's (``gradwire_server.op
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Literal
 
 import torch
 
@@ -36,7 +37,7 @@ class AdamWConfig:
     """Steps of linear warm-up from 0 to ``lr``."""
     schedule: Literal["constant", "cosine"] = "constant"
     """After warm-up: ``lr`` throughout, or a cosine decay to 0 at ``total_rounds``."""
-    total_rounds: Optional[int] = None
+    total_rounds: int | None = None
     """The step the cosine schedule ends at (needed by ``schedule='cosine'``)."""
 
     def __post_init__(self) -> None:
@@ -57,8 +58,12 @@ class AdamWConfig:
 
     def torch_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.optim.AdamW`` for this config (the schedule aside)."""
-        return {"lr": float(self.lr), "betas": tuple(float(b) for b in self.betas), "eps": float(self.eps),
-                "weight_decay": float(self.weight_decay)}
+        return {
+            "lr": float(self.lr),
+            "betas": tuple(float(b) for b in self.betas),
+            "eps": float(self.eps),
+            "weight_decay": float(self.weight_decay),
+        }
 
 
 class AdamWNode(NodeSide):
@@ -69,7 +74,7 @@ class AdamWNode(NodeSide):
         self.feedback = ErrorFeedback(codec)
         self.params = params
 
-    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> list[Entry]:
+    def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry]:
         if grads is None:
             raise ValueError("an AdamW node sends gradients every step: pass them")
         same_names(list(grads), list(self.params), "gradients")
@@ -93,8 +98,9 @@ class AdamWAlgorithm(Algorithm):
     config_field = "optimizer"
     config_type = AdamWConfig
     publication = "diff"
-    summary = ("the server steps AdamW on the aggregate gradient and publishes the compressed weight diff "
-               "(Panthalia's path)")
+    summary = (
+        "the server steps AdamW on the aggregate gradient and publishes the compressed weight diff (Panthalia's path)"
+    )
 
     def node(self, config, codec, params, module=None, model_spec=None) -> AdamWNode:
         if model_spec is not None:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, ClassVar, Mapping, MutableMapping, Optional, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -69,7 +70,7 @@ class NodeSide:
     #: optimizer over the module); otherwise the transport passes the gradients every step.
     reads_module_grads: ClassVar[bool] = False
 
-    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> Optional[list[Entry]]:
+    def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry] | None:
         raise NotImplementedError
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
@@ -125,7 +126,7 @@ class Algorithm:
         config: Any,
         codec: Codec,
         params: MutableMapping[str, torch.Tensor],
-        module: Optional[torch.nn.Module] = None,
+        module: torch.nn.Module | None = None,
         model_spec: Any = None,
     ) -> NodeSide:
         """A node's side of a run: ``params`` is the replica (updated in place), ``module`` the model when
@@ -144,15 +145,16 @@ class Algorithm:
         """Apply one ``"mean"`` version's aggregate to ``weights`` in place; ``state`` is the algorithm's
         state before it (e.g. an outer momentum), the return value the state after it (which may hold
         ``state``'s own tensors, updated in place)."""
-        raise ValueError(f"algorithm {self.name!r} publishes {self.publication!r} versions, which are not "
-                         "applied from a mean")
+        raise ValueError(
+            f"algorithm {self.name!r} publishes {self.publication!r} versions, which are not applied from a mean"
+        )
 
-    def default_codec(self, config: Any) -> Optional[tuple[str, dict[str, Any]]]:
+    def default_codec(self, config: Any) -> tuple[str, dict[str, Any]] | None:
         """The codec (a ``gradwire.build_codec`` name and its parameters) a node sends with when it is
         given none (``gradwire.torch.AlgorithmOptimizer``); ``None``: the transport's own default."""
         return None
 
-    def default_downlink(self, config: Any) -> Optional[tuple[str, dict[str, Any]]]:
+    def default_downlink(self, config: Any) -> tuple[str, dict[str, Any]] | None:
         """The codec (a ``gradwire.build_codec`` name and its parameters) that re-encodes a ``"mean"``
         version's aggregate when the run names none; ``None``: the server's general default."""
         return None
@@ -172,8 +174,9 @@ _REGISTRY: dict[str, Algorithm] = {}
 def register(algorithm: Algorithm) -> Algorithm:
     """Add ``algorithm`` to the registry (its name must be new); returns it."""
     if algorithm.publication not in PUBLICATIONS:
-        raise ValueError(f"algorithm {algorithm.name!r}: publication must be one of {PUBLICATIONS}, "
-                         f"got {algorithm.publication!r}")
+        raise ValueError(
+            f"algorithm {algorithm.name!r}: publication must be one of {PUBLICATIONS}, got {algorithm.publication!r}"
+        )
     if not dataclasses.is_dataclass(algorithm.config_type):
         raise TypeError(f"algorithm {algorithm.name!r}: config_type must be a dataclass")
     if algorithm.name in _REGISTRY:
@@ -229,8 +232,16 @@ def config_from_json(cls: type, value: Any) -> Any:
     return cls(**kwargs)
 
 
-def check_number(value: Any, what: str, *, low: Optional[float] = None, high: Optional[float] = None,
-                 low_open: bool = False, high_open: bool = False, integer: bool = False) -> None:
+def check_number(
+    value: Any,
+    what: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+) -> None:
     """``ValueError`` unless ``value`` is a finite number (a whole one with ``integer``) within the bounds
     (open at an end with ``low_open`` / ``high_open``)."""
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
@@ -260,4 +271,3 @@ def same_names(got: Sequence[str], want: Sequence[str], what: str) -> None:
     diff = sorted(set(got) ^ set(want))
     if diff:
         raise ValueError(f"{what} name {diff[:5]} differently from the replica")
-

@@ -9,7 +9,8 @@ weight decay (:func:`demo_update`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import torch
 
@@ -55,8 +56,14 @@ def default_demo_codec() -> Codec:
 def demo_codec_params() -> dict[str, Any]:
     """The keyword parameters of :func:`default_demo_codec` (as ``gradwire.build_codec("dct", **params)``
     takes them; also the default downlink of a DeMo run's re-encoded aggregate)."""
-    return {"chunk_shape": [64, 64], "topk": 22, "mode": "tiles", "index_coding": "auto", "value_bits": 1,
-            "topk_scaling": "proportional"}
+    return {
+        "chunk_shape": [64, 64],
+        "topk": 22,
+        "mode": "tiles",
+        "index_coding": "auto",
+        "value_bits": 1,
+        "topk_scaling": "proportional",
+    }
 
 
 class DeMoState:
@@ -65,7 +72,7 @@ class DeMoState:
     ``momenta`` live on their tensors' devices; the first :meth:`compress` of a name starts it at zero.
     """
 
-    def __init__(self, codec: Optional[Codec] = None, *, beta: float = 0.999):
+    def __init__(self, codec: Codec | None = None, *, beta: float = 0.999):
         beta = float(beta)
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must lie in [0, 1], got {beta}")
@@ -145,8 +152,9 @@ def demo_update(
     names = sorted(params)
     for n in names:
         if tuple(mean[n].shape) != tuple(params[n].shape):
-            raise ValueError(f"aggregate {n!r} has shape {tuple(mean[n].shape)}, the parameter "
-                             f"{tuple(params[n].shape)}")
+            raise ValueError(
+                f"aggregate {n!r} has shape {tuple(mean[n].shape)}, the parameter {tuple(params[n].shape)}"
+            )
     if not names:
         return
     with torch.no_grad():
@@ -169,7 +177,7 @@ class DeMoNode(NodeSide):
         self.params = params
         self.model_spec = model_spec
 
-    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> list[Entry]:
+    def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry]:
         if grads is None:
             raise ValueError("a DeMo node sends its momentum every step: pass the gradients")
         same_names(list(grads), list(self.params), "gradients")

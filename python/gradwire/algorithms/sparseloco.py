@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import torch
 
@@ -25,9 +26,17 @@ from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, u
 from .adamw import AdamWConfig
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
 
-__all__ = ["DEFAULT_SYNC_EVERY", "OuterStep", "SPARSELOCO", "SparseLoCoConfig", "SparseLoCoState",
-           "default_sparseloco_codec", "default_sparseloco_downlink", "sparseloco_codec_params",
-           "sparseloco_downlink_params"]
+__all__ = [
+    "DEFAULT_SYNC_EVERY",
+    "OuterStep",
+    "SPARSELOCO",
+    "SparseLoCoConfig",
+    "SparseLoCoState",
+    "default_sparseloco_codec",
+    "default_sparseloco_downlink",
+    "sparseloco_codec_params",
+    "sparseloco_downlink_params",
+]
 
 
 #: The default local steps per round. On the stdlib byte LM at 300× per local step both ways (2,048 steps,
@@ -65,7 +74,7 @@ class SparseLoCoConfig:
         if not isinstance(self.nesterov, bool):
             raise ValueError(f"sparseloco.nesterov must be a boolean, got {self.nesterov!r}")
 
-    def outer_step(self) -> "OuterStep":
+    def outer_step(self) -> OuterStep:
         """A fresh :class:`OuterStep` of this config."""
         return OuterStep(self.outer_lr, self.outer_momentum, self.nesterov)
 
@@ -113,8 +122,14 @@ def sparseloco_codec_params(sync_every: int = DEFAULT_SYNC_EVERY) -> dict[str, A
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if _estimated_chunk_bytes(mid) <= budget else (lo, mid - 1)
     k = lo
-    return {"chunk_shape": [64, 64], "topk": k, "mode": "tiles", "index_coding": "auto", "value_bits": 2,
-            "topk_scaling": "proportional"}
+    return {
+        "chunk_shape": [64, 64],
+        "topk": k,
+        "mode": "tiles",
+        "index_coding": "auto",
+        "value_bits": 2,
+        "topk_scaling": "proportional",
+    }
 
 
 #: Value bits of the re-encoded aggregate: at 16 nodes on the stdlib byte LM (640 steps, the best lr, 2 seeds,
@@ -144,7 +159,7 @@ def sparseloco_downlink_params(sync_every: int = DEFAULT_SYNC_EVERY) -> dict[str
 class SparseLoCoState:
     """SparseLoCo's node side: one float32 error buffer per tensor name, the codec, ``error_decay``."""
 
-    def __init__(self, codec: Optional[Codec] = None, *, error_decay: float = 0.95):
+    def __init__(self, codec: Codec | None = None, *, error_decay: float = 0.95):
         error_decay = float(error_decay)
         if not 0.0 <= error_decay <= 1.0:
             raise ValueError(f"error_decay must lie in [0, 1], got {error_decay}")
@@ -300,16 +315,23 @@ class OuterStep:
             return False
         b = self.buffers.get(name) if self.momentum else None
         fresh = self.momentum != 0.0 and b is None
-        if b is not None and (b.device.type != "cpu" or b.dtype != torch.float32 or not b.is_contiguous()
-                              or b.shape != a.shape):
+        if b is not None and (
+            b.device.type != "cpu" or b.dtype != torch.float32 or not b.is_contiguous() or b.shape != a.shape
+        ):
             return False
         if fresh:
             b = torch.empty_like(a)  # the kernel writes the delta into it: b = d at the first step
         # detach(): the same memory, numpy-viewable even where a tensor requires grad
-        _native.outer_step(a.detach().reshape(-1).numpy(),
-                           None if b is None else b.detach().reshape(-1).numpy(),
-                           d.detach().contiguous().reshape(-1).numpy(), self.momentum, self.nesterov,
-                           self.outer_lr, fresh, torch.get_num_threads())
+        _native.outer_step(
+            a.detach().reshape(-1).numpy(),
+            None if b is None else b.detach().reshape(-1).numpy(),
+            d.detach().contiguous().reshape(-1).numpy(),
+            self.momentum,
+            self.nesterov,
+            self.outer_lr,
+            fresh,
+            torch.get_num_threads(),
+        )
         if b is not None:
             self.buffers[name] = b
         return True
@@ -336,8 +358,14 @@ class SparseLoCoNode(NodeSide):
     needs_algorithm_state = True
     reads_module_grads = True
 
-    def __init__(self, config: SparseLoCoConfig, codec: Codec, params: MutableMapping[str, torch.Tensor],
-                 module: Optional[torch.nn.Module], model_spec=None):
+    def __init__(
+        self,
+        config: SparseLoCoConfig,
+        codec: Codec,
+        params: MutableMapping[str, torch.Tensor],
+        module: torch.nn.Module | None,
+        model_spec=None,
+    ):
         if module is None:
             raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
         self.config = config
@@ -349,7 +377,7 @@ class SparseLoCoNode(NodeSide):
         self.anchor: dict[str, torch.Tensor] = {}
         self.local_steps = 0
 
-    def records(self, grads: Optional[Mapping[str, torch.Tensor]]) -> Optional[list[Entry]]:
+    def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry] | None:
         """One inner step (on ``grads`` if given, else the module's ``.grad``); every ``sync_every``-th
         step, the records of the pseudo-gradient since the anchor."""
         if grads is not None:
@@ -363,8 +391,10 @@ class SparseLoCoNode(NodeSide):
         if self.model_spec is None:
             return self.state.compress(self.anchor, self.params)
         spec = self.model_spec
-        return self.state.compress({spec.record_name: spec.flatten(ordered(self.anchor))},
-                                   {spec.record_name: spec.flatten(ordered(self.params))})
+        return self.state.compress(
+            {spec.record_name: spec.flatten(ordered(self.anchor))},
+            {spec.record_name: spec.flatten(ordered(self.params))},
+        )
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         self.state.take_back(sent)
@@ -382,8 +412,12 @@ class SparseLoCoNode(NodeSide):
                 p.copy_(self.anchor[n])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"node": self.state.state_dict(), "inner": self.inner.state_dict(),
-                "anchor": save_tensors(self.anchor), "local_steps": self.local_steps}
+        return {
+            "node": self.state.state_dict(),
+            "inner": self.inner.state_dict(),
+            "anchor": save_tensors(self.anchor),
+            "local_steps": self.local_steps,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         state = sd.fields(state, "SparseLoCo node state", ("node", "inner", "anchor", "local_steps"))
@@ -401,8 +435,10 @@ class SparseLoCoAlgorithm(Algorithm):
     config_type = SparseLoCoConfig
     publication = "mean"
     takes_model_record = True
-    summary = ("nodes take sync_every local AdamW steps, then send their compressed pseudo-gradient with "
-               "error feedback; everyone applies the outer step to the last synced weights")
+    summary = (
+        "nodes take sync_every local AdamW steps, then send their compressed pseudo-gradient with "
+        "error feedback; everyone applies the outer step to the last synced weights"
+    )
 
     def default_codec(self, config) -> tuple[str, dict[str, Any]]:
         return "dct", sparseloco_codec_params(self.config(config).sync_every)

@@ -25,8 +25,6 @@ __all__ = [
 ]
 
 
-
-
 class GradwireClientError(RuntimeError):
     """Base of every error this module raises (besides :class:`~gradwire.FrameError` for bad frames)."""
 
@@ -90,8 +88,9 @@ def _error_class(status: int, error: str, *, frame_request: bool) -> type[Gradwi
     if status == 409:
         return ConflictError
     if status == 410:
-        return {Reason.ROUND_CLOSED.value: RoundClosedError,
-                Reason.TOO_FAR_BEHIND.value: TooFarBehindError}.get(error, GradwireHTTPError)
+        return {Reason.ROUND_CLOSED.value: RoundClosedError, Reason.TOO_FAR_BEHIND.value: TooFarBehindError}.get(
+            error, GradwireHTTPError
+        )
     if status in (400, 413, 422):
         return FrameRejectedError if frame_request else RequestRejectedError
     return GradwireHTTPError
@@ -110,5 +109,3 @@ def http_error(response: httpx.Response, *, frame_request: bool = False) -> Grad
         if "detail" in body:
             detail = body["detail"] if isinstance(body["detail"], str) else str(body["detail"])[:500]
     return _error_class(status, error, frame_request=frame_request)(status, error, detail)
-
-

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import httpx
 import torch
@@ -57,7 +58,7 @@ class PublishedBatch:
     nbytes: int
 
 
-def split_frames(body: bytes, *, limits: Optional[Limits] = None) -> list[bytes]:
+def split_frames(body: bytes, *, limits: Limits | None = None) -> list[bytes]:
     """Cut concatenated frames apart at each header's ``total_len``; every frame is fully checked.
 
     Raises :class:`~gradwire.FrameError` for a body that is not a whole number of valid frames
@@ -66,7 +67,7 @@ def split_frames(body: bytes, *, limits: Optional[Limits] = None) -> list[bytes]
     return [chunk for chunk, _ in _read_frames(body, limits)]
 
 
-def _read_frames(body: bytes, limits: Optional[Limits]) -> list[tuple[bytes, Frame]]:
+def _read_frames(body: bytes, limits: Limits | None) -> list[tuple[bytes, Frame]]:
     lim = limits or Limits()
     view = memoryview(body)
     frames: list[tuple[bytes, Frame]] = []
@@ -120,13 +121,13 @@ class GradwireClient:
     def __init__(
         self,
         url: str,
-        token: Optional[str] = None,
+        token: str | None = None,
         *,
         timeout: float = 30.0,
         retries: int = 5,
         backoff: float = 0.25,
         max_backoff: float = 10.0,
-        transport: Optional[httpx.BaseTransport] = None,
+        transport: httpx.BaseTransport | None = None,
     ):
         if retries < 0:
             raise ValueError("retries must be >= 0")
@@ -136,8 +137,13 @@ class GradwireClient:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport,
-                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=self.timeout,
+            transport=transport,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        )
         self._jitter = random.Random()
         #: Body bytes sent and received through this client (requests that got an answer).
         self.bytes_sent = 0
@@ -148,13 +154,13 @@ class GradwireClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "GradwireClient":
+    def __enter__(self) -> GradwireClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _delay(self, attempt: int, response: Optional[httpx.Response]) -> float:
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         delay = min(self.max_backoff, self.backoff * (2**attempt))
         delay *= 0.5 + 0.5 * self._jitter.random()  # jitter: nodes that failed together retry apart
         if response is not None:
@@ -221,7 +227,7 @@ class GradwireClient:
 
     # -- runs (admin) ----------------------------------------------------------------------------
 
-    def create_run(self, config: Optional[Mapping[str, Any]] = None) -> str:
+    def create_run(self, config: Mapping[str, Any] | None = None) -> str:
         """``POST /v1/runs`` with a RunConfig (every field optional); returns the new run id."""
         response = self._request("POST", f"{API_PREFIX}/runs", idempotent=False, json=dict(config or {}))
         return str(response.json()["run_id"])
@@ -233,12 +239,12 @@ class GradwireClient:
             "PUT", f"{API_PREFIX}/runs/{run_id}/state", idempotent=True, content=body, headers=_OCTET
         ).json()
 
-    def register_node(self, run_id: str, name: Optional[str] = None) -> tuple[int, str]:
+    def register_node(self, run_id: str, name: str | None = None) -> tuple[int, str]:
         """``POST /v1/runs/{run_id}/nodes``; returns ``(node_id, token)`` — the token is shown only once."""
         body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
         return int(body["node_id"]), str(body["token"])
 
-    def list_runs(self, limit: Optional[int] = None, after: Optional[str] = None) -> dict:
+    def list_runs(self, limit: int | None = None, after: str | None = None) -> dict:
         """``GET /v1/runs`` (admin): ``{"runs": [status, …], "next": run_id | None}``, oldest first; pass
         ``next`` as ``after`` for the following page (``limit``: the server's default 100, at most 1000)."""
         params = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
@@ -296,7 +302,7 @@ class GradwireClient:
         return response.json()
 
     def updates(
-        self, run_id: str, since: int, wait: Optional[float] = None, *, limits: Optional[Limits] = None
+        self, run_id: str, since: int, wait: float | None = None, *, limits: Limits | None = None
     ) -> UpdateBatch:
         """``GET`` the downlink frames publishing versions ``since+1`` … current, each one checked.
 
@@ -319,7 +325,7 @@ class GradwireClient:
             raise ProtocolError("a downlink frame is not a bundle frame from the server (sender 0xFFFFFFFF)")
         return UpdateBatch(frames=frames, version=version, weights_hash=weights_hash)
 
-    def _updates_body(self, run_id: str, since: int, wait: Optional[float]) -> tuple[bytes, int, str]:
+    def _updates_body(self, run_id: str, since: int, wait: float | None) -> tuple[bytes, int, str]:
         """The downlink bytes publishing ``since+1`` … the run's version, with that version and its weights
         hash. The server answers a long catch-up in pages (``X-Gradwire-Version`` where a page ends,
         ``X-Gradwire-Latest-Version`` the run's version then): the pages are fetched in turn, from where
@@ -346,7 +352,7 @@ class GradwireClient:
         return b"".join(pages), version, weights_hash
 
     def published(
-        self, run_id: str, since: int, *, wait: Optional[float] = None, limits: Optional[Limits] = None
+        self, run_id: str, since: int, *, wait: float | None = None, limits: Limits | None = None
     ) -> PublishedBatch:
         """``GET`` the versions ``since+1`` … current of a DeMo or SparseLoCo run (:mod:`gradwire.published`:
         each a weights header and the round's node frames), every frame checked.
@@ -357,10 +363,11 @@ class GradwireClient:
         versions = read_published(body, limits=limits)
         got = [p.version for p in versions]
         if got != list(range(int(since) + 1, version + 1)):
-            raise ProtocolError(f"updates since {since} at version {version} should publish versions "
-                                f"{since + 1}..{version}, the body publishes {got[:8]}")
-        return PublishedBatch(versions=versions, version=version, weights_hash=weights_hash,
-                              nbytes=len(body))
+            raise ProtocolError(
+                f"updates since {since} at version {version} should publish versions "
+                f"{since + 1}..{version}, the body publishes {got[:8]}"
+            )
+        return PublishedBatch(versions=versions, version=version, weights_hash=weights_hash, nbytes=len(body))
 
     def algorithm_state(self, run_id: str) -> tuple[dict[str, Any], int, str]:
         """``GET`` the algorithm's node-relevant state (SparseLoCo's outer momentum): ``(state, version, hash)``."""
@@ -386,5 +393,3 @@ class GradwireClient:
         if state_hash(state) != weights_hash:
             raise OutOfSyncError(f"state at version {version} does not match its weights hash {weights_hash}")
         return state, version, weights_hash
-
-

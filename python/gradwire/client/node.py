@@ -11,13 +11,14 @@ checks the weights hash against the server's. It never tests an algorithm's name
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ..algorithms import DEFAULT_ALGORITHM, Algorithm, NodeSide, get_algorithm
-from ..codecs.base import Codec
 from ..binding import binding_entry, strip_binding
+from ..codecs.base import Codec
 from ..frame import decode_bundle, read_frame, write_frame
 from ..model_record import ModelSpec, model_record_codec, run_spec
 from ..protocol import Reason
@@ -54,13 +55,13 @@ class Node:
         self,
         client: GradwireClient,
         run_id: str,
-        model: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+        model: torch.nn.Module | Mapping[str, torch.Tensor],
         codec: Codec,
         node_id: int,
         *,
         wait: float = 30.0,
-        step_timeout: Optional[float] = 600.0,
-        decode_device: Union[str, torch.device] = "cpu",
+        step_timeout: float | None = 600.0,
+        decode_device: str | torch.device = "cpu",
     ):
         self.client = client
         self.run_id = run_id
@@ -77,19 +78,19 @@ class Node:
         self.codec = codec
         #: The run's configuration (JSON, read at the first :meth:`sync`), its algorithm and this node's
         #: side of it.
-        self.config: Optional[dict[str, Any]] = None
-        self.algorithm: Optional[Algorithm] = None
+        self.config: dict[str, Any] | None = None
+        self.algorithm: Algorithm | None = None
         self.algorithm_config: Any = None
-        self.side: Optional[NodeSide] = None
+        self.side: NodeSide | None = None
         #: The run's model spec when it takes whole-model records (``model_record``), else None.
-        self.model_spec: Optional[ModelSpec] = None
+        self.model_spec: ModelSpec | None = None
         self._algorithm_state: dict[str, Any] = {}
         self.wait = float(wait)
         self.step_timeout = step_timeout
         self.decode_device = torch.device(decode_device)
         #: The version the replica holds (None before the first :meth:`sync`).
-        self.version: Optional[int] = None
-        self.weights_hash: Optional[str] = None
+        self.version: int | None = None
+        self.weights_hash: str | None = None
         #: Uplink bytes (submitted frames) and downlink bytes (published versions and states) so far.
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -107,8 +108,9 @@ class Node:
         self.model_spec = run_spec(self.params) if self.config.get("model_record") else None
         codec = self.codec if self.model_spec is None else model_record_codec(self.codec)
         self.algorithm_config = self.algorithm.run_config(self.config)
-        self.side = self.algorithm.node(self.algorithm_config, codec, self.params, module=self.module,
-                                        model_spec=self.model_spec)
+        self.side = self.algorithm.node(
+            self.algorithm_config, codec, self.params, module=self.module, model_spec=self.model_spec
+        )
 
     def sync(self) -> int:
         """Load the server's full state into the replica (at start, or when too far behind)."""
@@ -144,7 +146,7 @@ class Node:
         self.state_loads += 1
         return version
 
-    def catch_up(self, wait: Optional[float] = None) -> int:
+    def catch_up(self, wait: float | None = None) -> int:
         """Apply every version published since the replica's (long-polling up to ``wait`` s for one).
 
         Falls back to the full state when the server no longer keeps those versions. Verifies the
@@ -169,7 +171,7 @@ class Node:
         self.version, self.weights_hash = version, weights_hash
         return self.version
 
-    def _apply_diffs(self, wait: Optional[float]) -> tuple[int, str, int]:
+    def _apply_diffs(self, wait: float | None) -> tuple[int, str, int]:
         """``"diff"`` versions: each a compressed weight diff, added to the target."""
         batch = self.client.updates(self.run_id, self.version, wait=wait)
         target = self.side.target()
@@ -181,7 +183,7 @@ class Node:
             self.version += 1  # frames publish version+1, version+2, … (checked by updates())
         return batch.version, batch.weights_hash, len(batch.frames)
 
-    def _apply_means(self, wait: Optional[float]) -> tuple[int, str, int]:
+    def _apply_means(self, wait: float | None) -> tuple[int, str, int]:
         """``"mean"`` versions: the exact aggregate of node records, applied by the algorithm (to the
         replica for DeMo; to the anchor for SparseLoCo, which then becomes the replica)."""
         batch = self.client.published(self.run_id, self.version, wait=wait)
@@ -190,8 +192,9 @@ class Node:
         for published in batch.versions:
             mean = published.mean(device=self.decode_device)
             with torch.no_grad():  # the one function the server applied the version with
-                self._algorithm_state = apply_mean(self.algorithm.name, self.algorithm_config, target, mean,
-                                                   self._algorithm_state)
+                self._algorithm_state = apply_mean(
+                    self.algorithm.name, self.algorithm_config, target, mean, self._algorithm_state
+                )
             self.version += 1
         return batch.version, batch.weights_hash, len(batch.versions)
 
@@ -202,11 +205,10 @@ class Node:
         if self.module is None:
             raise ValueError("this node was given tensors, not a module: pass the gradients to step()")
         return {
-            name: (p.grad if p.grad is not None else torch.zeros_like(p))
-            for name, p in self.module.named_parameters()
+            name: (p.grad if p.grad is not None else torch.zeros_like(p)) for name, p in self.module.named_parameters()
         }
 
-    def step(self, grads: Optional[Mapping[str, torch.Tensor]] = None) -> int:
+    def step(self, grads: Mapping[str, torch.Tensor] | None = None) -> int:
         """One training step: the algorithm forms this step's records and, if it sends any, they are
         submitted and the replica advanced to the next published version.
 
@@ -222,8 +224,9 @@ class Node:
         if records is None:  # a step that sends nothing (SparseLoCo's local steps)
             return self.version
         # Bound to this run and round (docs/FORMAT.md section 10): no other run, or round, takes it verbatim.
-        frame = write_frame([*records, binding_entry(self.run_id, round_)], round=round_, sender=self.node_id,
-                            bundle=True)
+        frame = write_frame(
+            [*records, binding_entry(self.run_id, round_)], round=round_, sender=self.node_id, bundle=True
+        )
         return self._submit_and_advance(round_, frame)
 
     def _submit_and_advance(self, round_: int, frame: bytes) -> int:
@@ -249,7 +252,9 @@ class Node:
         while self.version <= round_:
             left = self.wait if deadline is None else min(self.wait, deadline - time.monotonic())
             if left <= 0:
-                raise TimeoutError(f"node {self.node_id}: round {round_} was not published within {self.step_timeout} s")
+                raise TimeoutError(
+                    f"node {self.node_id}: round {round_} was not published within {self.step_timeout} s"
+                )
             self.catch_up(wait=left)
         return self.version
 

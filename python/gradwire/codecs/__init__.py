@@ -7,7 +7,7 @@ per layer, lives above this package (:mod:`gradwire.accordion`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from . import dct_capabilities  # noqa: F401  (declares the DCT codec's capabilities)
 from .base import Codec
@@ -21,7 +21,23 @@ from .sign import OneBit, SignSGD
 from .sparse import RandomK, TopK
 from .threelc import ThreeLC
 
-__all__ = ["Codec", "DCTCodec", "GComp", "GCompDecoderState", "IdentityCodec", "MinMaxUInt8", "OneBit", "PowerSGD", "QSGD", "RandomK", "SignSGD", "ThreeLC", "TopK", "CODECS", "make_codec"]
+__all__ = [
+    "Codec",
+    "DCTCodec",
+    "GComp",
+    "GCompDecoderState",
+    "IdentityCodec",
+    "MinMaxUInt8",
+    "OneBit",
+    "PowerSGD",
+    "QSGD",
+    "RandomK",
+    "SignSGD",
+    "ThreeLC",
+    "TopK",
+    "CODECS",
+    "make_codec",
+]
 
 #: Codec factories by name.
 CODECS: dict[str, Callable[..., Codec]] = {

@@ -19,7 +19,8 @@ The protocol also declares:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -76,19 +77,17 @@ class Codec:
         entry, _ = self.compress(tensor, name)
         return write_frame([entry], round=round, sender=sender)
 
-    def encode_bundle(
-        self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0
-    ) -> bytes:
+    def encode_bundle(self, tensors: Mapping[str, torch.Tensor], *, round: int = 0, sender: int = 0) -> bytes:
         """A bundle frame holding every named tensor compressed (no error feedback)."""
         entries = [e for e, _ in self.compress_bundle(tensors).values()]
         return write_frame(entries, round=round, sender=sender, bundle=True)
 
-    def decode(self, frame: bytes | Frame, *, device: Optional[torch.device | str] = None) -> torch.Tensor:
+    def decode(self, frame: bytes | Frame, *, device: torch.device | str | None = None) -> torch.Tensor:
         """Decode a tensor frame (any codec's: the frame names its codec)."""
         return decode(frame, device=device)
 
     def decode_bundle(
-        self, frame: bytes | Frame, *, device: Optional[torch.device | str] = None
+        self, frame: bytes | Frame, *, device: torch.device | str | None = None
     ) -> dict[str, torch.Tensor]:
         return decode_bundle(frame, device=device)
 

@@ -31,15 +31,14 @@ import functools
 import math
 import struct
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from .. import _native
+from .. import _native, wire
 from .. import dct as _dct
-from .. import wire
 from ..frame import Entry
 from . import record as rec
 from .base import Codec
@@ -92,7 +91,7 @@ def pack_params(
     pad_count: int,
     *,
     index_coding: int = INDEX_CODING_FIXED,
-    index_param: Optional[int] = None,
+    index_param: int | None = None,
     value_bits: int = VALUE_BITS,
 ) -> bytes:
     """The ``params`` bytes of a DCT record (FORMAT.md §5.2).
@@ -108,9 +107,8 @@ def pack_params(
         index_param = index_bits_for(c)
     elif index_param is None:
         raise ValueError("a Rice-coded record needs its parameter (index_param)")
-    return (
-        struct.pack(f"<BB{nd}I", mode, nd, *chunk_shape)
-        + _TAIL.pack(k, index_param, value_bits, index_coding, pad_count)
+    return struct.pack(f"<BB{nd}I", mode, nd, *chunk_shape) + _TAIL.pack(
+        k, index_param, value_bits, index_coding, pad_count
     )
 
 
@@ -151,8 +149,11 @@ _OWN_RECORDS: dict[int, tuple] = {}
 def _remember_own(entry: Entry, payload, rows: slice, plan: _dct.ChunkPlan, k: int) -> None:
     key = id(entry)
     # The callback runs as the record dies, before its id can name another object.
-    _OWN_RECORDS[key] = (weakref.ref(entry, lambda _ref, key=key: _OWN_RECORDS.pop(key, None)),
-                         payload[1].device, (payload, rows, plan, k))
+    _OWN_RECORDS[key] = (
+        weakref.ref(entry, lambda _ref, key=key: _OWN_RECORDS.pop(key, None)),
+        payload[1].device,
+        (payload, rows, plan, k),
+    )
 
 
 def own_record_arrays(entry: Entry, device: torch.device):
@@ -164,8 +165,14 @@ def own_record_arrays(entry: Entry, device: torch.device):
     if device.index is not None and got[1].index is not None and device.index != got[1].index:
         return None
     (idx, levels, scales, mins), rows, plan, k = got[2]
-    return (plan, k, idx[rows].to(torch.int64), levels[rows].to(torch.int16), scales[rows].to(torch.float32),
-            mins[rows].to(torch.float32))
+    return (
+        plan,
+        k,
+        idx[rows].to(torch.int64),
+        levels[rows].to(torch.int16),
+        scales[rows].to(torch.float32),
+        mins[rows].to(torch.float32),
+    )
 
 
 @dataclass(frozen=True)
@@ -224,7 +231,7 @@ def dequantize_levels(levels: torch.Tensor, scales: torch.Tensor, mins: torch.Te
     return levels.to(torch.float32) * scales.to(torch.float32).reshape(-1, 1) + mins.to(torch.float32).reshape(-1, 1)
 
 
-def index_stream_sizes(idx: np.ndarray, c: int) -> dict[int, tuple[int, Optional[int]]]:
+def index_stream_sizes(idx: np.ndarray, c: int) -> dict[int, tuple[int, int | None]]:
     """Bytes of each index coding for ``idx`` ``(num_chunks, k)`` (sorted rows below ``c``), with the
     coding's parameter: ``{coding: (bytes, param)}``. The Rice parameter is the data's optimum."""
     n, k = idx.shape
@@ -263,9 +270,9 @@ class DCTCodec(Codec):
 
     def __init__(
         self,
-        chunk_shape: Union[int, Sequence[int]] = (64, 64),
+        chunk_shape: int | Sequence[int] = (64, 64),
         topk: int = 32,
-        mode: Union[str, int] = "flat",
+        mode: str | int = "flat",
         index_coding: str = "fixed",
         value_bits: int = VALUE_BITS,
         topk_scaling: str = "fixed",
@@ -328,7 +335,7 @@ class DCTCodec(Codec):
 
     def compress_coefficients(
         self, coeffs: torch.Tensor, plan: _dct.ChunkPlan, name: str = "", dtype: torch.dtype = torch.float32
-    ) -> tuple[Entry, "KeptCoefficients"]:
+    ) -> tuple[Entry, KeptCoefficients]:
         """The record of a tensor whose DCT coefficients ``coeffs`` ``(num_chunks, C)`` (float32, cut by
         ``plan``, which must be :meth:`plan` of the tensor's shape) are given rather than computed, tagged
         ``dtype``; with what it keeps (:class:`KeptCoefficients`: its exact decode is what receivers get).
@@ -340,8 +347,9 @@ class DCTCodec(Codec):
             raise ValueError(f"tensor {name!r}: the plan {plan} is not this codec's for shape {plan.shape}")
         c = plan.chunk_numel
         if tuple(coeffs.shape) != (plan.num_chunks, c):
-            raise ValueError(f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, "
-                             f"got {tuple(coeffs.shape)}")
+            raise ValueError(
+                f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, got {tuple(coeffs.shape)}"
+            )
         k = self.chunk_topk(c)
         idx, top = _dct.select_topk(coeffs, k)
         levels, scales, mins = quantize_levels(top, self.value_bits)
@@ -356,8 +364,11 @@ class DCTCodec(Codec):
         afterwards (error feedback and the node sides update their buffers in place); ``False`` for a
         subclass with a compress of its own."""
         cls = type(self)
-        return (cls.compress is DCTCodec.compress and cls.compress_bundle is DCTCodec.compress_bundle
-                and cls.compress_batched is DCTCodec.compress_batched)
+        return (
+            cls.compress is DCTCodec.compress
+            and cls.compress_bundle is DCTCodec.compress_bundle
+            and cls.compress_batched is DCTCodec.compress_batched
+        )
 
     def compress_bundle(self, tensors):
         """As :meth:`Codec.compress_bundle`; the tensors are compressed together (:meth:`compress_batched`).
@@ -409,8 +420,7 @@ class DCTCodec(Codec):
             if exact_only and not _chunkwise_on_cpu(dims):
                 # The matrix route's last bits could follow the batch's size: each tensor's transform on
                 # its own, as compress runs it; selection, quantization and decode work chunk by chunk.
-                coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan)
-                                    for _, t, plan in members])
+                coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan) for _, t, plan in members])
             else:
                 chunks = _dct.cut_into_chunks(members, dims, c)
                 coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
@@ -467,13 +477,14 @@ class DCTCodec(Codec):
             for (name, dtype, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
                 row += plan.num_chunks
-                records.append((name, dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1), scales_h[rows],
-                                mins_h[rows]))
+                records.append(
+                    (name, dtype, plan, k, idx_h[rows], levels_h[rows].reshape(-1), scales_h[rows], mins_h[rows])
+                )
                 recons_of[name] = recon
         # Every record's positions and values coded in ONE native call (GIL released).
         entries = self._records(records)
         row_of = {}
-        for (members, k, _, payload, _) in pending:
+        for members, k, _, payload, _ in pending:
             row = 0
             for name, _, plan in members:
                 row_of[name] = (payload, slice(row, row + plan.num_chunks), plan, k)
@@ -492,8 +503,12 @@ class DCTCodec(Codec):
         parts: list[torch.Tensor] = []
         for (idx, levels, scales, mins), c in groups:
             values = (levels - 128).to(torch.int8) if self.value_bits == VALUE_BITS else levels.to(torch.int32)
-            parts += [idx.to(torch.int16 if c <= (1 << 15) else torch.int32), values,
-                      scales.to(torch.float32), mins.to(torch.float32)]
+            parts += [
+                idx.to(torch.int16 if c <= (1 << 15) else torch.int32),
+                values,
+                scales.to(torch.float32),
+                mins.to(torch.float32),
+            ]
         pieces, spans = [], []
         offset = 0
         for t in parts:
@@ -508,8 +523,8 @@ class DCTCodec(Codec):
         arrays = []
         for start, t in spans:
             dtype = np.dtype(str(t.dtype).replace("torch.", ""))
-            arrays.append(blob[start:start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
-        return [tuple(arrays[4 * g:4 * g + 4]) for g in range(len(groups))]
+            arrays.append(blob[start : start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
+        return [tuple(arrays[4 * g : 4 * g + 4]) for g in range(len(groups))]
 
     def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
         """``(positions, values, scales, mins)`` as numpy arrays, values as the record stores them (int8
@@ -522,8 +537,17 @@ class DCTCodec(Codec):
             values = levels.to(torch.int32).cpu().numpy()
         return idx_host, values.reshape(-1) if flat else values, scales.cpu().numpy(), mins.cpu().numpy()
 
-    def _record(self, name: str, dtype: torch.dtype, plan: _dct.ChunkPlan, k: int, idx_host: np.ndarray,
-                values: np.ndarray, scales_host: np.ndarray, mins_host: np.ndarray) -> Entry:
+    def _record(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        plan: _dct.ChunkPlan,
+        k: int,
+        idx_host: np.ndarray,
+        values: np.ndarray,
+        scales_host: np.ndarray,
+        mins_host: np.ndarray,
+    ) -> Entry:
         """The record of ``plan``'s chunks from their host arrays (see :meth:`_to_host`)."""
         return self._records([(name, dtype, plan, k, idx_host, values, scales_host, mins_host)])[0]
 
@@ -537,30 +561,47 @@ class DCTCodec(Codec):
                 raise ValueError(f"tensor {name!r} holds non-finite values (or values too large for float32)")
         if not records:
             return []
-        layouts = np.array([(plan.num_chunks, k, plan.chunk_numel) for _, _, plan, k, *_ in records],
-                           dtype=np.uint64).reshape(-1)
+        layouts = np.array(
+            [(plan.num_chunks, k, plan.chunk_numel) for _, _, plan, k, *_ in records], dtype=np.uint64
+        ).reshape(-1)
         positions = np.concatenate([np.asarray(r[4]).reshape(-1) for r in records]).astype(np.uint32, copy=False)
         packs = self.value_bits != VALUE_BITS
-        levels = (np.concatenate([np.asarray(r[5]).reshape(-1) for r in records]).astype(np.uint32, copy=False)
-                  if packs else np.empty(0, dtype=np.uint32))
-        coded = _native.dct_payloads(positions, levels, layouts, _INDEX_CODINGS_NATIVE[self.index_coding],
-                                     self.value_bits)
+        levels = (
+            np.concatenate([np.asarray(r[5]).reshape(-1) for r in records]).astype(np.uint32, copy=False)
+            if packs
+            else np.empty(0, dtype=np.uint32)
+        )
+        coded = _native.dct_payloads(
+            positions, levels, layouts, _INDEX_CODINGS_NATIVE[self.index_coding], self.value_bits
+        )
         out = []
-        for (name, dtype, plan, k, _, values, scales_host, mins_host), (coding, param, idx_bytes, val) in zip(records, coded):
-            out.append(Entry(
-                name=name, codec=self.codec_id, dtype=dtype, shape=plan.shape,
-                params=pack_params(
-                    plan.mode, plan.chunk_shape, k, plan.pad_count,
-                    index_coding=coding, index_param=param, value_bits=self.value_bits,
-                ),
-                sections={
-                    "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
-                    "val": np.frombuffer(val, dtype=np.uint8) if packs else values,
-                    "scale": scales_host.astype(np.float32, copy=False),
-                    "min": mins_host.astype(np.float32, copy=False),
-                },
-                section_elems={},
-            ))
+        for (name, dtype, plan, k, _, values, scales_host, mins_host), (coding, param, idx_bytes, val) in zip(
+            records, coded
+        ):
+            out.append(
+                Entry(
+                    name=name,
+                    codec=self.codec_id,
+                    dtype=dtype,
+                    shape=plan.shape,
+                    params=pack_params(
+                        plan.mode,
+                        plan.chunk_shape,
+                        k,
+                        plan.pad_count,
+                        index_coding=coding,
+                        index_param=param,
+                        value_bits=self.value_bits,
+                    ),
+                    sections={
+                        "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
+                        "val": np.frombuffer(val, dtype=np.uint8) if packs else values,
+                        "scale": scales_host.astype(np.float32, copy=False),
+                        "min": mins_host.astype(np.float32, copy=False),
+                    },
+                    section_elems={},
+                )
+            )
         return out
 
     def __repr__(self) -> str:
@@ -571,9 +612,7 @@ class DCTCodec(Codec):
             extra += f", value_bits={self.value_bits}"
         if self.topk_scaling != "fixed":
             extra += f", topk_scaling={self.topk_scaling!r}"
-        return (
-            f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
-        )
+        return f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
 
 
 #: Mean elements per record from which :meth:`DCTCodec.compress_batched` decodes a CPU group record by record

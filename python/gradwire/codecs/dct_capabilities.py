@@ -14,17 +14,24 @@ __all__ = ["CAPABILITIES"]
 
 def _dct_setting(entry: Entry) -> dict:
     p = unpack_params(entry.params)
-    return {"codec": "dct", "mode": _MODE_NAMES.get(p["mode"], p["mode"]), "chunk_shape": p["chunk_shape"],
-            "topk": p["k"]}
+    return {
+        "codec": "dct",
+        "mode": _MODE_NAMES.get(p["mode"], p["mode"]),
+        "chunk_shape": p["chunk_shape"],
+        "topk": p["k"],
+    }
 
 
-CAPABILITIES = declare(CodecCapabilities(
-    DCTCodec.codec_id, "dct",
-    decode=decode_dct,
-    decode_batch=decode_dct_batch,
-    weighted_sum=weighted_sum_dct,
-    accumulator=dct_accumulator,
-    norm=dct_record_norm,
-    coefficients=dct_record_coefficients,
-    setting=_dct_setting,
-))
+CAPABILITIES = declare(
+    CodecCapabilities(
+        DCTCodec.codec_id,
+        "dct",
+        decode=decode_dct,
+        decode_batch=decode_dct_batch,
+        weighted_sum=weighted_sum_dct,
+        accumulator=dct_accumulator,
+        norm=dct_record_norm,
+        coefficients=dct_record_coefficients,
+        setting=_dct_setting,
+    )
+)

@@ -10,7 +10,7 @@ Every record is checked by :mod:`.dct_parse` before anything of its size is allo
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from .dct_parse import _checked_sections, decode_parsed, parse_record
 __all__ = ["decode_dct", "decode_dct_batch", "weighted_sum_dct"]
 
 
-def decode_dct(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def decode_dct(entry: Entry, device: torch.device | None) -> torch.Tensor:
     """Decode a DCT record, validating every field as hostile input first."""
     return decode_parsed(parse_record(entry, device)).to(entry.dtype)
 
@@ -37,7 +37,7 @@ def _decodes_stacked(dev: torch.device) -> bool:
     return dev.type != "cpu"
 
 
-def decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) -> Optional[list[torch.Tensor]]:
+def decode_dct_batch(entries: Sequence[Entry], device: torch.device | None) -> list[torch.Tensor] | None:
     """DCT records decoded together on a GPU: the records of one chunk shape and ``k`` stacked, one exact
     decode (:func:`gradwire.dct.decode_level_chunks`, which decodes each chunk on its own: the same bits as
     record by record), in batches of at most :data:`_BATCH_DECODE_ELEMS` outputs. ``None`` on the CPU,
@@ -50,7 +50,7 @@ def decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) -
     groups: dict[tuple, list[int]] = {}
     for i, (plan, k, *_rest) in enumerate(checked):
         groups.setdefault((plan.chunk_shape, k), []).append(i)
-    out: list[Optional[torch.Tensor]] = [None] * len(entries)
+    out: list[torch.Tensor | None] = [None] * len(entries)
     for (dims, _k), members in groups.items():
         batch: list[int] = []
         size = 0
@@ -58,8 +58,7 @@ def decode_dct_batch(entries: Sequence[Entry], device: Optional[torch.device]) -
             batch.append(i)
             size += checked[i][0].num_chunks * checked[i][0].chunk_numel
             if size >= _BATCH_DECODE_ELEMS or j == len(members) - 1:
-                _decode_stacked([checked[b] for b in batch], dims, dev, [entries[b] for b in batch],
-                                batch, out)
+                _decode_stacked([checked[b] for b in batch], dims, dev, [entries[b] for b in batch], batch, out)
                 batch, size = [], 0
     return out  # type: ignore[return-value]
 
@@ -73,30 +72,38 @@ def _to_device_all(arrays: Sequence[np.ndarray], dev: torch.device) -> list[torc
         offset += a.nbytes + (-a.nbytes % 8)
     blob = np.zeros(offset, dtype=np.uint8)
     for a, start in zip(arrays, spans):
-        blob[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        blob[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     moved = torch.from_numpy(blob).to(dev)
-    return [moved[start:start + a.nbytes].view(getattr(torch, a.dtype.name)).reshape(a.shape) if a.nbytes
-            else torch.empty(a.shape, dtype=getattr(torch, a.dtype.name), device=dev)
-            for a, start in zip(arrays, spans)]
+    return [
+        moved[start : start + a.nbytes].view(getattr(torch, a.dtype.name)).reshape(a.shape)
+        if a.nbytes
+        else torch.empty(a.shape, dtype=getattr(torch, a.dtype.name), device=dev)
+        for a, start in zip(arrays, spans)
+    ]
 
 
 def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out: list) -> None:
-    idx, levels, scales, mins = _to_device_all([
-        np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts]),
-        np.concatenate([np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts]),
-        np.concatenate([np.array(p[4], dtype=np.float32) for p in parts]),
-        np.concatenate([np.array(p[5], dtype=np.float32) for p in parts]),
-    ], dev)
+    idx, levels, scales, mins = _to_device_all(
+        [
+            np.concatenate([p[2].astype(np.int64).reshape(-1, p[1]) for p in parts]),
+            np.concatenate([np.asarray(p[3], dtype=np.int16).reshape(-1, p[1]) for p in parts]),
+            np.concatenate([np.array(p[4], dtype=np.float32) for p in parts]),
+            np.concatenate([np.array(p[5], dtype=np.float32) for p in parts]),
+        ],
+        dev,
+    )
     decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
     # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
-    put_back = _dct.put_back_chunks(decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims)
+    put_back = _dct.put_back_chunks(
+        decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims
+    )
     for t, entry, i in zip(put_back, entries, at):
         out[i] = t if t.dtype == entry.dtype else t.to(entry.dtype)
 
 
 def weighted_sum_dct(
-    entries: Sequence[Entry], weights: Sequence[float], device: Optional[torch.device]
-) -> Optional[torch.Tensor]:
+    entries: Sequence[Entry], weights: Sequence[float], device: torch.device | None
+) -> torch.Tensor | None:
     """The fused weighted sum of float32 DCT records chunked alike, on the CPU
     (:func:`gradwire.dct.decode_levels_weighted_sum`); ``None`` for anything else."""
     dev = torch.device("cpu") if device is None else torch.device(device)
@@ -106,6 +113,4 @@ def weighted_sum_dct(
     plan = parsed[0].plan
     if any(p.plan != plan for p in parsed[1:]):
         return None
-    return _dct.decode_levels_weighted_sum(
-        [(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan
-    )
+    return _dct.decode_levels_weighted_sum([(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan)

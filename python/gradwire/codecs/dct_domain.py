@@ -10,7 +10,6 @@ server's validation, the aggregation rules' direction checks, the sender histori
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
@@ -37,12 +36,12 @@ class DCTAccumulator:
     records added in the same order give bit-identical sums on any device (no atomics).
     """
 
-    def __init__(self, first: Entry, device: Optional[torch.device] = None):
+    def __init__(self, first: Entry, device: torch.device | None = None):
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.shape = tuple(first.shape)
-        self.plan: Optional[_dct.ChunkPlan] = None
-        self.coeffs: Optional[torch.Tensor] = None  # (num_chunks * C,) float32
-        self.side: Optional[torch.Tensor] = None  # dense sum of records of another layout
+        self.plan: _dct.ChunkPlan | None = None
+        self.coeffs: torch.Tensor | None = None  # (num_chunks * C,) float32
+        self.side: torch.Tensor | None = None  # dense sum of records of another layout
         self.count = 0
 
     def add(self, entry: Entry, weight: float = 1.0) -> None:
@@ -54,8 +53,9 @@ class DCTAccumulator:
         parsed = parse_record(entry, self.device)
         if self.plan is None:
             self.plan = parsed.plan
-            self.coeffs = torch.zeros(parsed.plan.num_chunks * parsed.plan.chunk_numel, dtype=torch.float32,
-                                      device=self.device)
+            self.coeffs = torch.zeros(
+                parsed.plan.num_chunks * parsed.plan.chunk_numel, dtype=torch.float32, device=self.device
+            )
         if parsed.plan != self.plan:
             self._add_dense(decode_parsed(parsed), weight)
             return
@@ -63,9 +63,14 @@ class DCTAccumulator:
         if self.device.type == "cpu":
             # One Rust pass, chunk row by chunk row: the same float32 operations as below.
             w32 = float(torch.tensor(float(weight), dtype=torch.float32))
-            _native.scatter_add_rows(parsed.idx.contiguous().reshape(-1).numpy(),
-                                     parsed.values.contiguous().reshape(-1).numpy(), parsed.k, c, w32,
-                                     self.coeffs.numpy())
+            _native.scatter_add_rows(
+                parsed.idx.contiguous().reshape(-1).numpy(),
+                parsed.values.contiguous().reshape(-1).numpy(),
+                parsed.k,
+                c,
+                w32,
+                self.coeffs.numpy(),
+            )
             self.count += 1
             return
         flat = (parsed.idx + torch.arange(parsed.plan.num_chunks, device=self.device).unsqueeze(1) * c).reshape(-1)
@@ -100,7 +105,7 @@ class DCTAccumulator:
         return out
 
 
-def dct_accumulator(first: Entry, device: Optional[torch.device]) -> DCTAccumulator:
+def dct_accumulator(first: Entry, device: torch.device | None) -> DCTAccumulator:
     return DCTAccumulator(first, device)
 
 
@@ -129,5 +134,6 @@ def dct_record_coefficients(entry: Entry) -> Coefficients:
     parsed = parse_record(entry)
     c = parsed.plan.chunk_numel
     flat = (parsed.idx + torch.arange(parsed.plan.num_chunks).unsqueeze(1) * c).reshape(-1)
-    return Coefficients(("dct", parsed.plan), parsed.plan.num_chunks * c, flat,
-                        parsed.values.reshape(-1).to(torch.float64))
+    return Coefficients(
+        ("dct", parsed.plan), parsed.plan.num_chunks * c, flat, parsed.values.reshape(-1).to(torch.float64)
+    )

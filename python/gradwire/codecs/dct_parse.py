@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -32,8 +32,8 @@ from .dct import (
     MAX_CHUNK_NDIM,
     MAX_CHUNK_NUMEL,
     MAX_CHUNK_SIDE,
-    VALUE_BITS,
     SECTIONS,
+    VALUE_BITS,
     VALUE_BITS_CHOICES,
     dequantize_levels,
     index_bits_for,
@@ -83,14 +83,13 @@ def _check_params(entry: Entry) -> tuple[_dct.ChunkPlan, int, int, int, int]:
     want_bits = index_bits_for(c)
     if index_coding == INDEX_CODING_FIXED:
         if index_bits != want_bits:
-            raise _bad(
-                entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}"
-            )
+            raise _bad(entry, f"index_bits must equal max(1, ceil(log2 C)) = {want_bits} for C = {c}, got {index_bits}")
     elif index_coding == INDEX_CODING_RICE:
         if index_bits > want_bits:
             raise _bad(
-                entry, f"index_coding 1 (Rice): the parameter (index_bits) must be <= {want_bits} for C = {c},"
-                f" got {index_bits}"
+                entry,
+                f"index_coding 1 (Rice): the parameter (index_bits) must be <= {want_bits} for C = {c},"
+                f" got {index_bits}",
             )
     else:
         raise _bad(entry, f"index_coding must be 0 (fixed-width) or 1 (Rice), got {index_coding}")
@@ -149,9 +148,9 @@ def _check_sections(entry: Entry, plan: _dct.ChunkPlan, k: int, bits: int, value
     if value_bits == VALUE_BITS:
         levels = val.astype(np.int16) + 128
     else:
-        levels = rec.wire_call(
-            entry, _CODEC, "section 'val'", wire.unpack_bits_exact, val, value_bits, total
-        ).astype(np.int16)
+        levels = rec.wire_call(entry, _CODEC, "section 'val'", wire.unpack_bits_exact, val, value_bits, total).astype(
+            np.int16
+        )
     idx = np.asarray(idx).reshape(n, k)
     if total and int(idx.max()) >= c:
         raise _bad(entry, f"index out of range: every index must be < C = {c}, got {int(idx.max())}")
@@ -195,7 +194,7 @@ class ParsedRecord:
 
 
 #: Inside :func:`records_parsed_once`: ``{(id(entry), device): (entry, ParsedRecord)}``.
-_PARSED: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("gradwire_dct_parsed", default=None)
+_PARSED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gradwire_dct_parsed", default=None)
 
 
 @contextlib.contextmanager
@@ -233,7 +232,7 @@ def own_records_trusted() -> Iterator[None]:
         _TRUST_OWN.reset(token)
 
 
-def parse_record(entry: Entry, device: Optional[torch.device] = None) -> ParsedRecord:
+def parse_record(entry: Entry, device: torch.device | None = None) -> ParsedRecord:
     """Validate a DCT record as hostile input and return its positions and dequantized coefficients.
 
     The one parser of the codec's sections: the decoder, the transform-domain accumulator and the norm
@@ -260,7 +259,7 @@ def _checked_sections(entry: Entry):
     return (plan, k) + tuple(_check_sections(entry, plan, k, bits, value_bits, coding))
 
 
-def _parse_record(entry: Entry, device: Optional[torch.device]) -> ParsedRecord:
+def _parse_record(entry: Entry, device: torch.device | None) -> ParsedRecord:
     plan, k, idx, levels, scale, mins = _checked_sections(entry)
     # Everything is checked; only now is anything of the record's size allocated.
     dev = torch.device("cpu") if device is None else torch.device(device)

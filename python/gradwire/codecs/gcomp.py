@@ -37,8 +37,9 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -109,7 +110,7 @@ def _step(state: Mapping) -> int:
 
 
 def quantization_metric(
-    grad: torch.Tensor, param: torch.Tensor, state: Optional[Mapping], opt: OptimizerConfig
+    grad: torch.Tensor, param: torch.Tensor, state: Mapping | None, opt: OptimizerConfig
 ) -> torch.Tensor:
     """δ of the paper's Table 2 for each element (float64, on ``grad``'s device).
 
@@ -187,8 +188,8 @@ def block_levels(
 
 
 def _native_metric(
-    x: torch.Tensor, param: torch.Tensor, state: Optional[Mapping], opt: OptimizerConfig
-) -> Optional[tuple[str, list, dict]]:
+    x: torch.Tensor, param: torch.Tensor, state: Mapping | None, opt: OptimizerConfig
+) -> tuple[str, list, dict] | None:
     """``(kind, [param, first, second], scalars)`` for ``wire.gcomp_block_levels`` when the Rust
     kernel computes exactly what :func:`quantization_metric` would: every operand on the CPU and
     exactly representable in float32 (f32, f16, bf16). None otherwise."""
@@ -209,8 +210,17 @@ def _native_metric(
         lr = opt.lr / (1 + (_step(state) - 1) * opt.lr_decay)
     elif opt.kind in ("adam", "adamw"):
         bias_correction1 = 1 - b1 ** _step(state)
-    scalars = dict(lr=lr, weight_decay=opt.weight_decay, momentum=opt.momentum, dampening=opt.dampening,
-                   beta1=b1, beta2=b2, eps=opt.eps, alpha=opt.alpha, bias_correction1=bias_correction1)
+    scalars = dict(
+        lr=lr,
+        weight_decay=opt.weight_decay,
+        momentum=opt.momentum,
+        dampening=opt.dampening,
+        beta1=b1,
+        beta2=b2,
+        eps=opt.eps,
+        alpha=opt.alpha,
+        bias_correction1=bias_correction1,
+    )
     return opt.kind, operands, scalars
 
 
@@ -276,7 +286,7 @@ class _Book:
     data: bytes
     book_id: int
     steps: int = 0
-    counts: Optional[np.ndarray] = None
+    counts: np.ndarray | None = None
     carried: bool = False
 
 
@@ -296,7 +306,7 @@ class GComp(Codec):
 
     def __init__(
         self,
-        optimizer: Optional[str] = None,
+        optimizer: str | None = None,
         *,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
@@ -311,7 +321,7 @@ class GComp(Codec):
         rebuild_every: int = 50,
         carry_book: str = "changed",
         tolerance_bits: float = 0.0,
-        fixed_level: Optional[int] = None,
+        fixed_level: int | None = None,
     ):
         if optimizer is not None and optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} or None, got {optimizer!r}")
@@ -330,8 +340,17 @@ class GComp(Codec):
         self.optimizer = (
             None
             if optimizer is None
-            else OptimizerConfig(optimizer, float(lr), float(weight_decay), float(momentum), float(dampening),
-                                 (float(betas[0]), float(betas[1])), float(eps), float(alpha), float(lr_decay))
+            else OptimizerConfig(
+                optimizer,
+                float(lr),
+                float(weight_decay),
+                float(momentum),
+                float(dampening),
+                (float(betas[0]), float(betas[1])),
+                float(eps),
+                float(alpha),
+                float(lr_decay),
+            )
         )
         self.block = int(block)
         self.cap = int(cap)
@@ -341,16 +360,16 @@ class GComp(Codec):
         self.fixed_level = fixed_level
         self._books: dict[str, _Book] = {}
         self._params: dict[str, torch.Tensor] = {}
-        self._torch_optimizer: Optional[torch.optim.Optimizer] = None
+        self._torch_optimizer: torch.optim.Optimizer | None = None
         self._group_configs: dict[int, OptimizerConfig] = {}
 
     # ----------------------------------------------------------------------------- binding
 
     def bind(
         self,
-        named_parameters: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
-        optimizer: Optional[torch.optim.Optimizer] = None,
-    ) -> "GComp":
+        named_parameters: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> GComp:
         """Remember the parameters by name (and the torch optimizer holding their state), so that
         ``compress(grad, name)`` finds the parameter and state δ needs. Returns ``self``."""
         items = named_parameters.items() if isinstance(named_parameters, Mapping) else named_parameters
@@ -362,9 +381,9 @@ class GComp(Codec):
     def from_optimizer(
         cls,
         optimizer: torch.optim.Optimizer,
-        named_parameters: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]],
+        named_parameters: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         **kwargs,
-    ) -> "GComp":
+    ) -> GComp:
         """A codec bound to a torch optimizer, its kind and hyperparameters read from it per parameter
         group (SGD with momentum is Table 2's Momentum, or Nesterov with ``nesterov=True``)."""
         codec = cls(_optimizer_kind(optimizer, optimizer.param_groups[0]), **kwargs)
@@ -390,8 +409,8 @@ class GComp(Codec):
         tensor: torch.Tensor,
         name: str = "",
         *,
-        param: Optional[torch.Tensor] = None,
-        state: Optional[Mapping] = None,
+        param: torch.Tensor | None = None,
+        state: Mapping | None = None,
     ) -> tuple[Entry, torch.Tensor]:
         rec.check_float_input(tensor)
         fmt = FORMAT_BF16 if tensor.dtype == torch.bfloat16 else FORMAT_F32
@@ -416,7 +435,9 @@ class GComp(Codec):
             book.carried = True
         sections.update(exp=exp, level=level, sign=sign, mant=mant)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(fmt, self.block, book.book_id),
             sections=sections,
         )
@@ -460,7 +481,7 @@ class GComp(Codec):
         book.steps += 1
         return book
 
-    def book(self, name: str) -> Optional[tuple[int, bytes]]:
+    def book(self, name: str) -> tuple[int, bytes] | None:
         """``(book_id, serialized codebook)`` currently used for tensor ``name``, if any."""
         b = self._books.get(name)
         return None if b is None else (b.book_id, b.data)
@@ -561,13 +582,13 @@ def unpack_params(params: bytes) -> dict:
     return dict(format=fmt, block=block, book_id=book_id)
 
 
-def carried_book(entry: Entry) -> Optional[bytes]:
+def carried_book(entry: Entry) -> bytes | None:
     """The serialized codebook a GComp record carries, if it carries one (not validated)."""
     arr = entry.sections.get("book")
     return None if arr is None else np.asarray(arr, dtype=np.uint8).tobytes()
 
 
-def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Optional[bytes] = None) -> torch.Tensor:
+def decode_gcomp(entry: Entry, device: torch.device | None = None, book: bytes | None = None) -> torch.Tensor:
     """Decode a GComp record, with ``book`` when the record does not carry its own.
 
     Every field is checked as hostile input (FrameError naming the rule) before the output is built.
@@ -586,11 +607,14 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
         book = rec.byte_section(entry, _CODEC, "book").tobytes()
     elif book is None:
         raise rec.bad(
-            entry, _CODEC,
+            entry,
+            _CODEC,
             f"codebook not carried (book_id {book_id}): decode with a GCompDecoderState that received it",
         )
     n = entry.numel
-    exp = rec.wire_call(entry, _CODEC, "section 'exp'", wire.huffman_decode, rec.byte_section(entry, _CODEC, "exp"), n, book)
+    exp = rec.wire_call(
+        entry, _CODEC, "section 'exp'", wire.huffman_decode, rec.byte_section(entry, _CODEC, "exp"), n, book
+    )
     if n and bool((exp == 255).any()):
         raise rec.bad(entry, _CODEC, "exponent 255 (infinity or NaN) is not allowed")
     nb = -(-n // block)
@@ -603,7 +627,9 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     # The mantissa part of each level: its nonzeros, in element order, at (W - drop) bits.
     width = MANTISSA_BITS[fmt]
     # Never more than 2·numel entries, whatever `block` says.
-    block_level = np.repeat(levels.astype(np.int8), block)[:n] if block < n else np.full(n, levels[0] if nb else 0, np.int8)
+    block_level = (
+        np.repeat(levels.astype(np.int8), block)[:n] if block < n else np.full(n, levels[0] if nb else 0, np.int8)
+    )
     nz_level = block_level[nonzero]
     counts = np.bincount(nz_level, minlength=4).tolist()
     lens = [(c * (width - d) + 7) // 8 for c, d in zip(counts, DROPS[fmt])]
@@ -632,7 +658,7 @@ def decode_gcomp(entry: Entry, device: Optional[torch.device] = None, book: Opti
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-def _decode_registered(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_registered(entry: Entry, device: torch.device | None) -> torch.Tensor:
     return decode_gcomp(entry, device)
 
 
@@ -647,11 +673,11 @@ class GCompDecoderState:
     def __init__(self) -> None:
         self._books: dict[tuple[int, str], tuple[int, bytes]] = {}
 
-    def book(self, sender: int, name: str) -> Optional[tuple[int, bytes]]:
+    def book(self, sender: int, name: str) -> tuple[int, bytes] | None:
         """``(book_id, serialized book)`` last received for the stream, if any."""
         return self._books.get((sender, name))
 
-    def decode_entry(self, entry: Entry, sender: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    def decode_entry(self, entry: Entry, sender: int, device: torch.device | None = None) -> torch.Tensor:
         """Decode one record of a frame from ``sender``."""
         if entry.codec != GComp.codec_id:
             return decode_entry(entry, device)
@@ -672,23 +698,22 @@ class GCompDecoderState:
             )
         if known[0] != book_id:
             raise rec.bad(
-                entry, _CODEC,
+                entry,
+                _CODEC,
                 f"codebook not carried: the record names book_id {book_id}, the last received from sender "
                 f"{sender} is {known[0]}",
             )
         return decode_gcomp(entry, device, known[1])
 
     def decode_bundle(
-        self, frame: Union[BytesLike, Frame], *, device: Optional[Union[torch.device, str]] = None
+        self, frame: BytesLike | Frame, *, device: torch.device | str | None = None
     ) -> dict[str, torch.Tensor]:
         """Decode every record of a frame (bundle or tensor frame) into ``{name: tensor}``."""
         f = frame if isinstance(frame, Frame) else read_frame(frame)
         dev = None if device is None else torch.device(device)
         return {e.name: self.decode_entry(e, f.sender, dev) for e in f.entries}
 
-    def decode(
-        self, frame: Union[BytesLike, Frame], *, device: Optional[Union[torch.device, str]] = None
-    ) -> torch.Tensor:
+    def decode(self, frame: BytesLike | Frame, *, device: torch.device | str | None = None) -> torch.Tensor:
         """Decode a tensor frame."""
         f = frame if isinstance(frame, Frame) else read_frame(frame)
         dev = None if device is None else torch.device(device)
@@ -696,9 +721,6 @@ class GCompDecoderState:
 
     def reset(self) -> None:
         self._books.clear()
-
-
-
 
 
 CAPABILITIES = declare(CodecCapabilities(GComp.codec_id, "gcomp", decode=_decode_registered))

@@ -6,8 +6,6 @@ reconstruction is then the value rounded to that type, which is what the receive
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..capabilities import CodecCapabilities, declare
@@ -24,7 +22,7 @@ class IdentityCodec(Codec):
     codec_id = 0
     name = "identity"
 
-    def __init__(self, wire_dtype: Optional[torch.dtype] = None):
+    def __init__(self, wire_dtype: torch.dtype | None = None):
         if wire_dtype is not None and wire_dtype not in rec.FLOAT_DTYPES:
             raise ValueError(f"wire_dtype must be a floating-point dtype, got {wire_dtype}")
         self.wire_dtype = wire_dtype
@@ -35,7 +33,9 @@ class IdentityCodec(Codec):
         sent = tensor.detach().to(wire).contiguous()
         payload, elem = rec.values_payload(sent)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             sections={"data": payload},
             section_elems={"data": elem},
         )
@@ -45,7 +45,7 @@ class IdentityCodec(Codec):
         return f"IdentityCodec(wire_dtype={self.wire_dtype})"
 
 
-def _decode_identity(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_identity(entry: Entry, device: torch.device | None) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     rec.no_params(entry, _CODEC)
     rec.expect_sections(entry, _CODEC, ("data",))
@@ -61,5 +61,6 @@ def _identity_setting(entry: Entry) -> dict:
     return {"codec": "identity", "wire_dtype": str(data.dtype) if data is not None else None}
 
 
-CAPABILITIES = declare(CodecCapabilities(IdentityCodec.codec_id, "identity", decode=_decode_identity,
-                                         setting=_identity_setting))
+CAPABILITIES = declare(
+    CodecCapabilities(IdentityCodec.codec_id, "identity", decode=_decode_identity, setting=_identity_setting)
+)

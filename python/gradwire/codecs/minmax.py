@@ -14,7 +14,6 @@ differences; it is also an ordinary codec, composable with :class:`~gradwire.Err
 from __future__ import annotations
 
 import struct
-from typing import Optional
 
 import numpy as np
 import torch
@@ -100,7 +99,9 @@ class MinMaxUInt8(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or a range too wide for float32)")
         recon = dequantize(codes, mins, maxs, self.chunk).reshape(tensor.shape).to(tensor.dtype)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(self.chunk),
             sections={"min": mins_host, "max": maxs_host, "codes": codes.cpu().numpy()},
         )
@@ -116,7 +117,7 @@ def unpack_params(params: bytes) -> dict:
     return dict(chunk=chunk)
 
 
-def _decode_minmax(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_minmax(entry: Entry, device: torch.device | None) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     (chunk,) = rec.params(entry, _CODEC, _PARAMS, "u32 chunk")
     if not 1 <= chunk < MAX_CHUNK:
@@ -149,5 +150,6 @@ def _minmax_setting(entry: Entry) -> dict:
     return {"codec": "minmax", **unpack_params(entry.params)}
 
 
-CAPABILITIES = declare(CodecCapabilities(MinMaxUInt8.codec_id, "minmax", decode=_decode_minmax,
-                                         setting=_minmax_setting))
+CAPABILITIES = declare(
+    CodecCapabilities(MinMaxUInt8.codec_id, "minmax", decode=_decode_minmax, setting=_minmax_setting)
+)

@@ -22,7 +22,8 @@ so a codec needs no random state. The steps are exposed as functions: :func:`pow
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -135,7 +136,9 @@ class PowerSGD(Codec):
         p_payload, p_elem = rec.values_payload(p_sent)
         q_payload, q_elem = rec.values_payload(q_sent)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(MODE_FACTORS, r),
             sections={"p": p_payload, "q": q_payload},
             section_elems={"p": p_elem, "q": q_elem},
@@ -147,7 +150,9 @@ class PowerSGD(Codec):
         if sent.numel() and not bool(torch.isfinite(sent).all()):
             raise ValueError(f"tensor {name!r} holds non-finite values")
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(MODE_DENSE, 0),
             sections={"data": sent.reshape(-1).cpu().numpy()},
         )
@@ -155,11 +160,11 @@ class PowerSGD(Codec):
 
     # -- warm-start state ------------------------------------------------------------------------
 
-    def q(self, name: str = "") -> Optional[torch.Tensor]:
+    def q(self, name: str = "") -> torch.Tensor | None:
         """The ``Q`` kept for ``name`` (the next step's warm start), or ``None``."""
         return self._q.get(name)
 
-    def reset(self, name: Optional[str] = None) -> None:
+    def reset(self, name: str | None = None) -> None:
         """Forget every kept ``Q``, or only ``name``'s."""
         if name is None:
             self._q.clear()
@@ -192,7 +197,7 @@ def unpack_params(params: bytes) -> dict:
     return dict(mode=mode, rank=rank)
 
 
-def _decode_powersgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_powersgd(entry: Entry, device: torch.device | None) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     mode, rank = rec.params(entry, _CODEC, _PARAMS, "u8 mode, u32 rank")
     dev = torch.device("cpu") if device is None else torch.device(device)
@@ -223,5 +228,6 @@ def _powersgd_setting(entry: Entry) -> dict:
     return {"codec": "powersgd", "rank": p["rank"], "dense": p["mode"] == MODE_DENSE}
 
 
-CAPABILITIES = declare(CodecCapabilities(PowerSGD.codec_id, "powersgd", decode=_decode_powersgd,
-                                         setting=_powersgd_setting))
+CAPABILITIES = declare(
+    CodecCapabilities(PowerSGD.codec_id, "powersgd", decode=_decode_powersgd, setting=_powersgd_setting)
+)

@@ -21,7 +21,8 @@ the same frames. The quantization runs on the tensor's device; only the norms an
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ SECTIONS = ("norm", "data")
 
 
 def quantize(
-    flat: torch.Tensor, levels: int, bucket: int, generator: Optional[torch.Generator] = None
+    flat: torch.Tensor, levels: int, bucket: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int32 of flat's length, norms float32 per bucket)``: signed levels in ``[-s, s]``.
 
@@ -165,7 +166,9 @@ class QSGD(Codec):
         lv = q[nz].cpu().numpy()
         data = wire.sparse_levels_encode(positions, lv, self.elias)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(self.levels, self.bucket, _ELIAS[self.elias], positions.size),
             sections={"norm": norms_host.astype(np.float32, copy=False), "data": np.frombuffer(data, np.uint8)},
         )
@@ -181,7 +184,7 @@ def unpack_params(params: bytes) -> dict:
     return dict(levels=levels, bucket=bucket, elias=_ELIAS_NAMES.get(elias, elias), nnz=nnz)
 
 
-def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_qsgd(entry: Entry, device: torch.device | None) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     levels, bucket, elias, nnz = rec.params(entry, _CODEC, _PARAMS, "u32 levels, u32 bucket, u8 elias, u64 nnz")
     if not 1 <= levels <= MAX_LEVELS:
@@ -210,9 +213,6 @@ def _decode_qsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
     norms_t = torch.from_numpy(np.array(norms, dtype=np.float32)).to(dev)
     out = _sparse_dequantize(pos_t, lv_t, norms_t, levels, bucket, n)
     return out.reshape(entry.shape).to(entry.dtype)
-
-
-
 
 
 CAPABILITIES = declare(CodecCapabilities(QSGD.codec_id, "qsgd", decode=_decode_qsgd))

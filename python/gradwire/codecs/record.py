@@ -10,7 +10,7 @@ float payloads (f16, bf16, f32) into sections.
 from __future__ import annotations
 
 import struct
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -43,7 +43,11 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Element types a codec may choose for the float values it sends.
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NUMPY_VALUE = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
-_TORCH_VALUE = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+_TORCH_VALUE = {
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
 
 
 def entry(
@@ -53,14 +57,19 @@ def entry(
     *,
     params: bytes = b"",
     sections: dict[str, np.ndarray],
-    section_elems: Optional[dict[str, Optional[int]]] = None,
+    section_elems: dict[str, int | None] | None = None,
 ) -> Entry:
     """The record of ``tensor`` (its dtype and shape) made by codec ``codec_id``; element codes of
     ``section_elems`` that are ``None`` (no bf16 tag) are left out."""
     elems = {k: e for k, e in (section_elems or {}).items() if e is not None}
     return Entry(
-        name=name, codec=codec_id, dtype=tensor.dtype, shape=tuple(tensor.shape), params=params,
-        sections=sections, section_elems=elems,
+        name=name,
+        codec=codec_id,
+        dtype=tensor.dtype,
+        shape=tuple(tensor.shape),
+        params=params,
+        sections=sections,
+        section_elems=elems,
     )
 
 
@@ -164,7 +173,7 @@ def tensor_from_values(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.array(arr, dtype=_NUMPY_VALUE[dtype]))
 
 
-def values_payload(values: torch.Tensor) -> tuple[np.ndarray, Optional[int]]:
+def values_payload(values: torch.Tensor) -> tuple[np.ndarray, int | None]:
     """A 1-D float tensor (f16, bf16 or f32, any device) as a section array and its bf16 tag, if any."""
     host = values.detach().reshape(-1).contiguous().cpu()
     if host.dtype == torch.bfloat16:
@@ -180,5 +189,3 @@ def wire_call(entry: Entry, codec: str, what: str, fn, *args):
         raise
     except (WireError, ValueError) as e:
         raise bad(entry, codec, f"{what}: {e}") from None
-
-

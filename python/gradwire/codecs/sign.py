@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Optional
 
 import numpy as np
 import torch
@@ -97,7 +96,9 @@ class OneBit(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or column sums overflow float32)")
         recon = _decode_columns(nonneg, pos, neg, rows, cols).reshape(tensor.shape).to(tensor.dtype)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             sections={"bits": pack_sign_bits(nonneg), "pos": pos_host, "neg": neg_host},
         )
         return entry, recon
@@ -136,7 +137,9 @@ class SignSGD(Codec):
             raise ValueError(f"tensor {name!r} holds non-finite values (or mean |g| overflows float32)")
         recon = _decode_scaled(nonneg, scale).reshape(tensor.shape).to(tensor.dtype)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_SIGN_PARAMS.pack(_SCALE_MODES[self.scale]),
             sections={"bits": pack_sign_bits(nonneg), "scale": np.array([scale_host], dtype=np.float32)},
         )
@@ -156,7 +159,7 @@ def unpack_params(params: bytes) -> dict:
 # Decoding
 
 
-def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_onebit(entry: Entry, device: torch.device | None) -> torch.Tensor:
     codec = "onebit"
     rec.check_record_dtype(entry, codec)
     rec.no_params(entry, codec)
@@ -176,7 +179,7 @@ def _decode_onebit(entry: Entry, device: Optional[torch.device]) -> torch.Tensor
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-def _decode_signsgd(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_signsgd(entry: Entry, device: torch.device | None) -> torch.Tensor:
     codec = "signsgd"
     rec.check_record_dtype(entry, codec)
     (mode,) = rec.params(entry, codec, _SIGN_PARAMS, "u8 scale_mode")
@@ -203,7 +206,9 @@ def _signsgd_setting(entry: Entry) -> dict:
     return {"codec": "signsgd", **unpack_params(entry.params)}
 
 
-ONEBIT_CAPABILITIES = declare(CodecCapabilities(OneBit.codec_id, "onebit", decode=_decode_onebit,
-                                                setting=_onebit_setting))
-SIGNSGD_CAPABILITIES = declare(CodecCapabilities(SignSGD.codec_id, "signsgd", decode=_decode_signsgd,
-                                                 setting=_signsgd_setting))
+ONEBIT_CAPABILITIES = declare(
+    CodecCapabilities(OneBit.codec_id, "onebit", decode=_decode_onebit, setting=_onebit_setting)
+)
+SIGNSGD_CAPABILITIES = declare(
+    CodecCapabilities(SignSGD.codec_id, "signsgd", decode=_decode_signsgd, setting=_signsgd_setting)
+)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 
 
-def resolve_k(numel: int, k: Optional[int], density: Optional[float]) -> int:
+def resolve_k(numel: int, k: int | None, density: float | None) -> int:
     """Elements kept of a tensor of ``numel``: ``min(k, numel)`` or ``max(1, ceil(density · numel))``."""
     if numel == 0:
         return 0
@@ -64,7 +65,7 @@ def resolve_k(numel: int, k: Optional[int], density: Optional[float]) -> int:
     return min(numel, max(1, math.ceil(density * numel)))
 
 
-def _check_k_density(k, density) -> tuple[Optional[int], Optional[float]]:
+def _check_k_density(k, density) -> tuple[int | None, float | None]:
     if (k is None) == (density is None):
         raise ValueError("give exactly one of k and density")
     if k is not None:
@@ -115,7 +116,9 @@ def _topk_entry(
     width = max(1, int(gaps_host.max()).bit_length()) if gaps_host.size else 1
     payload, elem = rec.values_payload(sent)
     entry = rec.entry(
-        TopK.codec_id, name, tensor,
+        TopK.codec_id,
+        name,
+        tensor,
         params=_TOPK_PARAMS.pack(INDEX_CODING_FIXED, width, idx.numel()),
         sections={
             "idx": np.frombuffer(wire.pack_bits(gaps_host.astype(np.uint32), width), dtype=np.uint8),
@@ -141,8 +144,8 @@ class TopK(Codec):
 
     def __init__(
         self,
-        k: Optional[int] = None,
-        density: Optional[float] = None,
+        k: int | None = None,
+        density: float | None = None,
         *,
         scope: str = "tensor",
         value_dtype: torch.dtype = torch.float32,
@@ -198,8 +201,8 @@ class TopK(Codec):
 
 def global_topk_bundle(
     tensors: Mapping[str, torch.Tensor],
-    k: Optional[int] = None,
-    density: Optional[float] = None,
+    k: int | None = None,
+    density: float | None = None,
     *,
     round: int = 0,
     sender: int = 0,
@@ -245,7 +248,7 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return _xor_shr_(z, 31, tmp)
 
 
-def random_k_indices(seed: int, numel: int, k: int, device: Optional[torch.device] = None) -> torch.Tensor:
+def random_k_indices(seed: int, numel: int, k: int, device: torch.device | None = None) -> torch.Tensor:
     """The ``k`` positions of ``[0, numel)`` whose key ``mix64(i XOR seed)`` is smallest, ascending.
 
     Keys are compared as unsigned 64-bit integers; ``mix64`` is a bijection, so keys never tie and every
@@ -272,8 +275,8 @@ class RandomK(Codec):
 
     def __init__(
         self,
-        k: Optional[int] = None,
-        density: Optional[float] = None,
+        k: int | None = None,
+        density: float | None = None,
         seed: int = 0,
         *,
         unbiased: bool = True,
@@ -311,7 +314,9 @@ class RandomK(Codec):
         sent = _values_for_wire(values, self.value_dtype, name)
         payload, elem = rec.values_payload(sent)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_RANDK_PARAMS.pack(seed, k, int(self.unbiased)),
             sections={"val": payload},
             section_elems={"val": elem},
@@ -380,19 +385,19 @@ def _randomk_values(entry: Entry) -> tuple[int, int, torch.Tensor]:
     return seed, k, rec.float_section(entry, codec, "val", k, "k")
 
 
-def _randomk_parts(entry: Entry, device: Optional[torch.device]) -> tuple[torch.Tensor, torch.Tensor]:
+def _randomk_parts(entry: Entry, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
     seed, k, values = _randomk_values(entry)
     return random_k_indices(seed, entry.numel, k, device), values
 
 
-def _decode_topk(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_topk(entry: Entry, device: torch.device | None) -> torch.Tensor:
     idx, values = _topk_parts(entry)
     dev = torch.device("cpu") if device is None else torch.device(device)
     out = _scatter(torch.from_numpy(idx).to(dev), values.to(dev), entry.numel)
     return out.reshape(entry.shape).to(entry.dtype)
 
 
-def _decode_randomk(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_randomk(entry: Entry, device: torch.device | None) -> torch.Tensor:
     dev = torch.device("cpu") if device is None else torch.device(device)
     idx, values = _randomk_parts(entry, dev)
     return _scatter(idx, values.to(dev), entry.numel).reshape(entry.shape).to(entry.dtype)
@@ -410,7 +415,7 @@ class SparseAccumulator:
     and added whole.
     """
 
-    def __init__(self, shape: tuple[int, ...], device: Optional[torch.device] = None):
+    def __init__(self, shape: tuple[int, ...], device: torch.device | None = None):
         self.shape = tuple(shape)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         numel = 1
@@ -445,7 +450,7 @@ class SparseAccumulator:
         return self.total.reshape(self.shape)
 
 
-def _sparse_accumulator(first: Entry, device: Optional[torch.device]) -> SparseAccumulator:
+def _sparse_accumulator(first: Entry, device: torch.device | None) -> SparseAccumulator:
     return SparseAccumulator(tuple(first.shape), device)
 
 
@@ -467,13 +472,31 @@ def _topk_setting(entry: Entry) -> dict:
 def _randomk_setting(entry: Entry) -> dict:
     p = unpack_randomk_params(entry.params)
     k = p["k"]
-    return {"codec": "randomk", "k": k, "density": k / entry.numel if entry.numel else 0.0,
-            "unbiased": bool(p["scaled"])}
+    return {
+        "codec": "randomk",
+        "k": k,
+        "density": k / entry.numel if entry.numel else 0.0,
+        "unbiased": bool(p["scaled"]),
+    }
 
 
-TOPK_CAPABILITIES = declare(CodecCapabilities(TopK.codec_id, "topk", decode=_decode_topk,
-                                              accumulator=_sparse_accumulator, norm=_topk_norm,
-                                              setting=_topk_setting))
-RANDOMK_CAPABILITIES = declare(CodecCapabilities(RandomK.codec_id, "randomk", decode=_decode_randomk,
-                                                 accumulator=_sparse_accumulator, norm=_randomk_norm,
-                                                 setting=_randomk_setting))
+TOPK_CAPABILITIES = declare(
+    CodecCapabilities(
+        TopK.codec_id,
+        "topk",
+        decode=_decode_topk,
+        accumulator=_sparse_accumulator,
+        norm=_topk_norm,
+        setting=_topk_setting,
+    )
+)
+RANDOMK_CAPABILITIES = declare(
+    CodecCapabilities(
+        RandomK.codec_id,
+        "randomk",
+        decode=_decode_randomk,
+        accumulator=_sparse_accumulator,
+        norm=_randomk_norm,
+        setting=_randomk_setting,
+    )
+)

@@ -9,7 +9,8 @@ Every helper raises ``ValueError`` naming the field and the rule.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ def fields(state: Any, what: str, required: Iterable[str]) -> Mapping[str, Any]:
     return state
 
 
-def sequence(value: Any, what: str, length: Optional[int] = None) -> list:
+def sequence(value: Any, what: str, length: int | None = None) -> list:
     """``value`` as a list (a tuple is accepted too)."""
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} must be a list, got {type(value).__name__}")
@@ -52,10 +53,10 @@ def tensor(
     value: Any,
     what: str,
     *,
-    dtype: Optional[torch.dtype] = None,
+    dtype: torch.dtype | None = None,
     floating: bool = False,
-    ndim: Optional[int] = None,
-    shape: Optional[tuple] = None,
+    ndim: int | None = None,
+    shape: tuple | None = None,
 ) -> torch.Tensor:
     """``value`` as a tensor of ``dtype`` (or any floating type), rank ``ndim`` or exactly ``shape``."""
     if not isinstance(value, torch.Tensor):
@@ -71,7 +72,7 @@ def tensor(
     return value
 
 
-def integer(value: Any, what: str, lo: int = 0, hi: Optional[int] = None) -> int:
+def integer(value: Any, what: str, lo: int = 0, hi: int | None = None) -> int:
     """``value`` as an int in ``[lo, hi]``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, got {value!r}")
@@ -80,7 +81,7 @@ def integer(value: Any, what: str, lo: int = 0, hi: Optional[int] = None) -> int
     return value
 
 
-def to_float(x: float) -> Union[float, str]:
+def to_float(x: float) -> float | str:
     """A float as a JSON-plain value: itself, or ``"inf"``, ``"-inf"``, ``"nan"``."""
     return x if math.isfinite(x) else repr(float(x))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Optional
 
 import numpy as np
 import torch
@@ -100,7 +99,9 @@ class ThreeLC(Codec):
         data = np.frombuffer(wire.zero_run_encode(quartic), dtype=np.uint8)
         recon = dequantize(q, m).reshape(tensor.shape).to(tensor.dtype)
         entry = rec.entry(
-            self.codec_id, name, tensor,
+            self.codec_id,
+            name,
+            tensor,
             params=_PARAMS.pack(self.sparsity),
             sections={"scale": np.array([m_host], dtype=np.float32), "data": data},
         )
@@ -116,7 +117,7 @@ def unpack_params(params: bytes) -> dict:
     return dict(sparsity=sparsity)
 
 
-def _decode_threelc(entry: Entry, device: Optional[torch.device]) -> torch.Tensor:
+def _decode_threelc(entry: Entry, device: torch.device | None) -> torch.Tensor:
     rec.check_record_dtype(entry, _CODEC)
     (sparsity,) = rec.params(entry, _CODEC, _PARAMS, "f32 sparsity")
     if not (1.0 <= sparsity < 2.0):

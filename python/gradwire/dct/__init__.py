@@ -48,8 +48,8 @@ from .decode import (
     fixed_point_bits,
 )
 from .integer import digit_count, exact_int_mm, int_digits, rows_level_sums_int
-from .route_choice import set_exact_decode
 from .quantize import MIN_RANGE, dequantize_int8, quantize_int8, select_topk
+from .route_choice import set_exact_decode
 from .transform import (
     BASIS_CACHE_BYTES,
     MATMUL_MAX_N,

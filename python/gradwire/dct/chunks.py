@@ -19,8 +19,8 @@ do it for many tensors of one chunk shape at once, stacked in one buffer, by one
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -155,9 +155,7 @@ def small_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> bool:
     return 4 * _prod(tile_chunk_shape(shape, max_tile)) < min(numel, full)
 
 
-def plan_tiles_or_flat(
-    shape: Sequence[int], chunk_shape: Sequence[int], max_tile: int = MAX_TILE
-) -> ChunkPlan:
+def plan_tiles_or_flat(shape: Sequence[int], chunk_shape: Sequence[int], max_tile: int = MAX_TILE) -> ChunkPlan:
     """The tile-mode encoder's plan: :func:`plan_tiles`, or :func:`plan_flat` with ``chunk_shape`` where
     the tiles would be small (:func:`small_tiles`). The record's params say which mode it used, so a
     decoder needs nothing else."""
@@ -166,7 +164,7 @@ def plan_tiles_or_flat(
     return plan_tiles(shape, max_tile)
 
 
-def plan_chunks(mode: int, shape: Sequence[int], chunk_shape: Optional[Sequence[int]] = None) -> ChunkPlan:
+def plan_chunks(mode: int, shape: Sequence[int], chunk_shape: Sequence[int] | None = None) -> ChunkPlan:
     """:func:`plan_flat` (mode 0, needs ``chunk_shape``) or :func:`plan_tiles` (mode 1)."""
     if mode == MODE_FLAT:
         if chunk_shape is None:
@@ -201,9 +199,7 @@ def from_chunks(chunks: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
     """
     c = plan.chunk_numel
     if chunks.ndim < 1 or chunks.shape[0] != plan.num_chunks or chunks.numel() != plan.num_chunks * c:
-        raise ValueError(
-            f"expected {plan.num_chunks} chunks of {c} elements, got shape {tuple(chunks.shape)}"
-        )
+        raise ValueError(f"expected {plan.num_chunks} chunks of {c} elements, got shape {tuple(chunks.shape)}")
     flat = chunks.reshape(plan.num_chunks, c)
     if plan.mode == MODE_FLAT:
         out = flat.reshape(-1)
@@ -219,6 +215,7 @@ def from_chunks(chunks: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Many tensors' chunks stacked: ``members`` are ``(name, tensor, plan)`` of one chunk shape, in order.
 
+
 def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
     """``(destinations, sources, padding)`` views moving every member's elements between the chunk layout
     and its tensor's: ``chunk_rows`` holds every member's chunks ``(rows, C)`` in order, ``flat_of(i)``
@@ -230,7 +227,7 @@ def _chunk_views(members, chunk_rows: torch.Tensor, flat_of, into_chunks: bool):
     row = 0
     for i, (_, _, plan) in enumerate(members):
         n, c = plan.num_chunks, plan.chunk_numel
-        rows = chunk_rows[row:row + n]
+        rows = chunk_rows[row : row + n]
         row += n
         flat = flat_of(i)
         if plan.mode == MODE_TILES and len(plan.chunk_shape) == 2:

@@ -12,7 +12,7 @@ section comment below says why the integer decode is exact.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -49,10 +49,7 @@ def decode_chunks(idx: torch.Tensor, values: torch.Tensor, plan: ChunkPlan) -> t
 
 def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
     if idx.shape != values.shape or idx.ndim != 2 or idx.shape[0] != n:
-        raise ValueError(
-            f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}"
-        )
-
+        raise ValueError(f"expected ({n}, k) positions and values, got {tuple(idx.shape)} and {tuple(values.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +63,7 @@ def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
 # product and partial sum is an integer below 2^53 — exact, so any summation order, any BLAS, any
 # device gives the same numbers. Only the final ``scale``/``min`` combination rounds, elementwise.
 
-_INT_BASES: "OrderedDict[tuple[int, int, torch.device], torch.Tensor]" = OrderedDict()
+_INT_BASES: OrderedDict[tuple[int, int, torch.device], torch.Tensor] = OrderedDict()
 #: Output elements (float64) of one block of chunks on the CPU: bounds the scratch memory of a decode
 #: and keeps a block in cache.
 _EXACT_BLOCK_ELEMS = 1 << 18
@@ -123,7 +120,7 @@ def decode_levels(
     scales: torch.Tensor,
     mins: torch.Tensor,
     plan: ChunkPlan,
-    route: Optional[str] = None,
+    route: str | None = None,
 ) -> torch.Tensor:
     """The float32 tensor of ``plan.shape`` whose chunk ``c`` has coefficient ``levels[c, j] * scales[c]
     + mins[c]`` at position ``idx[c, j]``: bit-identical on every device, thread count and BLAS.
@@ -151,7 +148,7 @@ def decode_level_chunks(
     scales: torch.Tensor,
     mins: torch.Tensor,
     dims: Sequence[int],
-    route: Optional[str] = None,
+    route: str | None = None,
 ) -> torch.Tensor:
     """:func:`decode_levels` before the chunks are put back: ``(n, *dims)`` float32, chunk ``c`` decoded
     from row ``c`` of ``idx``, ``levels``, ``scales`` and ``mins``.
@@ -170,8 +167,15 @@ def decode_level_chunks(
         route = _choose_route(k, dims, device)
         if device.type != "cpu" and n:
             m = min(n, _exact_block(device, k, dims, "integer"))  # a test block of the caller's own data
-            route = route_choice.device_route(k, dims, device, route, lambda r: route_choice.timed(
-                lambda: _level_chunks(idx[:m], levels[:m], scales[:m], mins[:m], dims, r), device))
+            route = route_choice.device_route(
+                k,
+                dims,
+                device,
+                route,
+                lambda r: route_choice.timed(
+                    lambda: _level_chunks(idx[:m], levels[:m], scales[:m], mins[:m], dims, r), device
+                ),
+            )
     if route not in _ROUTES:
         raise ValueError(f"route must be one of {sorted(_ROUTES)}, got {route!r}")
     return _level_chunks(idx, levels, scales, mins, dims, route)
@@ -213,8 +217,10 @@ def _unscaled(scales: torch.Tensor, mins: torch.Tensor, dims: tuple[int, ...], d
     # min: scaling by 2^j is exact in float64 (no subnormals at these magnitudes), so each product
     # and the sum round exactly as in the formula. No fused multiply-add: it would round once, not twice.
     unscale = 2.0 ** (-fixed_point_bits(dims) * len(dims))
-    return (scales.to(device=device, dtype=torch.float64) * unscale,
-            mins.to(device=device, dtype=torch.float64) * unscale)
+    return (
+        scales.to(device=device, dtype=torch.float64) * unscale,
+        mins.to(device=device, dtype=torch.float64) * unscale,
+    )
 
 
 def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor:
@@ -234,10 +240,18 @@ def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor
     if len(dims) == 2 and _folds(bases[0]) and _folds(bases[1]):
         # One Rust pass, the bases folded in half: its own threads, each on blocks in cache.
         _native.dct_decode_folded(
-            idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
-            k, dims[0], dims[1], bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(),
-            sc_all.contiguous().numpy(), mn_all.contiguous().numpy(), out.reshape(-1).numpy(),
-            torch.get_num_threads(), grid_cols,
+            idx.contiguous().reshape(-1).numpy(),
+            levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+            k,
+            dims[0],
+            dims[1],
+            bases[0].reshape(-1).numpy(),
+            bases[1].reshape(-1).numpy(),
+            sc_all.contiguous().numpy(),
+            mn_all.contiguous().numpy(),
+            out.reshape(-1).numpy(),
+            torch.get_num_threads(),
+            grid_cols,
         )
         return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
     # Both stages in Rust, the matrix product between them in place.
@@ -251,7 +265,7 @@ def decode_levels_weighted_sum(
     parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
     weights: Sequence[float],
     plan: ChunkPlan,
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor | None:
     """``acc = float32(d_0 · w_0)``, then ``acc = acc + float32(d_i · w_i)`` in order, ``d_i`` what
     :func:`decode_levels` returns for ``parts[i] = (idx, levels, scales, mins)`` and each weight a
     float32 value: the same bits as decoding each part and combining the tensors, in one Rust pass
@@ -274,20 +288,28 @@ def decode_levels_weighted_sum(
     senders = []
     for idx, levels, scales, mins in parts:
         _check_pairs(idx, levels, plan.num_chunks)
-        senders.append((
-            idx.to(torch.int64).contiguous().reshape(-1).numpy(),
-            levels.to(torch.int16).contiguous().reshape(-1).numpy(),
-            idx.shape[1],
-            # as decode_levels: the power of two folded in exactly, in float64
-            (scales.to(torch.float64) * unscale).contiguous().numpy(),
-            (mins.to(torch.float64) * unscale).contiguous().numpy(),
-        ))
+        senders.append(
+            (
+                idx.to(torch.int64).contiguous().reshape(-1).numpy(),
+                levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+                idx.shape[1],
+                # as decode_levels: the power of two folded in exactly, in float64
+                (scales.to(torch.float64) * unscale).contiguous().numpy(),
+                (mins.to(torch.float64) * unscale).contiguous().numpy(),
+            )
+        )
     tiled = plan.mode == MODE_TILES
     out = torch.empty((plan.num_chunks, *dims), dtype=torch.float32)
     _native.dct_decode_folded_mean(
-        senders, torch.tensor([float(w) for w in weights], dtype=torch.float32).numpy(), dims[0], dims[1],
-        bases[0].reshape(-1).numpy(), bases[1].reshape(-1).numpy(), out.reshape(-1).numpy(),
-        torch.get_num_threads(), plan.grid[1] if tiled else 1,
+        senders,
+        torch.tensor([float(w) for w in weights], dtype=torch.float32).numpy(),
+        dims[0],
+        dims[1],
+        bases[0].reshape(-1).numpy(),
+        bases[1].reshape(-1).numpy(),
+        out.reshape(-1).numpy(),
+        torch.get_num_threads(),
+        plan.grid[1] if tiled else 1,
     )
     return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
 
@@ -351,15 +373,24 @@ def _rows_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, .
     return y.select(-2, 0), y.select(-2, 1)
 
 
-def _scatter_rows_cpu(idx, levels, k: int, rest: int, last: int, basis: torch.Tensor, out: torch.Tensor,
-                      threads: Optional[int] = None) -> None:
+def _scatter_rows_cpu(
+    idx, levels, k: int, rest: int, last: int, basis: torch.Tensor, out: torch.Tensor, threads: int | None = None
+) -> None:
     _native.dct_scatter_basis_rows(
-        idx.contiguous().reshape(-1).numpy(), levels.to(torch.int16).contiguous().reshape(-1).numpy(),
-        k, rest, last, basis.reshape(-1).numpy(), out.numpy(), torch.get_num_threads() if threads is None else threads,
+        idx.contiguous().reshape(-1).numpy(),
+        levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+        k,
+        rest,
+        last,
+        basis.reshape(-1).numpy(),
+        out.numpy(),
+        torch.get_num_threads() if threads is None else threads,
     )
 
 
-def _transform_rest_axes(t: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor], out: Optional[torch.Tensor] = None):
+def _transform_rest_axes(
+    t: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor], out: torch.Tensor | None = None
+):
     """The inverse integer transform of every axis but the last of ``t``, laid out ``(*dims[:-1], nb
     · 2 · last)``: one matrix product per axis, contracting the leading one. Returns the result in
     the same layout, contiguous (in ``out`` when given and there is one axis to transform)."""
@@ -396,12 +427,21 @@ def _rows_decode_cpu(idx, levels, scales, mins, dims, bases, block: int, out: to
         _scatter_rows_cpu(idx[b0:b1], levels[b0:b1], k, rest, last, bases[-1], t, threads)
         y = _transform_rest_axes(t, dims, bases, None if transformed is None else transformed[:size].view(rest, -1))
         _native.dct_combine_level_sums(
-            y.reshape(-1).numpy(), scales[b0:b1].contiguous().numpy(), mins[b0:b1].contiguous().numpy(),
-            rest, last, flat_out, threads, first=b0, grid_cols=grid_cols,
+            y.reshape(-1).numpy(),
+            scales[b0:b1].contiguous().numpy(),
+            mins[b0:b1].contiguous().numpy(),
+            rest,
+            last,
+            flat_out,
+            threads,
+            first=b0,
+            grid_cols=grid_cols,
         )
 
 
-_FOLDS: "dict[tuple, bool]" = {}
+_FOLDS: dict[tuple, bool] = {}
+
+
 def _folds(basis: torch.Tensor) -> bool:
     """Whether the integer basis is exactly symmetric (``B[f, n-1-i] = (-1)^f B[f, i]``, ``n`` even),
     so the decode may fold it in half. Checked once per basis."""

@@ -18,15 +18,22 @@ while ``K < 2^18``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
 from .transform import _BASES_LOCK, _basis_f64
 
-__all__ = ["int_digits", "digit_count", "exact_int_mm", "IntegerBasis", "integer_basis", "dense_last_axis",
-           "rows_level_sums_int"]
+__all__ = [
+    "int_digits",
+    "digit_count",
+    "exact_int_mm",
+    "IntegerBasis",
+    "integer_basis",
+    "dense_last_axis",
+    "rows_level_sums_int",
+]
 
 _BASE_BITS = 7
 _HALF = 1 << (_BASE_BITS - 1)
@@ -44,7 +51,7 @@ def digit_count(bound: int) -> int:
     return n
 
 
-def int_digits(x: torch.Tensor, count: Optional[int] = None) -> list[torch.Tensor]:
+def int_digits(x: torch.Tensor, count: int | None = None) -> list[torch.Tensor]:
     """Balanced base-128 digits of int64 ``x`` (least significant first), each int8 in [-64, 63].
 
     With ``count`` (from a bound: :func:`digit_count`) exactly that many, without looking at the data;
@@ -95,16 +102,18 @@ def _stacked_mm(a_digits: torch.Tensor, a_row_sums: torch.Tensor, b: torch.Tenso
     # the digit counts (the int64 copy of the products is the block's largest scratch: decode's
     # _exact_block sizes blocks for it).
     parts = prod.reshape(na, m, b_count, n).to(torch.int64)
-    shifts = (torch.arange(na, device=b.device).view(na, 1, 1, 1)
-              + torch.arange(b_count, device=b.device).view(1, 1, -1, 1))
+    shifts = torch.arange(na, device=b.device).view(na, 1, 1, 1) + torch.arange(b_count, device=b.device).view(
+        1, 1, -1, 1
+    )
     parts.bitwise_left_shift_(shifts * _BASE_BITS)
     out = parts.sum(dim=(0, 2))
     out -= a_row_sums.unsqueeze(1) * (1 << (_BASE_BITS * b_count - 1))
     return out
 
 
-def exact_int_mm(a: torch.Tensor, b: torch.Tensor, a_bound: Optional[int] = None,
-                 b_bound: Optional[int] = None) -> torch.Tensor:
+def exact_int_mm(
+    a: torch.Tensor, b: torch.Tensor, a_bound: int | None = None, b_bound: int | None = None
+) -> torch.Tensor:
     """``a @ b`` for int64 matrices, exactly (the caller keeps the result below 2^63).
 
     ``a_bound`` and ``b_bound`` bound the operands' magnitudes; without them they are read from the data
@@ -132,7 +141,7 @@ class IntegerBasis:
     max_abs: int
 
 
-_INTEGER_BASES: "OrderedDict[tuple[int, int, torch.device], IntegerBasis]" = OrderedDict()
+_INTEGER_BASES: OrderedDict[tuple[int, int, torch.device], IntegerBasis] = OrderedDict()
 
 
 def integer_basis(n: int, s: int, device: torch.device) -> IntegerBasis:
@@ -180,7 +189,7 @@ def rows_level_sums_int(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int
     if dense_last_axis(k, dims):
         # grid[f_last, (row, chunk, channel)]: the levels (channel 0) and ones (channel 1) at their positions
         grid = torch.zeros((last, rest * nb * 2), dtype=torch.int64, device=device)
-        at = ((idx % last) * (rest * nb * 2) + ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)) * 2)
+        at = (idx % last) * (rest * nb * 2) + ((idx // last) * nb + torch.arange(nb, device=device).unsqueeze(1)) * 2
         flat = grid.view(-1)
         flat[at.reshape(-1)] = levels.to(torch.int64).reshape(-1)
         flat[at.reshape(-1) + 1] = 1

@@ -37,8 +37,9 @@ def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
         raise ValueError(f"k must lie in [1, {coeffs.shape[1]}] (the chunk size), got {k}")
     if coeffs.device.type == "cpu" and coeffs.dtype == torch.float32:
         n, c = coeffs.shape
-        pos, kept = _native.select_topk_rows(coeffs.detach().contiguous().reshape(-1).numpy(), c, k,
-                                             torch.get_num_threads())
+        pos, kept = _native.select_topk_rows(
+            coeffs.detach().contiguous().reshape(-1).numpy(), c, k, torch.get_num_threads()
+        )
         return torch.from_numpy(pos).reshape(n, k), torch.from_numpy(kept).reshape(n, k)
     _, idx = torch.topk(coeffs.abs(), k, dim=1, largest=True, sorted=False)
     idx, _ = torch.sort(idx, dim=1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,7 +32,7 @@ __all__ = ["MODES", "exact_decode_mode", "set_exact_decode", "device_route", "ch
 
 MODES = ("auto", "integer", "float64")
 _ENV = "GRADWIRE_EXACT_DECODE"
-_mode: "str | None" = None
+_mode: str | None = None
 _CHOICES: dict = {}
 _LOCK = threading.Lock()
 
@@ -47,7 +47,7 @@ def exact_decode_mode() -> str:
     return env
 
 
-def set_exact_decode(mode: "str | None") -> None:
+def set_exact_decode(mode: str | None) -> None:
     """Set the policy for this process (``None``: back to the environment's); forgets what was measured."""
     global _mode
     if mode is not None and mode not in MODES:
@@ -69,8 +69,9 @@ def _k_bucket(k: int) -> int:
     return 1 << max(0, (int(k) - 1).bit_length())
 
 
-def device_route(k: int, dims: tuple[int, ...], device: torch.device, float_route: str,
-                 time_route: Callable[[str], float]) -> str:
+def device_route(
+    k: int, dims: tuple[int, ...], device: torch.device, float_route: str, time_route: Callable[[str], float]
+) -> str:
     """``"integer"`` or ``float_route`` for ``k`` coefficients per chunk of shape ``dims`` on ``device``
     (not the CPU), under the policy; ``time_route(route)`` returns the seconds one decode of a test block
     takes by that route (called only by ``auto``, once per device, shape and ``k`` bucket)."""
@@ -106,12 +107,19 @@ def choices() -> list[dict]:
     each route and the route kept."""
     out = []
     for (device, dims, kb, _), (route, timings) in sorted(_CHOICES.items()):
-        out.append({"device": device, "chunk": "x".join(map(str, dims)), "k_bucket": kb, "route": route,
-                    **{f"{r}_ms": round(t * 1e3, 3) for r, t in timings.items()}})
+        out.append(
+            {
+                "device": device,
+                "chunk": "x".join(map(str, dims)),
+                "k_bucket": kb,
+                "route": route,
+                **{f"{r}_ms": round(t * 1e3, 3) for r, t in timings.items()},
+            }
+        )
     return out
 
 
-def kept_route(device, dims, k: int) -> "str | None":
+def kept_route(device, dims, k: int) -> str | None:
     """The route ``auto`` kept on ``device`` for ``k`` coefficients per chunk of shape ``dims``; ``None``
     if nothing was measured for them."""
     for (dev, d, kb, _), (route, _) in _CHOICES.items():

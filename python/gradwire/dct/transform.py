@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Optional
 
 import torch
 
@@ -49,7 +48,7 @@ MATMUL_MAX_N = 1024
 #: many different chunk sizes cannot grow it without limit.
 BASIS_CACHE_BYTES = 256 << 20
 
-_BASES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_BASES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 _BASES_LOCK = threading.Lock()
 _cache_bytes = 0
 
@@ -90,7 +89,7 @@ def _cached(key: tuple, build) -> torch.Tensor:
     return t
 
 
-def dct_basis(n: int, device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dct_basis(n: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The orthonormal DCT-II matrix ``D_n`` (``X = D_n @ x``), cached per ``(n, device, dtype)``.
 
     Built in float64 on the CPU and cast, so every device and dtype holds the same rounded basis.
@@ -229,7 +228,7 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool, overwrite: bo
         if axis == x.ndim - 1:
             y = (y.reshape(-1, n) @ (d if inverse else d.T)).reshape(shape)
         else:
-            trailing = _prod(shape[axis + 1:])
+            trailing = _prod(shape[axis + 1 :])
             y = torch.matmul(d.T if inverse else d, y.reshape(-1, n, trailing)).reshape(shape)
     return y.reshape(shape)
 
@@ -268,7 +267,6 @@ def idct_nd(X: torch.Tensor) -> torch.Tensor:
         _check_float(X)
         return X.clone()
     return _transform_trailing(X.unsqueeze(0), X.ndim, inverse=True).squeeze(0)
-
 
 
 def encode_chunks(x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:

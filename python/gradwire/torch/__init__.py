@@ -21,10 +21,10 @@ Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook`
 
 from __future__ import annotations
 
+from .algorithm_optimizer import AlgorithmOptimizer
 from .buffers import average_buffers
 from .collectives import all_gather_bytes, exchange_bytes
 from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_reduce
-from .algorithm_optimizer import AlgorithmOptimizer
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook

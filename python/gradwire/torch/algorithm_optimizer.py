@@ -16,7 +16,8 @@ learning rates, the sharded exchange, overlap with the backward pass, per-parame
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,13 +40,23 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
     rank all-gathers every rank's frame (module docstring). ``codec``: the uplink codec, or a name of
     ``gradwire.codec_names()``; default the algorithm's (``Algorithm.default_codec``)."""
 
-    def __init__(self, module: nn.Module, algorithm: str, config: Any = None, *, codec: Optional[Codec | str] = None,
-                 process_group: Optional[dist.ProcessGroup] = None, limits: Optional[Limits] = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        algorithm: str,
+        config: Any = None,
+        *,
+        codec: Codec | str | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        limits: Limits | None = None,
+    ):
         alg = get_algorithm(algorithm)
         if alg.publication != "mean":
-            raise ValueError(f"algorithm {algorithm!r} publishes {alg.publication!r} versions, made by a server's "
-                             "optimizer: on torch.distributed only algorithms whose versions are a mean of the "
-                             "nodes' records run")
+            raise ValueError(
+                f"algorithm {algorithm!r} publishes {alg.publication!r} versions, made by a server's "
+                "optimizer: on torch.distributed only algorithms whose versions are a mean of the "
+                "nodes' records run"
+            )
         self.algorithm = alg
         self.config = alg.config(config)
         if codec is None:
@@ -56,8 +67,9 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         elif isinstance(codec, str):
             codec = build_codec(codec)
         elif not isinstance(codec, Codec):
-            raise TypeError(f"codec must be a gradwire codec or a name of gradwire.codec_names(), got "
-                            f"{type(codec).__name__}")
+            raise TypeError(
+                f"codec must be a gradwire codec or a name of gradwire.codec_names(), got {type(codec).__name__}"
+            )
         self.params = {n: p for n, p in module.named_parameters() if p.requires_grad}
         if not self.params:
             raise ValueError("the module has no parameter that requires a gradient")
@@ -70,7 +82,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         self._checked = False
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -78,8 +90,9 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         if not self._checked:
             self._checked = True
             if self._exchange.world() > 1:
-                check_not_all_reduced(list(self.params.values()), {id(p): n for n, p in self.params.items()},
-                                      type(self).__name__)
+                check_not_all_reduced(
+                    list(self.params.values()), {id(p): n for n, p in self.params.items()}, type(self).__name__
+                )
         grads = None
         if not self.side.reads_module_grads:
             grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in self.params.items()}
@@ -97,17 +110,23 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         """torch's param groups and ``"gradwire"``: the algorithm's name, its node side's and its own state,
         the round counter and the exchange's counters (this rank's: resume in a group of the same size)."""
         out = super().state_dict()
-        out["gradwire"] = {"algorithm": self.algorithm.name, "node": self.side.state_dict(),
-                           "algorithm_state": self.algorithm_state, "rounds": self.rounds,
-                           **self._exchange.state_dict()}
+        out["gradwire"] = {
+            "algorithm": self.algorithm.name,
+            "node": self.side.state_dict(),
+            "algorithm_state": self.algorithm_state,
+            "rounds": self.rounds,
+            **self._exchange.state_dict(),
+        }
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         mine = state_dict.pop("gradwire")
         if mine.get("algorithm") != self.algorithm.name:
-            raise ValueError(f"this checkpoint is of algorithm {mine.get('algorithm')!r}, this optimizer runs "
-                             f"{self.algorithm.name!r}")
+            raise ValueError(
+                f"this checkpoint is of algorithm {mine.get('algorithm')!r}, this optimizer runs "
+                f"{self.algorithm.name!r}"
+            )
         self._exchange.load_state_dict(mine)
         super().load_state_dict(state_dict)
         self.side.load_state_dict(mine["node"])

@@ -3,8 +3,6 @@ frame per rank, all-gathered, every rank's read back in rank order, with the byt
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch.distributed as dist
 
 from ..errors import FrameError
@@ -17,7 +15,7 @@ __all__ = ["AllGatherExchange", "ReportsFrameBytes"]
 class AllGatherExchange(GroupMember):
     """One bundle frame per rank, all-gathered and read back in rank order; the byte counters."""
 
-    def __init__(self, process_group: Optional[dist.ProcessGroup], limits: Optional[Limits]):
+    def __init__(self, process_group: dist.ProcessGroup | None, limits: Limits | None):
         self.process_group = process_group
         self.limits = limits or DEFAULT_LIMITS
         self.bytes_sent = 0
@@ -72,7 +70,7 @@ class AllGatherExchange(GroupMember):
 class ReportsFrameBytes:
     """``bytes_sent`` / ``bytes_received`` of an optimizer, read from its exchange (``self._exchange``)."""
 
-    _exchange: "AllGatherExchange"
+    _exchange: AllGatherExchange
 
     @property
     def bytes_sent(self) -> int:

@@ -11,8 +11,6 @@ forward.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,7 +19,7 @@ __all__ = ["average_buffers"]
 
 
 @torch.no_grad()
-def average_buffers(module: nn.Module, process_group: Optional[dist.ProcessGroup] = None) -> int:
+def average_buffers(module: nn.Module, process_group: dist.ProcessGroup | None = None) -> int:
     """Replace every floating-point buffer of ``module`` by its mean over the ranks of ``process_group``
     (default: the default group); integer buffers (``num_batches_tracked``) are left as they are (every
     rank counts the same steps). One all-reduce per dtype and device. Returns the number of buffers

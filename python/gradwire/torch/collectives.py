@@ -23,7 +23,7 @@ or hostile peer cannot make a rank allocate more than a frame may hold.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ __all__ = [
     "gather_rows",
 ]
 
+
 class Exchanged(list):
     """Frames received, one ``uint8`` numpy array per rank or peer, with what moving them cost.
 
@@ -59,7 +60,7 @@ class GroupMember:
     when torch.distributed is not initialized and no group was given (single-process code runs as rank 0
     of one)."""
 
-    process_group: Optional[dist.ProcessGroup]
+    process_group: dist.ProcessGroup | None
 
     def _distributed(self) -> bool:
         return self.process_group is not None or (dist.is_available() and dist.is_initialized())
@@ -71,13 +72,13 @@ class GroupMember:
         return group_world_size(self.process_group)
 
 
-def group_world_size(process_group: Optional[dist.ProcessGroup]) -> int:
+def group_world_size(process_group: dist.ProcessGroup | None) -> int:
     """The size of ``process_group`` (the default group when ``None``), or 1 without torch.distributed."""
     distributed = process_group is not None or (dist.is_available() and dist.is_initialized())
     return dist.get_world_size(process_group) if distributed else 1
 
 
-def comm_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:
+def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where a group's collective tensors must live: the current CUDA device for NCCL, else the host."""
     if dist.get_backend(group) == dist.Backend.NCCL:
         return torch.device("cuda", torch.cuda.current_device())
@@ -105,10 +106,10 @@ class BytesGather:
     def __init__(
         self,
         payload,
-        group: Optional[dist.ProcessGroup] = None,
+        group: dist.ProcessGroup | None = None,
         *,
-        device: Optional[torch.device] = None,
-        limits: Optional[Limits] = None,
+        device: torch.device | None = None,
+        limits: Limits | None = None,
     ):
         self.group = group
         self.limits = limits or DEFAULT_LIMITS
@@ -122,7 +123,7 @@ class BytesGather:
             group=group,
             async_op=True,
         )
-        self._gathered: Optional[list[torch.Tensor]] = None
+        self._gathered: list[torch.Tensor] | None = None
         self.sizes: list[int] = []
 
     @property
@@ -165,10 +166,10 @@ class BytesGather:
 
 def all_gather_bytes(
     payload,
-    group: Optional[dist.ProcessGroup] = None,
+    group: dist.ProcessGroup | None = None,
     *,
-    device: Optional[torch.device] = None,
-    limits: Optional[Limits] = None,
+    device: torch.device | None = None,
+    limits: Limits | None = None,
 ) -> Exchanged:
     """Every rank's ``payload`` (bytes of any length), in group-rank order, on every rank.
 
@@ -188,10 +189,10 @@ _ALL_TO_ALL_BACKENDS = ("gloo", "nccl", "mpi")
 
 def all_to_all_bytes(
     payloads: Sequence,
-    group: Optional[dist.ProcessGroup] = None,
+    group: dist.ProcessGroup | None = None,
     *,
-    device: Optional[torch.device] = None,
-    limits: Optional[Limits] = None,
+    device: torch.device | None = None,
+    limits: Limits | None = None,
     method: str = "auto",
 ) -> Exchanged:
     """``payloads[r]`` (bytes of any length, possibly empty) to group rank ``r``; returns the payload each
@@ -237,7 +238,7 @@ def all_to_all_bytes(
             host = recv.cpu().numpy()
             at = 0
             for s, n in enumerate(incoming):
-                out[s] = host[at:at + n]
+                out[s] = host[at : at + n]
                 at += n
         else:
             ops, bufs = [], {}
@@ -260,10 +261,10 @@ def all_to_all_bytes(
 def exchange_bytes(
     payload,
     peers: Sequence[int],
-    group: Optional[dist.ProcessGroup] = None,
+    group: dist.ProcessGroup | None = None,
     *,
-    device: Optional[torch.device] = None,
-    limits: Optional[Limits] = None,
+    device: torch.device | None = None,
+    limits: Limits | None = None,
 ) -> dict[int, np.ndarray]:
     """Send ``payload`` to every peer and receive one payload from each (group ranks).
 
@@ -299,7 +300,7 @@ def _wait_all(ops: list) -> None:
         work.wait()
 
 
-def gather_rows(row: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def gather_rows(row: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Stack one equal-shaped tensor from every rank into ``(world, *row.shape)`` (on ``row``'s device)."""
     world = dist.get_world_size(group)
     parts = [torch.empty_like(row) for _ in range(world)]

@@ -16,7 +16,7 @@ the garbage collector's objects, done once, at the optimizer's first distributed
 # No `from __future__ import annotations`: DDP checks a hook's annotations against the real types.
 import gc
 import warnings
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -59,9 +59,19 @@ def _sends_nothing(hook: Callable) -> bool:
 
 #: Hooks known to communicate: torch's defaults (dense all-reduce, fp16/bf16 casts, PowerSGD) and gradwire's
 #: own DDP hook (a second compressed exchange of the same gradients).
-_COMMUNICATING = {"allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "powerSGD_hook",
-                  "batched_powerSGD_hook", "gradwire_hook", "decompress", "fp16_compress_wrapper_hook",
-                  "bf16_compress_wrapper_hook", "hook_with_zero_step", "post_localSGD_hook"}
+_COMMUNICATING = {
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "powerSGD_hook",
+    "batched_powerSGD_hook",
+    "gradwire_hook",
+    "decompress",
+    "fp16_compress_wrapper_hook",
+    "bf16_compress_wrapper_hook",
+    "hook_with_zero_step",
+    "post_localSGD_hook",
+}
 
 
 def check_not_all_reduced(params: Iterable[torch.Tensor], labels: Mapping[int, str], optimizer: str) -> None:
@@ -87,8 +97,11 @@ def check_not_all_reduced(params: Iterable[torch.Tensor], labels: Mapping[int, s
             "or ddp_model.register_comm_hook(None, local_gradients_hook)) so each rank keeps its own gradient, "
             "or do not wrap the model in DDP (docs/RECIPES.md)"
         )
-        unknown = [getattr(h, "__qualname__", repr(h)) for h, _ in hooks
-                   if not _sends_nothing(h) and getattr(h, "__name__", "") not in _COMMUNICATING]
+        unknown = [
+            getattr(h, "__qualname__", repr(h))
+            for h, _ in hooks
+            if not _sends_nothing(h) and getattr(h, "__name__", "") not in _COMMUNICATING
+        ]
         if hooks and unknown and len(unknown) == len(hooks):
             warnings.warn(
                 f"{optimizer}: the DistributedDataParallel module holding {names} has comm hook {unknown[0]}; if it "

@@ -33,18 +33,19 @@ than one bucket).
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ..aggregation import weighted_sum
 from ..codecs import Codec
-from ..registry import build_codec
 from ..errors import FrameError
 from ..feedback import ErrorFeedback
 from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
+from ..registry import build_codec
 from .collectives import BytesGather, comm_device
 
 __all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
@@ -67,7 +68,7 @@ class GradwireHookState:
     """
 
     codec: Codec
-    process_group: Optional[dist.ProcessGroup] = None
+    process_group: dist.ProcessGroup | None = None
     limits: Limits = DEFAULT_LIMITS
     per_parameter: bool = False
     overlap: bool = True
@@ -100,7 +101,7 @@ class GradwireHookState:
 
     # -- residuals across bucket rebuilds --------------------------------------------------------
 
-    def parameter_residual(self, param: torch.Tensor) -> Optional[torch.Tensor]:
+    def parameter_residual(self, param: torch.Tensor) -> torch.Tensor | None:
         """The error-feedback residual currently held for ``param`` (float32, its shape), or ``None``."""
         if self.per_parameter:
             r = self.feedback.residual(_parameter_key(param))
@@ -127,9 +128,7 @@ class GradwireHookState:
         # parameters, into per-parameter pieces; buckets untouched by the rebuild keep theirs.
         wanted = {pid for pid, _ in layout}
         stale = [
-            other
-            for other, old in self._layouts.items()
-            if other == index or any(pid in wanted for pid, _ in old)
+            other for other, old in self._layouts.items() if other == index or any(pid in wanted for pid, _ in old)
         ]
         for other in stale:
             old = self._layouts.pop(other)
@@ -260,9 +259,7 @@ def gradwire_hook(state: GradwireHookState, bucket: dist.GradBucket) -> torch.fu
         # top-k, spends it across the bucket). Record names are positions in the bucket.
         targets = list(bucket.gradients())
         named = {_parameter_key(p): g for p, g in zip(bucket.parameters(), targets)}
-        entries = [
-            dataclasses.replace(e, name=str(i)) for i, e in enumerate(state.feedback.compress_bundle(named))
-        ]
+        entries = [dataclasses.replace(e, name=str(i)) for i, e in enumerate(state.feedback.compress_bundle(named))]
     else:
         state._adopt_layout(index, _layout(bucket))
         targets = [buf]
@@ -301,11 +298,11 @@ def _value(done: torch.futures.Future) -> torch.Tensor:
 
 
 def ddp_hook(
-    codec: Union[Codec, str],
-    process_group: Optional[dist.ProcessGroup] = None,
+    codec: Codec | str,
+    process_group: dist.ProcessGroup | None = None,
     *,
     per_parameter: bool = False,
-    limits: Optional[Limits] = None,
+    limits: Limits | None = None,
     overlap: bool = True,
     **codec_params,
 ) -> tuple[GradwireHookState, Callable[[GradwireHookState, dist.GradBucket], torch.futures.Future]]:

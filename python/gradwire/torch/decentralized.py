@@ -28,7 +28,8 @@ Only parameters are exchanged; buffers (batch-norm statistics) stay local.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Union
 
 import torch
 import torch.distributed as dist
@@ -93,14 +94,14 @@ class LowPrecisionDecentralized:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Optional[torch.optim.Optimizer] = None,
+        optimizer: torch.optim.Optimizer | None = None,
         peers: PeerSpec = "ring",
-        codec: Optional[Codec] = None,
-        process_group: Optional[dist.ProcessGroup] = None,
-        lr: Optional[float] = None,
+        codec: Codec | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        lr: float | None = None,
         *,
         broadcast_parameters: bool = True,
-        limits: Optional[Limits] = None,
+        limits: Limits | None = None,
     ):
         if optimizer is None and lr is None:
             raise ValueError("give an optimizer, or lr for plain SGD")
@@ -131,7 +132,7 @@ class LowPrecisionDecentralized:
         self.steps = 0
         self.bytes_sent = 0
         self.frame_bytes = 0
-        self.last_frame: Optional[bytes] = None
+        self.last_frame: bytes | None = None
         if broadcast_parameters:
             self._broadcast_from_rank0()
             self._replicas = {peer: self._flat() for peer in self.peers}
@@ -218,7 +219,7 @@ class LowPrecisionDecentralized:
         self.frame_bytes += len(frame)
         self.bytes_sent += (8 + len(frame)) * len(self.peers)
 
-    def _decode(self, data, sender: int, round: Optional[int] = None) -> torch.Tensor:
+    def _decode(self, data, sender: int, round: int | None = None) -> torch.Tensor:
         """The flat vector a peer's frame carries, checked against this model."""
         expected_round = self.steps if round is None else round
         frame = read_frame(data, limits=self.limits)
@@ -229,7 +230,9 @@ class LowPrecisionDecentralized:
             )
         entry = frame.entry()
         if tuple(entry.shape) != (self.numel,):
-            raise FrameError(f"peer {sender} sent a tensor of shape {tuple(entry.shape)}; the model has {self.numel} parameters")
+            raise FrameError(
+                f"peer {sender} sent a tensor of shape {tuple(entry.shape)}; the model has {self.numel} parameters"
+            )
         return decode_entry(entry, self.device).to(self.dtype)
 
     # -- inspection ------------------------------------------------------------------------------
@@ -256,6 +259,5 @@ class LowPrecisionDecentralized:
 
     def __repr__(self) -> str:
         return (
-            f"LowPrecisionDecentralized(rank={self.rank}, peers={self.peers}, codec={self.codec!r},"
-            f" steps={self.steps})"
+            f"LowPrecisionDecentralized(rank={self.rank}, peers={self.peers}, codec={self.codec!r}, steps={self.steps})"
         )

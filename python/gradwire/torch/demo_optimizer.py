@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,14 +73,14 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         params: Iterable,
         lr: float,
         *,
-        codec: Optional[Codec] = None,
+        codec: Codec | None = None,
         beta: float = 0.999,
         weight_decay: float = 0.0,
-        process_group: Optional[dist.ProcessGroup] = None,
-        limits: Optional[Limits] = None,
+        process_group: dist.ProcessGroup | None = None,
+        limits: Limits | None = None,
         model_record: bool = False,
         exchange: str = "sharded",
-        downlink_codec: Optional[Codec] = None,
+        downlink_codec: Codec | None = None,
         piece_numel: int = DEFAULT_PIECE_NUMEL,
         overlap: bool = False,
         bucket_numel: int = DEFAULT_BUCKET_NUMEL,
@@ -95,25 +96,32 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         uplink = codec if codec is not None else default_demo_codec()
         self.node = DeMoState(model_record_codec(uplink) if model_record else uplink, beta=beta)
         self.steps = 0
-        self._setup_exchange(exchange, codec, downlink_codec, default_demo_codec, process_group, limits,
-                             model_record, piece_numel)
+        self._setup_exchange(
+            exchange, codec, downlink_codec, default_demo_codec, process_group, limits, model_record, piece_numel
+        )
         if overlap:
             self._start_overlap(bucket_numel)
 
     def _start_overlap(self, bucket_numel: int) -> None:
         """``overlap=True``: each bucket's momentum step and encode start when its gradients are ready."""
         if self.model_record is not None:
-            raise ValueError("overlap=True encodes buckets of parameters as their gradients arrive; "
-                             "model_record=True sends the whole model as one record, which waits for the last "
-                             "gradient: build DeMo with one or the other")
+            raise ValueError(
+                "overlap=True encodes buckets of parameters as their gradients arrive; "
+                "model_record=True sends the whole model as one record, which waits for the last "
+                "gradient: build DeMo with one or the other"
+            )
         for codec in (self.node.codec, getattr(self._route.exchange, "downlink", None)):
             if getattr(codec, "bundle_budget", False):
-                raise ValueError(f"overlap=True encodes and exchanges each bucket on its own; {codec!r} spends one "
-                                 "budget across all tensors at once: build DeMo with overlap=False for it")
+                raise ValueError(
+                    f"overlap=True encodes and exchanges each bucket on its own; {codec!r} spends one "
+                    "budget across all tensors at once: build DeMo with overlap=False for it"
+                )
         named = _named(self.param_groups)
         if any(is_dtensor(p) for _, p, _ in named):
-            raise ValueError("overlap=True is for replicated parameters (DDP or one process); FSDP2 shards "
-                             "reduce their gradients after the backward hooks: build DeMo with overlap=False")
+            raise ValueError(
+                "overlap=True is for replicated parameters (DDP or one process); FSDP2 shards "
+                "reduce their gradients after the backward hooks: build DeMo with overlap=False"
+            )
         self._overlap_named = named
         self._buckets = GradientBuckets(named, self._encode_bucket, bucket_numel, exchange=self._exchange_bucket)
 
@@ -137,7 +145,7 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
 
     @_names_parameters
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -186,11 +194,16 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
         index = _packed_index(self.param_groups)
         step = torch.tensor(float(self.steps))
         momenta = self._like_parameters(
-            self._with_zeros(self._per_param(self.node.momenta), [n for n, _, _ in _named(self.param_groups)]))
+            self._with_zeros(self._per_param(self.node.momenta), [n for n, _, _ in _named(self.param_groups)])
+        )
         out["state"] = {index[n]: {"momentum": m, "step": step.clone()} for n, m in momenta.items()}
-        out[_STATE_KEY] = {"node": {"codec": self.node.codec.state_dict()}, "steps": self.steps,
-                           "shapes": self._model_shapes(), **self._shards.state_dict(),
-                           **self._exchange.state_dict()}
+        out[_STATE_KEY] = {
+            "node": {"codec": self.node.codec.state_dict()},
+            "steps": self.steps,
+            "shapes": self._model_shapes(),
+            **self._shards.state_dict(),
+            **self._exchange.state_dict(),
+        }
         return out
 
     @_names_parameters

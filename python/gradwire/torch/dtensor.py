@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,9 +44,11 @@ except ImportError:  # torch 2.1 to 2.4
 __all__ = ["ShardLayout", "is_dtensor", "like_parameter", "local_grad", "local_tensor"]
 
 #: The fix for the usual mistakes, quoted by the errors below.
-_HOW = ("FSDP inside a replica group, gradwire across them: build the mesh as "
-        "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard')), shard with "
-        "fully_shard(module, mesh=mesh['shard']) and pass process_group=mesh.get_group('replicate')")
+_HOW = (
+    "FSDP inside a replica group, gradwire across them: build the mesh as "
+    "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard')), shard with "
+    "fully_shard(module, mesh=mesh['shard']) and pass process_group=mesh.get_group('replicate')"
+)
 
 
 def is_dtensor(t: Any) -> bool:
@@ -80,7 +83,7 @@ def local_grad(p: torch.Tensor) -> torch.Tensor:
     return local_tensor(p.grad)
 
 
-def _ranks(group: Optional[dist.ProcessGroup]) -> list[int]:
+def _ranks(group: dist.ProcessGroup | None) -> list[int]:
     """The global ranks of ``group`` (the default group's for ``None``)."""
     return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
 
@@ -101,7 +104,7 @@ class ShardLayout:
     or ranks FSDP already all-reduces with (see the module docstring).
     """
 
-    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], process_group: Optional[dist.ProcessGroup]):
+    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup | None):
         self.sharded = [(n, p) for n, p in named if is_dtensor(p)]
         self.description = [self._describe(n, p) for n, p in self.sharded]
         if not self.sharded:
@@ -145,7 +148,7 @@ class ShardLayout:
                 f"same shard. {_HOW}"
             )
 
-    def _check_replicas(self, process_group: Optional[dist.ProcessGroup]) -> None:
+    def _check_replicas(self, process_group: dist.ProcessGroup | None) -> None:
         if dist.get_world_size(process_group) == 1:
             return
         mine = torch.tensor(list(bytes.fromhex(self.digest())), dtype=torch.uint8, device=comm_device(process_group))
@@ -167,18 +170,22 @@ class ShardLayout:
         ``DTensor`` s (an unsharded optimizer's checkpoint is unchanged)."""
         return {"shards": self.description} if self.description else {}
 
-    def check_state(self, saved: Optional[list]) -> None:
+    def check_state(self, saved: list | None) -> None:
         """``ValueError`` if a checkpoint recorded other shards than this rank holds (``None``: a checkpoint
         from before shards were recorded, taken as unsharded)."""
         saved = [list(d) for d in (saved or [])]
         if json.loads(json.dumps(saved)) == json.loads(json.dumps(self.description)):
             return
         if not saved:
-            raise ValueError("this checkpoint is of unsharded parameters; this optimizer's are FSDP shards "
-                             f"({len(self.description)} DTensors): resume it on parameters sharded alike")
+            raise ValueError(
+                "this checkpoint is of unsharded parameters; this optimizer's are FSDP shards "
+                f"({len(self.description)} DTensors): resume it on parameters sharded alike"
+            )
         if not self.description:
-            raise ValueError("this checkpoint is of FSDP-sharded parameters; this optimizer's are not sharded: "
-                             "resume it on parameters sharded alike")
+            raise ValueError(
+                "this checkpoint is of FSDP-sharded parameters; this optimizer's are not sharded: "
+                "resume it on parameters sharded alike"
+            )
         ours = {d[0]: d for d in self.description}
         diff = next((d for d in saved if ours.get(d[0]) != d), saved[0])
         raise ValueError(

@@ -10,7 +10,8 @@ combination: ``route.prepare`` the tensors, the node compresses them, ``route.me
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,16 +59,25 @@ class ExchangeRoute:
     per-tensor records) and ``shards``, the FSDP shards this rank holds (checked against
     ``process_group``)."""
 
-    def __init__(self, kind: str, named: Sequence[tuple[str, torch.Tensor, dict]], node_codec: Codec,
-                 codec: Optional[Codec], downlink_codec: Optional[Codec], default_downlink: Callable[[], Codec],
-                 process_group: Optional[dist.ProcessGroup], limits: Optional[Limits], model_record: bool,
-                 piece_numel: int):
+    def __init__(
+        self,
+        kind: str,
+        named: Sequence[tuple[str, torch.Tensor, dict]],
+        node_codec: Codec,
+        codec: Codec | None,
+        downlink_codec: Codec | None,
+        default_downlink: Callable[[], Codec],
+        process_group: dist.ProcessGroup | None,
+        limits: Limits | None,
+        model_record: bool,
+        piece_numel: int,
+    ):
         if kind not in EXCHANGES:
             raise ValueError(f"exchange must be one of {', '.join(map(repr, EXCHANGES))}, got {kind!r}")
         self.kind = kind
         self.model_record = ModelRecordLayout(list(named)) if model_record else None
         self.shards = ShardLayout([(n, p) for n, p, _ in named], process_group)
-        self.pieces: Optional[Pieces] = None
+        self.pieces: Pieces | None = None
         self.exchange: Any
         if kind == "all_gather":
             if downlink_codec is not None:
@@ -85,8 +95,7 @@ class ExchangeRoute:
             downlink_codec = default_downlink() if codec is None else copy.deepcopy(codec)
         if self.model_record is not None:
             downlink_codec = model_record_codec(downlink_codec)
-        self.exchange = ShardedExchange(self.pieces, downlink_codec, process_group, limits,
-                                        model_record=model_record)
+        self.exchange = ShardedExchange(self.pieces, downlink_codec, process_group, limits, model_record=model_record)
 
     def pieces_for(self, world: int) -> Pieces:
         """The pieces a group of ``world`` ranks cuts this optimizer's tensors into (sharded only)."""
@@ -102,8 +111,9 @@ class ExchangeRoute:
             tensors = self.model_record.flatten(tensors)
         return self.pieces.cut(tensors) if self.pieces is not None else tensors
 
-    def mean(self, entries: list[Entry], round: int, device,
-             tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+    def mean(
+        self, entries: list[Entry], round: int, device, tensors: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Every rank's exact mean of these records, per parameter name, on ``device`` (collective). With
         ``tensors`` (per-tensor records only), the records are those tensors' alone: one bucket of an
         overlapped step, whose means are those one exchange of every tensor gives."""

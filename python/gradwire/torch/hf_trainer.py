@@ -16,7 +16,7 @@ Needs ``transformers`` (imported here, so ``import gradwire.torch`` does not nee
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -29,7 +29,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 CHECKPOINT_PREFIX = "checkpoint"
 
 
-def gradwire_optimizer(optimizer: Any) -> Optional[Any]:
+def gradwire_optimizer(optimizer: Any) -> Any | None:
     """The gradwire optimizer inside ``optimizer`` (the Trainer hands over Accelerate's wrapper), or ``None``."""
     seen = 0
     while optimizer is not None and not hasattr(optimizer, "full_state_dict") and seen < 8:

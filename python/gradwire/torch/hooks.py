@@ -9,7 +9,7 @@ padded frames and length words it all-gathers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -68,7 +68,7 @@ class RegisteredHook:
 def register_hook(
     model: DistributedDataParallel,
     name: str,
-    process_group: Optional[dist.ProcessGroup] = None,
+    process_group: dist.ProcessGroup | None = None,
     *,
     powersgd_rank: int = 2,
     start_iter: int = 2,
@@ -104,4 +104,3 @@ def register_hook(
     state, hook = ddp_hook(name, process_group, **codec_params)
     model.register_comm_hook(state, hook)
     return RegisteredHook(name, state, dense, element)
-

@@ -14,9 +14,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ def _bind_device(backend: str, local_rank: int) -> None:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
 
 
-def init_from_env(backend: Optional[str] = None, *, timeout_s: float = 300.0) -> tuple[int, int]:
+def init_from_env(backend: str | None = None, *, timeout_s: float = 300.0) -> tuple[int, int]:
     """Join the process group ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…).
 
     Returns ``(rank, world_size)``. With NCCL the rank's GPU (``LOCAL_RANK``) becomes the current device.
@@ -64,8 +65,10 @@ def init_from_env(backend: Optional[str] = None, *, timeout_s: float = 300.0) ->
     if missing:
         # Checked here: torch would otherwise fail deep in its rendezvous with "RANK expected".
         script = sys.argv[0] if sys.argv and sys.argv[0] else "script.py"
-        raise NoLauncherError(f"{', '.join(missing)} not set: this process was not started by a launcher. Run it "
-                              f"under torchrun, e.g. `torchrun --nproc-per-node 2 {script}`")
+        raise NoLauncherError(
+            f"{', '.join(missing)} not set: this process was not started by a launcher. Run it "
+            f"under torchrun, e.g. `torchrun --nproc-per-node 2 {script}`"
+        )
     backend = backend or default_backend()
     _bind_device(backend, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
@@ -105,8 +108,8 @@ def spawn(
     nprocs: int,
     args: Sequence[Any] = (),
     *,
-    backend: Optional[str] = None,
-    start_method: Optional[str] = None,
+    backend: str | None = None,
+    start_method: str | None = None,
     timeout_s: float = 120.0,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``nprocs`` local ranks of a fresh process group.

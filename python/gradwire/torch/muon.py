@@ -11,7 +11,8 @@ steps on the weight matrices, one bit both ways at 16 nodes comes within 2 % of 
 from __future__ import annotations
 
 from collections import ChainMap
-from typing import Any, Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,38 +57,56 @@ class MuonAdamW(torch.optim.Optimizer):
     >>> inner = MuonAdamW(matrices, others, lr=1e-2)                        # doctest: +SKIP
     """
 
-    def __init__(self, matrices: Iterable[nn.Parameter], others: Iterable[nn.Parameter], *, lr: float,
-                 weight_decay: float = 0.0, momentum: float = 0.95, nesterov: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(
+        self,
+        matrices: Iterable[nn.Parameter],
+        others: Iterable[nn.Parameter],
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
         if not hasattr(torch.optim, "Muon"):
             raise RuntimeError(f"MuonAdamW needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}")
         matrices, others = list(matrices), list(others)
         flat = [p for p in matrices if p.dim() != 2]
         if flat:
-            raise ValueError(f"Muon takes 2-D matrices; got a parameter of shape {tuple(flat[0].shape)} "
-                             f"(reshape it, or give it to AdamW with others)")
+            raise ValueError(
+                f"Muon takes 2-D matrices; got a parameter of shape {tuple(flat[0].shape)} "
+                f"(reshape it, or give it to AdamW with others)"
+            )
         if not matrices:
             raise ValueError("MuonAdamW needs at least one matrix for Muon")
         if {id(p) for p in matrices} & {id(p) for p in others}:
             raise ValueError("a parameter is in both matrices and others")
-        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, momentum=momentum,
-                                     nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
-        self.adamw = torch.optim.AdamW(others, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps) if others \
-            else None
+        self.muon = torch.optim.Muon(
+            matrices,
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            adjust_lr_fn="match_rms_adamw",
+        )
+        self.adamw = (
+            torch.optim.AdamW(others, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps) if others else None
+        )
         parts = [self.muon] + ([self.adamw] if self.adamw is not None else [])
         self._parts = None
         super().__init__([p for o in parts for g in o.param_groups for p in g["params"]], {"lr": lr})
         # The two optimizers' own dicts: a scheduler's writes to these groups reach the steps they take.
         self.param_groups = [g for o in parts for g in o.param_groups]
         self.state = ChainMap(*(o.state for o in parts))  # type: ignore[assignment]
-        self._parts: Optional[list[torch.optim.Optimizer]] = parts
+        self._parts: list[torch.optim.Optimizer] | None = parts
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "_parts", None) is None:  # torch.optim.Optimizer.__init__ adds the first group
             return super().add_param_group(param_group)
         raise ValueError("MuonAdamW's groups are its two optimizers' own: build a new MuonAdamW to add parameters")
 
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         """One step of each half; ``closure`` (if any) is evaluated once, by the first."""
         loss = self._parts[0].step(closure)
         for o in self._parts[1:]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ _STATE_KEY = "gradwire"
 _FULL_KEY = "ranks"
 
 
-def _codec_arg(value, what: str) -> Optional[Codec]:
+def _codec_arg(value, what: str) -> Codec | None:
     """``codec=`` / ``downlink_codec=``: a codec, ``None`` (the algorithm's default), or a name of
     :func:`gradwire.codec_names` built with its defaults (``"dct"``); anything else refused here, at
     construction, rather than at the first step."""
@@ -39,8 +39,10 @@ def _codec_arg(value, what: str) -> Optional[Codec]:
         return value
     if isinstance(value, str):
         return build_codec(value)  # ValueError listing the known names for an unknown one
-    raise TypeError(f"{what} must be a gradwire codec (e.g. gradwire.DCTCodec(...)) or a name of "
-                    f"gradwire.codec_names(), got {type(value).__name__}")
+    raise TypeError(
+        f"{what} must be a gradwire codec (e.g. gradwire.DCTCodec(...)) or a name of "
+        f"gradwire.codec_names(), got {type(value).__name__}"
+    )
 
 
 def _named(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
@@ -142,9 +144,9 @@ class ExchangingOptimizer(ReportsFrameBytes):
 
     node: Any
     _exchange: Any
-    _pieces: Optional[Pieces] = None
-    model_record: Optional[ModelRecordLayout] = None
-    _buckets: Optional[Any] = None  # DeMo's GradientBuckets with overlap=True
+    _pieces: Pieces | None = None
+    model_record: ModelRecordLayout | None = None
+    _buckets: Any | None = None  # DeMo's GradientBuckets with overlap=True
     _paths: dict[int, str]
     _ddp_checked = False
 
@@ -156,7 +158,8 @@ class ExchangingOptimizer(ReportsFrameBytes):
             raise ValueError(
                 f"{name}.add_param_group after construction is refused: every rank's frames name the parameters "
                 f"by their position (g<group>.p<index>) and the exchange was laid out for them; build a new "
-                f"{name} over every parameter group at once (torch.optim.Optimizer accepts a list of groups)")
+                f"{name} over every parameter group at once (torch.optim.Optimizer accepts a list of groups)"
+            )
         super().add_param_group(param_group)  # type: ignore[misc]
 
     def _describe(self, message: str) -> str:
@@ -197,11 +200,20 @@ class ExchangingOptimizer(ReportsFrameBytes):
     def _refuse_changed_trainable(self, added: list[str], removed: list[str], rebuild: str) -> None:
         what = []
         if added:
-            what.append(f"{', '.join(map(self._label, added[:3]))} now require{'s' if len(added) == 1 else ''} a gradient")
+            what.append(
+                f"{', '.join(map(self._label, added[:3]))} now require{'s' if len(added) == 1 else ''} a gradient"
+            )
         if removed:
-            what.append(f"{', '.join(map(self._label, removed[:3]))} no longer require{'s' if len(removed) == 1 else ''} one")
-        mode = ("exchange='sharded'" if self._pieces is not None else "model_record=True"
-                if self.model_record is not None else "overlap=True")
+            what.append(
+                f"{', '.join(map(self._label, removed[:3]))} no longer require{'s' if len(removed) == 1 else ''} one"
+            )
+        mode = (
+            "exchange='sharded'"
+            if self._pieces is not None
+            else "model_record=True"
+            if self.model_record is not None
+            else "overlap=True"
+        )
         raise ValueError(
             f"{type(self).__name__}: {' and '.join(what)}; with {mode} the tensors exchanged are fixed when the "
             f"optimizer is built: {rebuild}, or build it with exchange='all_gather', model_record=False and "
@@ -228,12 +240,31 @@ class ExchangingOptimizer(ReportsFrameBytes):
                     f"{tuple(shape)} here"
                 )
 
-    def _setup_exchange(self, exchange: str, codec: Optional[Codec], downlink_codec: Optional[Codec],
-                        default_downlink, process_group, limits, model_record: bool, piece_numel: int) -> None:
+    def _setup_exchange(
+        self,
+        exchange: str,
+        codec: Codec | None,
+        downlink_codec: Codec | None,
+        default_downlink,
+        process_group,
+        limits,
+        model_record: bool,
+        piece_numel: int,
+    ) -> None:
         """The optimizer's :class:`~gradwire.torch.exchange_route.ExchangeRoute` (``self._route``) and the
         names the rest of the class reads: ``_exchange``, ``_pieces``, ``model_record``, ``_shards``."""
-        self._route = ExchangeRoute(exchange, _named(self.param_groups), self.node.codec, codec, downlink_codec,
-                                    default_downlink, process_group, limits, model_record, piece_numel)
+        self._route = ExchangeRoute(
+            exchange,
+            _named(self.param_groups),
+            self.node.codec,
+            codec,
+            downlink_codec,
+            default_downlink,
+            process_group,
+            limits,
+            model_record,
+            piece_numel,
+        )
         self._exchange = self._route.exchange
         self._pieces = self._route.pieces
         self.model_record = self._route.model_record
@@ -254,15 +285,18 @@ class ExchangingOptimizer(ReportsFrameBytes):
         only (the callback :class:`gradwire.torch.hf_trainer.FullOptimizerState` writes this form there).
         The shares cross ranks as bytes (:mod:`gradwire.torch.state_bytes`), never pickled."""
         if self._shards.state_dict():
-            raise ValueError("full_state_dict gathers every rank's state into one file; these parameters are FSDP2 "
-                             "shards: save them with torch.distributed.checkpoint (get_optimizer_state_dict), which "
-                             "keeps each shard's state with its shard")
+            raise ValueError(
+                "full_state_dict gathers every rank's state into one file; these parameters are FSDP2 "
+                "shards: save them with torch.distributed.checkpoint (get_optimizer_state_dict), which "
+                "keeps each shard's state with its shard"
+            )
         out = self.state_dict()  # type: ignore[attr-defined]
         mine = dict(out[_STATE_KEY], params=_by_position(out["state"], self.param_groups))
         if self._exchange._distributed():
             g = self.process_group
-            shares = all_gather_bytes(state_to_bytes(mine), g, device=comm_device(g),
-                                      limits=Limits(max_frame_bytes=1 << 46))
+            shares = all_gather_bytes(
+                state_to_bytes(mine), g, device=comm_device(g), limits=Limits(max_frame_bytes=1 << 46)
+            )
             parts = [state_from_bytes(bytes(b)) for b in shares]
         else:
             parts = [mine]
@@ -283,13 +317,18 @@ class ExchangingOptimizer(ReportsFrameBytes):
         # Another group size: each rank's buffers become their mean, the owners' residuals are cut anew.
         route = self._route
         sharded = route.pieces is not None
-        return reshard_share(parts, kind=route.kind, world=world, rank=rank,
-                             old_pieces=route.pieces_for(len(parts)) if sharded else None,
-                             new_pieces=route.pieces if sharded else None,
-                             owned=[p.name for p in self._exchange.owned(rank)] if sharded else [],
-                             downlink=self._exchange.downlink if sharded else None)
+        return reshard_share(
+            parts,
+            kind=route.kind,
+            world=world,
+            rank=rank,
+            old_pieces=route.pieces_for(len(parts)) if sharded else None,
+            new_pieces=route.pieces if sharded else None,
+            owned=[p.name for p in self._exchange.owned(rank)] if sharded else [],
+            downlink=self._exchange.downlink if sharded else None,
+        )
 
-    def _split_state(self, state_dict: dict[str, Any]) -> tuple[Optional[dict], dict[str, dict], dict]:
+    def _split_state(self, state_dict: dict[str, Any]) -> tuple[dict | None, dict[str, dict], dict]:
         """What both optimizers' ``load_state_dict`` do first: check the state dict (another model, shards,
         exchange, group or rank is refused before anything changes), load the exchange's part, and return
         ``(share, per-parameter state, torch's part)``: this rank's ``"gradwire"`` share (``None`` for a
@@ -307,8 +346,10 @@ class ExchangingOptimizer(ReportsFrameBytes):
         else:
             per_param = _from_saved_indices(state_dict.get("state", {}), state_dict["param_groups"])
         # gradwire's own per-parameter state of an FSDP parameter is a DTensor in the state dict: its shard here.
-        per_param = {n: {k: (local_tensor(v) if not k.startswith(INNER) else v) for k, v in f.items()}
-                     for n, f in per_param.items()}
+        per_param = {
+            n: {k: (local_tensor(v) if not k.startswith(INNER) else v) for k, v in f.items()}
+            for n, f in per_param.items()
+        }
         self._check_param_state(per_param)
         if share is not None:
             devices = {n: p.device for n, p in _positions(self.param_groups).items()}
@@ -320,13 +361,17 @@ class ExchangingOptimizer(ReportsFrameBytes):
         positions = _positions(self.param_groups)
         for n, fields in per_param.items():
             if n not in positions:
-                raise ValueError(f"this checkpoint is of another model: it holds state of {n}, a parameter this "
-                                 "optimizer does not have")
+                raise ValueError(
+                    f"this checkpoint is of another model: it holds state of {n}, a parameter this "
+                    "optimizer does not have"
+                )
             shape = tuple(local_tensor(positions[n]).shape)
             for k, t in fields.items():
                 if isinstance(t, torch.Tensor) and t.ndim and not k.startswith(INNER) and tuple(t.shape) != shape:
-                    raise ValueError(f"this checkpoint is of another model: its {k} of {self._label(n)} has shape "
-                                     f"{tuple(t.shape)}, the parameter {shape}")
+                    raise ValueError(
+                        f"this checkpoint is of another model: its {k} of {self._label(n)} has shape "
+                        f"{tuple(t.shape)}, the parameter {shape}"
+                    )
 
     def _mark_state(self, step: int) -> None:
         """``self.state[p]["step"]`` for every trainable parameter, as torch's optimizers keep it.
@@ -375,8 +420,10 @@ class ExchangingOptimizer(ReportsFrameBytes):
         if not per_param:
             return {}
         positions = _positions(self.param_groups)
-        on_device = {n: t.detach().to(device=local_tensor(positions[n]).device, dtype=torch.float32)
-                     for n, t in per_param.items()}
+        on_device = {
+            n: t.detach().to(device=local_tensor(positions[n]).device, dtype=torch.float32)
+            for n, t in per_param.items()
+        }
         return {n: t.clone().contiguous() for n, t in self._route.prepare(on_device).items()}
 
     @property
@@ -389,11 +436,10 @@ class ExchangingOptimizer(ReportsFrameBytes):
         return self.node.codec
 
     @property
-    def downlink_codec(self) -> Optional[Codec]:
+    def downlink_codec(self) -> Codec | None:
         """The owners' codec of the sharded exchange (``None`` with ``exchange="all_gather"``)."""
         return self._exchange.downlink if self._pieces is not None else None
 
     @property
-    def process_group(self) -> Optional[dist.ProcessGroup]:
+    def process_group(self) -> dist.ProcessGroup | None:
         return self._exchange.process_group
-

@@ -45,8 +45,6 @@ the optimizer is built; docs/DISTRIBUTED.md, "Sharded models").
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from .demo_optimizer import DeMo
 from .sparseloco_optimizer import SparseLoCo
 

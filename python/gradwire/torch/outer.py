@@ -11,7 +11,8 @@ replica bit-identical; tests/test_torch_outer_optimizer.py checks it on gloo ran
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
 
 import torch
 
@@ -35,8 +36,10 @@ class TorchOuterStep:
             raise TypeError(f"outer_optimizer must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
         given = sorted(id(p) for g in optimizer.param_groups for p in g["params"])
         if given != sorted(id(t) for t in tensors):
-            raise ValueError("outer_optimizer must build its optimizer over exactly the tensors it is given "
-                             "(SparseLoCo's anchor), not over the model's parameters")
+            raise ValueError(
+                "outer_optimizer must build its optimizer over exactly the tensors it is given "
+                "(SparseLoCo's anchor), not over the model's parameters"
+            )
         self.optimizer = optimizer
         self.anchor = dict(anchor)
 
@@ -47,9 +50,11 @@ class TorchOuterStep:
             raise ValueError(f"no mean delta for {missing[:5]}")
         if sorted(anchor) != self.names:
             joined = sorted(set(anchor) - set(self.names))[:5]
-            raise ValueError(f"parameters {joined} joined the exchange after the outer optimizer was built over the "
-                             "others: with outer_optimizer the trainable set is fixed (unfreeze before building "
-                             "SparseLoCo)")
+            raise ValueError(
+                f"parameters {joined} joined the exchange after the outer optimizer was built over the "
+                "others: with outer_optimizer the trainable set is fixed (unfreeze before building "
+                "SparseLoCo)"
+            )
         for n in self.names:
             a = anchor[n]
             if a is not self.anchor[n]:
@@ -68,8 +73,10 @@ class TorchOuterStep:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "torch_optimizer" not in state:
-            raise ValueError("this checkpoint's outer step is gradwire's own OuterStep, not a torch optimizer: "
-                             "build SparseLoCo without outer_optimizer (or with the same one) to resume it")
+            raise ValueError(
+                "this checkpoint's outer step is gradwire's own OuterStep, not a torch optimizer: "
+                "build SparseLoCo without outer_optimizer (or with the same one) to resume it"
+            )
         self.optimizer.load_state_dict(state["torch_optimizer"])
 
     def __repr__(self) -> str:

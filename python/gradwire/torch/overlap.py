@@ -38,8 +38,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -75,17 +76,21 @@ class GradientBuckets:
     ``indices`` and returns their records; it runs on one worker thread, one bucket at a time, in the
     order the buckets became ready."""
 
-    def __init__(self, params: Sequence[tuple[str, torch.Tensor, Any]], encode: Callable[[list[int]], list],
-                 bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 exchange: Optional[Callable[[list[int], list], Any]] = None):
+    def __init__(
+        self,
+        params: Sequence[tuple[str, torch.Tensor, Any]],
+        encode: Callable[[list[int]], list],
+        bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+        exchange: Callable[[list[int], list], Any] | None = None,
+    ):
         self.params = list(params)
         self.buckets = cut_buckets(self.params, bucket_numel)
         self._encode = encode
         self._exchange = exchange
-        self._exchange_executor: Optional[ThreadPoolExecutor] = None
+        self._exchange_executor: ThreadPoolExecutor | None = None
         self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
         self._lock = threading.Lock()
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor: ThreadPoolExecutor | None = None
         self._syncing = True
         self._reset()
         devices = {p.device for _, p, _ in self.params}
@@ -190,7 +195,8 @@ class GradientBuckets:
                 f"the gradient of {names} was accumulated again after its bucket had been encoded: with "
                 "overlap=True each step encodes the gradients of one backward pass; run the earlier passes "
                 "of gradient accumulation inside `with optimizer.no_sync():`, or build the optimizer with "
-                "overlap=False (this step's update used the first pass only)")
+                "overlap=False (this step's update used the first pass only)"
+            )
         return out
 
     @contextlib.contextmanager
@@ -220,7 +226,7 @@ class GradientBuckets:
             pass
 
 
-def _hook(ref: "weakref.ref[GradientBuckets]", i: int) -> Callable[[torch.Tensor], None]:
+def _hook(ref: weakref.ref[GradientBuckets], i: int) -> Callable[[torch.Tensor], None]:
     def hook(_param: torch.Tensor) -> None:
         buckets = ref()
         if buckets is not None:

@@ -24,7 +24,6 @@ rest is deterministic arithmetic on them.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
-from typing import Optional
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ class PowerSGDState:
         self,
         rank: int = 1,
         *,
-        process_group: Optional[dist.ProcessGroup] = None,
+        process_group: dist.ProcessGroup | None = None,
         warm_start: bool = True,
         start_iter: int = 10,
         min_compression_rate: float = 2.0,
@@ -82,7 +81,7 @@ class PowerSGDState:
     def compression_ratio(self) -> float:
         return self.dense_bytes / max(1, self.bytes_sent)
 
-    def parameter_error(self, param: torch.Tensor) -> Optional[torch.Tensor]:
+    def parameter_error(self, param: torch.Tensor) -> torch.Tensor | None:
         """The error-feedback residual held for ``param`` (as its matrix view), or ``None``."""
         return self.errors.get(id(param))
 
@@ -173,7 +172,9 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     return _done(buf)
 
 
-def _initial_qs(state: PowerSGDState, matrices: list[tuple[int, torch.Tensor]], buf: torch.Tensor) -> list[torch.Tensor]:
+def _initial_qs(
+    state: PowerSGDState, matrices: list[tuple[int, torch.Tensor]], buf: torch.Tensor
+) -> list[torch.Tensor]:
     """Each matrix's Q: last step's (warm start), else a seeded normal draw, orthogonalized."""
     fresh = [not state.warm_start or key not in state.qs for key, _ in matrices]
     generator = None

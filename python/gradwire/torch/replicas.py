@@ -9,7 +9,6 @@ recipes end with it; a training script can call it before saving a checkpoint.
 from __future__ import annotations
 
 import hashlib
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,7 @@ from .collectives import comm_device
 __all__ = ["replicas_agree"]
 
 
-def replicas_agree(module: nn.Module, process_group: Optional[dist.ProcessGroup] = None) -> bool:
+def replicas_agree(module: nn.Module, process_group: dist.ProcessGroup | None = None) -> bool:
     """True when every rank of ``process_group`` (default: the default group) holds bit-identical
     parameters in ``module`` (True without an initialized process group: one rank agrees with itself)."""
     digest = hashlib.sha256()

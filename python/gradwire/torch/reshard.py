@@ -19,7 +19,8 @@ for the old group (another ``piece_numel`` or codec).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -33,29 +34,45 @@ PER_RANK = ("momentum", "error")
 _INNER = "inner."
 
 
-def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, rank: int,
-                  old_pieces: Optional[Pieces], new_pieces: Optional[Pieces], owned: Sequence[str],
-                  downlink=None) -> dict:
+def reshard_share(
+    parts: Sequence[Mapping[str, Any]],
+    *,
+    kind: str,
+    world: int,
+    rank: int,
+    old_pieces: Pieces | None,
+    new_pieces: Pieces | None,
+    owned: Sequence[str],
+    downlink=None,
+) -> dict:
     """Rank ``rank``'s share in a group of ``world`` from the ``parts`` a group of ``len(parts)`` saved
     (see the module docstring). ``kind``: this optimizer's exchange; ``old_pieces`` / ``new_pieces``: the
     sharded exchange's pieces for the old and the new group (``None`` all-gathered); ``owned``: the
     names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded)."""
     saved_kind = parts[0].get("exchange", "all_gather")
     if saved_kind != kind:
-        raise ValueError(f"this checkpoint was saved with exchange={saved_kind!r}; this optimizer uses "
-                         f"exchange={kind!r} (build it with exchange={saved_kind!r} to resume it)")
+        raise ValueError(
+            f"this checkpoint was saved with exchange={saved_kind!r}; this optimizer uses "
+            f"exchange={kind!r} (build it with exchange={saved_kind!r} to resume it)"
+        )
     if any(p.get("shards") for p in parts):
-        raise ValueError(f"this full checkpoint holds the state of {len(parts)} ranks of FSDP-sharded parameters, "
-                         f"this group has {world}: sharded parameters resume in a group of the same size")
+        raise ValueError(
+            f"this full checkpoint holds the state of {len(parts)} ranks of FSDP-sharded parameters, "
+            f"this group has {world}: sharded parameters resume in a group of the same size"
+        )
     if any("params" not in p for p in parts):
-        raise ValueError(f"this full checkpoint holds the state of {len(parts)} ranks, this group has {world}, and "
-                         "it predates per-parameter state: resume it in a group of the same size, then save it again")
+        raise ValueError(
+            f"this full checkpoint holds the state of {len(parts)} ranks, this group has {world}, and "
+            "it predates per-parameter state: resume it in a group of the same size, then save it again"
+        )
     if old_pieces is not None:
         names = [p.name for p in old_pieces.pieces]
         for r, part in enumerate(parts):
             if list(part.get("pieces", names)) != names:
-                raise ValueError(f"rank {r}'s pieces in this checkpoint are cut otherwise than this optimizer cuts "
-                                 f"them for {len(parts)} ranks: build it with the piece_numel and codec it was saved with")
+                raise ValueError(
+                    f"rank {r}'s pieces in this checkpoint are cut otherwise than this optimizer cuts "
+                    f"them for {len(parts)} ranks: build it with the piece_numel and codec it was saved with"
+                )
     _stateless([p["node"].get("codec") for p in parts], "uplink codec")
     share = dict(parts[0])
     share["params"] = _mean_params([p["params"] for p in parts])
@@ -68,8 +85,10 @@ def reshard_share(parts: Sequence[Mapping[str, Any]], *, kind: str, world: int, 
 
 def _stateless(states: Sequence[Any], what: str) -> None:
     if any(states):
-        raise ValueError(f"the {what} keeps state of its own, which follows the tensors it compressed: a "
-                         "checkpoint of it resumes in a group of the same size only")
+        raise ValueError(
+            f"the {what} keeps state of its own, which follows the tensors it compressed: a "
+            "checkpoint of it resumes in a group of the same size only"
+        )
 
 
 def _mean(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -84,8 +103,12 @@ def _own(key: str, value: Any) -> bool:
     """Whether per-parameter ``key`` is each rank's own state (else it is the same on every rank)."""
     if key in PER_RANK:
         return True
-    return key.startswith(_INNER) and key != _INNER + "step" and isinstance(value, torch.Tensor) \
+    return (
+        key.startswith(_INNER)
+        and key != _INNER + "step"
+        and isinstance(value, torch.Tensor)
         and value.is_floating_point()
+    )
 
 
 def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict:
@@ -105,8 +128,9 @@ def _cut(tensors: Mapping[str, torch.Tensor], pieces: Pieces) -> dict[str, torch
     return {n: t.clone().contiguous() for n, t in pieces.cut(tensors).items()}
 
 
-def _owner_feedback(owners: Sequence[Mapping[str, Any]], old: Pieces, new: Pieces, owned: Sequence[str],
-                    downlink) -> dict:
+def _owner_feedback(
+    owners: Sequence[Mapping[str, Any]], old: Pieces, new: Pieces, owned: Sequence[str], downlink
+) -> dict:
     """The old owners' residuals joined into one per tensor (a piece nobody holds yet is zeros; one held in
     the DCT coefficient domain is taken back to parameter space by its inverse transform), cut into the new
     pieces, the ones this rank owns kept: an ``ErrorFeedback`` state, parameter-domain."""
@@ -121,8 +145,9 @@ def _owner_feedback(owners: Sequence[Mapping[str, Any]], old: Pieces, new: Piece
     if not residuals:
         return {"residuals": {}, "codec": owners[0].get("codec", {})}
     device = next(iter(residuals.values())).device
-    parts = {p.name: residuals.get(p.name, torch.zeros(p.shape, dtype=torch.float32, device=device))
-             for p in old.pieces}
+    parts = {
+        p.name: residuals.get(p.name, torch.zeros(p.shape, dtype=torch.float32, device=device)) for p in old.pieces
+    }
     whole = old.join({n: t.reshape(p.shape) for (n, t), p in zip(parts.items(), old.pieces)})
     cut = _cut(whole, new)
     return {"residuals": {n: cut[n] for n in owned}, "codec": owners[0].get("codec", {})}

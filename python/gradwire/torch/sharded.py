@@ -34,21 +34,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..aggregation import exact_mean
 from ..codecs.base import Codec
-from ..codecs.dct_parse import own_records_trusted
 from ..codecs.dct import DCTCodec
+from ..codecs.dct_parse import own_records_trusted
 from ..codecs.sign import OneBit
 from ..dct import MODE_FLAT, MODE_TILES
 from ..errors import FrameError, error
-from ..reencode import ReencodeFeedback
 from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, read_frame, write_frame
+from ..reencode import ReencodeFeedback
 from .collectives import GroupMember, all_gather_bytes, all_to_all_bytes, comm_device, gather_rows
 
 __all__ = [
@@ -207,8 +208,9 @@ def _cut_columns(name: str, shape: tuple[int, ...], piece_numel: int) -> list[Pi
     return out
 
 
-def balanced_piece_numel(shapes: Sequence[Sequence[int]], piece_numel: int = DEFAULT_PIECE_NUMEL,
-                         world: int = 1) -> int:
+def balanced_piece_numel(
+    shapes: Sequence[Sequence[int]], piece_numel: int = DEFAULT_PIECE_NUMEL, world: int = 1
+) -> int:
     """The largest piece of a balanced cut: at most ``piece_numel`` and at most 1.5 × ``total / world``.
 
     With only the fixed bound, a model whose largest tensor is under it kept that tensor whole: one rank
@@ -245,8 +247,9 @@ def _wire_bytes_per_element(codec: Codec) -> float:
     return 4.0
 
 
-def balanced_cut(tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL,
-                 world: int = 1) -> tuple[int, dict[str, list[Piece]]]:
+def balanced_cut(
+    tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL, world: int = 1
+) -> tuple[int, dict[str, list[Piece]]]:
     """The piece bound and the pieces of every tensor that keep the busiest rank's bytes lowest.
 
     A piece is cut at chunk boundaries only (a 64-row tile's rows at least), so a bound of one rank's share
@@ -305,8 +308,13 @@ class Pieces:
     """The pieces of named tensors (in the order given, each tensor's pieces in row order), with the
     cutting of tensors into them and the joining of pieces back."""
 
-    def __init__(self, tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec,
-                 piece_numel: int = DEFAULT_PIECE_NUMEL, world: int = 1):
+    def __init__(
+        self,
+        tensors: Sequence[tuple[str, Sequence[int]]],
+        codec: Codec,
+        piece_numel: int = DEFAULT_PIECE_NUMEL,
+        world: int = 1,
+    ):
         if int(piece_numel) < 1:
             raise ValueError(f"piece_numel must be >= 1, got {piece_numel}")
         if int(world) < 1:
@@ -320,7 +328,9 @@ class Pieces:
         self.pieces: list[Piece] = [p for n, _ in tensors for p in self.by_tensor[n]]
         self.tensor_of = {p.name: p.tensor for p in self.pieces}
         if len(self.tensor_of) != len(self.pieces):
-            raise ValueError("two pieces share a name: tensor names must not end in a [start:stop] or [:,start:stop] range")
+            raise ValueError(
+                "two pieces share a name: tensor names must not end in a [start:stop] or [:,start:stop] range"
+            )
 
     def cut(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{piece name: view}`` of every piece of the tensors given (in piece order)."""
@@ -333,15 +343,14 @@ class Pieces:
             if pieces[0].columns:
                 matrix = t.reshape(t.shape[0], -1)
                 for p in pieces:
-                    out[p.name] = matrix[:, p.start:p.stop]  # a strided view: the codecs read it, none writes
+                    out[p.name] = matrix[:, p.start : p.stop]  # a strided view: the codecs read it, none writes
                 continue
             flat = t.reshape(-1)
             for p in pieces:
-                out[p.name] = flat[p.start:p.stop].view(p.shape)
+                out[p.name] = flat[p.start : p.stop].view(p.shape)
         return out
 
-    def join(self, parts: Mapping[str, torch.Tensor],
-             tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+    def join(self, parts: Mapping[str, torch.Tensor], tensors: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """``{tensor name: tensor}`` from every piece's tensor (each tensor's pieces concatenated), of every
         tensor or of ``tensors``."""
         out = {}
@@ -366,8 +375,15 @@ class ShardedExchange(GroupMember):
 
     name = "sharded"
 
-    def __init__(self, pieces: Pieces, downlink: Codec, process_group: Optional[dist.ProcessGroup],
-                 limits: Optional[Limits], *, model_record: bool = False):
+    def __init__(
+        self,
+        pieces: Pieces,
+        downlink: Codec,
+        process_group: dist.ProcessGroup | None,
+        limits: Limits | None,
+        *,
+        model_record: bool = False,
+    ):
         self.pieces = pieces
         self.downlink = downlink
         self.feedback = ReencodeFeedback(downlink)
@@ -376,7 +392,7 @@ class ShardedExchange(GroupMember):
         self.model_record = model_record
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._owners: Optional[list[int]] = None
+        self._owners: list[int] | None = None
         self._owners_world = 0
         self._checked = False
 
@@ -409,9 +425,11 @@ class ShardedExchange(GroupMember):
             rows = gather_rows(mine, g).cpu()
             differ = [r for r in range(rows.shape[0]) if not torch.equal(rows[r], rows[0])]
             if differ:
-                msg = (f"ranks {differ} cut the parameters into other pieces than rank 0 (different tensor "
-                       "shapes, codec chunks or piece_numel): every rank must build the optimizer over the same "
-                       "parameter shapes")
+                msg = (
+                    f"ranks {differ} cut the parameters into other pieces than rank 0 (different tensor "
+                    "shapes, codec chunks or piece_numel): every rank must build the optimizer over the same "
+                    "parameter shapes"
+                )
                 if self.model_record:
                     raise error("model_spec_mismatch", "model record: " + msg)
                 raise ValueError(msg)
@@ -419,8 +437,9 @@ class ShardedExchange(GroupMember):
 
     # -- one exchange ----------------------------------------------------------------------------
 
-    def __call__(self, entries: Sequence[Entry], round: int, device=None,
-                 tensors: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, entries: Sequence[Entry], round: int, device=None, tensors: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """This rank's records of every piece in; the mean of every tensor (pieces joined) out. With
         ``tensors``, of those tensors' pieces only (one bucket of an overlapped step: the same owners, so
         the same means as one exchange of every piece; every rank must pass the same tensors, in the same
@@ -435,15 +454,17 @@ class ShardedExchange(GroupMember):
             subset = {p.name for n in tensors for p in self.pieces.by_tensor[n]}
             expected = [p.name for p in self.pieces.pieces if p.name in subset]
         if sorted(mine) != sorted(expected) or len(mine) != len(entries):
-            raise ValueError(f"the records name other pieces than the layout's ({len(entries)} records, "
-                             f"{len(expected)} pieces)")
+            raise ValueError(
+                f"the records name other pieces than the layout's ({len(entries)} records, {len(expected)} pieces)"
+            )
         owned = [[p for p in self.owned(r) if subset is None or p.name in subset] for r in range(world)]
 
         # Phase 1: one bundle frame per owner, holding this rank's records of its pieces (its own pieces'
         # records stay in memory: they are not sent, and the owner takes them as they are below).
         payloads = [
             write_frame([mine[p.name] for p in owned[r]], round=round, sender=me, bundle=True)
-            if owned[r] and r != me else b""
+            if owned[r] and r != me
+            else b""
             for r in range(world)
         ]
         if self._distributed() and world > 1:
@@ -455,13 +476,17 @@ class ShardedExchange(GroupMember):
         received = sum(len(f) for s, f in enumerate(got) if s != me)
 
         # The owner's mean of its pieces, re-encoded with its error feedback; or the refusal marker.
-        refusal: Optional[BaseException] = None
+        refusal: BaseException | None = None
         out_frame = b""
         mine_decoded: dict[str, torch.Tensor] = {}
         try:
             if owned[me]:
-                records = [[mine[p.name] for p in owned[me]] if s == me else
-                           self._read(got[s], round, s, owned[me], "records for its pieces") for s in range(world)]
+                records = [
+                    [mine[p.name] for p in owned[me]]
+                    if s == me
+                    else self._read(got[s], round, s, owned[me], "records for its pieces")
+                    for s in range(world)
+                ]
                 # The mean of every rank's records (1/world each, in rank order) plus the owner's residual,
                 # re-encoded. On the CPU in the DCT coefficient domain where the records are cut as the
                 # downlink cuts (gradwire.reencode: no decode of the records, no forward transform; a DeMo
@@ -479,8 +504,10 @@ class ShardedExchange(GroupMember):
                 out_frame = write_frame([done[p.name][0] for p in owned[me]], round=round, sender=me, bundle=True)
                 # What every rank decodes from this frame, bit for bit (the codec's reconstruction): the
                 # owner need not decode its own frame in phase 2.
-                mine_decoded = {n: r.to(device=device, dtype=torch.float32) if device is not None else
-                                r.to(torch.float32) for n, (_, r) in done.items()}
+                mine_decoded = {
+                    n: r.to(device=device, dtype=torch.float32) if device is not None else r.to(torch.float32)
+                    for n, (_, r) in done.items()
+                }
             elif any(len(f) for f in got):
                 raise FrameError(f"rank {me} owns no piece but was sent records")
         except (FrameError, ValueError) as exc:
@@ -557,7 +584,7 @@ class ShardedExchange(GroupMember):
             "owner": self.feedback.state_dict(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any], devices: Optional[Mapping[str, torch.device]] = None) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], devices: Mapping[str, torch.device] | None = None) -> None:
         """Continue from :meth:`state_dict`; ``ValueError`` for a checkpoint of another exchange, group
         size or rank (the pieces would have other owners), or of pieces cut otherwise (another
         ``piece_numel`` or uplink codec: the node's buffers are the pieces')."""
@@ -582,7 +609,9 @@ class ShardedExchange(GroupMember):
         names = [p.name for p in self.pieces.pieces]
         saved_names = list(state.get("pieces", names))  # absent before pieces were saved: the owner check below
         if saved_names != names:
-            i = next((i for i, (a, b) in enumerate(zip(saved_names, names)) if a != b), min(len(saved_names), len(names)))
+            i = next(
+                (i for i, (a, b) in enumerate(zip(saved_names, names)) if a != b), min(len(saved_names), len(names))
+            )
 
             def at(xs: list[str]) -> str:
                 return repr(xs[i]) if i < len(xs) else "none"
@@ -601,7 +630,8 @@ class ShardedExchange(GroupMember):
         if devices:
             for n in feedback.feedback.names():  # (a coefficient-domain residual moves when it is next used)
                 feedback.feedback.set_residual(
-                    n, feedback.feedback.residual(n).to(devices.get(self.pieces.tensor_of[n], "cpu")))
+                    n, feedback.feedback.residual(n).to(devices.get(self.pieces.tensor_of[n], "cpu"))
+                )
         self.feedback = feedback
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_received = int(state["bytes_received"])

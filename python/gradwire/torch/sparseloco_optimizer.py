@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,24 +71,26 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
         inner: torch.optim.Optimizer,
         *,
         sync_every: int = DEFAULT_SYNC_EVERY,
-        codec: Optional[Codec] = None,
+        codec: Codec | None = None,
         outer_lr: float = 1.0,
         error_decay: float = 0.95,
-        process_group: Optional[dist.ProcessGroup] = None,
+        process_group: dist.ProcessGroup | None = None,
         outer_momentum: float = 0.0,
         nesterov: bool = False,
-        limits: Optional[Limits] = None,
+        limits: Limits | None = None,
         model_record: bool = False,
         exchange: str = "sharded",
-        downlink_codec: Optional[Codec] = None,
+        downlink_codec: Codec | None = None,
         piece_numel: int = DEFAULT_PIECE_NUMEL,
-        outer_optimizer: Optional[OuterOptimizerFactory] = None,
+        outer_optimizer: OuterOptimizerFactory | None = None,
     ):
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner must be a torch.optim.Optimizer, got {type(inner).__name__}")
         if outer_optimizer is not None and (outer_lr != 1.0 or outer_momentum != 0.0 or nesterov):
-            raise ValueError("give either outer_optimizer or outer_lr/outer_momentum/nesterov: the outer "
-                             "optimizer carries its own learning rate and momentum")
+            raise ValueError(
+                "give either outer_optimizer or outer_lr/outer_momentum/nesterov: the outer "
+                "optimizer carries its own learning rate and momentum"
+            )
         sync_every = int(sync_every)
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
@@ -113,13 +116,24 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
                 n: local_tensor(p).detach().to(torch.float32).clone() for n, p, _ in _named(self.param_groups)
             }
         self._outer_factory = outer_optimizer
-        self.outer = (OuterStep(outer_lr, outer_momentum, nesterov) if outer_optimizer is None
-                      else TorchOuterStep(outer_optimizer, self.anchor))
-        self._setup_exchange(exchange, codec, downlink_codec, lambda: default_sparseloco_downlink(sync_every),
-                             process_group, limits, model_record, piece_numel)
+        self.outer = (
+            OuterStep(outer_lr, outer_momentum, nesterov)
+            if outer_optimizer is None
+            else TorchOuterStep(outer_optimizer, self.anchor)
+        )
+        self._setup_exchange(
+            exchange,
+            codec,
+            downlink_codec,
+            lambda: default_sparseloco_downlink(sync_every),
+            process_group,
+            limits,
+            model_record,
+            piece_numel,
+        )
 
     @_names_parameters
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         self._first_step_checks()
         self._follow_requires_grad()
         loss = self.inner.step(closure)
@@ -220,15 +234,21 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
             self.inner.load_state_dict(share["inner"])
         elif _torch_form(self.inner.state_dict()):
             index = _packed_index(self.param_groups)
-            inner_state = {index[n]: {k[len(INNER):]: v for k, v in f.items() if k.startswith(INNER)}
-                           for n, f in per_param.items()}
-            self.inner.load_state_dict({"state": {i: f for i, f in inner_state.items() if f},
-                                        "param_groups": torch_part["param_groups"]})
+            inner_state = {
+                index[n]: {k[len(INNER) :]: v for k, v in f.items() if k.startswith(INNER)}
+                for n, f in per_param.items()
+            }
+            self.inner.load_state_dict(
+                {"state": {i: f for i, f in inner_state.items() if f}, "param_groups": torch_part["param_groups"]}
+            )
         self.param_groups = self.inner.param_groups  # load_state_dict made new group dicts on both: one again
         self.anchor = {n: a.detach().to(device=devices[n], dtype=torch.float32).clone() for n, a in anchor.items()}
         node = share["node"] if share is not None else {"codec": self.node.codec.state_dict()}
-        errors = node["errors"] if "errors" in node else self._node_buffers(
-            {n: f["error"] for n, f in per_param.items() if "error" in f})
+        errors = (
+            node["errors"]
+            if "errors" in node
+            else self._node_buffers({n: f["error"] for n, f in per_param.items() if "error" in f})
+        )
         self.node.load_state_dict({"errors": errors, "codec": node["codec"]})
         first = next(iter(devices.values()), None)
         self.node.errors = {
@@ -242,11 +262,14 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
                 self.outer.load_state_dict(outer)
         else:
             if "torch_optimizer" in outer:
-                raise ValueError("this checkpoint's outer step is a torch optimizer: build SparseLoCo with the "
-                                 "same outer_optimizer to resume it")
+                raise ValueError(
+                    "this checkpoint's outer step is a torch optimizer: build SparseLoCo with the "
+                    "same outer_optimizer to resume it"
+                )
             if "buffers" not in outer:
-                outer["buffers"] = _nonzero({n: f["outer_momentum"] for n, f in per_param.items()
-                                             if "outer_momentum" in f})
+                outer["buffers"] = _nonzero(
+                    {n: f["outer_momentum"] for n, f in per_param.items() if "outer_momentum" in f}
+                )
             self.outer.load_state_dict(outer)
             self.outer.buffers = {n: b.to(devices.get(n, b.device)) for n, b in self.outer.buffers.items()}
         if share is not None:

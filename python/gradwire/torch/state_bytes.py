@@ -60,7 +60,7 @@ def state_from_bytes(data: bytes) -> Any:
         raise StateBytesError(f"a state of {len(data)} bytes: too short for a safetensors header")
     try:
         header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + header_len]) if header_len <= len(data) - 8 else None
+        header = json.loads(data[8 : 8 + header_len]) if header_len <= len(data) - 8 else None
         skeleton = json.loads(header["__metadata__"][_META])
         tensors = load_tensors(data)
     except Exception as exc:  # safetensors' and json's own errors, named as ours
@@ -69,7 +69,7 @@ def state_from_bytes(data: bytes) -> Any:
     def decode(node: Any, path: str) -> Any:
         if not isinstance(node, dict) or len(node) != 1:
             raise StateBytesError(f"malformed state structure at {path or 'the top'}")
-        (kind, body), = node.items()
+        ((kind, body),) = node.items()
         if kind == "tensor":
             if body not in tensors:
                 raise StateBytesError(f"the state refers to tensor {body!r} at {path}, which the file lacks")

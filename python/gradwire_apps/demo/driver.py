@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 from .plot import plot_distributed
 from .report import result_json, results_table
@@ -37,29 +36,47 @@ from .tasks import make_task
 __all__ = ["DEFAULT_RUNS", "RUNS", "DemoSettings", "run_demo"]
 
 
-def _plans(settings: DemoSettings) -> list[tuple[str, dict, Optional[dict], Optional[dict], int]]:
+def _plans(settings: DemoSettings) -> list[tuple[str, dict, dict | None, dict | None, int]]:
     """``(label, uplink, downlink or None for the algorithm's default, run config, versions)`` per run."""
     from gradwire.algorithms.sparseloco import sparseloco_codec_params
 
     identity = codec_spec("identity")
     dct = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.topk)
-    demo_codec = codec_spec("dct", chunk_shape=[settings.chunk, settings.chunk], topk=settings.demo_topk,
-                            mode="tiles", index_coding="rice", value_bits=1)
+    demo_codec = codec_spec(
+        "dct",
+        chunk_shape=[settings.chunk, settings.chunk],
+        topk=settings.demo_topk,
+        mode="tiles",
+        index_coding="rice",
+        value_bits=1,
+    )
     sl_params = sparseloco_codec_params(settings.sync_every)
     if settings.sparseloco_topk is not None:
         # The demo's own k for every chunk (its tuned setting: the digits MLP's 64-wide layers cut into
         # chunks smaller than 64×64, which the library's proportional default would give fewer).
         sl_params.update(topk=settings.sparseloco_topk, topk_scaling="fixed")
     sl_codec = codec_spec("dct", **sl_params)
-    sparseloco = {"algorithm": "sparseloco", "publish": "aggregate",
-                  "sparseloco": {"sync_every": settings.sync_every, "inner": {"lr": settings.inner_lr},
-                                 "outer_lr": settings.outer_lr, "outer_momentum": settings.outer_momentum,
-                                 "nesterov": settings.outer_momentum > 0}}
+    sparseloco = {
+        "algorithm": "sparseloco",
+        "publish": "aggregate",
+        "sparseloco": {
+            "sync_every": settings.sync_every,
+            "inner": {"lr": settings.inner_lr},
+            "outer_lr": settings.outer_lr,
+            "outer_momentum": settings.outer_momentum,
+            "nesterov": settings.outer_momentum > 0,
+        },
+    }
     demo = {"algorithm": "demo", "publish": "aggregate", "demo": {"lr": settings.demo_lr, "beta": 0.999}}
     k = sl_params["topk"]
     plans = {
-        "sparseloco": (f"SparseLoCo H={settings.sync_every} k={k}", sl_codec, sl_codec, sparseloco,
-                       settings.steps // settings.sync_every),
+        "sparseloco": (
+            f"SparseLoCo H={settings.sync_every} k={k}",
+            sl_codec,
+            sl_codec,
+            sparseloco,
+            settings.steps // settings.sync_every,
+        ),
         "demo": (f"DeMo k={settings.demo_topk}", demo_codec, demo_codec, demo, settings.steps),
         "dense": ("dense AdamW", identity, identity, None, settings.steps),
         "panthalia": (f"Panthalia DCT k={settings.topk}", dct, dct, None, settings.steps),
@@ -70,8 +87,8 @@ def _plans(settings: DemoSettings) -> list[tuple[str, dict, Optional[dict], Opti
 def run_demo(
     settings: DemoSettings,
     *,
-    url: Optional[str] = None,
-    admin_token: Optional[str] = None,
+    url: str | None = None,
+    admin_token: str | None = None,
     console=None,
     progress: bool = True,
 ) -> list[DistributedResult]:
@@ -96,10 +113,21 @@ def run_demo(
     def train_all(server_url: str, token: str) -> list[DistributedResult]:
         return [
             run_distributed(
-                server_url, token, label=label, uplink=uplink, downlink=downlink,
-                task=task, workers=settings.workers, rounds=versions,
-                batch_size=settings.batch_size, lr=settings.lr, aggregation=settings.aggregation,
-                seed=settings.seed, run_config=run_config, log_dir=out / "logs", progress=progress,
+                server_url,
+                token,
+                label=label,
+                uplink=uplink,
+                downlink=downlink,
+                task=task,
+                workers=settings.workers,
+                rounds=versions,
+                batch_size=settings.batch_size,
+                lr=settings.lr,
+                aggregation=settings.aggregation,
+                seed=settings.seed,
+                run_config=run_config,
+                log_dir=out / "logs",
+                progress=progress,
             )
             for label, uplink, downlink, run_config, versions in plans
         ]

@@ -4,8 +4,9 @@ run's held-out loss, under a title naming the model, the nodes and the runs (PNG
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .runs import DistributedResult
@@ -14,7 +15,10 @@ __all__ = ["plot_distributed"]
 
 
 def _smooth(values: Sequence[float], window: int = 8) -> list[float]:
-    return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
+    ]
 
 
 def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | str) -> None:
@@ -27,8 +31,11 @@ def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | s
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     first = results[0]
-    fig.suptitle(f"{first.title} ({first.params:,} parameters), {first.workers} nodes through the server: "
-                 + "; ".join(r.label for r in results), fontsize=11)
+    fig.suptitle(
+        f"{first.title} ({first.params:,} parameters), {first.workers} nodes through the server: "
+        + "; ".join(r.label for r in results),
+        fontsize=11,
+    )
     for r in results:
         loss = _smooth(r.losses)
         sent = list(accumulate(u / r.workers for u in r.up_bytes))
@@ -40,8 +47,15 @@ def plot_distributed(results: Sequence[DistributedResult], path: os.PathLike | s
         # The held-out loss the table reports, where each run ended: the measure that says who won.
         ends = ((axes[0], len(loss)), (axes[1], sent[-1] if sent else 0), (axes[2], received[-1] if received else 0))
         for ax, x in ends:
-            ax.plot([x], [r.test_loss], marker="*", markersize=12, color=line.get_color(), linestyle="none",
-                    label=f"{r.label}: held-out {r.test_loss:.3f}" if ax is axes[0] else None)
+            ax.plot(
+                [x],
+                [r.test_loss],
+                marker="*",
+                markersize=12,
+                color=line.get_color(),
+                linestyle="none",
+                label=f"{r.label}: held-out {r.test_loss:.3f}" if ax is axes[0] else None,
+            )
     ylabel = "loss (line: training, 8-step mean; ★ held-out)"
     axes[0].set(xlabel="step (per node)", ylabel=ylabel, yscale="log")
     axes[1].set(xlabel="bytes one node sent", ylabel=ylabel, xscale="log", yscale="log")

@@ -20,11 +20,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
+
 from gradwire.client import GradwireClient
 
 from ..progress import progress as progress_bar
@@ -111,7 +113,7 @@ class _WorkerEvents:
     """Reads each worker's JSON lines on a thread into one queue; ``None`` marks a closed stdout."""
 
     def __init__(self, procs: Mapping[int, subprocess.Popen]):
-        self.queue: "queue.Queue[tuple[int, Optional[dict]]]" = queue.Queue()
+        self.queue: queue.Queue[tuple[int, dict | None]] = queue.Queue()
         for node_id, proc in procs.items():
             threading.Thread(target=self._pump, args=(node_id, proc), daemon=True).start()
 
@@ -130,7 +132,7 @@ def run_distributed(
     *,
     label: str,
     uplink: Mapping[str, Any],
-    downlink: Optional[Mapping[str, Any]],
+    downlink: Mapping[str, Any] | None,
     task=None,
     workers: int = 4,
     rounds: int = 100,
@@ -139,9 +141,9 @@ def run_distributed(
     weight_decay: float = 1e-2,
     aggregation: str = "bounded_mean",  # gradwire.aggregation.DEFAULT_RULE
     seed: int = 0,
-    run_config: Optional[Mapping[str, Any]] = None,
-    join_at: Optional[Mapping[int, int]] = None,
-    log_dir: Optional[os.PathLike | str] = None,
+    run_config: Mapping[str, Any] | None = None,
+    join_at: Mapping[int, int] | None = None,
+    log_dir: os.PathLike | str | None = None,
     progress: bool = True,
     timeout: float = 900.0,
 ) -> DistributedResult:
@@ -195,12 +197,28 @@ def run_distributed(
                 save_file(shard, str(shard_path))
                 procs[node_id] = subprocess.Popen(
                     [
-                        sys.executable, "-m", "gradwire_apps.demo.worker", *task.worker_args(),
-                        "--url", url, "--run-id", run_id, "--node-id", str(node_id),
-                        "--data", str(shard_path), "--rounds", str(rounds),
-                        "--codec", json.dumps(dict(uplink)),
-                        "--batch-size", str(batch_size), "--seed", str(seed),
-                        "--join-at", str((join_at or {}).get(i, 0)),
+                        sys.executable,
+                        "-m",
+                        "gradwire_apps.demo.worker",
+                        *task.worker_args(),
+                        "--url",
+                        url,
+                        "--run-id",
+                        run_id,
+                        "--node-id",
+                        str(node_id),
+                        "--data",
+                        str(shard_path),
+                        "--rounds",
+                        str(rounds),
+                        "--codec",
+                        json.dumps(dict(uplink)),
+                        "--batch-size",
+                        str(batch_size),
+                        "--seed",
+                        str(seed),
+                        "--join-at",
+                        str((join_at or {}).get(i, 0)),
                     ],
                     env={**os.environ, "GRADWIRE_TOKEN": token, "OMP_NUM_THREADS": "1"},
                     stdout=subprocess.PIPE,
@@ -221,7 +239,9 @@ def run_distributed(
     return result
 
 
-def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], log_dir: Path, *, progress: bool, timeout: float) -> None:
+def _collect(
+    result: DistributedResult, procs: Mapping[int, subprocess.Popen], log_dir: Path, *, progress: bool, timeout: float
+) -> None:
     """Gather the workers' reports into ``result`` while drawing one progress bar step per round."""
     events = _WorkerEvents(procs)
     losses: dict[int, list[float]] = {}
@@ -247,7 +267,9 @@ def _collect(result: DistributedResult, procs: Mapping[int, subprocess.Popen], l
                 code = proc.wait(timeout=30)
                 if node_id not in result.node_hashes:
                     tail = (log_dir / f"{result.run_id}-node{node_id}.log").read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"{result.label}: worker of node {node_id} exited with {code} before finishing:\n{tail}")
+                    raise RuntimeError(
+                        f"{result.label}: worker of node {node_id} exited with {code} before finishing:\n{tail}"
+                    )
                 continue
             if event["event"] == "round":
                 if not losses:

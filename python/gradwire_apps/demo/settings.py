@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 __all__ = ["DEFAULT_RUNS", "MODELS", "RUNS", "DemoSettings"]
 
@@ -22,7 +21,7 @@ class DemoSettings:
     model: str = "digits"
     workers: int = 8
     steps: int = 320  # per node, in every run (SparseLoCo: local steps, steps / sync_every versions)
-    hidden: Optional[int] = None  # the task's default width
+    hidden: int | None = None  # the task's default width
     batch_size: int = 32  # per node per step
     # Learning rates: the best of a grid on this task at 320 steps, 8 nodes (dense over 1e-3, 3e-3, 1e-2;
     # SparseLoCo's inner over 5e-3, 1e-2, 2e-2 with outer SGD 1.0 or Nesterov 0.7/0.9; DeMo's over 3e-3,
@@ -32,7 +31,7 @@ class DemoSettings:
     # Per chunk, every chunk (None: the library's default for sync_every, 472 of a full 64×64 tile and a
     # smaller chunk's share); 256 lands near 300× both ways on the digits MLP, where the held-out loss
     # matched dense's.
-    sparseloco_topk: Optional[int] = 256
+    sparseloco_topk: int | None = 256
     inner_lr: float = 1e-2
     outer_lr: float = 1.0
     outer_momentum: float = 0.0

@@ -15,8 +15,8 @@ held-out data. Workers rebuild the task from its ``worker_args``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 import torch
 from torch import nn
@@ -97,7 +97,7 @@ class CharVocab:
     chars: str
 
     @classmethod
-    def of(cls, text: str) -> "CharVocab":
+    def of(cls, text: str) -> CharVocab:
         return cls("".join(sorted(set(text))))
 
     def __len__(self) -> int:
@@ -159,7 +159,7 @@ class DigitsTask:
 
     name = "digits"
 
-    def __init__(self, hidden: int = 128, data_seed: int = 0, data: Optional[DigitsData] = None):
+    def __init__(self, hidden: int = 128, data_seed: int = 0, data: DigitsData | None = None):
         self.hidden = hidden
         self.data_seed = data_seed
         self._data = data
@@ -184,7 +184,9 @@ class DigitsTask:
         d = self.data
         return [{"x": d.x_train[i::n].contiguous(), "y": d.y_train[i::n].contiguous()} for i in range(n)]
 
-    def batch_loss(self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    def batch_loss(
+        self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator
+    ) -> torch.Tensor:
         x, y = shard["x"], shard["y"]
         idx = torch.randint(0, len(y), (min(batch_size, len(y)),), generator=gen)
         return nn.functional.cross_entropy(model(x[idx]), y[idx])
@@ -226,7 +228,9 @@ class CharTask:
         bounds = [self.split * i // n for i in range(n + 1)]
         return [{"tokens": self.tokens[bounds[i] : bounds[i + 1]].clone()} for i in range(n)]
 
-    def batch_loss(self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    def batch_loss(
+        self, model: nn.Module, shard: Mapping[str, torch.Tensor], batch_size: int, gen: torch.Generator
+    ) -> torch.Tensor:
         x, y = char_batch(shard["tokens"], batch_size, model.context, gen)
         logits = model(x)
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -248,7 +252,7 @@ class CharTask:
 TASKS = {DigitsTask.name: DigitsTask, CharTask.name: CharTask}
 
 
-def make_task(name: str, hidden: Optional[int] = None):
+def make_task(name: str, hidden: int | None = None):
     """The task called ``name`` (``digits`` or ``transformer``); ``hidden`` is its width if given."""
     try:
         cls = TASKS[name]

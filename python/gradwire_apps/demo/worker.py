@@ -17,7 +17,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,8 +36,10 @@ def main(
     data: Path = typer.Option(..., help="This node's shard of the training data (safetensors, as the task cut it)."),
     rounds: int = typer.Option(..., help="Train until the run reaches this version."),
     codec: str = typer.Option('{"codec": "dct", "params": {}}', help="Uplink codec as JSON {codec, params}."),
-    model_name: str = typer.Option("digits", "--model", help="What to train: digits or transformer (gradwire_apps.demo.tasks.TASKS)."),
-    hidden: Optional[int] = typer.Option(None, help="The model's width (must match the run's state)."),
+    model_name: str = typer.Option(
+        "digits", "--model", help="What to train: digits or transformer (gradwire_apps.demo.tasks.TASKS)."
+    ),
+    hidden: int | None = typer.Option(None, help="The model's width (must match the run's state)."),
     batch_size: int = typer.Option(32, help="Examples per step on this node."),
     seed: int = typer.Option(0, help="Seed of this node's batch sampling."),
     join_at: int = typer.Option(0, help="Wait until the run reaches this version before joining (a late joiner)."),
@@ -106,7 +107,7 @@ def main(
         )
 
 
-def _wait_for_version(client, run_id: str, version: int, wait: float) -> Optional[int]:
+def _wait_for_version(client, run_id: str, version: int, wait: float) -> int | None:
     """Block until the run reaches ``version`` (long-polling on the run's updates, bodies discarded)."""
     current = int(client.status(run_id)["version"])
     while current < version:

@@ -68,13 +68,22 @@ pub fn dct_payloads(
     let total = layouts.iter().try_fold(0usize, |acc, l| {
         l.rows.checked_mul(l.k).and_then(|n| acc.checked_add(n))
     });
-    let total = total.ok_or(WireError::SizeOverflow { count: usize::MAX, bits: 32 })?;
+    let total = total.ok_or(WireError::SizeOverflow {
+        count: usize::MAX,
+        bits: 32,
+    })?;
     if positions.len() != total {
-        return Err(WireError::LengthMismatch { expected: total, got: positions.len() });
+        return Err(WireError::LengthMismatch {
+            expected: total,
+            got: positions.len(),
+        });
     }
     let packs_values = value_bits < 8;
     if packs_values && levels.len() != total {
-        return Err(WireError::LengthMismatch { expected: total, got: levels.len() });
+        return Err(WireError::LengthMismatch {
+            expected: total,
+            got: levels.len(),
+        });
     }
     let mut out = Vec::with_capacity(layouts.len());
     let mut at = 0usize;
@@ -83,8 +92,17 @@ pub fn dct_payloads(
         let idx = &positions[at..at + n];
         let bits = index_bits_for(layout.universe);
         let (coding, param, stream) = code_positions(idx, layout, bits, choice)?;
-        let val = if packs_values { Some(pack_bits(&levels[at..at + n], value_bits)?) } else { None };
-        out.push(RecordPayload { coding, param, idx: stream, val });
+        let val = if packs_values {
+            Some(pack_bits(&levels[at..at + n], value_bits)?)
+        } else {
+            None
+        };
+        out.push(RecordPayload {
+            coding,
+            param,
+            idx: stream,
+            val,
+        });
         at += n;
     }
     Ok(out)
@@ -100,12 +118,19 @@ fn code_positions(
     match choice {
         IndexCodingChoice::Fixed => Ok((INDEX_CODING_FIXED, bits, pack_bits(idx, bits)?)),
         IndexCodingChoice::Rice => {
-            let param = if idx.is_empty() { 0 } else { rice_param(idx, layout.k, layout.universe)?.0 };
+            let param = if idx.is_empty() {
+                0
+            } else {
+                rice_param(idx, layout.k, layout.universe)?.0
+            };
             Ok((INDEX_CODING_RICE, param, rice(param)?))
         }
         IndexCodingChoice::Auto => {
-            let (param, rice_len) =
-                if idx.is_empty() { (0, 0) } else { rice_param(idx, layout.k, layout.universe)? };
+            let (param, rice_len) = if idx.is_empty() {
+                (0, 0)
+            } else {
+                rice_param(idx, layout.k, layout.universe)?
+            };
             let fixed_len = (idx.len() * bits as usize).div_ceil(8);
             if fixed_len <= rice_len {
                 Ok((INDEX_CODING_FIXED, bits, pack_bits(idx, bits)?))
@@ -140,24 +165,49 @@ mod tests {
         let positions = [1u32, 5, 9, 0, 2, 15, 3, 10, 40, 63];
         let levels = [0u32, 1, 2, 3, 0, 1, 2, 3, 1, 0];
         let layouts = [layout(2, 3, 16), layout(1, 4, 64)];
-        let fixed = dct_payloads(&positions, &levels, &layouts, IndexCodingChoice::Fixed, 2).unwrap();
+        let fixed =
+            dct_payloads(&positions, &levels, &layouts, IndexCodingChoice::Fixed, 2).unwrap();
         assert_eq!(fixed[0].idx, pack_bits(&positions[..6], 4).unwrap());
         assert_eq!(fixed[1].idx, pack_bits(&positions[6..], 6).unwrap());
         assert_eq!((fixed[1].coding, fixed[1].param), (INDEX_CODING_FIXED, 6));
-        assert_eq!(fixed[0].val.as_deref(), Some(&pack_bits(&levels[..6], 2).unwrap()[..]));
+        assert_eq!(
+            fixed[0].val.as_deref(),
+            Some(&pack_bits(&levels[..6], 2).unwrap()[..])
+        );
         let rice = dct_payloads(&positions, &levels, &layouts, IndexCodingChoice::Rice, 8).unwrap();
         let (param, _) = rice_param(&positions[6..], 4, 64).unwrap();
-        assert_eq!(rice[1].idx, rice_encode(&positions[6..], 4, 64, param).unwrap());
-        assert_eq!((rice[1].coding, rice[1].param, rice[1].val.is_none()), (INDEX_CODING_RICE, param, true));
+        assert_eq!(
+            rice[1].idx,
+            rice_encode(&positions[6..], 4, 64, param).unwrap()
+        );
+        assert_eq!(
+            (rice[1].coding, rice[1].param, rice[1].val.is_none()),
+            (INDEX_CODING_RICE, param, true)
+        );
     }
 
     #[test]
     fn layouts_that_do_not_add_up_are_refused() {
-        let err = dct_payloads(&[1, 2, 3], &[], &[layout(1, 2, 8)], IndexCodingChoice::Fixed, 8).unwrap_err();
+        let err = dct_payloads(
+            &[1, 2, 3],
+            &[],
+            &[layout(1, 2, 8)],
+            IndexCodingChoice::Fixed,
+            8,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), "length_mismatch");
-        let err = dct_payloads(&[1, 2], &[0], &[layout(1, 2, 8)], IndexCodingChoice::Fixed, 1).unwrap_err();
+        let err = dct_payloads(
+            &[1, 2],
+            &[0],
+            &[layout(1, 2, 8)],
+            IndexCodingChoice::Fixed,
+            1,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), "length_mismatch");
-        let err = dct_payloads(&[3, 1], &[], &[layout(1, 2, 8)], IndexCodingChoice::Rice, 8).unwrap_err();
+        let err =
+            dct_payloads(&[3, 1], &[], &[layout(1, 2, 8)], IndexCodingChoice::Rice, 8).unwrap_err();
         assert_eq!(err.kind(), "not_strictly_ascending");
     }
 

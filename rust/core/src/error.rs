@@ -17,7 +17,11 @@ pub type Result<T, E = WireError> = std::result::Result<T, E>;
 
 /// Bytes as two hex digits each, space-separated (`47 57 49 52`): how every message shows raw bytes.
 fn hex_bytes(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Everything that can be wrong with an input to gradwire-core.
@@ -255,7 +259,10 @@ pub enum WireError {
 
     /// The first four bytes are not `GWIR`.
     // Both in one base: hex bytes, space-separated (`{:02x?}` printed `[47, 57, 49, 58]`, which reads as decimal).
-    #[error("bad magic: expected 47 57 49 52 (\"GWIR\"), found {}", hex_bytes(found))]
+    #[error(
+        "bad magic: expected 47 57 49 52 (\"GWIR\"), found {}",
+        hex_bytes(found)
+    )]
     BadMagic { found: [u8; 4] },
 
     /// A frame version this reader does not know.

@@ -24,8 +24,8 @@ mod bitio;
 pub mod bitpack;
 pub mod checksum;
 pub mod dct_fast;
-pub mod dct_payload;
 pub mod dct_folded;
+pub mod dct_payload;
 pub mod dct_rows;
 pub mod elias;
 pub mod error;
@@ -58,8 +58,10 @@ pub use bitpack::{
 };
 pub use checksum::crc32c;
 pub use dct_fast::dct2_chunks;
-pub use dct_payload::{dct_payloads, index_bits_for, IndexCodingChoice, RecordLayout, RecordPayload};
 pub use dct_folded::{decode_folded, decode_folded_mean, fold_basis_is_exact, SenderLevels};
+pub use dct_payload::{
+    dct_payloads, index_bits_for, IndexCodingChoice, RecordLayout, RecordPayload,
+};
 pub use dct_rows::{combine_level_sums, scatter_basis_rows};
 pub use error::{Result, WireError};
 pub use frame::{

@@ -558,24 +558,46 @@ fn dct_payloads<'py>(
     index_coding: u8,
     value_bits: u32,
 ) -> PyResult<Vec<RecordPayloadTuple<'py>>> {
-    let (p, l, lay) = (slice(&positions, "positions")?, slice(&levels, "levels")?, slice(&layouts, "layouts")?);
+    let (p, l, lay) = (
+        slice(&positions, "positions")?,
+        slice(&levels, "levels")?,
+        slice(&layouts, "layouts")?,
+    );
     if lay.len() % 3 != 0 {
-        return Err(PyValueError::new_err(format!("layouts must hold 3 numbers a record, got {}", lay.len())));
+        return Err(PyValueError::new_err(format!(
+            "layouts must hold 3 numbers a record, got {}",
+            lay.len()
+        )));
     }
     let choice = match index_coding {
         0 => gw::IndexCodingChoice::Fixed,
         1 => gw::IndexCodingChoice::Rice,
         2 => gw::IndexCodingChoice::Auto,
-        other => return Err(PyValueError::new_err(format!("index_coding must be 0, 1 or 2, got {other}"))),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "index_coding must be 0, 1 or 2, got {other}"
+            )))
+        }
     };
     let records: Vec<gw::RecordLayout> = lay
         .chunks_exact(3)
-        .map(|r| gw::RecordLayout { rows: r[0] as usize, k: r[1] as usize, universe: r[2] })
+        .map(|r| gw::RecordLayout {
+            rows: r[0] as usize,
+            k: r[1] as usize,
+            universe: r[2],
+        })
         .collect();
     let done = nogil(py, || gw::dct_payloads(p, l, &records, choice, value_bits))?;
     Ok(done
         .into_iter()
-        .map(|r| (r.coding, r.param, PyBytes::new(py, &r.idx), r.val.map(|v| PyBytes::new(py, &v))))
+        .map(|r| {
+            (
+                r.coding,
+                r.param,
+                PyBytes::new(py, &r.idx),
+                r.val.map(|v| PyBytes::new(py, &v)),
+            )
+        })
         .collect())
 }
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator, Optional
 
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
@@ -16,22 +16,39 @@ from gradwire.protocol import HASH_HEADER, OCTET_STREAM, VERSION_HEADER
 
 from ..errors import Reason, Rejected
 
-__all__ = ["BINARY", "ERROR", "VERSION_HEADERS", "declared_length", "octet_request", "octet_response", "read_body",
-           "server", "spool_body", "versioned_octets"]
+__all__ = [
+    "BINARY",
+    "ERROR",
+    "VERSION_HEADERS",
+    "declared_length",
+    "octet_request",
+    "octet_response",
+    "read_body",
+    "server",
+    "spool_body",
+    "versioned_octets",
+]
 
 BINARY = {"type": "string", "format": "binary"}
 #: The JSON every 4xx carries.
-ERROR = {"content": {"application/json": {"schema": {
-    "type": "object",
-    "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
-    "required": ["error", "detail"],
-}}}}
+ERROR = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+                "required": ["error", "detail"],
+            }
+        }
+    }
+}
 
 
 def octet_request(description: str) -> dict:
     """``openapi_extra`` declaring an application/octet-stream request body."""
-    return {"requestBody": {"required": True, "description": description,
-                            "content": {OCTET_STREAM: {"schema": BINARY}}}}
+    return {
+        "requestBody": {"required": True, "description": description, "content": {OCTET_STREAM: {"schema": BINARY}}}
+    }
 
 
 def octet_response(description: str, headers: dict[str, str] | None = None) -> dict:
@@ -57,7 +74,7 @@ def server(request: Request):
     return request.app.state.server
 
 
-def declared_length(request: Request, limit: int, reason: Reason = Reason.FRAME_TOO_LARGE) -> Optional[int]:
+def declared_length(request: Request, limit: int, reason: Reason = Reason.FRAME_TOO_LARGE) -> int | None:
     """The request's Content-Length (``None`` when it has none), refused with 413 above ``limit``: checked
     before any byte of the body is read."""
     declared = request.headers.get("content-length")

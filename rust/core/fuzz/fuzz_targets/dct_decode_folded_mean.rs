@@ -47,7 +47,11 @@ fuzz_target!(|input: &[u8]| {
     for i in 0..senders {
         let k = usize::from(bytes.next().unwrap_or(0) % 10);
         // a sender with one chunk too few now and then: the count check
-        let mine = if bytes.len() % 7 == 3 { chunks.saturating_sub(1) } else { chunks };
+        let mine = if bytes.len() % 7 == 3 {
+            chunks.saturating_sub(1)
+        } else {
+            chunks
+        };
         let positions: Vec<i64> = bytes
             .by_ref()
             .take(k * mine)
@@ -56,9 +60,17 @@ fuzz_target!(|input: &[u8]| {
         let levels = positions.iter().map(|&p| (p * 37 % 256) as i16).collect();
         let scales = (0..mine).map(|j| 1e-6 * (i + j + 1) as f64).collect();
         let mins = (0..mine).map(|j| -1e-4 * (i * 3 + j) as f64).collect();
-        all.push(Sender { positions, levels, k, scales, mins });
+        all.push(Sender {
+            positions,
+            levels,
+            k,
+            scales,
+            mins,
+        });
     }
-    let weights: Vec<f32> = (0..senders).map(|i| (f32::from(*w) + i as f32) / 97.0).collect();
+    let weights: Vec<f32> = (0..senders)
+        .map(|i| (f32::from(*w) + i as f32) / 97.0)
+        .collect();
     let views: Vec<SenderLevels<'_>> = all
         .iter()
         .map(|s| SenderLevels {
@@ -72,7 +84,9 @@ fuzz_target!(|input: &[u8]| {
     let (rb, cb) = (int_basis(rows), int_basis(last));
     let len = chunks * rows * last;
     let mut out = vec![0f32; len];
-    let got = decode_folded_mean(&views, &weights, rows, last, &rb, &cb, grid_cols, threads, &mut out);
+    let got = decode_folded_mean(
+        &views, &weights, rows, last, &rb, &cb, grid_cols, threads, &mut out,
+    );
     if got.is_err() {
         assert!(out.iter().all(|&v| v == 0.0), "a refused input wrote");
         return;
@@ -81,7 +95,18 @@ fuzz_target!(|input: &[u8]| {
     for (i, (s, &wt)) in views.iter().zip(&weights).enumerate() {
         let mut d = vec![0f32; len];
         decode_folded(
-            s.positions, s.levels, s.k, rows, last, &rb, &cb, s.scales, s.mins, grid_cols, 1, &mut d,
+            s.positions,
+            s.levels,
+            s.k,
+            rows,
+            last,
+            &rb,
+            &cb,
+            s.scales,
+            s.mins,
+            grid_cols,
+            1,
+            &mut d,
         )
         .expect("every sender the mean accepted decodes on its own");
         for (a, &v) in want.iter_mut().zip(&d) {

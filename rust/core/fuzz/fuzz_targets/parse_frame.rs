@@ -26,7 +26,9 @@ fn with_envelope(input: &[u8]) -> Vec<u8> {
 }
 
 fn check(frame: &[u8]) {
-    let Ok(view) = parse_frame(frame, &Limits::default()) else { return };
+    let Ok(view) = parse_frame(frame, &Limits::default()) else {
+        return;
+    };
     let specs: Vec<EntrySpec> = view
         .entries
         .iter()
@@ -36,10 +38,17 @@ fn check(frame: &[u8]) {
             dtype: e.dtype,
             shape: &e.shape,
             params: &frame[e.params.clone()],
-            sections: e.sections.iter().map(|s| (s.name, s.elem, &frame[s.range.clone()])).collect(),
+            sections: e
+                .sections
+                .iter()
+                .map(|s| (s.name, s.elem, &frame[s.range.clone()]))
+                .collect(),
         })
         .collect();
-    assert_eq!(write_frame(&view.header, &specs).ok().as_deref(), Some(frame));
+    assert_eq!(
+        write_frame(&view.header, &specs).ok().as_deref(),
+        Some(frame)
+    );
 }
 
 fuzz_target!(|input: &[u8]| {
