@@ -60,7 +60,7 @@ dev: $(VENV)/.created
 # format too). ruff is pinned: a new release may format differently, and CI must not fail on its own.
 RUFF_VERSION ?= 0.17.6
 lint: $(VENV)/.created
-	@$(VENV)/bin/ruff --version 2>/dev/null | grep -q "$(RUFF_VERSION)" || $(PIP) install -q "ruff==$(RUFF_VERSION)"
+	@$(VENV)/bin/ruff --version 2>/dev/null | grep -q "$(RUFF_VERSION)" || $(PIP) install -q --ignore-installed "ruff==$(RUFF_VERSION)"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cargo fmt --all --check

@@ -276,7 +276,8 @@ def http_close_table(
     table = Table(
         title=f"Over HTTP: quorum's last 202 → published version, {params / 1e6:.0f} M parameters, "
         f"{nodes_n} nodes (uvicorn on 127.0.0.1)",
-        caption=f"node frames: {NODE_FRAMES_CAPTION[node_frames]}. each round: 3 nodes submit, then the 4th; timed from its 202 to the long-poll answering "
+        caption=f"node frames: {NODE_FRAMES_CAPTION[node_frames]}. each round: 3 nodes submit, then the 4th; "
+        "timed from its 202 to the long-poll answering "
         "with the new version; the AdamW step measured in this process, same torch threads. "
         "server close: the driver's close as the server's /metrics sums it (its largest parts "
         "beside it); HTTP & wake-up: the rest (the 202's return, the driver waking, the "

@@ -15,7 +15,8 @@ Other engineers add their codecs by appending ``BenchRow`` s to ``ROWS``.
 The table is also written to ``bench/out/codecs.md`` and a plot of error against size to
 ``bench/out/codecs.png``.
 
-Usage: python bench/codecs.py [--steps 32] [--record-every 2] [--repeat 3] [--threads N] [--device cpu] [--models digits char_transformer]
+Usage: python bench/codecs.py [--steps 32] [--record-every 2] [--repeat 3] [--threads N] [--device cpu]
+           [--models digits char_transformer]
 """
 
 from __future__ import annotations

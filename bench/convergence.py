@@ -1371,7 +1371,7 @@ def summarize(plans: list[Plan], results: Mapping[str, dict]) -> dict[str, list[
                 all_hp=means,
             )
         )
-    for tn, rows in out.items():
+    for rows in out.values():
         dense = next((r for r in rows if r.row == "dense"), None)
         for r in rows:
             r.gap_pct = 100.0 * (r.held_out / dense.held_out - 1.0) if dense else float("nan")

@@ -509,8 +509,8 @@ READING = """## How to read it
   about an hour at 64 (Muon orthogonalizes every node's step). So the 64-node rows have
   narrowed lr grids, and their second seed at the best lr only. The compressed rows' lr grids at 2,048
   steps hold the lrs that the 640-step sweep of docs/reencode-design.md found best (4 lrs per row
-  there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran at 4, 16 and 64
-  nodes (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16 and 64; dense over 0.003 / 0.01 / 0.03,
+  there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran
+  at 4, 16 and 64 nodes (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16 and 64; dense over 0.003 / 0.01 / 0.03,
   at 64 nodes 0.01 / 0.03 / 0.06, and at 16 nodes also 0.1; 2 seeds at the best lr; above 0.03 dense does
   not train: 2.81 at 0.1 and 16 nodes, 2.43 at 0.06 and 64). No DeMo rows on it.
 - **The char transformer's text is small** (419 k training characters of pydoc_data). At 16 nodes the

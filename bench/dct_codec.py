@@ -7,8 +7,8 @@ The issue's case: a 4096×4096 fp32 tensor in 64×64 tiles, top-k per tile for k
   error feedback subtracts (what every receiver decodes, bit for bit). *decode* is ``gradwire.decode``
   of the frame: parse, check, Rice decode, the exact decode (docs/FORMAT.md §5.2).
 - **DeMo**: bloc97/DeMo ``demo.py``'s ``TransformDCT`` and ``CompressDCT`` rewritten op for op in
-  ``bench/demo_reference.py`` (einops' rearranges as reshapes and permutes): int64 indices, fp32 values, no framing. *encode* is
-  what its ``step()`` does to send a tensor: ``encode`` (einsum DCT), ``compress`` (top-k of ``|x|``,
+  ``bench/demo_reference.py`` (einops' rearranges as reshapes and permutes): int64 indices, fp32 values, no framing.
+  *encode* is what its ``step()`` does to send a tensor: ``encode`` (einsum DCT), ``compress`` (top-k of ``|x|``,
   gather) and the transmit estimate it subtracts from the momentum, ``decode(decompress(...))``;
   *decode* is what it does with a received payload: ``decompress`` (``scatter_reduce_`` mean) and
   ``decode`` (einsum inverse DCT). Both sides therefore do one forward and two inverse transforms.
@@ -24,7 +24,8 @@ record by each of its routes ("sparse", "rows", "dense" in float64, "integer" in
 times) at every k, and
 the route the decoder picks, so the choice can be made by measurement on each kind of device.
 
-Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda] [--routes]
+Usage: python bench/dct_codec.py [--side 4096] [--topk 1 8 32 128 512] [--repeat 5] [--threads N] [--devices cpu cuda]
+           [--routes]
 """
 
 from __future__ import annotations

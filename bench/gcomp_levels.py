@@ -25,7 +25,8 @@ default single-threaded compressor; gradwire's kernels are single-threaded): the
 transformer's whole-model gradient with its AdamW state after ``--speed-steps`` steps, at
 ``--speed-widths`` (d_model 128: 0.43 M parameters in 30 tensors; 384: 3.6 M, a real backward of a
 few-M model), and a synthetic tensor of ``--synthetic`` Mi parameters whose (gradient, parameter,
-exp_avg, exp_avg_sq) quadruples are drawn from the first model's, so δ sees a real distribution. GComp runs with δ (``from_optimizer``,
+exp_avg, exp_avg_sq) quadruples are drawn from the first model's, so δ sees a real distribution. GComp runs with δ
+(``from_optimizer``,
 tolerance 0) and lossless (no parameters); every GComp frame carries its codebook, as a zstd frame is
 decodable alone. zstd is handed the bytes ready-made and decodes to bytes, GComp encodes tensors into a
 frame and decodes the frame into tensors: the comparison favours zstd.

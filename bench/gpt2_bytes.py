@@ -10,7 +10,8 @@ record (``model_record=True``) cuts the flattened model into flat 64×64 chunks 
 Prints, for one process (a group of one, so the ratio is the uplink's), the bytes each tensor's record
 takes with the default codec on a real momentum after a few steps (grouped: the embedding, the 2-D
 weights, the 1-D vectors), and DeMo's measured ratio against fp32 over the same steps with
-``model_record`` off and on, side by side. Needs ``transformers`` (``pip install transformers``: in no extra, for its weight).
+``model_record`` off and on, side by side. Needs ``transformers`` (``pip install transformers``: in no extra, for its
+weight).
 
 Usage:
     python bench/gpt2_bytes.py            # about a minute on 2 idle cores
@@ -82,10 +83,12 @@ def main() -> None:
     print("|---|---:|---:|---|---:|---:|")
     for kind, (elems, nbytes, count, chunk) in groups.items():
         print(
-            f"| {kind} | {count} | {100 * elems / total_elems:.1f} % | {chunk} | {nbytes:,} | {4 * elems / nbytes:.0f}× |"
+            f"| {kind} | {count} | {100 * elems / total_elems:.1f} % | {chunk} | {nbytes:,} "
+            f"| {4 * elems / nbytes:.0f}× |"
         )
     print(
-        f"| all | {sum(g[2] for g in groups.values())} | 100 % | | {total_bytes:,} | {4 * total_elems / total_bytes:.0f}× |\n"
+        f"| all | {sum(g[2] for g in groups.values())} | 100 % | | {total_bytes:,} "
+        f"| {4 * total_elems / total_bytes:.0f}× |\n"
     )
 
     # The optimizer's own counters, per tensor against one model record, same steps and data.

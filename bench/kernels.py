@@ -168,7 +168,8 @@ def main() -> None:
         ("crc32c (numpy: zlib crc32)", blob, lambda: wire.crc32c(blob), lambda: zlib.crc32(blob), 0.5),
     ]
     table = Table(
-        title=f"gradwire kernels: uncompressed bytes/s (best of {args.repeat}); zero-run input {zr_share:.0%} zero-run bytes"
+        title=f"gradwire kernels: uncompressed bytes/s (best of {args.repeat}); "
+        f"zero-run input {zr_share:.0%} zero-run bytes"
     )
     for col in ("kernel", "data", "kernel GB/s", "memcpy GB/s", "× memcpy", "numpy GB/s", "× numpy", "target", "ok"):
         table.add_column(col, justify="right")

@@ -44,7 +44,8 @@ no cost in bytes). ``--support dense`` is the bench's dense row (the mean of the
 ``--inner`` on it) for the same batches.
 
 Nothing here goes through frames; the bytes are counted, not written. Each run appends one JSON line to
-``--out`` (default ``bench/results/local_step_screen.jsonl``, kept in the repository) and prints held-out loss at eight points.
+``--out`` (default ``bench/results/local_step_screen.jsonl``, kept in the repository) and prints held-out loss at eight
+points.
 
 Usage: python bench/local_step_screen.py [--task stdlib] [--nodes 16] [--H 4] [--support random] [--bits 1]
            [--inner adamw|muon] [--node-decay 1] [--reset-momentum 0]

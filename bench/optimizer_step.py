@@ -1,4 +1,5 @@
-"""One optimizer step of gradwire's DeMo and SparseLoCo beside ``torch.optim.AdamW`` and DeMo's reference, on the CPU or a GPU.
+"""One optimizer step of gradwire's DeMo and SparseLoCo beside ``torch.optim.AdamW`` and DeMo's reference, on the
+CPU or a GPU.
 
 What a training job pays per step for the optimizer itself, on one rank: the gradients are given (random,
 the same for every row), so the times hold no forward or backward pass. A one-rank process group
@@ -284,7 +285,7 @@ def targets(results: list[dict], cuda: bool) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--params", nargs="+", default=["10M"], help="sizes of the linear model: 10M,100M or 10e6 100e6")
     ap.add_argument(

@@ -210,7 +210,7 @@ def in_process(params: int, node_counts: list[int], dense_max_nodes: int) -> Non
                     dense=dense,
                 )
             )
-            del ups, parsed
+            ups = parsed = None  # frees both; the lambdas above still close over the names
         store.close()
 
     table = Table(

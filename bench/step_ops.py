@@ -348,7 +348,8 @@ def table(results: list[dict]) -> list[str]:
         c = r["counts"]
         lines.append(
             f"| {r['tensors']} | {r['numel'] / 1e6:.2f} M | {r['records']} | {NAMES[r['row']]} | "
-            f"{_num(c.ops)} | {_num(c.views)} | {_num(c.d2h)} | {_num(c.h2d)} | {_num(r['phases'])} | {_num(c.f64_bytes)} |"
+            f"{_num(c.ops)} | {_num(c.views)} | {_num(c.d2h)} | {_num(c.h2d)} | {_num(r['phases'])} | "
+            f"{_num(c.f64_bytes)} |"
         )
     return lines
 

@@ -462,7 +462,8 @@ def table(cache: dict, s: Settings, model: str, link_key: str, rows: list[str], 
         f"sequences of 64 characters per step; target = dense's held-out loss after {steps} steps: "
         f"**{target:.4f}**",
         "",
-        "| row | lr | steps to target | training s to target | s/step | speed-up vs dense | bytes sent/node/step | load avg (1 min, start→end) |",
+        "| row | lr | steps to target | training s to target | s/step | speed-up vs dense | bytes sent/node/step "
+        "| load avg (1 min, start→end) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -541,10 +542,10 @@ def report(
     plot_path: Path,
 ) -> str:
     panels = [
-        (m, l, steps[m])
+        (m, link, steps[m])
         for m in models
-        for l in links
-        if f"wan|{m}|{l}|dense|{lrs_by_model[m]['adamw']}|{steps[m]}|{s.nodes}|{s.batches[m]}" in cache
+        for link in links
+        if f"wan|{m}|{link}|dense|{lrs_by_model[m]['adamw']}|{steps[m]}|{s.nodes}|{s.batches[m]}" in cache
     ]
     lines = [
         "# Time to loss over an emulated WAN",
@@ -553,8 +554,8 @@ def report(
         f"({platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, torch threads 1 per node).",
         "",
     ]
-    for m, l, st in panels:
-        lines += table(cache, s, m, l, rows, lrs_by_model[m], st) + [""]
+    for m, link, st in panels:
+        lines += table(cache, s, m, link, rows, lrs_by_model[m], st) + [""]
     lines += [f"![held-out loss against training wall-clock]({plot_path.name})", ""]
     for m in models:
         grid = "; ".join(f"{f} {', '.join(f'{x:g}' for x in LRS[m][f])}" for f in LRS[m])

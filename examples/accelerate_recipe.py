@@ -1,6 +1,6 @@
 """gradwire under HF Accelerate: a DDP comm hook registered after ``prepare``, or DeMo / SparseLoCo as the optimizer.
 
-    torchrun --nproc-per-node 2 examples/accelerate_recipe.py --mode hook        # AdamW, gradients through gradwire's DDP hook
+    torchrun --nproc-per-node 2 examples/accelerate_recipe.py --mode hook  # AdamW, gradients via gradwire's DDP hook
     torchrun --nproc-per-node 2 examples/accelerate_recipe.py --mode sparseloco  # SparseLoCo, DDP's all-reduce off
     torchrun --nproc-per-node 2 examples/accelerate_recipe.py --mode demo
     (or: accelerate launch --num_processes 2 --cpu examples/accelerate_recipe.py --mode demo)

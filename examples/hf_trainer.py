@@ -1,4 +1,5 @@
-"""Train transformers' GPT-2 (random weights, built from a config) with the HF Trainer and gradwire's DeMo or SparseLoCo.
+"""Train transformers' GPT-2 (random weights, built from a config) with the HF Trainer and gradwire's DeMo or
+SparseLoCo.
 
     torchrun --nproc-per-node 2 examples/hf_trainer.py --optimizer sparseloco
     torchrun --nproc-per-node 2 examples/hf_trainer.py --optimizer demo --steps 20
@@ -65,7 +66,7 @@ class LocalGradients(TrainerCallback):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--optimizer", choices=("demo", "sparseloco"), default="sparseloco")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--sync-every", type=int, default=4, help="SparseLoCo's local steps per sync")

@@ -1,7 +1,7 @@
 """gradwire under PyTorch Lightning: ``DDPStrategy(ddp_comm_hook=…)``, and SparseLoCo or DeMo in a LightningModule.
 
     torchrun --nproc-per-node 2 examples/lightning_recipe.py --mode sparseloco
-    torchrun --nproc-per-node 2 examples/lightning_recipe.py --mode hook     # AdamW, gradients through gradwire's DDP hook
+    torchrun --nproc-per-node 2 examples/lightning_recipe.py --mode hook  # AdamW, gradients through gradwire's DDP hook
     torchrun --nproc-per-node 2 examples/lightning_recipe.py --mode demo
     (without torchrun, Lightning starts the second process itself: python examples/lightning_recipe.py)
 

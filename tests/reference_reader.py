@@ -67,7 +67,7 @@ def _values(elem: int, payload: bytes) -> list:
     n = len(payload) // size
     if elem == 9:  # bf16: the high half of an f32
         return [struct.unpack("<f", b"\0\0" + payload[2 * i : 2 * i + 2])[0] for i in range(n)]
-    return list(struct.unpack("<%d%s" % (n, fmt), payload))
+    return list(struct.unpack(f"<{n}{fmt}", payload))
 
 
 def parse(data: bytes) -> dict:

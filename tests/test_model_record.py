@@ -332,7 +332,7 @@ def test_hostile_model_frames_are_rejected():
         "short hash": write_frame([model_entry(spec, name=spec.record_name[:-1])], bundle=True),
     }
     for what, frame in cases.items():
-        assert kind_of(lambda: decode_model(frame, spec)) == "invalid_model_record", what
+        assert kind_of(lambda frame=frame: decode_model(frame, spec)) == "invalid_model_record", what
     # a record of the right name and length whose codec rules are broken: the codec's own error
     bad = model_entry(spec)
     bad.sections["data"] = np.zeros(spec.numel - 1, dtype=np.float32)

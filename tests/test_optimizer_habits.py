@@ -268,7 +268,7 @@ def _hf_gpt2_run(rank: int, world: int) -> dict:
     out = {}
     for which in ("demo", "sparseloco"):
 
-        def build(model):
+        def build(model, which=which):
             if which == "demo":
                 return gt.DeMo(model.named_parameters(), lr=0.01, beta=0.9)
             inner = torch.optim.AdamW(model.parameters(), lr=3e-3)

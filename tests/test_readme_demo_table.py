@@ -41,10 +41,10 @@ def _printed_table() -> str:
 def test_readme_table_has_the_columns_and_runs_the_demo_prints():
     readme = _readme_demo_block()
     printed = _printed_table()
-    header = next(l for l in printed.splitlines() if "held-out loss" in l)
-    readme_header = next(l for l in readme.splitlines() if "held-out loss" in l)
+    header = next(line for line in printed.splitlines() if "held-out loss" in line)
+    readme_header = next(line for line in readme.splitlines() if "held-out loss" in line)
     assert _cells(readme_header) == _cells(header)
-    rows = [_cells(l)[0] for l in readme.splitlines() if l.startswith("│")]
+    rows = [_cells(line)[0] for line in readme.splitlines() if line.startswith("│")]
     assert tuple(rows) == DEMO_RUN_LABELS
     # Every row has a value in every column, and no row hides a node that missed rounds.
     for line in readme.splitlines():
@@ -53,5 +53,5 @@ def test_readme_table_has_the_columns_and_runs_the_demo_prints():
             assert len(cells) == len(_cells(header)) and all(cells)
             in_sync, missed = cells[_cells(header).index("in sync")], cells[_cells(header).index("rounds missed")]
             assert in_sync == "8/8" and missed == "0"
-    title = next(l for l in readme.splitlines() if l.strip()).strip()
+    title = next(line for line in readme.splitlines() if line.strip()).strip()
     assert title.startswith("digits MLP (26,122 parameters), 8 nodes, 320 steps per node")

@@ -9,6 +9,7 @@ import hashlib
 import httpx
 import pytest
 import torch
+from pydantic import ValidationError
 
 from gradwire_server.__main__ import main as server_main
 from gradwire_server.launcher import LoopbackServer
@@ -126,7 +127,7 @@ def test_metrics_name_no_run_and_the_admin_token_comes_from_the_file(capped):
 
 
 def test_an_admin_token_in_argv_is_warned_about(capsys):
-    with pytest.raises(Exception):  # an invalid port: the settings fail after the warning, nothing starts
+    with pytest.raises(ValidationError):  # an invalid port: the settings fail after the warning, nothing starts
         server_main(["--admin-token", "in-plain-sight", "--port", "-1"])
     assert "--admin-token shows in `ps`" in capsys.readouterr().err
 

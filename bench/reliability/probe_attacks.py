@@ -56,9 +56,11 @@ def probes(quick: bool) -> list[Row]:
             r = ratio(hurt, mean_clean)
             rows.append(
                 Row(
-                    probe=f"attacks: {mode}, the same rogue (flip_x1e15) under the unbounded rule 'mean', {rounds} versions",
+                    probe=f"attacks: {mode}, the same rogue (flip_x1e15) under the unbounded rule 'mean', "
+                    f"{rounds} versions",
                     expected="hurt (> 1.5x clean): the bound above is the default rule's doing; status warns",
-                    observed=f"{r:.3g}x clean, max |published| {hurt.max_published:.3g}; status warnings: {len(hurt.warnings)}",
+                    observed=f"{r:.3g}x clean, max |published| {hurt.max_published:.3g}; "
+                    f"status warnings: {len(hurt.warnings)}",
                     passed=(not math.isfinite(r) or r > 1.5) and bool(hurt.warnings),
                 )
             )

@@ -271,14 +271,15 @@ def probes(quick: bool) -> list[Row]:
             bound = max(P99_BOUND_S, 2 * b99)
             rows.append(
                 Row(
-                    f"{SLOW_SOCKETS} slow sockets (250 each: {'; '.join(KINDS)}; 1 B/s, reconnecting 1 s after a close) for "
-                    f"{seconds:.0f} s; normal clients: 4 status readers, 1 new connection per request, 2 nodes in rounds; "
-                    f"server at RLIMIT_NOFILE {limit}, default settings",
+                    f"{SLOW_SOCKETS} slow sockets (250 each: {'; '.join(KINDS)}; 1 B/s, reconnecting 1 s after a "
+                    f"close) for {seconds:.0f} s; normal clients: 4 status readers, 1 new connection per request, "
+                    f"2 nodes in rounds; server at RLIMIT_NOFILE {limit}, default settings",
                     f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
                     f"without: {len(base)} answered, {len(base_failures)} failed, p50 {b50 * 1000:.0f} ms, p99 "
                     f"{b99 * 1000:.0f} ms; with: {len(latencies)} answered, {len(failures)} failed"
-                    f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
-                    f"(bound {bound * 1000:.0f} ms); {published} rounds published; {connects} slow connections made; "
+                    f"{(' (' + failures[0] + ')') if failures else ''}, p50 {p50 * 1000:.0f} ms, "
+                    f"p99 {p99 * 1000:.0f} ms (bound {bound * 1000:.0f} ms); {published} rounds published; "
+                    f"{connects} slow connections made; "
                     f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
                     not failures and not base_failures and p99 <= bound and published > 0,
                 )
@@ -294,9 +295,9 @@ def probes(quick: bool) -> list[Row]:
             ok = all(lifetimes[k] and p99s[k] <= bounds[k] + LAG_S for k in KINDS)
             rows.append(
                 Row(
-                    "the slow sockets' lifetimes, connect to closed by the server, as the attacker saw them (p99, max); "
-                    "a body with a node token goes to an open round: one holds the node's upload slot, the others are "
-                    "refused (429) before their body",
+                    "the slow sockets' lifetimes, connect to closed by the server, as the attacker saw them "
+                    "(p99, max); a body with a node token goes to an open round: one holds the node's upload slot, "
+                    "the others are refused (429) before their body",
                     f"p99 ≤ the deadline + {LAG_S:g} s of event-loop lag: headers 10 s, refused body 2 s linger, "
                     "body with a token 20 s",
                     "; ".join(f"{k}: {p99s[k]:.1f} s, {longest[k]:.1f} s ({len(lifetimes[k])} closed)" for k in KINDS),
@@ -335,7 +336,8 @@ def probes(quick: bool) -> list[Row]:
             rows.append(
                 Row(
                     f"SIGTERM with a long poll (wait=60) open and the {SLOW_SOCKETS} slow sockets still attacking",
-                    f"exits within shutdown_grace_s {GRACE_S:.0f} s + 2 s (before: 24 s; systemd waits 90 s, Kubernetes 30 s)",
+                    f"exits within shutdown_grace_s {GRACE_S:.0f} s + 2 s "
+                    "(before: 24 s; systemd waits 90 s, Kubernetes 30 s)",
                     f"exited after {took:.1f} s, {'cleanly' if 'stopped cleanly' in server.log() else 'NOT cleanly'}",
                     took <= GRACE_S + 2.0 and "stopped cleanly" in server.log(),
                 )

@@ -186,7 +186,8 @@ def probes(quick: bool) -> list[Row]:
             Row(
                 f"{CATCH_UPS} concurrent catch-ups (since=0) of a {rounds}-version SparseLoCo run, 263 k parameters, "
                 f"{NODES} nodes, publish frames ({published / 2**20:.0f} MiB each)",
-                f"server RSS growth ≤ {CATCH_UP_GROWTH_MIB} MiB, every byte delivered (before: +2,795 MiB for 8 × 207 MiB)",
+                f"server RSS growth ≤ {CATCH_UP_GROWTH_MIB} MiB, every byte delivered "
+                "(before: +2,795 MiB for 8 × 207 MiB)",
                 f"+{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB); {sum(p for _, p, _ in results)} pages, "
                 f"{sum(b for _, _, b in results)} answered 429 busy and retried; {catch_up_s:.1f} s; "
                 f"complete: {'yes' if complete else 'NO'}",
@@ -237,7 +238,8 @@ def probes(quick: bool) -> list[Row]:
             Row(
                 f"{STALLED} stalled uploads announcing 60 MiB to a closed round",
                 f"410 before the body, server RSS growth ≤ {STALLED_GROWTH_MIB} MiB (before: +480 MiB)",
-                f"{answered}/{STALLED} answered 410 round_closed; +{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB)",
+                f"{answered}/{STALLED} answered 410 round_closed; "
+                f"+{growth:.0f} MiB ({before:.0f} → {rss.peak:.0f} MiB)",
                 answered == STALLED and growth <= STALLED_GROWTH_MIB,
             )
         )

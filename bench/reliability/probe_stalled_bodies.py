@@ -155,9 +155,10 @@ def probes(quick: bool) -> list[Row]:
                     p50, p99 = _percentile(latencies, 0.5), _percentile(latencies, 0.99)
                     rows.append(
                         Row(
-                            f"{sockets} sockets stalled in a body (POST /v1/runs, Content-Length 100000, 1 byte sent; "
-                            f"{label}; from {len(ADDRESSES)} loopback addresses, reconnecting {RECONNECT_S:g} s after a "
-                            f"close) for {seconds:.0f} s; normal clients: 2 new connections per request, 2 kept alive; "
+                            f"{sockets} sockets stalled in a body (POST /v1/runs, Content-Length 100000, "
+                            f"1 byte sent; {label}; from {len(ADDRESSES)} loopback addresses, reconnecting "
+                            f"{RECONNECT_S:g} s after a close) for {seconds:.0f} s; normal clients: "
+                            f"2 new connections per request, 2 kept alive; "
                             f"server at RLIMIT_NOFILE {limit}, default settings",
                             f"every normal request answered; p99 ≤ max({P99_BOUND_S:g} s, 2 × p99 without the attack)",
                             f"without: {len(base)} answered, {len(base_failures)} failed, p99 {b99 * 1000:.0f} ms; "

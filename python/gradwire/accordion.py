@@ -21,7 +21,8 @@ residual; the norms it compares are of those sums.
 
 Accordion is a policy above the codecs, not one of them: it lives outside :mod:`gradwire.codecs` and
 outside the wire codecs' registry ``gradwire.CODECS``; ``gradwire.make_codec("accordion", low=…, high=…)``
-builds it through :mod:`gradwire.registry`, as every name of ``gradwire.codec_names()``. It follows the :class:`~gradwire.codecs.base.Codec` protocol, so it
+builds it through :mod:`gradwire.registry`, as every name of ``gradwire.codec_names()``. It follows the
+:class:`~gradwire.codecs.base.Codec` protocol, so it
 goes wherever a codec goes (``ErrorFeedback``, ``gradwire.torch.ddp_hook``), and builds the codecs it is
 given as mappings (``{"codec": "powersgd", "rank": 2}``) with the registry's :func:`make_codec`. This
 module imports :mod:`gradwire.codecs`, never the other way round.
@@ -32,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Union
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -68,7 +69,7 @@ class _Layer:
     setting: str = LOW
 
 
-CodecSpec = Union[Codec, Mapping[str, Any]]
+CodecSpec = Codec | Mapping[str, Any]
 
 
 def _build(spec: CodecSpec, which: str) -> Codec:

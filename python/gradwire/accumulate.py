@@ -1,8 +1,8 @@
 """Summing many records of one tensor, in the codec's own domain where the codec allows it.
 
 A codec that is linear in its transform domain (the DCT: orthonormal, so sums and L2 norms are the same
-in both domains) declares an accumulator factory (its ``accumulator`` capability, :mod:`gradwire.capabilities`). Its accumulator adds
-each record's sparse coefficients into one coefficient array and runs one inverse transform at the end,
+in both domains) declares an accumulator factory (its ``accumulator`` capability, :mod:`gradwire.capabilities`). Its
+accumulator adds each record's sparse coefficients into one coefficient array and runs one inverse transform at the end,
 so the cost of a sum grows with the bytes received, not with senders × parameters. Every other codec
 falls back to :class:`DenseAccumulator`, which decodes each record and adds the dense tensors.
 

@@ -65,7 +65,7 @@ HASH_BYTES = 16
 MAX_SPEC_TENSORS = 2**20
 MAX_NDIM = 8
 
-_NAME_RE = re.compile(re.escape(MODEL_RECORD_PREFIX) + "[0-9a-f]{%d}" % (2 * HASH_BYTES))
+_NAME_RE = re.compile(re.escape(MODEL_RECORD_PREFIX) + f"[0-9a-f]{{{2 * HASH_BYTES}}}")
 _TORCH_BY_CODE = {ELEM_F16: torch.float16, ELEM_BF16: torch.bfloat16, ELEM_F32: torch.float32, ELEM_F64: torch.float64}
 _COUNT = struct.Struct("<I")
 _HEAD = struct.Struct("<H")

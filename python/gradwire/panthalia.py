@@ -23,7 +23,6 @@ either.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 
@@ -40,8 +39,8 @@ __all__ = [
     "int8_to_float",
 ]
 
-IntLike = Union[int, torch.Tensor]
-ShapeLike = Union[int, Sequence[int], torch.Size, torch.Tensor]
+IntLike = int | torch.Tensor
+ShapeLike = int | Sequence[int] | torch.Size | torch.Tensor
 
 
 def _check_norm(norm: str) -> None:

@@ -190,7 +190,8 @@ class ReencodeFeedback:
 
     def reencode_mean(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """An aggregate computed already (``{name: tensor}``) plus the residuals, compressed in parameter
-        space (:meth:`ErrorFeedback.compress_bundle_reconstructed <gradwire.ErrorFeedback.compress_bundle_reconstructed>`:
+        space
+        (:meth:`ErrorFeedback.compress_bundle_reconstructed <gradwire.ErrorFeedback.compress_bundle_reconstructed>`:
         one batch over every tensor, the path whose kernel count does not grow with the tensors on a GPU);
         a coefficient-domain residual moves back to parameter space first. ``{name: (record, its exact
         decode)}`` in ``mean``'s order."""

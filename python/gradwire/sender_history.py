@@ -15,7 +15,8 @@ stays a weighted mean of their records).
 The trust (:meth:`SenderHistory.trust`, from the rounds before the one closing; :meth:`SenderHistory.observe`
 then folds that round in, from what its published version records): with ``m`` the lower median of the
 round's ``‖hᵢ‖``, a sender up to ``TRUST_MULTIPLE · m`` keeps its weight, one at twice that or more gets
-none, and the weight falls linearly in between. At least half of every round (those at or below the median) keeps its weight, so fewer than half
+none, and the weight falls linearly in between. At least half of every round (those at or below the median) keeps its
+weight, so fewer than half
 of the senders can never shut out the rest. An attacker that knows the rule and keeps its history under the
 level must shrink its bias per round to about ``TRUST_MULTIPLE · √((1−β)/(1+β))`` ≈ 0.34 honest deviations
 (``bench/attacks.py``'s ``adaptive`` attack does exactly that). The price: an honest node whose data differ

@@ -6,13 +6,11 @@ released while a kernel runs. Outputs are ``bytes`` or numpy arrays.
 
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 
 from . import _native
 
-BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
+BytesLike = bytes | bytearray | memoryview | np.ndarray
 
 __all__ = [
     "as_u8",

@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from . import INSTALL_HINT
 from .demo.settings import MODELS
@@ -91,7 +91,7 @@ def _serve_command(run: Callable[..., None], settings_cls: type) -> Callable[...
         inspect.Parameter(
             name,
             inspect.Parameter.KEYWORD_ONLY,
-            annotation=Optional[kind],
+            annotation=kind | None,
             default=typer.Option(None, help=help_text, show_default=False),
         )
         for name, kind, help_text in serve_options(settings_cls)
@@ -187,7 +187,8 @@ def build_app(*, serve_settings: bool = True):
         hidden: int | None = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
         aggregation: str = typer.Option(
             "bounded_mean",
-            help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); the default bounds one node's influence.",
+            help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); "
+            "the default bounds one node's influence.",
         ),
         seed: int = typer.Option(0),
         out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),

@@ -94,9 +94,9 @@ class AggregationConfig(BaseModel):
         description="bounded_mean (the default): each update clipped to 1.5 × the round's lower median norm, capped "
         "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
         "node moves a round no more than 1.5 median updates do; an update pointing against the "
-        "rest of its round (negative cosine) is dropped, at most a minority of the round. mean: no bound (the run's status "
-        "says so). clipped_mean: clipped to the round's median norm. trimmed_mean, median: "
-        "coordinate-wise.",
+        "rest of its round (negative cosine) is dropped, at most a minority of the round. "
+        "mean: no bound (the run's status says so). clipped_mean: clipped to the round's median norm. "
+        "trimmed_mean, median: coordinate-wise.",
     )
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5)
     cap_factor: float = Field(

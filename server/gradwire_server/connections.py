@@ -17,7 +17,8 @@ uvicorn's httptools protocol with these additions, all on the event loop's timer
   the one stalled longest in a request body is (whichever has been silent longer: a connection that
   waits for headers counts from when it began to wait, a body from its last byte; a body the server
   itself stopped reading is never chosen); when none is either, the new connection is closed. An upload
-  in progress receives bytes every few milliseconds, so it is the last to be chosen. Sockets that never send a request, or send a header block and
+  in progress receives bytes every few milliseconds, so it is the last to be chosen. Sockets that never send a request,
+  or send a header block and
   then stall in its body, cost at most ``max_connections`` descriptors, and never keep out a client that
   sends its request promptly: that one is always the newest.
 - **Per-address cap.** Beyond ``max_connections_per_address`` connections from one client address, that

@@ -22,7 +22,8 @@ every round from the checkpoint on, are kept until the next checkpoint is record
 
 Every file is written atomically: a temporary file in the same directory, fsync, rename over the final
 name, fsync of the directory. A submission is acknowledged only after its file is durable *and* its row
-is committed; submissions arriving together share that directory fsync and that commit (group commit). Publishing a version writes its frame (and, at a checkpoint written with it, the state
+is committed; submissions arriving together share that directory fsync and that commit (group commit). Publishing a
+version writes its frame (and, at a checkpoint written with it, the state
 files) first and then commits one SQLite transaction that moves the run's version: that commit is the
 only point at which a version exists, so a crash at any moment leaves either the old version (whose files
 were never touched) or the new one. A checkpoint written after its version's commit counts once a second
@@ -319,9 +320,9 @@ class Store:
             self._tx(
                 [
                     (
-                        "CREATE TABLE nodes_v2 (run_id TEXT NOT NULL REFERENCES runs(run_id), node_id INTEGER NOT NULL, "
-                        "name TEXT, token_hash TEXT UNIQUE, created_at REAL NOT NULL, revoked_at REAL, deleted_at REAL, "
-                        "PRIMARY KEY (run_id, node_id))",
+                        "CREATE TABLE nodes_v2 (run_id TEXT NOT NULL REFERENCES runs(run_id), "
+                        "node_id INTEGER NOT NULL, name TEXT, token_hash TEXT UNIQUE, created_at REAL NOT NULL, "
+                        "revoked_at REAL, deleted_at REAL, PRIMARY KEY (run_id, node_id))",
                         (),
                     ),
                     (

@@ -3,7 +3,8 @@ and by replaying rounds after a restart.
 
 :class:`RunState` holds what the server keeps for a run on its device: the fp32 master weights, AdamW's
 moments (``adamw`` runs), the downlink :class:`~gradwire.ErrorFeedback` (``adamw`` runs and runs that
-re-encode their aggregate), and the algorithm's state (SparseLoCo's outer momentum; nothing for DeMo). Every step works **in place** on those buffers — a
+re-encode their aggregate), and the algorithm's state (SparseLoCo's outer momentum; nothing for DeMo). Every step works
+**in place** on those buffers — a
 round allocates nothing the size of the model — so a step that fails half-way leaves the state unusable;
 the round engine then reloads it from the store.
 

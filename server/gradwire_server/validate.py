@@ -1,7 +1,8 @@
 """Checking a submitted update frame completely before it may touch any aggregate.
 
 Order: structure and CRC (:func:`gradwire.read_frame` with the run's limits) → bundle, sender and round
-→ the run binding (docs/FORMAT.md section 10) → tensor names and shapes equal to the model's → every record decodes (in the codec's domain where it
+→ the run binding (docs/FORMAT.md section 10) → tensor names and shapes equal to the model's → every record decodes (in
+the codec's domain where it
 can: the DCT's norm parses and checks every section without a dense decode) → finite values → the
 update's L2 norm (float64, so finite values never read as infinite) under ``MAX_UPDATE_NORM`` (1e30, what
 a float32 sum holds safely) and the run's ceiling. Any failure raises :class:`Rejected` with the reason of

@@ -472,7 +472,7 @@ class DCTCodec(Codec):
         # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
         hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
         records, recons_of = [], {}
-        for (members, k, c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
+        for (members, k, _c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
             row = 0
             for (name, dtype, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)

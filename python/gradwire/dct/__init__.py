@@ -22,7 +22,13 @@ Patch a name there.
 
 from __future__ import annotations
 
-from . import chunks, decode, integer, quantize, route_choice, transform
+# The submodules are part of the namespace (the redundant aliases say the import is a re-export).
+from . import chunks as chunks
+from . import decode as decode
+from . import integer as integer
+from . import quantize as quantize
+from . import route_choice as route_choice
+from . import transform as transform
 from .chunks import (
     MAX_TILE,
     MODE_FLAT,

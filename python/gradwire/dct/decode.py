@@ -71,6 +71,8 @@ _EXACT_BLOCK_ELEMS = 1 << 18
 #: launches whatever its size, so blocks are as large as this allows: with the CPU's blocks a 4096×4096
 #: tensor in 64×64 tiles took 128 blocks, 33–58 ms an encode or a decode on an H200 against DeMo's 1–2 ms.
 _EXACT_BLOCK_ELEMS_GPU = 1 << 25
+#: The default device of a route choice (one object, not a call in the signature).
+_CPU = torch.device("cpu")
 
 
 def _exact_block(device: torch.device, k: int, dims: tuple[int, ...], route: str = "") -> int:
@@ -314,7 +316,7 @@ def decode_levels_weighted_sum(
     return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
 
 
-def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = torch.device("cpu")) -> str:
+def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = _CPU) -> str:
     """The fastest exact route for ``k`` coefficients per chunk of shape ``dims``.
 
     On the CPU, 2-D chunks with even sides take "rows" at every ``k``: there it is one Rust pass with

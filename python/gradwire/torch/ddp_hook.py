@@ -221,7 +221,8 @@ def _decode_into(bucket: _BucketInFlight) -> None:
         for i, (e, target) in enumerate(zip(got.entries, targets)):
             if tuple(e.shape) != tuple(target.shape):
                 raise FrameError(
-                    f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, expected {tuple(target.shape)}"
+                    f"bucket {index}: rank {r} sent shape {tuple(e.shape)} for tensor {i}, "
+                    f"expected {tuple(target.shape)}"
                 )
             columns[i].append(e)
     for column, target in zip(columns, targets):
@@ -309,7 +310,8 @@ def ddp_hook(
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
     ``codec`` is a codec instance or a registered name (``"dct"``; ``codec_params`` then go to
-    :func:`gradwire.build_codec`: a wire codec or a policy such as Accordion). Error feedback is kept per bucket and survives DDP's bucket rebuild.
+    :func:`gradwire.build_codec`: a wire codec or a policy such as Accordion). Error feedback is kept per bucket and
+    survives DDP's bucket rebuild.
 
     ``per_parameter=True`` sends each parameter's gradient as its own record of a bundle frame, in its
     own shape, instead of the bucket as one flat vector: codecs that work per tensor (3LC's and

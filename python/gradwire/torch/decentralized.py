@@ -29,7 +29,6 @@ Only parameters are exchanged; buffers (batch-norm statistics) stay local.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Union
 
 import torch
 import torch.distributed as dist
@@ -42,7 +41,7 @@ from .collectives import comm_device, exchange_bytes, gather_rows
 
 __all__ = ["LowPrecisionDecentralized", "ring_peers"]
 
-PeerSpec = Union[str, Sequence[int], Mapping[int, Sequence[int]]]
+PeerSpec = str | Sequence[int] | Mapping[int, Sequence[int]]
 # The round number of the one-off frame that carries starting parameters (steps count from 0).
 _INITIAL_ROUND = 2**64 - 1
 # The record name of the flat parameter vector in every frame.

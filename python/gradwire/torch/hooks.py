@@ -27,7 +27,8 @@ BUILTIN_HOOKS = ("none", "fp16", "torch-powersgd", "powersgd")
 
 
 def hook_names() -> tuple[str, ...]:
-    """Every name :func:`register_hook` accepts: the built-ins, then every codec and policy :func:`gradwire.build_codec` knows.
+    """Every name :func:`register_hook` accepts: the built-ins, then every codec and policy :func:`gradwire.build_codec`
+    knows.
 
     ``"powersgd"`` is the collective form (factors all-reduced); the frame codec of that name runs
     through :func:`gradwire.torch.ddp_hook` (``ddp_hook(gradwire.PowerSGD(...))``).

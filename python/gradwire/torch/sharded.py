@@ -617,7 +617,8 @@ class ShardedExchange(GroupMember):
                 return repr(xs[i]) if i < len(xs) else "none"
 
             raise ValueError(
-                f"this checkpoint's pieces are cut otherwise ({len(saved_names)} pieces, this optimizer's {len(names)}; "
+                f"this checkpoint's pieces are cut otherwise ({len(saved_names)} pieces, "
+                f"this optimizer's {len(names)}; "
                 f"the first to differ is #{i}: {at(saved_names)} saved, {at(names)} here): build the optimizer with "
                 "the piece_numel and codec it was saved with"
             )

@@ -4,8 +4,8 @@ The worker trains a demo task's model (:data:`gradwire_apps.demo.tasks.TASKS`) o
 (a safetensors file its parent wrote) through a :class:`~gradwire.client.Node`: each step it computes a
 gradient and hands it to the node, which does what the run's algorithm says (send it compressed and apply
 the published version; or, for SparseLoCo, a local step and every ``sync_every`` steps a sync). It reports
-to its parent as JSON lines on stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}`` with the hash of
-its own replica — so the parent can draw progress and check that every node ends in sync. The node's
+to its parent as JSON lines on stdout — one ``{"event": "round", ...}`` per step and a final ``{"event": "done", ...}``
+with the hash of its own replica — so the parent can draw progress and check that every node ends in sync. The node's
 bearer token comes from the ``GRADWIRE_TOKEN`` environment variable, never the command line (which
 other users of the machine can read).
 """

@@ -1,5 +1,5 @@
-"""``POST /v1/runs`` (create, admin), ``GET /v1/runs`` (every run, paged, admin), ``GET /v1/runs/{run_id}`` (status), and the admin's hold on a run:
-``POST …/pause``, ``POST …/resume``, ``DELETE /v1/runs/{run_id}``."""
+"""``POST /v1/runs`` (create, admin), ``GET /v1/runs`` (every run, paged, admin), ``GET /v1/runs/{run_id}`` (status),
+and the admin's hold on a run: ``POST …/pause``, ``POST …/resume``, ``DELETE /v1/runs/{run_id}``."""
 
 from __future__ import annotations
 
