@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import typing
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def test_demo_typos_are_usage_errors_before_anything_starts(tmp_path):
 def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
     """A valid value of a ServerSettings field other than its default, for any field type the settings use."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    kind = args[0] if typing.get_origin(annotation) is typing.Union and len(args) == 1 else annotation
+    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1
+    kind = args[0] if optional else annotation
     if typing.get_origin(kind) is typing.Literal:
         return next(c for c in typing.get_args(kind) if c != default)
     if kind is bool:
