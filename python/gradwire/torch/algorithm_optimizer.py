@@ -30,6 +30,7 @@ from ..frame import Limits
 from ..registry import build_codec
 from .all_gather_exchange import AllGatherExchange, ReportsFrameBytes
 from .ddp_guard import check_not_all_reduced
+from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["AlgorithmOptimizer"]
 
@@ -50,6 +51,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         process_group: dist.ProcessGroup | None = None,
         limits: Limits | None = None,
     ):
+        refuse_single_rank_launch(type(self).__name__, process_group)
         alg = get_algorithm(algorithm)
         if alg.publication != "mean":
             raise ValueError(
