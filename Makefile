@@ -21,7 +21,7 @@ export PIP_RETRIES ?= 10
 export PIP_TIMEOUT ?= 60
 PIP_TRIES ?= 3
 
-.PHONY: demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
+.PHONY: docs-tables demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -81,6 +81,12 @@ lint: $(VENV)/.created
 
 demo: install
 	$(VENV)/bin/gradwire demo
+
+# The README's and the tutorial's printed outputs rewritten from a run of today's code (scripts/docs_tables.py:
+# the demo's table, the two quick starts' output): rerun after anything that changes their figures, and commit
+# the documents. About 3 minutes on 2 idle cores (the demo is most of it).
+docs-tables: install
+	$(PY) scripts/docs_tables.py
 
 test-rust:
 	cargo test --workspace --exclude gradwire-python --quiet

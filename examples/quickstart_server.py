@@ -20,8 +20,9 @@ import sys
 import torch
 from torch import nn
 
+import gradwire.client
 from gradwire.algorithms import default_sparseloco_codec
-from gradwire.client import GradwireClient, GradwireClientError, Node, read_admin_token
+from gradwire.client import GradwireClient, Node, read_admin_token
 
 
 def make_data(teacher: nn.Module, seed: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,5 +71,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except GradwireClientError as exc:  # no server, a wrong token: one line, not a traceback
+    except gradwire.client.GradwireClientError as exc:  # no server, a wrong token: one line, not a traceback
         sys.exit(f"{os.path.basename(sys.argv[0])}: {exc}")
