@@ -183,7 +183,7 @@ def blocks(text: str) -> dict[str, tuple[dict[str, str], str]]:
     return out
 
 
-def rewrite(text: str, name: str, output: str, torch: str, date: str) -> str:
+def rewrite(text: str, name: str, output: str, torch: str, date: str, load: str = "") -> str:
     """``text`` with the block ``name`` holding ``output``; ``ValueError`` if it has no such block."""
     found = False
 
@@ -192,7 +192,8 @@ def rewrite(text: str, name: str, output: str, torch: str, date: str) -> str:
         if m["name"] != name:
             return m[0]
         found = True
-        return f"<!-- docs-tables:{name} torch={torch} date={date} -->\n```text\n{output}```\n{m['close']}"
+        said = f" load={load}" if load else ""  # the machine's load average as the run began: the seconds are its
+        return f"<!-- docs-tables:{name} torch={torch} date={date}{said} -->\n```text\n{output}```\n{m['close']}"
 
     new = MARKER.sub(replace, text)
     if not found:
@@ -214,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         started = time.monotonic()
         print(f"docs-tables: running {name} ...", flush=True)
+        load = f"{os.getloadavg()[0]:.1f}"
         output = RUNNERS[name]()
         for doc in PLACES[name]:
             path = ROOT / doc
-            path.write_text(rewrite(path.read_text(), name, output, torch, date))
+            path.write_text(rewrite(path.read_text(), name, output, torch, date, load))
         print(f"docs-tables: {name} written to {', '.join(PLACES[name])} ({time.monotonic() - started:.0f} s)")
     return 0
 

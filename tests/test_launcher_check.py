@@ -1,7 +1,9 @@
 """No silent single-rank training: under a launcher's environment of several ranks (WORLD_SIZE=2, as torchrun
-sets it) with no process group, every gradwire optimizer, hook and replica check refuses, naming
-torch.distributed.init_process_group; a group of one (no launcher, or torchrun with one rank) still runs; and
-the README's quick start, the init call left out, fails on its first rank instead of training alone."""
+sets it) with no process group, every gradwire optimizer refuses at its first step (built before the group,
+as the HF Trainer recipe builds it, it still runs once the group exists), and replicas_agree, average_buffers
+and LowPrecisionDecentralized refuse, each naming torch.distributed.init_process_group; a group of one (no
+launcher, or torchrun with one rank) still runs; and the README's quick start, the init call left out, fails
+on a launched rank instead of training alone."""
 
 from __future__ import annotations
 
@@ -28,18 +30,25 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
-#: Everything that would exchange (or compare) across ranks, built as a script would build it.
-BUILDERS = {
+#: Every optimizer that exchanges across ranks, built as a script builds it.
+OPTIMIZERS = {
     "DeMo": lambda m: gt.DeMo(m.parameters(), lr=1e-3),
-    "SparseLoCo": lambda m: gt.SparseLoCo(m.parameters(), torch.optim.AdamW(m.parameters()), sync_every=2),
-    "MuLoCo": lambda m: gt.MuLoCo(m, lr=1e-2),
+    "SparseLoCo": lambda m: gt.SparseLoCo(m.parameters(), torch.optim.AdamW(m.parameters()), sync_every=1),
+    "MuLoCo": lambda m: gt.MuLoCo(m, lr=1e-2, sync_every=1),
     "AlgorithmOptimizer": lambda m: gt.AlgorithmOptimizer(m, "demo"),
-    "ddp_hook": lambda m: gt.ddp_hook("dct"),
-    "PowerSGDState": lambda m: gt.PowerSGDState(),
+}
+#: What needs the group where it is called.
+CALLS = {
     "LowPrecisionDecentralized": lambda m: gt.LowPrecisionDecentralized(m, lr=0.1),
     "replicas_agree": lambda m: gt.replicas_agree(m),
     "average_buffers": lambda m: gt.average_buffers(m),
 }
+
+
+def _step(opt, model: nn.Module) -> None:
+    opt.zero_grad()
+    nn.functional.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 4)).backward()
+    opt.step()
 
 
 @pytest.fixture
@@ -52,13 +61,40 @@ def torchrun_rank(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
 
 
-@pytest.mark.parametrize("name", list(BUILDERS))
-def test_under_a_launcher_of_two_without_a_process_group_every_exchange_refuses(name, torchrun_rank):
-    with pytest.raises(gt.NoProcessGroupError) as err:
-        BUILDERS[name](_model())
-    message = str(err.value)
+def _says_what_to_add(message: str, name: str) -> None:
     assert message.startswith(f"{name}: ") and "WORLD_SIZE=2, RANK=1, LOCAL_RANK=1" in message
     assert "torch.distributed.init_process_group()" in message and "every rank would train alone" in message
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_under_a_launcher_of_two_without_a_process_group_the_first_step_refuses(name, torchrun_rank):
+    model = _model()
+    opt = OPTIMIZERS[name](model)  # built before any group, as the HF Trainer recipe builds it
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(gt.NoProcessGroupError) as err:
+        _step(opt, model)
+    _says_what_to_add(str(err.value), name)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing was trained
+    with pytest.raises(gt.NoProcessGroupError):  # and not on a second try either
+        _step(opt, model)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_under_a_launcher_of_two_without_a_process_group_the_checks_refuse(name, torchrun_rank):
+    with pytest.raises(gt.NoProcessGroupError) as err:
+        CALLS[name](_model())
+    _says_what_to_add(str(err.value), name)
+
+
+def test_an_optimizer_built_before_the_group_runs_once_the_group_exists(torchrun_rank, tmp_path):
+    model = _model()
+    opt = OPTIMIZERS["SparseLoCo"](model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        _step(opt, model)
+        assert opt.syncs == 1 and gt.replicas_agree(model)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
@@ -82,9 +118,8 @@ def test_a_group_of_one_still_trains_and_agrees_with_itself(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     model = _model()
-    opt = gt.SparseLoCo(model.parameters(), torch.optim.AdamW(model.parameters()), sync_every=1)
-    nn.functional.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 4)).backward()
-    opt.step()
+    opt = OPTIMIZERS["SparseLoCo"](model)
+    _step(opt, model)
     assert opt.syncs == 1 and gt.replicas_agree(model)
 
 
@@ -93,27 +128,28 @@ def test_a_process_group_given_passes_under_the_launcher(torchrun_rank, tmp_path
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         model = _model()
-        opt = gt.DeMo(model.parameters(), lr=1e-3)
-        nn.functional.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 4)).backward()
-        opt.step()
+        opt = OPTIMIZERS["DeMo"](model)
+        _step(opt, model)
         assert opt.steps == 1 and gt.replicas_agree(model)
     finally:
         dist.destroy_process_group()
 
 
 def _quick_start_without_init(tmp_path: Path) -> Path:
-    """examples/quickstart_torchrun.py with its init_process_group line left out, as the issue's reader wrote it."""
+    """examples/quickstart_torchrun.py as a reader of the README's short form once wrote it: no init_process_group
+    line, and the rank read from the launcher's environment (torch.distributed's own calls would already fail)."""
     source = (ROOT / "examples" / "quickstart_torchrun.py").read_text()
     call = re.compile(r"^dist\.init_process_group\(.*\n", re.M)
-    assert len(call.findall(source)) == 1
+    assert len(call.findall(source)) == 1 and source.count("dist.get_rank()") == 1
+    source = call.sub("", source).replace("dist.get_rank()", "int(__import__('os').environ['RANK'])")
     script = tmp_path / "quickstart_without_init.py"
-    script.write_text(call.sub("", source))
+    script.write_text(source)
     return script
 
 
 def test_the_quick_start_without_init_process_group_fails_on_a_launched_rank(tmp_path):
     """The script a launcher starts as rank 1 of 2 (the environment torchrun gives each rank) stops at the
-    optimizer with the line to add, instead of training alone and reporting bytes it never sent."""
+    optimizer's first step with the line to add, instead of training alone and reporting bytes it never sent."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
     env.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     env.update(MASTER_PORT="29500", OMP_NUM_THREADS="1")

@@ -15,8 +15,8 @@
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
 - :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
 - :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment; under a
-  launcher of several ranks with no process group, every optimizer and hook here raises
-  :class:`NoProcessGroupError` (:mod:`gradwire.torch.launcher_check`) instead of training each rank alone.
+  launcher of several ranks with no process group, every optimizer here raises :class:`NoProcessGroupError`
+  at its first step (:mod:`gradwire.torch.launcher_check`) instead of training each rank alone.
 
 Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook``; the package
 ``gradwire`` itself does not import it, so its name never stands in for the real ``torch``.

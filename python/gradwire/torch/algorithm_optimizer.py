@@ -51,7 +51,6 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         process_group: dist.ProcessGroup | None = None,
         limits: Limits | None = None,
     ):
-        refuse_single_rank_launch(type(self).__name__, process_group)
         alg = get_algorithm(algorithm)
         if alg.publication != "mean":
             raise ValueError(
@@ -90,6 +89,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if not self._checked:
+            refuse_single_rank_launch(type(self).__name__, self._exchange.process_group, "its first step()")
             self._checked = True
             if self._exchange.world() > 1:
                 check_not_all_reduced(

@@ -27,7 +27,7 @@ def average_buffers(module: nn.Module, process_group: dist.ProcessGroup | None =
     rank counts the same steps). One all-reduce per dtype and device. Returns the number of buffers
     averaged (0 without an initialized process group, or in a group of one); under a launcher of several ranks
     without a process group, :class:`~gradwire.torch.NoProcessGroupError`."""
-    refuse_single_rank_launch("average_buffers", process_group)
+    refuse_single_rank_launch("average_buffers", process_group, "average_buffers() averages them")
     if not dist.is_initialized():
         return 0
     world = dist.get_world_size(process_group)

@@ -7,16 +7,17 @@
    the DiLoCo papers ``H`` or ``inner_steps``. Given to gradwire's optimizers they would be a bare
    "unexpected keyword argument": here the ``TypeError`` names gradwire's equivalent
    (docs/howto-from-demo.md).
-2. **The launcher.** :func:`~gradwire.torch.launcher_check.refuse_single_rank_launch`: under ``torchrun``
-   without a process group every rank would train alone.
-3. **A DCT codec's** ``topk`` **beyond a chunk.** A chunk keeps ``min(topk, its elements)`` coefficients, so
+2. **A DCT codec's** ``topk`` **beyond a chunk.** A chunk keeps ``min(topk, its elements)`` coefficients, so
    a ``topk`` above the largest chunk the codec cuts keeps every coefficient (no top-k compression at all):
    a ``UserWarning`` naming both numbers.
-4. **Parameter dtypes** (after the constructor, on the param groups it built). A parameter that is not
+3. **Parameter dtypes** (after the constructor, on the param groups it built). A parameter that is not
    floating point (``int64``, ``bool``, complex) is refused with a ``TypeError`` naming it: the frames, the
    momenta and the anchors are float32 and an integer tensor has no gradient. A ``float64`` parameter is
    accepted with a ``UserWarning``: what gradwire exchanges and keeps for it is float32, so it trains at
    float32 precision (SparseLoCo sets its weights from the float32 anchor at every sync).
+
+The launcher is checked at the first step instead (:mod:`gradwire.torch.launcher_check`): an optimizer may be
+built before the process group is.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-
-from .launcher_check import refuse_single_rank_launch
 
 __all__ = [
     "DEMO_REFERENCE_NAMES",
@@ -137,7 +136,6 @@ def checked_constructor(reference_names: Mapping[str, str] = DEMO_REFERENCE_NAME
         def checked(self, *args, **kwargs):
             who = type(self).__name__
             check_reference_names(who, kwargs, reference_names, doc)
-            refuse_single_rank_launch(who, kwargs.get("process_group"))
             for what in ("codec", "downlink_codec"):
                 check_topk(who, what, kwargs.get(what))
             init(self, *args, **kwargs)

@@ -47,7 +47,6 @@ from ..feedback import ErrorFeedback
 from ..frame import DEFAULT_LIMITS, Limits, read_frame, write_frame
 from ..registry import build_codec
 from .collectives import BytesGather, comm_device
-from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["GradwireHookState", "ddp_hook", "gradwire_hook"]
 
@@ -326,7 +325,6 @@ def ddp_hook(
         state, hook = gradwire.torch.ddp_hook(gradwire.DCTCodec(topk=32))
         ddp_model.register_comm_hook(state, hook)
     """
-    refuse_single_rank_launch("ddp_hook", process_group)
     if isinstance(codec, str):
         codec = build_codec(codec, **codec_params)
     elif codec_params:

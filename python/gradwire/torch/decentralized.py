@@ -104,7 +104,7 @@ class LowPrecisionDecentralized:
         broadcast_parameters: bool = True,
         limits: Limits | None = None,
     ):
-        refuse_single_rank_launch(type(self).__name__, process_group)
+        refuse_single_rank_launch(type(self).__name__, process_group, "building LowPrecisionDecentralized")
         if optimizer is None and lr is None:
             raise ValueError("give an optimizer, or lr for plain SGD")
         if optimizer is not None and lr is not None:

@@ -18,7 +18,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..registry import codec_names
 from .ddp_hook import GradwireHookState, ddp_hook
-from .launcher_check import refuse_single_rank_launch
 from .powersgd import PowerSGDState, powersgd_hook
 
 __all__ = ["BUILTIN_HOOKS", "RegisteredHook", "hook_names", "register_hook"]
@@ -80,7 +79,6 @@ def register_hook(
     ``powersgd_rank`` and ``start_iter`` (dense warm-up iterations; torch's minimum is 2) apply to both
     PowerSGDs alike; ``codec_params`` go to the gradwire codec.
     """
-    refuse_single_rank_launch("register_hook", process_group)
     trainable = [p for p in model.parameters() if p.requires_grad]
     dense = sum(p.numel() * p.element_size() for p in trainable)
     element = trainable[0].element_size()

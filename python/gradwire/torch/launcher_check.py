@@ -5,8 +5,11 @@ Without an initialized process group every gradwire exchange runs as a group of 
 rank 0 of one). Under ``torchrun`` that is a trap: if the script never calls
 ``torch.distributed.init_process_group``, each rank trains alone, reports its syncs and bytes, and
 :func:`~gradwire.torch.replicas_agree` compares nothing, while ``WORLD_SIZE=2`` sat in the environment all
-along. :func:`refuse_single_rank_launch` is called where the optimizers, hooks and checks are built (and by
-``replicas_agree`` and ``average_buffers``), and raises :class:`NoProcessGroupError` naming the call to add.
+along. :func:`refuse_single_rank_launch` is called at the first step of every gradwire optimizer, by
+``replicas_agree`` and ``average_buffers``, and where ``LowPrecisionDecentralized`` is built, and raises
+:class:`NoProcessGroupError` naming the call to add. At the first step, not at construction: the HF Trainer
+recipe builds its optimizer before ``TrainingArguments`` initializes the group. (The DDP hooks need no check:
+DDP itself cannot be built without a process group.)
 
 What counts as "a launcher of several ranks": ``WORLD_SIZE`` above 1, or ``RANK`` or ``LOCAL_RANK`` above 0:
 what ``torchrun`` (and ``torch.distributed.launch``, Accelerate, DeepSpeed, Lightning's launcher) set for
@@ -47,19 +50,18 @@ def launcher_ranks(environ: Mapping[str, str] | None = None) -> dict[str, int]:
     return found
 
 
-def refuse_single_rank_launch(who: str, process_group: dist.ProcessGroup | None = None) -> None:
-    """Raise :class:`NoProcessGroupError` when ``who`` (an optimizer, a hook, a check) is about to run as a group
-    of one although a launcher started this process as one of several ranks. A ``process_group`` given, or an
-    initialized default group, passes."""
+def refuse_single_rank_launch(who: str, process_group: dist.ProcessGroup | None = None, runs: str = "") -> None:
+    """Raise :class:`NoProcessGroupError` when ``who`` (an optimizer at its first step, a check) is about to run as
+    a group of one although a launcher started this process as one of several ranks; ``runs`` names what the
+    group is needed for (default ``who``). A ``process_group`` given, or an initialized default group, passes."""
     if process_group is not None or (dist.is_available() and dist.is_initialized()):
         return
     found = launcher_ranks()
     if not found:
         return
-    verb = "building" if who[:1].isupper() else "calling"
     said = ", ".join(f"{k}={os.environ[k]}" for k in RANK_VARIABLES if k in found)
     raise NoProcessGroupError(
         f"{who}: a launcher started this process as one of several ranks ({said}), but no process group is "
         f"initialized, so every rank would train alone. Add `torch.distributed.init_process_group()` (or "
-        f"`gradwire.torch.init_from_env()`) at the start of the script, before {verb} {who}"
+        f"`gradwire.torch.init_from_env()`) at the start of the script, before {runs or who}"
     )

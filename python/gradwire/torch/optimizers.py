@@ -36,7 +36,7 @@ other owners and its re-encoded frame (once, as the all-gather path counts its f
 
 Without an initialized process group (and no ``process_group``) both run as a group of one: the frame
 is still written, read back and applied, so single-process code behaves as rank 0 of one. Under a launcher of
-several ranks (``WORLD_SIZE`` > 1) with no process group they refuse to be built instead
+several ranks (``WORLD_SIZE`` > 1) with no process group their first step raises instead
 (:class:`~gradwire.torch.NoProcessGroupError`, :mod:`gradwire.torch.launcher_check`).
 
 Parameters may be FSDP2 ``DTensor`` s (``fully_shard``): each rank encodes, exchanges and updates its own

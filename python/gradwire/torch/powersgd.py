@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from ..lowrank import compressible, initial_q, orthogonalize_
-from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["PowerSGDState", "powersgd_hook"]
 
@@ -56,7 +55,6 @@ class PowerSGDState:
         orthogonalization_epsilon: float = 0.0,
         seed: int = 0,
     ):
-        refuse_single_rank_launch(type(self).__name__, process_group)
         if rank < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
         if start_iter < 0:

@@ -26,7 +26,7 @@ def replicas_agree(module: nn.Module, process_group: dist.ProcessGroup | None = 
 
     Never True for ranks it did not compare: a process that a launcher started as one of several ranks
     (``WORLD_SIZE`` > 1) with no process group raises :class:`~gradwire.torch.NoProcessGroupError`."""
-    refuse_single_rank_launch("replicas_agree", process_group)
+    refuse_single_rank_launch("replicas_agree", process_group, "replicas_agree() compares the ranks")
     digest = hashlib.sha256()
     for p in module.parameters():
         t = p.full_tensor() if hasattr(p, "full_tensor") else p
