@@ -33,7 +33,7 @@ $(VENV)/.created:
 
 # Build the one abi3 wheel (cp310-abi3: loads on every CPython >= 3.10) and install it with its extras.
 wheel: $(VENV)/.created
-	@echo "==> the Rust core and its Python module: cargo build --release through maturin (a line per crate; about 3 minutes the first time on 2 idle cores)"
+	@echo "==> the Rust core and its Python module: cargo build --release through maturin (a line per crate; a few minutes the first time on 2 cores)"
 	rm -rf dist
 	$(VENV)/bin/maturin build --release -o dist
 	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
