@@ -1,7 +1,12 @@
 # The README's two commands: `make demo` and `make test`. Each does all the set-up it needs on a fresh
 # Linux machine with Rust and Python >= 3.10: a virtual environment in .venv (reusing packages the
-# system Python already has, such as a multi-GB torch), the abi3 wheel built by maturin, and the
-# Python dependencies from PyPI.
+# system Python already has, such as a multi-GB torch), the abi3 wheel built by maturin, torch
+# (scripts/install_torch.py: on a machine without a GPU, torch's CPU build from torch's own index;
+# GRADWIRE_TORCH=auto|cpu|cuda|keep chooses), and the other Python dependencies from PyPI. Each step
+# says what it does; the long ones (the cargo build, the downloads) print a line per crate or file.
+
+# bash: the dependency install below filters pip's output and must keep pip's exit status (pipefail).
+SHELL := /bin/bash
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,10 +21,11 @@ export PIP_RETRIES ?= 10
 export PIP_TIMEOUT ?= 60
 PIP_TRIES ?= 3
 
-.PHONY: demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
+.PHONY: docs-tables demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
+	@echo "==> .venv: a virtual environment that reuses the system Python's packages"
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q --ignore-installed "maturin>=1.5,<2"
@@ -27,16 +33,21 @@ $(VENV)/.created:
 
 # Build the one abi3 wheel (cp310-abi3: loads on every CPython >= 3.10) and install it with its extras.
 wheel: $(VENV)/.created
+	@echo "==> the Rust core and its Python module: cargo build --release through maturin (a line per crate; a few minutes the first time on 2 cores)"
 	rm -rf dist
-	$(VENV)/bin/maturin build --release --quiet -o dist
+	$(VENV)/bin/maturin build --release -o dist
 	@ls dist/*.whl | grep -q 'cp310-abi3' || (echo "wheel is not abi3: $$(ls dist)"; exit 1)
 
 # One pip command: the wheel with its extras and the server from ./server (gradwire-server, which the
 # `apps` extra names, is not on PyPI: pip takes it from the path).
 install: wheel
 	$(PIP) install -q --force-reinstall --no-deps dist/*.whl
-	@for try in $$(seq 1 $(PIP_TRIES)); do \
-	  $(PIP) install -q "$$(ls dist/*.whl)[apps,test,bench]" ./server && exit 0; \
+	@echo "==> torch (scripts/install_torch.py; GRADWIRE_TORCH=auto|cpu|cuda|keep)"
+	PIP_TRIES=$(PIP_TRIES) $(PY) scripts/install_torch.py
+	@echo "==> gradwire's other dependencies from PyPI and the server from ./server (a line per download)"
+	@set -o pipefail; for try in $$(seq 1 $(PIP_TRIES)); do \
+	  $(PIP) install --progress-bar on "$$(ls dist/*.whl)[apps,test,bench]" ./server 2>&1 \
+	    | { grep -v '^Requirement already satisfied' || true; } && exit 0; \
 	  echo "pip install failed (try $$try of $(PIP_TRIES)); retrying"; sleep 10; \
 	done; exit 1
 
@@ -53,6 +64,7 @@ release: $(VENV)/.created
 
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
+	PIP_TRIES=$(PIP_TRIES) $(PY) scripts/install_torch.py
 	$(PIP) install -q -e ".[apps,test,bench]" -e ./server
 
 # Style, checked by machine (CI runs this before the tests): ruff's lint and formatter for Python (settings
@@ -69,6 +81,12 @@ lint: $(VENV)/.created
 
 demo: install
 	$(VENV)/bin/gradwire demo
+
+# The README's and the tutorial's printed outputs rewritten from a run of today's code (scripts/docs_tables.py:
+# the demo's table, the two quick starts' output): rerun after anything that changes their figures, and commit
+# the documents. About 3 minutes on 2 idle cores (the demo is most of it).
+docs-tables: install
+	$(PY) scripts/docs_tables.py
 
 test-rust:
 	cargo test --workspace --exclude gradwire-python --quiet

@@ -147,8 +147,8 @@ def test_demo_typos_are_usage_errors_before_anything_starts(tmp_path):
 def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
     """A valid value of a ServerSettings field other than its default, for any field type the settings use."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1
-    kind = args[0] if optional else annotation
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kind = args[0] if union and len(args) == 1 else annotation
     if typing.get_origin(kind) is typing.Literal:
         return next(c for c in typing.get_args(kind) if c != default)
     if kind is bool:
@@ -251,60 +251,26 @@ def _main_without(modules: list[str], *argv: str) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
+# Never `pip install 'gradwire[apps]'`: gradwire-server is on no registry, so that install cannot succeed.
+
+
 def test_serve_without_the_server_package_says_how_to_install_it():
     proc = _main_without(["gradwire_server"], "serve")
     assert proc.returncode == 2
-    assert "pip install 'gradwire[apps]'" in proc.stderr and "pip install ./server" in proc.stderr
+    assert proc.stderr.strip() == (
+        "gradwire serve needs gradwire_server: pip install ./server from a gradwire checkout "
+        "(gradwire-server is on no registry)"
+    )
 
 
-def test_command_line_without_the_apps_extra_says_how_to_install_it():
+def test_command_line_without_typer_says_what_to_install():
     proc = _main_without(["typer"], "demo")
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'gradwire[apps]'" in proc.stderr and "typer" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "gradwire: the command line needs typer: pip install typer"
 
 
-def test_demo_without_its_dependencies_says_how_to_install_them(tmp_path):
+def test_demo_without_its_dependencies_says_what_to_install_from_where(tmp_path):
     proc = _main_without(["sklearn", "matplotlib"], "demo", "--steps", "8", "--out", str(tmp_path))
     assert proc.returncode == 2, proc.stderr
-    assert "sklearn, matplotlib" in proc.stderr and "pip install 'gradwire[apps]'" in proc.stderr
+    assert proc.stderr.strip() == "gradwire demo needs sklearn, matplotlib: pip install scikit-learn matplotlib"
     assert not list(tmp_path.iterdir())  # nothing was started or written
-
-
-def _demo_results(tmp_path, name: str) -> list[dict]:
-    out = tmp_path / name
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gradwire_apps.cli",
-            "demo",
-            "--workers",
-            "3",
-            "--steps",
-            "16",
-            "--sync-every",
-            "4",
-            "--runs",
-            "sparseloco,dense",
-            "--no-progress",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(COLUMNS="200"),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((out / "results.json").read_text())
-
-
-def test_the_same_seed_gives_the_same_table(tmp_path):
-    # Every round waits for all of the demo's own nodes, so the machine's load cannot change what was trained:
-    # every figure of the table but the seconds is the same on a second run.
-    first, second = _demo_results(tmp_path, "one"), _demo_results(tmp_path, "two")
-    keys = ("label", "test_loss", "test_accuracy", "rounds_missed", "in_sync", "rounds", "steps", "server_hash")
-    assert [{k: r[k] for k in keys} for r in first] == [{k: r[k] for k in keys} for r in second]
-    assert all(r["rounds_missed"] == 0 and r["in_sync"] for r in first)

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from gradwire_apps.cli import serve_options
+from gradwire_server.cli import serve_options
 from gradwire_server.settings import ServerSettings
 
 

@@ -8,11 +8,15 @@ A block's info string says what it is:
   ``python given=<fixture>[,<fixture>]`` starts from the names a fixture of :data:`GIVEN` defines (a model
   with gradients, a one-rank gloo group, a registered node): what a reader has at hand at that point.
   ``python signature``: call signatures, each compared with the real one (``inspect.signature``).
+  ``python excerpt=<file>``: the short form of a complete script: every line of the block is a line of the
+  file, in order (:func:`test_an_excerpt_is_the_lines_of_its_file`); the file itself is run by a test that
+  names it, and the block is run here only if it also says ``given=``.
 - ``sh``: run here with bash, against the same server, where it is cheap.
 - ``json``: parsed; ``json RunConfig`` must be a config the server takes, naming every field of it;
   ``json status`` must name every field of a real run status.
 - ``text``: output, diagrams, grammars: not code.
-- ``<language> no-run``: not run; the block's first line is a comment saying why. A shell block's
+- ``<language> no-run``: not run; the block's first line is a comment saying why, or the flag says it
+  (``no-run=minutes-each``), so a reader's first block need not talk about this test. A shell block's
   scripts and make targets must still exist.
 """
 
@@ -91,7 +95,15 @@ KNOWN = {"python", "sh", "json", "text"}
 
 
 def _of(language: str, *, running: bool) -> list[Block]:
-    return [b for b in BLOCKS if b.language == language and ("no-run" not in b.flags) == running]
+    """The blocks of ``language`` this test runs (``running``) or does not: ``no-run``, or an excerpt whose file
+    another test runs."""
+    return [b for b in BLOCKS if b.language == language and _runs(b) == running]
+
+
+def _runs(block: Block) -> bool:
+    if block.flag("no-run") is not None:
+        return False
+    return block.flag("excerpt") is None or block.flag("given") is not None
 
 
 def test_every_block_says_what_it_is():
@@ -106,10 +118,27 @@ def test_every_block_says_what_it_is():
     silent = [
         b.id
         for b in BLOCKS
-        if "no-run" in b.flags and not COMMENT.match(b.code.splitlines()[0] if b.code.strip() else "")
+        if b.flag("no-run") == "" and not COMMENT.match(b.code.splitlines()[0] if b.code.strip() else "")
     ]
     assert not silent, f"no-run blocks whose first line is not a comment saying why: {silent}"
     assert len(_of("python", running=True)) >= 5  # the harness found the examples
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.flag("excerpt") is not None], ids=lambda b: b.id)
+def test_an_excerpt_is_the_lines_of_its_file(block):
+    """A short form shows lines of the complete script, in order (blank lines aside), so the two cannot
+    drift; and a test runs that script (it names the file)."""
+    path = ROOT / block.flag("excerpt")
+    assert path.is_file(), f"{block.id}: {path} does not exist"
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    at = 0
+    for line in filter(None, (line.strip() for line in block.code.splitlines())):
+        assert line in lines[at:], f"{block.id}: {line!r} is not a line of {path.name} after line {at}"
+        at = lines.index(line, at) + 1
+    runners = [
+        t for t in (ROOT / "tests").glob("test_*.py") if path.name in t.read_text() and t.name != Path(__file__).name
+    ]
+    assert runners, f"{block.id}: no test runs {path.name}"
 
 
 # ---------------------------------------------------------------------------------------------

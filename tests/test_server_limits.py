@@ -9,7 +9,6 @@ import hashlib
 import httpx
 import pytest
 import torch
-from pydantic import ValidationError
 
 from gradwire_server.__main__ import main as server_main
 from gradwire_server.launcher import LoopbackServer
@@ -126,10 +125,13 @@ def test_metrics_name_no_run_and_the_admin_token_comes_from_the_file(capped):
     assert client.delete(f"/v1/runs/{run_id}", headers=admin).status_code == 204
 
 
-def test_an_admin_token_in_argv_is_warned_about(capsys):
-    with pytest.raises(ValidationError):  # an invalid port: the settings fail after the warning, nothing starts
-        server_main(["--admin-token", "in-plain-sight", "--port", "-1"])
-    assert "--admin-token shows in `ps`" in capsys.readouterr().err
+def test_an_admin_token_in_argv_is_a_usage_error_that_says_where_it_goes(capsys, tmp_path):
+    with pytest.raises(SystemExit) as done:  # refused before anything starts or is created
+        server_main(["--admin-token", "in-plain-sight", "--data-dir", str(tmp_path / "data")])
+    assert done.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "a command line shows in `ps`" in err and "GRADWIRE_ADMIN_TOKEN" in err and "--admin-token-file" in err
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_store_of_the_previous_schema_is_migrated_in_place(tmp_path):

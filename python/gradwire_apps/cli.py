@@ -1,28 +1,24 @@
 """The ``gradwire`` command: ``gradwire demo`` (the distributed demo), ``gradwire serve`` and ``--version``.
 
-Its dependencies come with the ``apps`` extra; without them :func:`main` says how to install them
-instead of failing with a traceback. A wrong value is a usage error (exit status 2) before anything
-starts. ``gradwire serve``'s options are made from the fields of ``gradwire_server.settings.ServerSettings``
-(:func:`serve_options`), so every server setting is on the command line and none can drift from it.
+Its dependencies come with the ``apps`` extra; without them :func:`main` says exactly what to install and
+from where (:func:`gradwire_apps.install_hint`) instead of failing with a traceback. A wrong value is a usage
+error (exit status 2) before anything starts. ``gradwire serve`` is the server's own command
+(:func:`gradwire_server.cli.serve_command`): the same options as ``python -m gradwire_server``, made from the
+fields of ``ServerSettings``, so every server setting is on both command lines and none can drift.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import inspect
-import json
 import sys
-import types
-import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from . import INSTALL_HINT
+from . import install_hint
 from .demo.settings import MODELS
 
-__all__ = ["build_app", "main", "serve_options", "versions"]
+__all__ = ["build_app", "main", "versions"]
 
 #: ``--model``'s choices, as an annotation typer turns into a usage error for anything else.
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
@@ -35,10 +31,6 @@ def _missing(modules) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-def _server_hint() -> str:
-    return f"{INSTALL_HINT} (gradwire-server is not on PyPI: from a gradwire checkout, pip install ./server)"
-
-
 def versions() -> str:
     """``gradwire <version>``, and the installed gradwire-server's (read from the installed metadata:
     nothing is imported, so ``--version`` answers at once)."""
@@ -49,73 +41,6 @@ def versions() -> str:
         except importlib.metadata.PackageNotFoundError:
             lines.append(f"{dist} not installed" if dist != "gradwire" else f"{dist} (not installed: a source tree)")
     return "\n".join(lines)
-
-
-def _is_secret(annotation: Any) -> bool:
-    """A ``SecretStr`` field (or ``Optional[SecretStr]``): never an option, since argv shows in ``ps``."""
-    return any(getattr(a, "__name__", "") == "SecretStr" for a in (annotation, *typing.get_args(annotation)))
-
-
-def _option_type(annotation: Any) -> Any:
-    """The type typer parses an option as: ``Optional[X]`` unwrapped to ``X``; bool, int, float, str, Path
-    and ``Literal`` choices as they are; anything else read as text for pydantic to parse."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        annotation = args[0]
-    if annotation in (bool, int, float, str, Path) or typing.get_origin(annotation) is Literal:
-        return annotation
-    return str
-
-
-def serve_options(settings_cls: type) -> list[tuple[str, Any, str]]:
-    """``(field name, option type, help)`` for each field of ``settings_cls`` that ``gradwire serve`` offers as
-    ``--<field-name>``: every field but the secrets, which come from the environment (``GRADWIRE_<NAME>``)."""
-    prefix = settings_cls.model_config.get("env_prefix", "")
-    options = []
-    for name, field in settings_cls.model_fields.items():
-        if _is_secret(field.annotation):
-            continue
-        default = field.get_default(call_default_factory=True)
-        shown = default if not isinstance(default, Path) else str(default)
-        help_text = f"{field.description or ''} [{prefix}{name.upper()}; default {shown}]".strip()
-        options.append((name, _option_type(field.annotation), help_text))
-    return options
-
-
-def _serve_command(run: Callable[..., None], settings_cls: type) -> Callable[..., None]:
-    """A function with one keyword parameter per option of :func:`serve_options` (default None: not given,
-    so the environment or the field's default applies) and ``check``, whose signature typer reads."""
-    import typer
-
-    params = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=kind | None,
-            default=typer.Option(None, help=help_text, show_default=False),
-        )
-        for name, kind, help_text in serve_options(settings_cls)
-    ]
-    params.append(
-        inspect.Parameter(
-            "check",
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=bool,
-            default=typer.Option(
-                False,
-                "--check",
-                help="Check the settings, print them as JSON (secrets masked) and exit without serving.",
-            ),
-        )
-    )
-
-    def serve(**given: Any) -> None:
-        run(**given)
-
-    serve.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    serve.__annotations__ = {p.name: p.annotation for p in params}
-    serve.__doc__ = run.__doc__
-    return serve
 
 
 _SERVE_HELP = "Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C."
@@ -187,8 +112,8 @@ def build_app(*, serve_settings: bool = True):
         hidden: int | None = typer.Option(None, min=1, help="Model width (MLP hidden units, transformer d_model)."),
         aggregation: str = typer.Option(
             "bounded_mean",
-            help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); "
-            "the default bounds one node's influence.",
+            help="Aggregation rule, one of gradwire.aggregation.RULES (a wrong name lists them); the default bounds "
+            "one node's influence.",
         ),
         seed: int = typer.Option(0),
         out: Path = typer.Option(Path("demo_out"), help="Where the plot, results.json and worker logs go."),
@@ -208,8 +133,7 @@ def build_app(*, serve_settings: bool = True):
         """
         missing = _missing(DEMO_MODULES if url is None else [m for m in DEMO_MODULES if m != "gradwire_server"])
         if missing:
-            hint = _server_hint() if "gradwire_server" in missing else INSTALL_HINT
-            typer.echo(f"gradwire demo needs {', '.join(missing)}, from the apps extra: {hint}", err=True)
+            typer.echo(f"gradwire demo needs {', '.join(missing)}: {install_hint(missing)}", err=True)
             raise typer.Exit(code=2)
         try:
             settings = DemoSettings(
@@ -248,72 +172,26 @@ def build_app(*, serve_settings: bool = True):
         if not all(r.in_sync for r in results):
             raise typer.Exit(code=1)
 
-    server_missing = None
+    command, missing = None, "gradwire_server"
     if serve_settings:
         try:
-            from gradwire_server.settings import ServerSettings
-        except ImportError as exc:
-            server_missing = str(exc)
-    if not serve_settings or server_missing:
+            from gradwire_server.cli import serve_command
+
+            command = serve_command("gradwire serve")  # reads ServerSettings (its module imports torch)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or "gradwire_server"
+    if command is None:
+        said = "gradwire_server" if missing.startswith("gradwire_server") else f"gradwire_server's {missing}"
 
         @app.command(help=_SERVE_HELP, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
         def serve() -> None:
             # Only reached without the server package (main builds the options whenever serve is asked for).
-            typer.echo(
-                f"gradwire serve needs the aggregation server package ({server_missing}): {_server_hint()}", err=True
-            )
+            typer.echo(f"gradwire serve needs {said}: {install_hint(['gradwire_server'])}", err=True)
             raise typer.Exit(code=2)
 
         return app
 
-    def run_server(check: bool = False, **given: Any) -> None:
-        """Run the aggregation server (the separate gradwire-server distribution) until SIGTERM or Ctrl-C.
-
-        Every server setting is an option here and a GRADWIRE_<NAME> environment variable; an option given
-        here wins over the environment, which wins over the default. Secrets (the admin token) are never
-        options, since a command line shows in `ps`: GRADWIRE_ADMIN_TOKEN, or one is generated into
-        DATA_DIR/admin_token.
-        """
-        from pydantic import ValidationError
-
-        try:
-            settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
-        except ValidationError as exc:
-            errors = [(f"--{str(e['loc'][0]).replace('_', '-')}" if e["loc"] else None, e["msg"]) for e in exc.errors()]
-            if len(errors) == 1:
-                raise typer.BadParameter(
-                    errors[0][1], param_hint=f"'{errors[0][0]}'" if errors[0][0] else None
-                ) from None
-            raise typer.BadParameter("; ".join(f"{opt}: {msg}" if opt else msg for opt, msg in errors)) from None
-        from gradwire_server.dirlock import DataDirError, DataDirLocked, check_data_dir, lock_holder
-
-        if check:
-            typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
-            # The data directory too: whether it is usable, and whether a live server holds it.
-            try:
-                check_data_dir(settings.data_dir)
-            except DataDirError as exc:
-                typer.echo(f"gradwire serve --check: {exc}", err=True)
-                raise typer.Exit(code=2) from None
-            pid = lock_holder(settings.data_dir)
-            if pid is not None:
-                typer.echo(
-                    f"gradwire serve --check: {DataDirLocked(Path(settings.data_dir), pid if pid > 0 else None)}",
-                    err=True,
-                )
-                raise typer.Exit(code=1)
-            return
-        import gradwire_server
-
-        try:
-            gradwire_server.serve(settings)
-        except DataDirError as exc:
-            # One line, no traceback: another server holds the directory (1), or it is unusable (2).
-            typer.echo(f"gradwire serve: {exc}", err=True)
-            raise typer.Exit(code=1 if isinstance(exc, DataDirLocked) else 2) from None
-
-    app.command(name="serve")(_serve_command(run_server, ServerSettings))
-
+    app.command(name="serve")(command)
     return app
 
 
@@ -331,7 +209,7 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if exc.name not in ("typer", "click", "rich"):
             raise
-        print(f"gradwire: the command line needs {exc.name}, from the apps extra: {INSTALL_HINT}", file=sys.stderr)
+        print(f"gradwire: the command line needs {exc.name}: {install_hint([exc.name])}", file=sys.stderr)
         raise SystemExit(2) from None
     app()
 

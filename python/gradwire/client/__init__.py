@@ -4,10 +4,12 @@
   the downlink bodies (:class:`UpdateBatch`, :class:`PublishedBatch`, :func:`split_frames`).
 - :mod:`.errors`: a typed error per way a request fails (:class:`GradwireHTTPError` and its subclasses).
 - :mod:`.node`: :class:`Node`, the per-step helper of a training loop, for every registered algorithm.
+- :mod:`.admin_token`: :func:`read_admin_token`, ``GRADWIRE_ADMIN_TOKEN`` or the file the server generated.
 """
 
 from __future__ import annotations
 
+from .admin_token import AdminTokenError, read_admin_token
 from .errors import (
     AuthError,
     ConflictError,
@@ -26,6 +28,7 @@ from .http_client import GradwireClient, PublishedBatch, UpdateBatch, split_fram
 from .node import Node
 
 __all__ = [
+    "AdminTokenError",
     "AuthError",
     "ConflictError",
     "FrameRejectedError",
@@ -42,5 +45,6 @@ __all__ = [
     "RoundClosedError",
     "TooFarBehindError",
     "UpdateBatch",
+    "read_admin_token",
     "split_frames",
 ]

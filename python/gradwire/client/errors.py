@@ -21,6 +21,7 @@ __all__ = [
     "RequestRejectedError",
     "RoundClosedError",
     "TooFarBehindError",
+    "connection_error",
     "http_error",
 ]
 
@@ -30,7 +31,26 @@ class GradwireClientError(RuntimeError):
 
 
 class GradwireConnectionError(GradwireClientError):
-    """The server could not be reached (or kept failing) after every retry."""
+    """The server could not be reached (or kept failing) after every retry. Its message is one line (the
+    server's address, the request, the transport's error, the attempts); the transport's own exception is
+    ``cause`` (not chained: a script that lets it through prints no page of httpx internals)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
+
+
+def connection_error(
+    url: str, method: str, path: str, exc: BaseException, *, attempts: int, seconds: float
+) -> GradwireConnectionError:
+    """The :class:`GradwireConnectionError` for a request that failed ``attempts`` times over ``seconds``."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        said = f"no gradwire server answers at {url}: is it running? (`gradwire serve`; {detail}"
+    else:
+        said = f"the gradwire server at {url} failed {method} {path} ({type(exc).__name__}: {detail}"
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    return GradwireConnectionError(f"{said}; {tries} over {seconds:.1f} s)", exc)
 
 
 class ProtocolError(GradwireClientError):

@@ -28,7 +28,7 @@ from ..frame import SERVER_SENDER, Frame, Limits, frame_length, read_frame
 from ..protocol import API_PREFIX, HASH_HEADER, LATEST_VERSION_HEADER, MAX_WAIT_S, OCTET_STREAM, VERSION_HEADER
 from ..published import Published, read_published
 from ..state import state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
-from .errors import GradwireConnectionError, OutOfSyncError, ProtocolError, http_error
+from .errors import OutOfSyncError, ProtocolError, connection_error, http_error
 
 __all__ = ["GradwireClient", "PublishedBatch", "UpdateBatch", "split_frames"]
 
@@ -184,14 +184,16 @@ class GradwireClient:
         timeout = httpx.Timeout(self.timeout + extra_timeout, connect=self.timeout)
         sent = len(kwargs.get("content") or b"")
         attempt = 0
+        started = time.monotonic()
         while True:
             try:
                 response = self._http.request(method, path, timeout=timeout, **kwargs)
             except httpx.TransportError as exc:
                 if attempt >= self.retries or not (idempotent or isinstance(exc, _NOT_SENT)):
-                    raise GradwireConnectionError(
-                        f"{method} {self.url}{path}: {type(exc).__name__}: {exc} (after {attempt + 1} attempts)"
-                    ) from exc
+                    # One line, no chain: what failed, where, how often; the transport's error stays on .cause.
+                    raise connection_error(
+                        self.url, method, path, exc, attempts=attempt + 1, seconds=time.monotonic() - started
+                    ) from None
                 time.sleep(self._delay(attempt, None))
                 attempt += 1
                 continue

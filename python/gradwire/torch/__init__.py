@@ -10,10 +10,13 @@
 - :class:`AlgorithmOptimizer` — any registered algorithm whose versions publish a mean, by name, through
   the registry alone (its node side and ``apply``): a new algorithm needs no optimizer class of its own.
 - :class:`MuonAdamW` / :func:`muon_split` — Muon on the hidden matrices and AdamW on the rest as one optimizer,
-  e.g. SparseLoCo's inner optimizer (MuLoCo).
+  e.g. SparseLoCo's inner optimizer; :class:`MuLoCo` — that SparseLoCo, one bit both ways, a sync every 11
+  steps: the README's headline recipe as one constructor.
 - :class:`LowPrecisionDecentralized` — Bagua's low-precision decentralized SGD over fixed peers.
 - :func:`register_hook` — any of these, torch's fp16 and PowerSGD hooks, or plain DDP, by name.
-- :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment.
+- :func:`spawn` / :func:`init_from_env` — local worker processes, or ``torchrun``'s environment; under a
+  launcher of several ranks with no process group, every optimizer here raises :class:`NoProcessGroupError`
+  at its first step (:mod:`gradwire.torch.launcher_check`) instead of training each rank alone.
 
 Import it as ``import gradwire.torch`` or ``from gradwire.torch import ddp_hook``; the package
 ``gradwire`` itself does not import it, so its name never stands in for the real ``torch``.
@@ -29,6 +32,8 @@ from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import NoLauncherError, default_backend, init_from_env, spawn
+from .launcher_check import NoProcessGroupError
+from .muloco import MuLoCo
 from .muon import MuonAdamW, muon_split
 from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
@@ -40,6 +45,7 @@ __all__ = [
     "DenseAllReduceError",
     "GradwireHookState",
     "LowPrecisionDecentralized",
+    "MuLoCo",
     "MuonAdamW",
     "PowerSGDState",
     "RegisteredHook",
@@ -53,6 +59,7 @@ __all__ = [
     "hook_names",
     "init_from_env",
     "NoLauncherError",
+    "NoProcessGroupError",
     "local_gradients_hook",
     "muon_split",
     "powersgd_hook",

@@ -30,6 +30,7 @@ from ..frame import Limits
 from ..registry import build_codec
 from .all_gather_exchange import AllGatherExchange, ReportsFrameBytes
 from .ddp_guard import check_not_all_reduced
+from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["AlgorithmOptimizer"]
 
@@ -88,6 +89,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if not self._checked:
+            refuse_single_rank_launch(type(self).__name__, self._exchange.process_group, "its first step()")
             self._checked = True
             if self._exchange.world() > 1:
                 check_not_all_reduced(

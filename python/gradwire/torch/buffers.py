@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .launcher_check import refuse_single_rank_launch
+
 __all__ = ["average_buffers"]
 
 
@@ -23,7 +25,9 @@ def average_buffers(module: nn.Module, process_group: dist.ProcessGroup | None =
     """Replace every floating-point buffer of ``module`` by its mean over the ranks of ``process_group``
     (default: the default group); integer buffers (``num_batches_tracked``) are left as they are (every
     rank counts the same steps). One all-reduce per dtype and device. Returns the number of buffers
-    averaged (0 without an initialized process group, or in a group of one)."""
+    averaged (0 without an initialized process group, or in a group of one); under a launcher of several ranks
+    without a process group, :class:`~gradwire.torch.NoProcessGroupError`."""
+    refuse_single_rank_launch("average_buffers", process_group, "average_buffers() averages them")
     if not dist.is_initialized():
         return 0
     world = dist.get_world_size(process_group)

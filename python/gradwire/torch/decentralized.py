@@ -38,6 +38,7 @@ from ..codecs import Codec, IdentityCodec
 from ..errors import FrameError
 from ..frame import DEFAULT_LIMITS, Limits, decode_entry, read_frame, write_frame
 from .collectives import comm_device, exchange_bytes, gather_rows
+from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["LowPrecisionDecentralized", "ring_peers"]
 
@@ -102,6 +103,7 @@ class LowPrecisionDecentralized:
         broadcast_parameters: bool = True,
         limits: Limits | None = None,
     ):
+        refuse_single_rank_launch(type(self).__name__, process_group, "building LowPrecisionDecentralized")
         if optimizer is None and lr is None:
             raise ValueError("give an optimizer, or lr for plain SGD")
         if optimizer is not None and lr is not None:

@@ -13,6 +13,7 @@ from ..algorithms import DeMoState, default_demo_codec, demo_update
 from ..codecs.base import Codec
 from ..frame import Entry, Limits
 from ..model_record import model_record_codec
+from .constructor_checks import DEMO_REFERENCE_NAMES, checked_constructor
 from .dtensor import is_dtensor, local_grad, local_tensor
 from .optimizer_base import (
     _STATE_KEY,
@@ -68,6 +69,7 @@ class DeMo(ExchangingOptimizer, torch.optim.Optimizer):
     reach what was encoded (:mod:`gradwire.torch.overlap`).
     """
 
+    @checked_constructor(DEMO_REFERENCE_NAMES)  # reference names, the launcher, topk, dtypes
     def __init__(
         self,
         params: Iterable,

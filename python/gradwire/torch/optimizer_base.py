@@ -20,6 +20,7 @@ from .collectives import all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
 from .dtensor import like_parameter, local_tensor
 from .exchange_route import ExchangeRoute, ModelRecordLayout
+from .launcher_check import refuse_single_rank_launch
 from .reshard import reshard_share
 from .sharded import Pieces
 from .state_bytes import state_from_bytes, state_to_bytes
@@ -180,6 +181,7 @@ class ExchangingOptimizer(ReportsFrameBytes):
         """Once, at the first step in a group of more than one rank: no DDP all-reduces these gradients."""
         if self._ddp_checked:
             return
+        refuse_single_rank_launch(type(self).__name__, self.process_group, f"{type(self).__name__}.step() runs")
         self._ddp_checked = True
         if self._exchange.world() > 1:
             params = [p for _, p, _ in _named(self.param_groups)]

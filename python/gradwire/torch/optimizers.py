@@ -35,7 +35,9 @@ other owners and its re-encoded frame (once, as the all-gather path counts its f
 ``bytes_received`` the frames the other ranks sent it in phase 1 and their re-encoded frames in phase 2.
 
 Without an initialized process group (and no ``process_group``) both run as a group of one: the frame
-is still written, read back and applied, so single-process code behaves as rank 0 of one.
+is still written, read back and applied, so single-process code behaves as rank 0 of one. Under a launcher of
+several ranks (``WORLD_SIZE`` > 1) with no process group their first step raises instead
+(:class:`~gradwire.torch.NoProcessGroupError`, :mod:`gradwire.torch.launcher_check`).
 
 Parameters may be FSDP2 ``DTensor`` s (``fully_shard``): each rank encodes, exchanges and updates its own
 shard (:mod:`gradwire.torch.dtensor`), and ``process_group`` must join the replicas of that shard, e.g.

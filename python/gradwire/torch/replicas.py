@@ -15,13 +15,18 @@ import torch.distributed as dist
 from torch import nn
 
 from .collectives import comm_device
+from .launcher_check import refuse_single_rank_launch
 
 __all__ = ["replicas_agree"]
 
 
 def replicas_agree(module: nn.Module, process_group: dist.ProcessGroup | None = None) -> bool:
     """True when every rank of ``process_group`` (default: the default group) holds bit-identical
-    parameters in ``module`` (True without an initialized process group: one rank agrees with itself)."""
+    parameters in ``module`` (True without an initialized process group: one rank agrees with itself).
+
+    Never True for ranks it did not compare: a process that a launcher started as one of several ranks
+    (``WORLD_SIZE`` > 1) with no process group raises :class:`~gradwire.torch.NoProcessGroupError`."""
+    refuse_single_rank_launch("replicas_agree", process_group, "replicas_agree() compares the ranks")
     digest = hashlib.sha256()
     for p in module.parameters():
         t = p.full_tensor() if hasattr(p, "full_tensor") else p

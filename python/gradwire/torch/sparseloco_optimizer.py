@@ -18,6 +18,7 @@ from ..algorithms import (
 from ..codecs.base import Codec
 from ..frame import Limits
 from ..model_record import model_record_codec
+from .constructor_checks import SPARSELOCO_REFERENCE_NAMES, checked_constructor
 from .dtensor import local_tensor
 from .optimizer_base import (
     _STATE_KEY,
@@ -65,6 +66,7 @@ class SparseLoCo(ExchangingOptimizer, torch.optim.Optimizer):
     are :class:`DeMo`'s; the owners' error feedback holds what their re-encoded means left out.
     """
 
+    @checked_constructor(SPARSELOCO_REFERENCE_NAMES)  # reference names, the launcher, topk, dtypes
     def __init__(
         self,
         params: Iterable,

@@ -27,6 +27,8 @@ import json
 import os
 from pathlib import Path
 
+from .. import install_hint
+from .kernels import portable_kernels
 from .plot import plot_distributed
 from .report import result_json, results_table
 from .runs import DistributedResult, codec_spec, run_distributed
@@ -99,6 +101,8 @@ def run_demo(
     """
     from rich.console import Console
 
+    # Before this process's first torch kernel; the server and the workers inherit it (kernels.py).
+    os.environ.update(portable_kernels())
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped or logged: wide enough for the table on one line per run
@@ -137,8 +141,8 @@ def run_demo(
             from gradwire_server.launcher import LoopbackServer
         except ImportError as exc:
             raise RuntimeError(
-                f"the aggregation server is not installed ({exc}): pip install 'gradwire[apps]' "
-                "(from a gradwire checkout: pip install ./server; `make demo` does it)"
+                f"the aggregation server is not installed ({exc}): {install_hint(['gradwire_server'])}; "
+                "`make demo` does it"
             ) from None
         # One thread for the server's torch: it shares the cores with every worker.
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
