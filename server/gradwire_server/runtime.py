@@ -36,6 +36,8 @@ class RunRuntime:
     #: were deleted.
     checkpoint: int = 0
     dropped_to: int = 0
+    #: The last version whose weights are in the object store (``None``: no store, or none yet).
+    store_checkpoint: int | None = None
     #: Rows of updates and versions before this round were deleted (Store.prune_rows), in steps of ROW_PRUNE_EVERY.
     rows_pruned_to: int = 0
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)

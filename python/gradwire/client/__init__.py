@@ -4,6 +4,8 @@
   the downlink bodies (:class:`UpdateBatch`, :class:`PublishedBatch`, :func:`split_frames`).
 - :mod:`.errors`: a typed error per way a request fails (:class:`GradwireHTTPError` and its subclasses).
 - :mod:`.node`: :class:`Node`, the per-step helper of a training loop, for every registered algorithm.
+- :mod:`.object_store`: :class:`StoreClient`, the PUTs and GETs through the presigned (or public) URLs an
+  object-store server hands out: plain HTTP, no storage SDK, every object checked against its SHA-256.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .errors import (
     GradwireConnectionError,
     GradwireHTTPError,
     NotFoundError,
+    ObjectStoreError,
     OutOfSyncError,
     ProtocolError,
     RequestRejectedError,
@@ -24,6 +27,7 @@ from .errors import (
 )
 from .http_client import GradwireClient, PublishedBatch, UpdateBatch, split_frames
 from .node import Node
+from .object_store import StoreClient
 
 __all__ = [
     "AuthError",
@@ -35,11 +39,13 @@ __all__ = [
     "GradwireHTTPError",
     "Node",
     "NotFoundError",
+    "ObjectStoreError",
     "OutOfSyncError",
     "ProtocolError",
     "PublishedBatch",
     "RequestRejectedError",
     "RoundClosedError",
+    "StoreClient",
     "TooFarBehindError",
     "UpdateBatch",
     "split_frames",
