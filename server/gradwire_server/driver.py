@@ -273,9 +273,7 @@ class RoundDriver:
         # With an object store the version's bytes go there first, under a key of their own hash; the row
         # naming that key is part of the version's one commit below.
         objects = () if self.publisher is None else (self.publisher.put_version(rt.run_id, state.version, frame),)
-        self.store.publish(
-            rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline, objects=objects
-        )
+        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline, objects=objects)
         return Closed(state.version, frame, h, opened, inline, state.timings, time.perf_counter() - t0)
 
     async def checkpoint(self, rt: RunRuntime) -> None:
@@ -307,7 +305,9 @@ class RoundDriver:
         try:
             await asyncio.to_thread(publisher.put_checkpoint, rt.run_id, version, state, rt.config)
         except ObjectStoreUnavailable as exc:
-            log.warning("run %s: the checkpoint of version %d is not in the object store yet: %s", rt.run_id, version, exc)
+            log.warning(
+                "run %s: the checkpoint of version %d is not in the object store yet: %s", rt.run_id, version, exc
+            )
             return
         rt.store_checkpoint = version
         async with rt.lock:

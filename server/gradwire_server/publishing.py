@@ -102,7 +102,9 @@ class StorePublisher:
         last = min(version, start + MAX_MANIFEST_VERSIONS)
         listed = self.store.stored_objects(run_id, "version", start + 1, last)
         if [o.version for o in listed] != list(range(start + 1, last + 1)):
-            raise Rejected(Reason.TOO_FAR_BEHIND, f"versions after {start} are no longer kept; start from the checkpoint")
+            raise Rejected(
+                Reason.TOO_FAR_BEHIND, f"versions after {start} are no longer kept; start from the checkpoint"
+            )
         hashes = self.store.version_hashes(run_id, start + 1, last)
         versions = [{**self._entry(o), "version": o.version, "weights_hash": hashes[o.version]} for o in listed]
         end_hash = weights_hash if last == version else (hashes[last] if listed else checkpoint["weights_hash"])
@@ -116,4 +118,3 @@ class StorePublisher:
 
     def _entry(self, o: StoredObject) -> dict[str, Any]:
         return {"url": self.objects.get_url(o.key), "nbytes": o.nbytes, "sha256": o.sha256}
-

@@ -312,7 +312,8 @@ class RoundEngine:
         self._require_state(rt)
         if nbytes > rt.config.max_frame_bytes:
             raise Rejected(
-                Reason.FRAME_TOO_LARGE, f"a frame of {nbytes} bytes exceeds the limit of {rt.config.max_frame_bytes} bytes"
+                Reason.FRAME_TOO_LARGE,
+                f"a frame of {nbytes} bytes exceeds the limit of {rt.config.max_frame_bytes} bytes",
             )
         self._submissions.check_round(rt, node_id, round)
         key = self.objects.upload_key(run_id, round, node_id)
@@ -338,10 +339,14 @@ class RoundEngine:
         what = f"reading node {node_id}'s upload for round {round} of run {run_id}"
         info = await asyncio.to_thread(objects.head, key, what)
         if info is None:
-            raise Rejected(Reason.UPLOAD_NOT_FOUND, f"no object at {key!r} in {objects.url}: PUT the frame to the slot's URL first")
+            raise Rejected(
+                Reason.UPLOAD_NOT_FOUND, f"no object at {key!r} in {objects.url}: PUT the frame to the slot's URL first"
+            )
         cap = rt.config.max_frame_bytes
         if info.nbytes > cap:
-            raise Rejected(Reason.FRAME_TOO_LARGE, f"the object {key!r} is {info.nbytes} bytes, over the limit of {cap} bytes")
+            raise Rejected(
+                Reason.FRAME_TOO_LARGE, f"the object {key!r} is {info.nbytes} bytes, over the limit of {cap} bytes"
+            )
         deadline = rt.deadline()
         if (
             round == rt.version

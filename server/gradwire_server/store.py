@@ -846,7 +846,8 @@ class Store:
     @staticmethod
     def _object_row(o: StoredObject) -> tuple:
         return (
-            "INSERT OR REPLACE INTO stored_objects (run_id, version, kind, key, nbytes, sha256) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO stored_objects (run_id, version, kind, key, nbytes, sha256) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
             (o.run_id, o.version, o.kind, o.key, o.nbytes, o.sha256),
         )
 

@@ -196,7 +196,9 @@ class Node:
         after the last. Returns how many were applied."""
         versions = manifest["versions"]
         if versions and versions[0]["version"] != self.version + 1:
-            raise ProtocolError(f"node {self.node_id} at version {self.version}: the store lists {versions[0]['version']} next")
+            raise ProtocolError(
+                f"node {self.node_id} at version {self.version}: the store lists {versions[0]['version']} next"
+            )
         target = self.side.target()
         for entry in versions:
             data = self.store.get(entry)
@@ -223,8 +225,9 @@ class Node:
             self.side.synced()
             local = state_hash(self.side.target())
             if local != manifest["weights_hash"]:
+                server = manifest["weights_hash"]
                 raise OutOfSyncError(
-                    f"node {self.node_id} at version {self.version}: weights hash {local}, server {manifest['weights_hash']}"
+                    f"node {self.node_id} at version {self.version}: weights hash {local}, server {server}"
                 )
         self.weights_hash = manifest["weights_hash"]
         return len(versions)
