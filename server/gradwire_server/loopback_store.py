@@ -115,7 +115,7 @@ class LoopbackS3:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> LoopbackS3:
-        """Start ``weed mini`` (if not running) and wait until its S3 port answers."""
+        """Start ``weed mini`` (if not running) and wait until its bucket exists."""
         if self.running:
             return self
         weed = weed_binary()
@@ -158,12 +158,10 @@ class LoopbackS3:
             if self.process.poll() is not None:
                 raise S3StartError(f"weed mini exited with {self.process.returncode}:\n{self.log()}")
             try:
-                # An anonymous HEAD of the bucket: 403 once the S3 gateway (and its bucket) answers.
-                opener.open(urllib.request.Request(f"{self.endpoint}/{self.bucket}", method="HEAD"), timeout=2.0)
+                # The bucket exists once the filer lists its folder (the S3 port answers a little earlier).
+                url = f"http://127.0.0.1:{self.ports['filer.port']}/buckets/{self.bucket}/"
+                opener.open(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout=2.0)
                 return
-            except urllib.error.HTTPError as exc:
-                if exc.code in (403, 200):
-                    return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() > deadline:

@@ -45,11 +45,11 @@ class Metrics:
         # store, small JSON only (docs/SERVER.md, "Object storage").
         self.http_bytes_received = Counter(
             "gradwire_http_bytes_received",
-            "Bytes of HTTP requests received: request line, headers and body.",
+            "Bytes of API requests (/v1/...) received: request line, headers and body.",
             registry=r,
         )
         self.http_bytes_sent = Counter(
-            "gradwire_http_bytes_sent", "Bytes of HTTP responses sent: status line, headers and body.", registry=r
+            "gradwire_http_bytes_sent", "Bytes of API responses sent: status line, headers and body.", registry=r
         )
         self.object_store_bytes = Counter(
             "gradwire_object_store_bytes",

@@ -1,4 +1,4 @@
-"""Counting the bytes of the server's own HTTP traffic, headers included (``gradwire_http_bytes_*``).
+"""Counting the bytes of the server's own API traffic, headers included (``gradwire_http_bytes_*``).
 
 An ASGI layer outside the routes: each request's line, headers and body as received, each response's
 status line, headers and body as sent (the wire's HTTP/1.1 framing, less chunk markers). With an object
@@ -9,6 +9,8 @@ JSON answers (bench/object_store.py asserts at most 8 KB per node per round each
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gradwire.protocol import API_PREFIX
 
 from .metrics import Metrics
 
@@ -28,7 +30,8 @@ class TrafficCounter:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        # The API only (/v1/…): /metrics, /readyz and /healthz are the operator's, not the nodes' traffic.
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX + "/"):
             await self.app(scope, receive, send)
             return
         query = scope.get("query_string") or b""
