@@ -40,6 +40,12 @@ class StoreClient:
     def close(self) -> None:
         self._http.close()
 
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         attempt = 0
         while True:
