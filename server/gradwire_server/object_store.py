@@ -270,8 +270,13 @@ def _client_from_environment(timeout_s: float):
     """A botocore S3 client as the AWS tools make one: the endpoint (``AWS_ENDPOINT_URL``,
     ``AWS_ENDPOINT_URL_S3``), credentials, region and profile from the environment and the AWS config
     files. Path-style addressing where an endpoint is set (MinIO, SeaweedFS, GCS and R2 take it)."""
-    import botocore.session
-    from botocore.config import Config
+    try:
+        import botocore.session
+        from botocore.config import Config
+    except ImportError:
+        raise ValueError(
+            "--object-store needs botocore: pip install 'gradwire-server[object-store]' (or botocore)"
+        ) from None
 
     session = botocore.session.get_session()
     region = os.environ.get("AWS_REGION") or session.get_config_variable("region") or "us-east-1"
