@@ -442,10 +442,11 @@ def run_rounds(params: int, nodes_n: int, mode: str, store: LoopbackS3 | None, r
 
             for rnd in range(rounds):
                 frames = _round_frames(shapes, codec, nodes, rnd)
-                adamw = adamw_step_seconds(master, 3)
+                adamw = adamw_step_seconds(master, 5)
                 m0 = _metrics(c)
                 out = asyncio.run(one_round(rnd, frames))
                 m1 = _metrics(c)
+                adamw = min(adamw, adamw_step_seconds(master, 5))  # fastest of 5 before and of 5 after
                 t = out["traffic"]
                 d = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
                 rows.append(

@@ -107,3 +107,5 @@ class _Staged:
     answer: asyncio.Future | None = None
     #: :func:`.replays.update_digest` of its records (``None`` for an all-zero update, which is exempt).
     digest: bytes | None = None
+    #: What validation parsed of its records, kept for the round's close (:mod:`.prepare`).
+    parsed: dict = field(default_factory=dict, repr=False)

@@ -28,6 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
+from .prepare import parsed_while
 from .replays import update_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
@@ -169,23 +170,25 @@ class Submissions:
             return dup
         self._weight_for(rt, round)  # refuse late or early updates before parsing them
         t0 = time.perf_counter()
-        frame, norm = validate_update(
-            body,
-            spec,
-            node_id=node_id,
-            round=round,
-            max_frame_bytes=rt.config.max_frame_bytes,
-            max_update_norm=rt.config.max_update_norm,
-            model_record=record,
-            run_id=rt.run_id,
-            require_binding=rt.config.require_run_binding,
+        (frame, norm), parsed = parsed_while(
+            lambda: validate_update(
+                body,
+                spec,
+                node_id=node_id,
+                round=round,
+                max_frame_bytes=rt.config.max_frame_bytes,
+                max_update_norm=rt.config.max_update_norm,
+                model_record=record,
+                run_id=rt.run_id,
+                require_binding=rt.config.require_run_binding,
+            )
         )
         digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
-        return _Staged(node_id, round, sha, body, frame, norm, digest=digest)
+        return _Staged(node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed)
 
     async def _commit_with_group(self, rt: RunRuntime, staged: _Staged) -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
@@ -268,7 +271,7 @@ class Submissions:
                     raise
                 return
         for s in accepted.values():
-            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha)
+            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha, s.parsed)
             rt.recent.add(s.digest, s.node_id, s.round)
         submitted = len(rt.pending)
         for s in accepted.values():
