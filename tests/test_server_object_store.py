@@ -229,3 +229,20 @@ def test_a_node_joining_at_version_50_starts_from_the_stores_checkpoint(s3_store
         _loss(joiner.module, 7, 0).backward()
         assert joiner.step() == 51
         assert state_hash(joiner.params) == admin.status(run.run_id)["weights_hash"]
+
+
+def test_a_wrong_store_url_or_bucket_stops_the_start_naming_it(s3_store):
+    from pydantic import ValidationError
+
+    from gradwire_server.object_store import ObjectStore
+    from gradwire_server.settings import ServerSettings
+    from object_store_helpers import store_env
+
+    with pytest.raises(ValidationError, match="'x' is not a valid bucket name"):
+        ServerSettings(object_store="s3://x")
+    with pytest.raises(ValidationError, match="expected s3://bucket"):
+        ServerSettings(object_store="gs://bucket")
+    with store_env(s3_store):
+        store = ObjectStore("s3://no-such-bucket-here/p")
+        with pytest.raises(ValueError, match=r"s3://no-such-bucket-here/p \(endpoint http://127\.0\.0\.1:\d+\).*404"):
+            store.check()
