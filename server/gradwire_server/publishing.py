@@ -102,9 +102,10 @@ class StorePublisher:
         last = min(version, start + MAX_MANIFEST_VERSIONS)
         listed = self.store.stored_objects(run_id, "version", start + 1, last)
         if [o.version for o in listed] != list(range(start + 1, last + 1)):
-            raise Rejected(
-                Reason.TOO_FAR_BEHIND, f"versions after {start} are no longer kept; start from the checkpoint"
-            )
+            if checkpoint is None:
+                # Versions the store does not hold (published before the server had one): from its checkpoint.
+                return self.manifest(run_id, None, version, weights_hash, oldest_kept)
+            raise Rejected(Reason.TOO_FAR_BEHIND, f"versions after {start} are not in the object store")
         hashes = self.store.version_hashes(run_id, start + 1, last)
         versions = [{**self._entry(o), "version": o.version, "weights_hash": hashes[o.version]} for o in listed]
         end_hash = weights_hash if last == version else (hashes[last] if listed else checkpoint["weights_hash"])

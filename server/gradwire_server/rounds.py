@@ -84,6 +84,9 @@ class RoundEngine:
         for rec in await asyncio.to_thread(self.store.list_runs):
             rt = await self._recover(rec)
             self.runs[rt.run_id] = rt
+            if self.publisher is not None and rt.state is not None and rt.store_checkpoint is None:
+                # A run from before this server had its object store: nodes start from a checkpoint there.
+                await self._driver.store_checkpoint(rt)
             self._driver.start(rt)
             log.info(
                 "recovered run %s at version %d with %d acknowledged update(s) in round %d",
