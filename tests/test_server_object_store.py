@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import gradwire
-from gradwire.client import GradwireClient, Node
-from gradwire.state import state_hash
+from gradwire.client import GradwireClient, Node, StoreClient
+from gradwire.state import state_from_bytes, state_hash
 from object_store_helpers import publish_through_store, store_server, tell, upload
 from server_helpers import dct_frame, make_run, metric, random_grads, train_together
 
@@ -246,3 +246,23 @@ def test_a_wrong_store_url_or_bucket_stops_the_start_naming_it(s3_store):
         store = ObjectStore("s3://no-such-bucket-here/p")
         with pytest.raises(ValueError, match=r"s3://no-such-bucket-here/p \(endpoint http://127\.0\.0\.1:\d+\).*404"):
             store.check()
+
+
+def test_a_run_from_before_the_store_is_checkpointed_there_at_start(s3_store, tmp_path):
+    from gradwire_server.app import create_app
+    from gradwire_server.settings import ServerSettings
+    from server_helpers import served
+
+    with served(create_app(ServerSettings(data_dir=tmp_path / "srv", admin_token="test-admin"))) as client:
+        run = _run(client, n_nodes=1, quorum=1)
+        run.publish_rounds(_frame, 0, 2)  # through the server's own port: no store yet
+        h = run.status()["weights_hash"]
+    with store_server(s3_store, tmp_path / "srv") as (client, _):
+        run.client = client
+        manifest = client.get(run.url("/objects"), params={"since": 0}, headers=run.admin).json()
+        # Versions 1 and 2 were never written to the store: the manifest starts from the checkpoint the
+        # server wrote there at start (version 2), which a node loads and checks.
+        assert manifest["checkpoint"]["version"] == 2 and manifest["versions"] == [] and manifest["weights_hash"] == h
+        with StoreClient() as store:
+            weights = state_from_bytes(store.get(manifest["checkpoint"]["weights"]))
+        assert state_hash(weights) == h
