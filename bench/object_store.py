@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import base64
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -372,7 +373,7 @@ async def _upload(client: httpx.AsyncClient, run_id: str, node: dict, rnd: int, 
     assert slot.status_code == 200, slot.text
     s = slot.json()
     put = await client.put(s["url"], content=frame, headers=s["headers"])
-    assert put.status_code == 200, put.text
+    assert put.status_code in (200, 412), put.text  # 412: a retried PUT whose first try went through
     t.put += len(frame)
     r = await client.post(f"/v1/runs/{run_id}/rounds/{rnd}/uploaded", json={"key": s["key"]}, headers=auth)
     assert r.status_code == 202, r.text
@@ -391,14 +392,21 @@ async def _download(client: httpx.AsyncClient, run_id: str, node: dict, since: i
         t.got += len(data)
 
 
-async def _all(coros):
+async def _all(calls):
+    """Each ``call()`` (a coroutine function), ``CONCURRENCY`` at a time; a connection dropped under load
+    is retried (every request here is idempotent: a second tell is a duplicate, a second PUT a 412)."""
     sem = asyncio.Semaphore(CONCURRENCY)
 
-    async def one(c):
+    async def one(call):
         async with sem:
-            return await c
+            for attempt in range(3):
+                try:
+                    return await call()
+                except httpx.TransportError:
+                    if attempt == 2:
+                        raise
 
-    return await asyncio.gather(*(one(c) for c in coros))
+    return await asyncio.gather(*(one(c) for c in calls))
 
 
 def _adamw_steps(master: dict[str, torch.Tensor], n: int) -> list[float]:
@@ -436,11 +444,19 @@ def run_rounds(params: int, nodes_n: int, mode: str, store: LoopbackS3 | None, r
 
             async def one_round(rnd: int, frames: list[bytes]) -> dict:
                 t = Traffic()
+                # Idle connections dropped before uvicorn's 5 s keep-alive closes them (as GradwireClient
+                # does): a request sent on a connection the server is closing fails.
                 async with httpx.AsyncClient(
-                    base_url=srv.url, timeout=600, limits=httpx.Limits(max_connections=64)
+                    base_url=srv.url,
+                    timeout=600,
+                    limits=httpx.Limits(max_connections=64, keepalive_expiry=2.0),
+                    transport=httpx.AsyncHTTPTransport(
+                        retries=3, limits=httpx.Limits(max_connections=64, keepalive_expiry=2.0)
+                    ),
                 ) as ac:
                     await _all(
-                        _upload(ac, run_id, n, rnd, f, store is not None, t) for n, f in zip(nodes[:-1], frames[:-1])
+                        functools.partial(_upload, ac, run_id, n, rnd, f, store is not None, t)
+                        for n, f in zip(nodes[:-1], frames[:-1])
                     )
                     before = await asyncio.to_thread(_metrics, c)
                     await _upload(ac, run_id, nodes[-1], rnd, frames[-1], store is not None, t)
@@ -453,7 +469,7 @@ def run_rounds(params: int, nodes_n: int, mode: str, store: LoopbackS3 | None, r
                             break
                     published = time.perf_counter() - t0
                     closed = await asyncio.to_thread(_metrics, c)
-                    await _all(_download(ac, run_id, n, rnd, store is not None, t) for n in nodes)
+                    await _all(functools.partial(_download, ac, run_id, n, rnd, store is not None, t) for n in nodes)
                 return {"published": published, "close": closed["close"] - before["close"], "traffic": t}
 
             for rnd in range(rounds):
