@@ -203,7 +203,7 @@ class ObjectStore:
         except ClientError as exc:
             if _status(exc) in (404, 403) or _code(exc) in ("NoSuchKey", "NotFound", "404"):
                 return None
-            raise
+            raise ObjectStoreUnavailable(self.name, what, _client_error(exc)) from None
         return ObjectInfo(int(r["ContentLength"]), _timestamp(r))
 
     def get(self, key: str, max_bytes: int, what: str) -> bytes | None:
@@ -227,7 +227,8 @@ class ObjectStore:
         except ClientError as exc:
             if _code(exc) in ("NoSuchKey", "NotFound") or _status(exc) == 404:
                 return None
-            raise
+            # Refused by the store (its permissions, say): the store's words, as a 503 naming it.
+            raise ObjectStoreUnavailable(self.name, what, _client_error(exc)) from None
         if len(data) > max_bytes:
             raise Rejected(Reason.FRAME_TOO_LARGE, f"the object {key} is over the limit of {max_bytes} bytes")
         self._count("read", len(data))

@@ -12,6 +12,7 @@ versions after it, each with the URL to GET, its size, its SHA-256 and the weigh
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from safetensors.torch import save as st_save
@@ -20,9 +21,11 @@ from gradwire.state import pack_state_dict
 
 from .config import RunConfig
 from .errors import Reason, Rejected
-from .object_store import ObjectStore, ObjectStoreUnavailable
+from .object_store import ObjectStore
 from .store import Store, StoredObject
 from .transition import RunState
+
+log = logging.getLogger("gradwire_server.object_store")
 
 __all__ = ["MAX_MANIFEST_VERSIONS", "StorePublisher"]
 
@@ -73,8 +76,8 @@ class StorePublisher:
         if keys:
             try:
                 self.objects.delete(keys, f"deleting {len(keys)} old object(s) of run {run_id}")
-            except ObjectStoreUnavailable:
-                pass
+            except Exception as exc:  # housekeeping never fails a close: the objects are left behind
+                log.warning("run %s: %d old object(s) left in the object store: %s", run_id, len(keys), exc)
 
     def manifest(
         self, run_id: str, since: int | None, version: int, weights_hash: str, oldest_kept: int
