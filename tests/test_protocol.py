@@ -17,8 +17,9 @@ API_MD = (Path(__file__).resolve().parent.parent / "docs" / "API.md").read_text(
 def test_every_reason_has_a_4xx_status():
     # http_error keeps whatever status the web framework raised (an unexpected one); every other reason has one.
     assert set(STATUS) == set(Reason) - {Reason.HTTP_ERROR}
-    # The storage's reasons are 5xx: the request was fine, the server's disk is full (507) or failing (503).
-    storage = {Reason.INSUFFICIENT_STORAGE: 507, Reason.STORAGE_UNAVAILABLE: 503}
+    # The storage's reasons are 5xx: the request was fine, the server's disk is full (507) or failing (503),
+    # or its object store cannot be reached (503).
+    storage = {Reason.INSUFFICIENT_STORAGE: 507, Reason.STORAGE_UNAVAILABLE: 503, Reason.OBJECT_STORE_UNAVAILABLE: 503}
     assert {r: STATUS[r] for r in storage} == storage
     assert all(400 <= s < 500 for r, s in STATUS.items() if r not in storage)
 

@@ -79,6 +79,12 @@ class Reason(str, enum.Enum):
     TENSOR_MISMATCH = "tensor_mismatch"
     NON_FINITE = "non_finite"
     NORM_TOO_LARGE = "norm_too_large"
+    # uploads through the object store (docs/SERVER.md, "Object storage")
+    NO_OBJECT_STORE = "no_object_store"
+    UPLOAD_KEY_MISMATCH = "upload_key_mismatch"
+    UPLOAD_NOT_FOUND = "upload_not_found"
+    WRITTEN_AFTER_DEADLINE = "written_after_deadline"
+    OBJECT_STORE_UNAVAILABLE = "object_store_unavailable"
     # the server's storage (5xx: nothing wrong with the request; retry later)
     STORAGE_UNAVAILABLE = "storage_unavailable"
     INSUFFICIENT_STORAGE = "insufficient_storage"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,8 @@ class Update:
     node_id: int = 0
     raw: bytes = b""
     sha256: str = ""
+    #: Its records as validation parsed them (:mod:`.prepare`): the round's close starts from them.
+    prepared: dict = field(default_factory=dict, repr=False)
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}

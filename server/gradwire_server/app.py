@@ -20,11 +20,13 @@ from fastapi import FastAPI
 from .auth import hash_token
 from .http_errors import install_error_handlers
 from .metrics import Metrics
+from .object_store import ObjectStore, ObjectStoreUnavailable
 from .rounds import RoundEngine
-from .routes import health, nodes, runs, state, updates
+from .routes import health, nodes, objects, runs, state, updates
 from .settings import ServerSettings
 from .store import Store
 from .token_gate import TokenGate
+from .traffic import TrafficCounter
 from .version import __version__
 
 __all__ = ["ServerContext", "create_app"]
@@ -57,6 +59,7 @@ class ServerContext:
         self.settings = settings
         self.ready = False
         self.store: Store | None = None
+        self.objects: ObjectStore | None = None
         self.engine: RoundEngine | None = None
         self.metrics = Metrics(
             live_nodes=self._live_nodes,
@@ -113,6 +116,27 @@ class ServerContext:
         return float(self.store.live_nodes(self.settings.live_window_rounds))
 
 
+def _object_store(settings: ServerSettings, metrics: Metrics) -> ObjectStore | None:
+    """The object store of ``settings.object_store`` (None without one), its bytes and requests counted.
+    A wrong bucket or credentials stop the start with a clear error; a store that cannot be reached yet
+    does not (rounds wait for it)."""
+    if settings.object_store is None:
+        return None
+    objects = ObjectStore(
+        settings.object_store,
+        public_url=settings.object_store_public_url,
+        url_expiry_s=settings.object_store_url_expiry_s,
+        timeout_s=settings.object_store_timeout_s,
+        count=lambda direction, n: metrics.object_store_bytes.labels(direction=direction).inc(n),
+        request=lambda op, ok: metrics.object_store_requests.labels(op=op, outcome="ok" if ok else "failed").inc(),
+    )
+    try:
+        objects.check()
+    except ObjectStoreUnavailable as exc:
+        log.error("%s; starting anyway: uploads and round closes wait until it answers", exc.detail)
+    return objects
+
+
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The gradwire aggregation server as an ASGI app (serve it with uvicorn)."""
     settings = settings or ServerSettings()
@@ -121,10 +145,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx.store = Store(settings.data_dir, max_stored_bytes=settings.max_stored_bytes)
-        ctx.engine = RoundEngine(ctx.store, ctx.metrics, settings)
+        ctx.objects = await asyncio.to_thread(_object_store, settings, ctx.metrics)
+        ctx.engine = RoundEngine(ctx.store, ctx.metrics, settings, ctx.objects)
         await ctx.engine.start()
         ctx.ready = True
-        log.info("gradwire server ready: data in %s, %d run(s)", settings.data_dir, len(ctx.engine.runs))
+        log.info(
+            "gradwire server ready: data in %s%s, %d run(s)",
+            settings.data_dir,
+            "" if ctx.objects is None else f", frames and versions through the object store {ctx.objects.name}",
+            len(ctx.engine.runs),
+        )
         try:
             yield
         finally:
@@ -142,10 +172,11 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.server = ctx
 
     install_error_handlers(app, lambda reason, update: ctx.metrics.reject(reason, update=update))
-    # Outermost of the app's own layers: a body with no valid token is refused before anything reads it.
+    # A body with no valid token is refused before anything reads it; outside it, every byte is counted.
     app.add_middleware(TokenGate, server=ctx)
+    app.add_middleware(TrafficCounter, metrics=ctx.metrics)
 
     # The submission route first: it is the one every node hits every round, and routes match in order.
-    for module in (updates, health, runs, nodes, state):
+    for module in (updates, objects, health, runs, nodes, state):
         app.include_router(module.router)
     return app

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from .aggregate import Update
 from .errors import StorageFailed
 from .metrics import Metrics
+from .object_store import ObjectStoreUnavailable
+from .publishing import StorePublisher
 from .runtime import RunRuntime
 from .settings import ServerSettings
 from .store import Store
@@ -80,8 +82,17 @@ class Closed:
 class RoundDriver:
     """Every run's driver task, and the round closes, checkpoints and pruning it runs."""
 
-    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings, reload: Callable[[RunRuntime], None]):
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        settings: ServerSettings,
+        reload: Callable[[RunRuntime], None],
+        publisher: StorePublisher | None = None,
+    ):
         self.store = store
+        #: Writes versions and checkpoints to the object store (None: the server has none).
+        self.publisher = publisher
         self.metrics = metrics
         self.settings = settings
         #: Puts a run back in step with the store after a failed round close.
@@ -149,7 +160,8 @@ class RoundDriver:
 
     async def _close_failed(self, rt: RunRuntime, exc: Exception) -> None:
         """Count a failed close, log it if it is news, and schedule the retry or mark the run failed."""
-        storage = isinstance(exc, StorageFailed)
+        # A full or failing disk, or an object store that cannot be reached: retried for as long as it lasts.
+        storage = isinstance(exc, (StorageFailed, ObjectStoreUnavailable))
         cause = exc.cause if storage else f"{type(exc).__name__}: {exc}"
         self.metrics.close_failures.labels(cause="storage" if storage else "error").inc()
         same = cause == rt.close_cause
@@ -241,6 +253,8 @@ class RoundDriver:
         )
         if rt.version - rt.checkpoint >= self.settings.checkpoint_every:
             await self.checkpoint(rt)
+        if self.publisher is not None and rt.version - (rt.store_checkpoint or 0) >= self.settings.checkpoint_every:
+            await self.store_checkpoint(rt)
         return closed
 
     def close_and_publish(self, rt: RunRuntime, updates: list[Update]) -> Closed:
@@ -256,7 +270,10 @@ class RoundDriver:
         inline = state.state_bytes() <= self.settings.checkpoint_every_version_below_bytes
         if inline:
             self.store.write_checkpoint(rt.run_id, state.version, *state.checkpoint())
-        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline)
+        # With an object store the version's bytes go there first, under a key of their own hash; the row
+        # naming that key is part of the version's one commit below.
+        objects = () if self.publisher is None else (self.publisher.put_version(rt.run_id, state.version, frame),)
+        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline, objects=objects)
         return Closed(state.version, frame, h, opened, inline, state.timings, time.perf_counter() - t0)
 
     async def checkpoint(self, rt: RunRuntime) -> None:
@@ -276,6 +293,26 @@ class RoundDriver:
             await asyncio.to_thread(self._prune, rt)
         log.info("run %s: checkpoint of version %d written in %.2f s", rt.run_id, version, time.perf_counter() - t0)
 
+    async def store_checkpoint(self, rt: RunRuntime) -> None:
+        """Write the weights (and the algorithm's node state) of the current version to the object store and
+        record them: where nodes that join or come back start from. After the version was published and
+        outside the lock, like :meth:`checkpoint`. A store that cannot be reached is logged and tried
+        again after the next round: nodes then start from the store's previous checkpoint."""
+        state, publisher = rt.state, self.publisher
+        if state is None or publisher is None:
+            return
+        version = rt.version
+        try:
+            await asyncio.to_thread(publisher.put_checkpoint, rt.run_id, version, state, rt.config)
+        except ObjectStoreUnavailable as exc:
+            log.warning(
+                "run %s: the checkpoint of version %d is not in the object store yet: %s", rt.run_id, version, exc
+            )
+            return
+        rt.store_checkpoint = version
+        async with rt.lock:
+            await asyncio.to_thread(self._prune, rt)
+
     def _prune(self, rt: RunRuntime) -> None:
         self.store.prune_versions(rt.run_id, rt.version, rt.config.keep_versions, rt.checkpoint)
         keep_from = rt.keep_submissions_from()
@@ -287,6 +324,10 @@ class RoundDriver:
         # duplicate resubmission older than that is answered 410 round_closed, as a node that far behind
         # reloads the full state anyway.
         oldest = self.store.oldest_diff(rt.run_id, rt.version, rt.config.keep_versions)
+        if self.publisher is not None and rt.store_checkpoint is not None:
+            # The object store keeps its last checkpoint and every version since, and the last keep_versions.
+            self.publisher.prune(rt.run_id, min(oldest, rt.store_checkpoint))
+            oldest = min(oldest, rt.store_checkpoint + 1)
         rows_before = min(oldest, keep_from)
         if rows_before - rt.rows_pruned_to >= ROW_PRUNE_EVERY:
             try:

@@ -41,6 +41,29 @@ class Metrics:
         )
         self.bytes_in = Counter("gradwire_bytes_in", "Update frame bytes received.", registry=r)
         self.bytes_out = Counter("gradwire_bytes_out", "Update frame and state bytes sent.", registry=r)
+        # Everything the server's port carries, headers included (gradwire_server.traffic): with an object
+        # store, small JSON only (docs/SERVER.md, "Object storage").
+        self.http_bytes_received = Counter(
+            "gradwire_http_bytes_received",
+            "Bytes of API requests (/v1/...) received: request line, headers and body.",
+            registry=r,
+        )
+        self.http_bytes_sent = Counter(
+            "gradwire_http_bytes_sent", "Bytes of API responses sent: status line, headers and body.", registry=r
+        )
+        self.object_store_bytes = Counter(
+            "gradwire_object_store_bytes",
+            "Object bytes the server read from (direction=read) or wrote to (written) its object store.",
+            ["direction"],
+            registry=r,
+        )
+        self.object_store_requests = Counter(
+            "gradwire_object_store_requests",
+            "Requests the server made to its object store, by operation (head, get, put, delete) and outcome "
+            "(ok: answered; failed: unreachable or a server error).",
+            ["op", "outcome"],
+            registry=r,
+        )
         self.compression_ratio = Gauge(
             "gradwire_compression_ratio", "Dense fp32 bytes / frame bytes of the last accepted update.", registry=r
         )

@@ -66,6 +66,7 @@ class Recovery:
         rt.checkpoint = rt.dropped_to = rec.checkpoint_version
         self.store.prune(run_id, rec.version, rt.config.keep_versions, rt.checkpoint, rt.keep_submissions_from())
         rt.dropped_to = rt.keep_submissions_from()
+        rt.store_checkpoint = self.store.store_checkpoint(run_id, rec.version)
         rt.pending = {(u.node_id, sub.round): u for sub, u in self._logged_updates(run_id, rec.version)}
         for (node_id, round_), u in sorted(rt.pending.items()):  # the open round's records, remembered again
             rt.recent.add(update_digest(u.frame.entries, u.norm), node_id, round_)

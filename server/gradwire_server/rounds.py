@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,6 +42,8 @@ from .driver import Closed, RoundDriver
 from .errors import Reason, Rejected
 from .memory import reserve
 from .metrics import Metrics
+from .object_store import ObjectStore
+from .publishing import StorePublisher
 from .recovery import Recovery
 from .runtime import RunRuntime
 from .settings import ServerSettings
@@ -56,15 +59,18 @@ log = logging.getLogger("gradwire_server.rounds")
 class RoundEngine:
     """Every run's runtime, the per-run driver tasks, and the operations the routes call."""
 
-    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings):
+    def __init__(self, store: Store, metrics: Metrics, settings: ServerSettings, objects: ObjectStore | None = None):
         self.store = store
         self.metrics = metrics
         self.settings = settings
         self.device = settings.torch_device()
         self.runs: dict[str, RunRuntime] = {}
+        #: The object-store data plane (None: frames and versions through this server's port).
+        self.objects = objects
+        self.publisher = None if objects is None else StorePublisher(objects, store)
         self._recovery = Recovery(store, metrics, self.device)
         self._submissions = Submissions(store, metrics, settings)
-        self._driver = RoundDriver(store, metrics, settings, self._recovery.reload)
+        self._driver = RoundDriver(store, metrics, settings, self._recovery.reload, self.publisher)
         self._catch_ups = CatchUpSlots(settings.max_catch_ups)
         #: Set when the server shuts down: long polls stop waiting.
         self.stopping = asyncio.Event()
@@ -78,6 +84,9 @@ class RoundEngine:
         for rec in await asyncio.to_thread(self.store.list_runs):
             rt = await self._recover(rec)
             self.runs[rt.run_id] = rt
+            if self.publisher is not None and rt.state is not None and rt.store_checkpoint is None:
+                # A run from before this server had its object store: nodes start from a checkpoint there.
+                await self._driver.store_checkpoint(rt)
             self._driver.start(rt)
             log.info(
                 "recovered run %s at version %d with %d acknowledged update(s) in round %d",
@@ -159,6 +168,12 @@ class RoundEngine:
             await self.require_not_started(run_id)
             master = await asyncio.to_thread(_parse_state, source)
             h = state_hash(master)
+            if self.publisher is not None:
+                # Version 0 in the object store first (nodes start there): a store that cannot be reached
+                # refuses the state (503), nothing set.
+                objs = await asyncio.to_thread(self.publisher.put_state, run_id, 0, master, None)
+                await asyncio.to_thread(self.store.record_objects, objs)
+                rt.store_checkpoint = 0
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
             rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
             # The first close then finds its pages touched (.memory; nothing where malloc is not glibc's).
@@ -190,6 +205,7 @@ class RoundEngine:
             "deadline_in_s": None if deadline is None else max(0.0, deadline - time.time()),
             "config": rt.config.model_dump(mode="json"),
             "warnings": rt.config.warnings(),
+            "object_store": self.objects is not None,
         }
 
     def _require_state(self, rt: RunRuntime) -> dict[str, torch.Tensor]:
@@ -257,6 +273,105 @@ class RoundEngine:
                 page.close()
                 raise
         return page
+
+    # -- the object store (docs/SERVER.md, "Object storage") ---------------------------------------
+
+    def _require_objects(self) -> StorePublisher:
+        if self.publisher is None:
+            raise Rejected(
+                Reason.NO_OBJECT_STORE,
+                "this server has no object store (--object-store): submit frames to POST …/rounds/{round}/updates "
+                "and read versions from GET …/updates",
+            )
+        return self.publisher
+
+    async def objects_since(self, run_id: str, since: int | None, wait: float) -> dict:
+        """The manifest of the versions after ``since`` in the object store (``None``: a node with no
+        state, which starts from the store's checkpoint), long-polling up to ``wait`` seconds for a version
+        newer than ``since`` as :meth:`updates_since` does."""
+        publisher = self._require_objects()
+        rt = self.runtime(run_id)
+        self._require_state(rt)
+        if since is not None:
+            if since > rt.version:
+                raise Rejected(Reason.VERSION_AHEAD, f"version {since} is ahead of the run's {rt.version}")
+            if since == rt.version and wait > 0 and not self.stopping.is_set():
+                await _first_of((rt.published, self.stopping), timeout=wait)
+            if rt.deleted:
+                raise Rejected(Reason.UNKNOWN_RUN, f"run {run_id} was deleted")
+        version, h = rt.version, rt.weights_hash
+        oldest = self.store.oldest_diff(run_id, version, rt.config.keep_versions)
+        if rt.store_checkpoint is not None:
+            oldest = min(oldest, rt.store_checkpoint + 1)
+        return await asyncio.to_thread(publisher.manifest, run_id, since, version, h, oldest)
+
+    async def upload_slot(self, run_id: str, node_id: int, round: int, nbytes: int, sha256: str) -> dict:
+        """A presigned PUT for the one key of ``node_id`` in ``round``, bound to ``nbytes`` and ``sha256``
+        (and ``If-None-Match: *``): checked as a submission's headers are (the run takes updates, the round
+        is open, the size is under the run's cap)."""
+        self._require_objects()
+        rt = self.runtime(run_id)
+        self.require_accepting(rt)
+        self._require_state(rt)
+        if nbytes > rt.config.max_frame_bytes:
+            raise Rejected(
+                Reason.FRAME_TOO_LARGE,
+                f"a frame of {nbytes} bytes exceeds the limit of {rt.config.max_frame_bytes} bytes",
+            )
+        self._submissions.check_round(rt, node_id, round)
+        key = self.objects.upload_key(run_id, round, node_id)
+        url, headers, expires = self.objects.presign_put(key, nbytes, sha256)
+        return {"key": key, "url": url, "headers": headers, "expires_at": expires, "max_bytes": nbytes}
+
+    async def submit_uploaded(self, run_id: str, node_id: int, round: int, key: str) -> dict:
+        """Record the frame node ``node_id`` wrote to its key of ``round``: the key is checked, the object's
+        size (before a byte is read) and its store timestamp against the round's deadline, then it is read
+        and recorded exactly as a submitted body is (:meth:`submit`)."""
+        self._require_objects()
+        rt = self.runtime(run_id)
+        self.require_accepting(rt)
+        self._require_state(rt)
+        objects = self.objects
+        expected = objects.upload_key(run_id, round, node_id)
+        if key != expected:
+            raise Rejected(
+                Reason.UPLOAD_KEY_MISMATCH,
+                f"node {node_id}'s upload for round {round} is {expected!r}, not {key!r}: a node tells only the "
+                "key of its own slot",
+            )
+        what = f"reading node {node_id}'s upload for round {round} of run {run_id}"
+        info = await asyncio.to_thread(objects.head, key, what)
+        if info is None:
+            raise Rejected(
+                Reason.UPLOAD_NOT_FOUND, f"no object at {key!r} in {objects.url}: PUT the frame to the slot's URL first"
+            )
+        cap = rt.config.max_frame_bytes
+        if info.nbytes > cap:
+            raise Rejected(
+                Reason.FRAME_TOO_LARGE, f"the object {key!r} is {info.nbytes} bytes, over the limit of {cap} bytes"
+            )
+        deadline = rt.deadline()
+        if (
+            round == rt.version
+            and deadline is not None
+            and info.last_modified > deadline
+            and len(rt.pending) >= rt.config.min_updates
+        ):
+            # The round was due to close at its deadline: by the store's own clock this write came after it.
+            raise Rejected(
+                Reason.WRITTEN_AFTER_DEADLINE,
+                f"the object {key!r} was written at {info.last_modified:.0f} (the store's Last-Modified), after "
+                f"round {round}'s deadline {deadline:.3f}; the round closes without it",
+            )
+
+        def fetch() -> bytes:
+            data = objects.get(key, cap, what)
+            if data is None:
+                raise Rejected(Reason.UPLOAD_NOT_FOUND, f"the object {key!r} disappeared before it was read")
+            return data
+
+        async with self.upload(run_id, node_id, round, info.nbytes):
+            return await self.submit(run_id, node_id, round, fetch)
 
     def release_waiters(self) -> None:
         """Shutdown began: every long poll answers now (and none starts waiting)."""
@@ -352,7 +467,7 @@ class RoundEngine:
         self._require_state(rt)
         return self._submissions.upload(rt, node_id, round, declared)
 
-    async def submit(self, run_id: str, node_id: int, round: int, body: bytes) -> dict:
+    async def submit(self, run_id: str, node_id: int, round: int, body: bytes | Callable[[], bytes]) -> dict:
         """Validate and durably record one update; the answer means it will be counted exactly once."""
         rt = self.runtime(run_id)
         self.require_accepting(rt)

@@ -36,6 +36,8 @@ class RunRuntime:
     #: were deleted.
     checkpoint: int = 0
     dropped_to: int = 0
+    #: The last version whose weights are in the object store (``None``: no store, or none yet).
+    store_checkpoint: int | None = None
     #: Rows of updates and versions before this round were deleted (Store.prune_rows), in steps of ROW_PRUNE_EVERY.
     rows_pruned_to: int = 0
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)
@@ -105,3 +107,5 @@ class _Staged:
     answer: asyncio.Future | None = None
     #: :func:`.replays.update_digest` of its records (``None`` for an all-zero update, which is exempt).
     digest: bytes | None = None
+    #: What validation parsed of its records, kept for the round's close (:mod:`.prepare`).
+    parsed: dict = field(default_factory=dict, repr=False)

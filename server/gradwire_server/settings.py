@@ -140,6 +140,25 @@ class ServerSettings(BaseSettings):
         description="GET …/updates answers of more than one version sent at once at most; beyond, "
         "429 busy with Retry-After.",
     )
+    # The object-store data plane (docs/SERVER.md, "Object storage"; gradwire_server.object_store).
+    object_store: str | None = Field(
+        None,
+        description="s3://bucket/prefix: frames and versions go through this S3-compatible bucket (nodes get "
+        "presigned URLs; the server's own port carries small JSON only). Endpoint and credentials: "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION or a profile "
+        "(AWS_PROFILE). Unset: everything through the server's port and its data directory.",
+    )
+    object_store_public_url: str | None = Field(
+        None,
+        description="A public or CDN base URL of the bucket's prefix root (the key is appended): nodes GET "
+        "versions and checkpoints there instead of through presigned URLs.",
+    )
+    object_store_url_expiry_s: int = Field(
+        900, ge=60, le=7 * 24 * 3600, description="How long a presigned URL handed to a node stays valid."
+    )
+    object_store_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="Connect and read timeout of each request the server makes to the store."
+    )
     device: str = Field(
         "cpu",
         description="Where each run's master weights, moments and round math live: cpu, cuda or cuda:<index>. "
@@ -151,6 +170,16 @@ class ServerSettings(BaseSettings):
         if self.admin_token is not None and self.admin_token_file is not None:
             raise ValueError("set either admin_token or admin_token_file, not both")
         return self
+
+    @field_validator("object_store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from .object_store import parse_store_url
+
+        parse_store_url(value)  # raises ValueError naming what is wrong
+        return value
 
     @field_validator("device")
     @classmethod

@@ -72,7 +72,7 @@ from gradwire.state import pack_state_dict, unpack_state_dict
 from .dirlock import DataDirLock
 from .errors import Reason, Rejected, StorageFailed
 
-__all__ = ["NodeRecord", "RunRecord", "Store", "SubmissionRecord", "atomic_write", "storage_failure"]
+__all__ = ["NodeRecord", "RunRecord", "Store", "StoredObject", "SubmissionRecord", "atomic_write", "storage_failure"]
 
 log = logging.getLogger("gradwire_server.store")
 
@@ -117,6 +117,15 @@ CREATE TABLE IF NOT EXISTS submissions (
     PRIMARY KEY (run_id, node_id, round)
 );
 CREATE INDEX IF NOT EXISTS submissions_target ON submissions (run_id, target_round);
+CREATE TABLE IF NOT EXISTS stored_objects (
+    run_id   TEXT NOT NULL REFERENCES runs(run_id),
+    version  INTEGER NOT NULL,
+    kind     TEXT NOT NULL,
+    key      TEXT NOT NULL,
+    nbytes   INTEGER NOT NULL,
+    sha256   TEXT NOT NULL,
+    PRIMARY KEY (run_id, version, kind)
+);
 CREATE TABLE IF NOT EXISTS versions (
     run_id        TEXT NOT NULL REFERENCES runs(run_id),
     version       INTEGER NOT NULL,
@@ -257,6 +266,21 @@ class SubmissionRecord:
     weight: float
     norm: float
     received_at: float
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object the server wrote to its object store (docs/SERVER.md, "Object storage"): ``kind``
+    ``version`` (the bytes that publish ``version``), ``weights`` or ``algorithm`` (a checkpoint's weights,
+    and the algorithm's node state, at ``version``). Its row is committed with what it belongs to (a
+    version's in the version's own commit): only keys a commit names are ever handed to nodes."""
+
+    run_id: str
+    version: int
+    kind: str
+    key: str
+    nbytes: int
+    sha256: str
 
 
 class Store:
@@ -549,7 +573,7 @@ class Store:
             self._tx(
                 [
                     (f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-                    for table in ("submissions", "versions", "nodes", "runs")
+                    for table in ("submissions", "versions", "stored_objects", "nodes", "runs")
                 ]
             )
         with self._lock:
@@ -786,8 +810,12 @@ class Store:
         updates: int,
         opened_at: float,
         checkpoint: bool = False,
+        objects: Sequence[StoredObject] = (),
     ) -> None:
         """Durably publish ``version`` (the frame that produces it), then commit.
+
+        ``objects``: what was written to the object store for this version (already there); their rows are
+        part of the same commit.
 
         With ``checkpoint`` the state files of ``version`` were written first (:meth:`write_checkpoint`) and
         the same commit makes them the run's checkpoint. The SQLite transaction at the end is the commit
@@ -809,9 +837,51 @@ class Store:
                         "VALUES (?, ?, ?, ?, ?, ?)",
                         (run_id, version, weights_hash, len(frame), updates, time.time()),
                     ),
+                    *(self._object_row(o) for o in objects),
                 ],
                 expect_one=True,
             )
+
+    # -- the object store's rows ------------------------------------------------------------------
+
+    @staticmethod
+    def _object_row(o: StoredObject) -> tuple:
+        return (
+            "INSERT OR REPLACE INTO stored_objects (run_id, version, kind, key, nbytes, sha256) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (o.run_id, o.version, o.kind, o.key, o.nbytes, o.sha256),
+        )
+
+    def record_objects(self, objects: Sequence[StoredObject]) -> None:
+        """Commit the rows of objects written to the object store (a checkpoint's)."""
+        with self._writing("recording objects written to the object store"):
+            self._tx([self._object_row(o) for o in objects])
+
+    def stored_objects(self, run_id: str, kind: str, first: int, last: int) -> list[StoredObject]:
+        """The run's committed objects of ``kind`` for versions ``first..last``, by version."""
+        rows = self._all(
+            "SELECT run_id, version, kind, key, nbytes, sha256 FROM stored_objects WHERE run_id = ? AND kind = ? "
+            "AND version >= ? AND version <= ? ORDER BY version",
+            (run_id, kind, first, last),
+        )
+        return [StoredObject(*r) for r in rows]
+
+    def store_checkpoint(self, run_id: str, at_most: int) -> int | None:
+        """The last version ≤ ``at_most`` whose weights are in the object store, or ``None``."""
+        row = self._one(
+            "SELECT MAX(version) FROM stored_objects WHERE run_id = ? AND kind = 'weights' AND version <= ?",
+            (run_id, at_most),
+        )
+        return None if row is None or row[0] is None else int(row[0])
+
+    def prune_objects(self, run_id: str, before: int) -> list[str]:
+        """Delete the rows of the run's objects of versions before ``before`` (the caller keeps the versions
+        since its store checkpoint); returns their keys, for the caller to delete from the bucket."""
+        rows = self._all("SELECT key FROM stored_objects WHERE run_id = ? AND version < ?", (run_id, before))
+        if rows:
+            with self._writing(f"pruning object rows of run {run_id}"):
+                self._tx([("DELETE FROM stored_objects WHERE run_id = ? AND version < ?", (run_id, before))])
+        return [r[0] for r in rows]
 
     def write_checkpoint(
         self,
@@ -873,6 +943,14 @@ class Store:
         if row is None:
             raise KeyError(f"run {run_id} has no version {version}")
         return row[0]
+
+    def version_hashes(self, run_id: str, first: int, last: int) -> dict[int, str]:
+        """``{version: weights hash}`` of the run's published versions ``first..last`` still recorded."""
+        rows = self._all(
+            "SELECT version, weights_hash FROM versions WHERE run_id = ? AND version >= ? AND version <= ?",
+            (run_id, first, last),
+        )
+        return {int(v): h for v, h in rows}
 
     def oldest_diff(self, run_id: str, version: int, keep: int) -> int:
         """The oldest version whose diff is retained when the run is at ``version``."""

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from gradwire.model_record import run_spec
@@ -27,6 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
+from .prepare import parsed_while
 from .replays import update_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
@@ -76,7 +78,7 @@ class Submissions:
             raise Rejected(
                 Reason.CONFLICTING_SUBMISSION, f"node {node_id} already submitted a different update for round {round}"
             )
-        return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending)}
+        return {"round": round, "node_id": node_id, "duplicate": True, "submitted": len(rt.pending), "sha256": sha}
 
     def _weight_for(self, rt: RunRuntime, round: int) -> float:
         """1.0 for the open round; a staleness weight or a refusal for another one."""
@@ -88,6 +90,19 @@ class Submissions:
             # An update computed `s` versions ago counts with weight 1 / (1 + s) in the open round.
             return 1.0 / (1 + rt.version - round)
         raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed; the open round is {rt.version}")
+
+    def check_round(self, rt: RunRuntime, node_id: int, round: int) -> None:
+        """The round checks of :meth:`upload` that need nothing of the store: another upload of the node in
+        progress (429), the round open (409 ``round_not_open``, 410 ``round_closed``) unless this node's
+        update of it is already recorded (then its slot leads to the same key, and a tell to a duplicate)."""
+        if node_id in rt.uploading:
+            raise Rejected(
+                Reason.UPLOAD_IN_PROGRESS,
+                f"node {node_id} is already uploading an update; retry when it is answered",
+                headers={"Retry-After": "1"},
+            )
+        if (node_id, round) not in rt.pending:
+            self._weight_for(rt, round)
 
     @contextlib.asynccontextmanager
     async def upload(self, rt: RunRuntime, node_id: int, round: int, declared: int | None):
@@ -120,9 +135,10 @@ class Submissions:
         finally:
             rt.uploading.discard(node_id)
 
-    async def submit(self, rt: RunRuntime, node_id: int, round: int, body: bytes) -> dict:
+    async def submit(self, rt: RunRuntime, node_id: int, round: int, body: bytes | Callable[[], bytes]) -> dict:
         """Validate and durably record one update of ``rt`` (a run with a state); the answer means it will
-        be counted exactly once."""
+        be counted exactly once. ``body``: the frame, or a function that fetches it (from the object store),
+        called in the validation pool with the rest of the update's own work."""
         # Read on the event loop: a failed round close reloads the state in a worker thread.
         spec = rt.spec
         record = run_spec(rt.master).record_name if rt.config.model_record else None
@@ -136,36 +152,43 @@ class Submissions:
         answer = await asyncio.shield(self._commit_with_group(rt, staged))
         if not answer["duplicate"]:
             self.metrics.updates_accepted.inc()
-            self.metrics.compression_ratio.set(rt.dense_bytes / max(1, len(body)))
+            self.metrics.compression_ratio.set(rt.dense_bytes / max(1, len(staged.body)))
         return answer
 
-    def _stage(self, rt: RunRuntime, spec, record: str | None, node_id: int, round: int, body: bytes) -> _Staged | dict:
-        """In a worker thread, everything one update needs before its commit: the content hash, the early
-        refusals (a duplicate is answered here, before any parsing), full validation, and the frame's
-        file written and fsynced. What it reads of ``rt`` is checked again under the lock at the commit."""
+    def _stage(
+        self, rt: RunRuntime, spec, record: str | None, node_id: int, round: int, body: bytes | Callable[[], bytes]
+    ) -> _Staged | dict:
+        """In a worker thread, everything one update needs before its commit: the frame fetched (from the
+        object store, where ``body`` is a function), the content hash, the early refusals (a duplicate is
+        answered here, before any parsing), full validation, and the frame's file written and fsynced.
+        What it reads of ``rt`` is checked again under the lock at the commit."""
+        if callable(body):
+            body = body()
         sha = hashlib.sha256(body).hexdigest()
         dup = self._existing(rt, node_id, round, sha)
         if dup is not None:
             return dup
         self._weight_for(rt, round)  # refuse late or early updates before parsing them
         t0 = time.perf_counter()
-        frame, norm = validate_update(
-            body,
-            spec,
-            node_id=node_id,
-            round=round,
-            max_frame_bytes=rt.config.max_frame_bytes,
-            max_update_norm=rt.config.max_update_norm,
-            model_record=record,
-            run_id=rt.run_id,
-            require_binding=rt.config.require_run_binding,
+        (frame, norm), parsed = parsed_while(
+            lambda: validate_update(
+                body,
+                spec,
+                node_id=node_id,
+                round=round,
+                max_frame_bytes=rt.config.max_frame_bytes,
+                max_update_norm=rt.config.max_update_norm,
+                model_record=record,
+                run_id=rt.run_id,
+                require_binding=rt.config.require_run_binding,
+            )
         )
         digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
-        return _Staged(node_id, round, sha, body, frame, norm, digest=digest)
+        return _Staged(node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed)
 
     async def _commit_with_group(self, rt: RunRuntime, staged: _Staged) -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
@@ -248,10 +271,14 @@ class Submissions:
                     raise
                 return
         for s in accepted.values():
-            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha)
+            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha, s.parsed)
             rt.recent.add(s.digest, s.node_id, s.round)
         submitted = len(rt.pending)
         for s in accepted.values():
-            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": False, "submitted": submitted})
+            s.answer.set_result(
+                {"round": s.round, "node_id": s.node_id, "duplicate": False, "submitted": submitted, "sha256": s.sha}
+            )
         for s in duplicates:
-            s.answer.set_result({"round": s.round, "node_id": s.node_id, "duplicate": True, "submitted": submitted})
+            s.answer.set_result(
+                {"round": s.round, "node_id": s.node_id, "duplicate": True, "submitted": submitted, "sha256": s.sha}
+            )

@@ -51,6 +51,7 @@ from gradwire.state import apply_update, state_hash
 from .aggregate import Update, aggregate, published_weights
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
+from .prepare import close_parses
 
 __all__ = ["RunState", "Timings"]
 
@@ -157,7 +158,9 @@ class RunState:
     def close(self, updates: Sequence[Update]) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
         by the run's publication kind."""
-        with records_parsed_once():  # the direction check, the norms and the aggregate read each record
+        # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
+        # (.prepare), or here.
+        with records_parsed_once(close_parses(updates)):
             return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
 
     def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:

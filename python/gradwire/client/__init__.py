@@ -5,6 +5,8 @@
 - :mod:`.errors`: a typed error per way a request fails (:class:`GradwireHTTPError` and its subclasses).
 - :mod:`.node`: :class:`Node`, the per-step helper of a training loop, for every registered algorithm.
 - :mod:`.admin_token`: :func:`read_admin_token`, ``GRADWIRE_ADMIN_TOKEN`` or the file the server generated.
+- :mod:`.object_store`: :class:`StoreClient`, the PUTs and GETs through the presigned (or public) URLs an
+  object-store server hands out: plain HTTP, no storage SDK, every object checked against its SHA-256.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .errors import (
     GradwireConnectionError,
     GradwireHTTPError,
     NotFoundError,
+    ObjectStoreError,
     OutOfSyncError,
     ProtocolError,
     RequestRejectedError,
@@ -26,6 +29,7 @@ from .errors import (
 )
 from .http_client import GradwireClient, PublishedBatch, UpdateBatch, split_frames
 from .node import Node
+from .object_store import StoreClient
 
 __all__ = [
     "AdminTokenError",
@@ -38,11 +42,13 @@ __all__ = [
     "GradwireHTTPError",
     "Node",
     "NotFoundError",
+    "ObjectStoreError",
     "OutOfSyncError",
     "ProtocolError",
     "PublishedBatch",
     "RequestRejectedError",
     "RoundClosedError",
+    "StoreClient",
     "TooFarBehindError",
     "UpdateBatch",
     "read_admin_token",

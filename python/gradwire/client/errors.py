@@ -16,6 +16,7 @@ __all__ = [
     "GradwireConnectionError",
     "GradwireHTTPError",
     "NotFoundError",
+    "ObjectStoreError",
     "OutOfSyncError",
     "ProtocolError",
     "RequestRejectedError",
@@ -59,6 +60,17 @@ class ProtocolError(GradwireClientError):
 
 class OutOfSyncError(GradwireClientError):
     """The local replica's weights hash differs from the server's at the same version."""
+
+
+class ObjectStoreError(GradwireClientError):
+    """A request to the object store through a URL the server handed out failed: ``status`` is the store's
+    HTTP status (0: it could not be reached), ``detail`` the store's own words. ``status`` 412 on an
+    upload: the key was already written (``If-None-Match: *``)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"object store: {status or 'unreachable'}: {detail}")
+        self.status = status
+        self.detail = detail
 
 
 class GradwireHTTPError(GradwireClientError):
@@ -108,9 +120,12 @@ def _error_class(status: int, error: str, *, frame_request: bool) -> type[Gradwi
     if status == 409:
         return ConflictError
     if status == 410:
-        return {Reason.ROUND_CLOSED.value: RoundClosedError, Reason.TOO_FAR_BEHIND.value: TooFarBehindError}.get(
-            error, GradwireHTTPError
-        )
+        return {
+            Reason.ROUND_CLOSED.value: RoundClosedError,
+            # An upload written to the object store after the round's deadline: the round closes without it.
+            Reason.WRITTEN_AFTER_DEADLINE.value: RoundClosedError,
+            Reason.TOO_FAR_BEHIND.value: TooFarBehindError,
+        }.get(error, GradwireHTTPError)
     if status in (400, 413, 422):
         return FrameRejectedError if frame_request else RequestRejectedError
     return GradwireHTTPError

@@ -303,6 +303,48 @@ class GradwireClient:
         )
         return response.json()
 
+    # -- the object store (servers run with --object-store) -------------------------------------
+
+    def upload_slot(self, run_id: str, round: int, nbytes: int, sha256: str) -> dict:
+        """``POST …/rounds/{round}/slot``: a presigned PUT for this node's key of the round, bound to the
+        frame's size and SHA-256 (hex): ``{"key", "url", "headers", "expires_at", "max_bytes"}``."""
+        return self._request(
+            "POST",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{int(round)}/slot",
+            idempotent=True,
+            json={"nbytes": int(nbytes), "sha256": sha256},
+        ).json()
+
+    def uploaded(self, run_id: str, round: int, key: str) -> dict:
+        """``POST …/rounds/{round}/uploaded``: the frame is at ``key``; returns what :meth:`submit` returns,
+        once the server has read and durably recorded it (the same key again is a duplicate: retried)."""
+        return self._request(
+            "POST",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{int(round)}/uploaded",
+            idempotent=True,
+            frame_request=True,
+            json={"key": key},
+        ).json()
+
+    def objects(self, run_id: str, since: int | None = None, wait: float | None = None) -> dict:
+        """``GET …/objects``: where the versions after ``since`` are in the object store (``None``: the
+        store's checkpoint and the versions after it; also given when ``since`` is too far behind). The
+        answer's pages are fetched in turn and joined: ``{"version", "latest", "weights_hash",
+        "checkpoint", "versions"}`` up to the run's version."""
+        params: dict[str, Any] = {} if since is None else {"since": int(since)}
+        extra = 0.0
+        if wait is not None and since is not None:
+            params["wait"] = extra = min(float(wait), MAX_WAIT_S)
+        path = f"{API_PREFIX}/runs/{run_id}/objects"
+        manifest = self._request("GET", path, idempotent=True, params=params, extra_timeout=extra).json()
+        while manifest["version"] < manifest["latest"]:
+            page = self._request("GET", path, idempotent=True, params={"since": manifest["version"]}).json()
+            if page["checkpoint"] is not None or page["version"] <= manifest["version"]:
+                raise ProtocolError(f"a page of objects since {manifest['version']} did not continue the versions")
+            manifest["versions"] += page["versions"]
+            manifest.update(version=page["version"], latest=page["latest"], weights_hash=page["weights_hash"])
+        return manifest
+
     def updates(
         self, run_id: str, since: int, wait: float | None = None, *, limits: Limits | None = None
     ) -> UpdateBatch:

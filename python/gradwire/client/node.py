@@ -19,13 +19,21 @@ import torch
 from ..algorithms import DEFAULT_ALGORITHM, Algorithm, NodeSide, get_algorithm
 from ..binding import binding_entry, strip_binding
 from ..codecs.base import Codec
-from ..frame import decode_bundle, read_frame, write_frame
+from ..frame import SERVER_SENDER, decode_bundle, read_frame, write_frame
 from ..model_record import ModelSpec, model_record_codec, run_spec
 from ..protocol import Reason
-from ..published import apply_mean
-from ..state import apply_update, state_hash
-from .errors import ConflictError, OutOfSyncError, ProtocolError, RoundClosedError, TooFarBehindError
+from ..published import apply_mean, read_published
+from ..state import apply_update, state_from_bytes, state_hash, unpack_state_dict
+from .errors import (
+    ConflictError,
+    ObjectStoreError,
+    OutOfSyncError,
+    ProtocolError,
+    RoundClosedError,
+    TooFarBehindError,
+)
 from .http_client import GradwireClient
+from .object_store import StoreClient
 
 __all__ = ["Node"]
 
@@ -97,12 +105,18 @@ class Node:
         #: Steps whose records did not count (see above); full-state loads (joins and catch-ups).
         self.rounds_missed = 0
         self.state_loads = 0
+        #: The object store's URLs, where the run's server has one (its status says so at the first
+        #: :meth:`sync`): frames are PUT there and versions and checkpoints read from there.
+        self.store: StoreClient | None = None
 
     # -- replica ---------------------------------------------------------------------------------
 
     def _configure(self) -> None:
         """Read the run's algorithm and set up its node side (once)."""
-        self.config = self.client.status(self.run_id)["config"]
+        status = self.client.status(self.run_id)
+        self.config = status["config"]
+        if status.get("object_store") and self.store is None:
+            self.store = StoreClient(timeout=self.client.timeout)
         self.algorithm = get_algorithm(self.config.get("algorithm", DEFAULT_ALGORITHM))
         # Runs with model_record take the whole model as one record (docs/FORMAT.md section 9).
         self.model_spec = run_spec(self.params) if self.config.get("model_record") else None
@@ -116,6 +130,8 @@ class Node:
         """Load the server's full state into the replica (at start, or when too far behind)."""
         if self.config is None:
             self._configure()
+        if self.store is not None:
+            return self._sync_from_store()
         for _ in range(5):
             version = self._load_state()
             if not self.side.needs_algorithm_state:
@@ -131,6 +147,14 @@ class Node:
 
     def _load_state(self) -> int:
         state, version, weights_hash = self.client.state(self.run_id)
+        self._copy_state(state)
+        self.bytes_received += sum(t.numel() * t.element_size() for t in state.values())
+        self.version, self.weights_hash = version, weights_hash
+        self.state_loads += 1
+        return version
+
+    def _copy_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The run's weights into the replica, names and shapes checked."""
         if set(state) != set(self.params):
             raise ValueError(
                 f"the run's state names {sorted(set(state) ^ set(self.params))[:5]} differently from the replica"
@@ -141,10 +165,96 @@ class Node:
                 if tuple(src.shape) != tuple(dst.shape):
                     raise ValueError(f"run state {name!r} has shape {tuple(src.shape)}, the replica {tuple(dst.shape)}")
                 dst.copy_(src)
-        self.bytes_received += sum(t.numel() * t.element_size() for t in state.values())
-        self.version, self.weights_hash = version, weights_hash
+
+    # -- through the object store ---------------------------------------------------------------
+
+    def _sync_from_store(self) -> int:
+        """The run's state from the object store: its last checkpoint (weights, and the algorithm's node
+        state), then the versions since, each checked against its SHA-256 and the weights hash at the end."""
+        manifest = self.client.objects(self.run_id, since=None)
+        self._load_checkpoint(manifest["checkpoint"])
+        self._apply_stored(manifest)
+        return self.version
+
+    def _load_checkpoint(self, checkpoint: Mapping[str, Any]) -> None:
+        try:
+            state = state_from_bytes(self.store.get(checkpoint["weights"]))
+            algorithm = checkpoint.get("algorithm")
+            self._algorithm_state = {} if algorithm is None else unpack_state_dict(self.store.get(algorithm))
+        except ValueError as exc:
+            raise ProtocolError(f"the checkpoint of version {checkpoint['version']}: {exc}") from exc
+        self._copy_state(state)
+        self.bytes_received += int(checkpoint["weights"]["nbytes"])
+        self.version, self.weights_hash = int(checkpoint["version"]), checkpoint["weights_hash"]
+        if state_hash(self.params) != self.weights_hash:
+            raise OutOfSyncError(f"the store's checkpoint of version {self.version} does not match its weights hash")
         self.state_loads += 1
-        return version
+        self.side.loaded()
+
+    def _apply_stored(self, manifest: Mapping[str, Any]) -> int:
+        """Apply the manifest's versions (fetched from the store) to the target; the weights hash checked
+        after the last. Returns how many were applied."""
+        versions = manifest["versions"]
+        if versions and versions[0]["version"] != self.version + 1:
+            raise ProtocolError(
+                f"node {self.node_id} at version {self.version}: the store lists {versions[0]['version']} next"
+            )
+        target = self.side.target()
+        for entry in versions:
+            data = self.store.get(entry)
+            self.bytes_received += len(data)
+            version = int(entry["version"])
+            if self.algorithm.publication == "diff":
+                frame = read_frame(data)
+                if frame.round != version or frame.sender != SERVER_SENDER or not frame.bundle:
+                    raise ProtocolError(f"the store's object for version {version} is not the server's frame for it")
+                update = decode_bundle(frame, device=self.decode_device)
+                with torch.no_grad():
+                    apply_update(target, update)
+            else:
+                (published,) = read_published(data)
+                if published.version != version:
+                    raise ProtocolError(f"the store's object for version {version} publishes {published.version}")
+                mean = published.mean(device=self.decode_device)
+                with torch.no_grad():
+                    self._algorithm_state = apply_mean(
+                        self.algorithm.name, self.algorithm_config, target, mean, self._algorithm_state
+                    )
+            self.version = version
+        if versions or manifest.get("checkpoint") is not None:
+            self.side.synced()
+            local = state_hash(self.side.target())
+            if local != manifest["weights_hash"]:
+                server = manifest["weights_hash"]
+                raise OutOfSyncError(
+                    f"node {self.node_id} at version {self.version}: weights hash {local}, server {server}"
+                )
+        self.weights_hash = manifest["weights_hash"]
+        return len(versions)
+
+    def _store_catch_up(self, wait: float | None) -> int:
+        manifest = self.client.objects(self.run_id, since=self.version, wait=wait)
+        if manifest["checkpoint"] is not None:  # too far behind what the store keeps: start from its checkpoint
+            self._load_checkpoint(manifest["checkpoint"])
+        self._apply_stored(manifest)
+        return self.version
+
+    def _submit_through_store(self, round_: int, frame: bytes) -> None:
+        """Slot, PUT, tell: the frame goes to the object store, the server reads it from there. A key already
+        written (412: this node uploaded for the round before, e.g. before a restart) is told all the same:
+        whatever is there is this node's upload, and the server's answer says whether it counts."""
+        import hashlib
+
+        slot = self.client.upload_slot(self.run_id, round_, len(frame), hashlib.sha256(frame).hexdigest())
+        try:
+            self.store.put(slot["url"], slot["headers"], frame)
+        except ObjectStoreError as exc:
+            if exc.status != 412:
+                raise
+        answer = self.client.uploaded(self.run_id, round_, slot["key"])
+        if answer.get("sha256") not in (None, hashlib.sha256(frame).hexdigest()):
+            # The key held an earlier upload of this node for the round: that one counts, not this frame.
+            raise ConflictError(409, Reason.CONFLICTING_SUBMISSION.value, "an earlier upload of this node counts")
 
     def catch_up(self, wait: float | None = None) -> int:
         """Apply every version published since the replica's (long-polling up to ``wait`` s for one).
@@ -154,6 +264,8 @@ class Node:
         """
         if self.version is None:
             return self.sync()
+        if self.store is not None:
+            return self._store_catch_up(wait)
         try:
             if self.algorithm.publication == "diff":
                 version, weights_hash, applied = self._apply_diffs(wait)
@@ -233,7 +345,10 @@ class Node:
         """Submit ``frame`` for ``round_`` and wait until that round is published and applied. A frame
         that does not count goes back to the node side (``take_back``), as if nothing had been sent."""
         try:
-            self.client.submit(self.run_id, round_, frame)
+            if self.store is not None:
+                self._submit_through_store(round_, frame)
+            else:
+                self.client.submit(self.run_id, round_, frame)
         except (RoundClosedError, ConflictError) as exc:
             # round_closed: the round was published without us. conflicting_submission: this node
             # already has a different frame recorded for the round (a restarted process); that one

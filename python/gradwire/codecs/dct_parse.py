@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,17 +198,22 @@ _PARSED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("gradwire_
 
 
 @contextlib.contextmanager
-def records_parsed_once() -> Iterator[None]:
+def records_parsed_once(parsed: Mapping | None = None) -> Iterator[dict]:
     """Within the block, :func:`parse_record` parses each record object once per device and hands every
     later caller the same :class:`ParsedRecord` (which none of them modifies).
 
     A server's round close reads each node record several times — its direction check, its norm, the
     aggregate — and at 64 nodes the parsing was a third of the close. The records must not change inside
     the block; they are held until it ends, so an ``id`` is never reused for another record.
+
+    The block yields its parses; ``parsed``: the parses an earlier block yielded, to start from (a server
+    parses each update when it arrives, and its round close then starts from those parses). Whoever keeps
+    a block's parses keeps its records alive with them.
     """
-    token = _PARSED.set({})
+    memo = {} if parsed is None else dict(parsed)
+    token = _PARSED.set(memo)
     try:
-        yield
+        yield memo
     finally:
         _PARSED.reset(token)
 

@@ -41,6 +41,9 @@ class RunStatus(BaseModel):
     #: What the run's config leaves unsafe, e.g. an aggregation rule that does not bound one node's
     #: influence (docs/SERVER.md, "Rogue nodes"); empty for a safe config.
     warnings: list[str] = []
+    #: Whether frames and versions go through the server's object store (POST …/rounds/{r}/slot, GET
+    #: …/objects) rather than its own port (docs/SERVER.md, "Object storage").
+    object_store: bool = False
 
 
 @router.post(

@@ -19,6 +19,9 @@ class Accepted(BaseModel):
     node_id: int
     duplicate: bool
     submitted: int
+    #: SHA-256 (hex) of the bytes recorded for this node and round: through an object store, whether the
+    #: upload that counts is the one the node meant (a key written before, e.g. before a restart, is not).
+    sha256: str | None = None
 
 
 @router.post(
