@@ -213,10 +213,10 @@ def _decode_levels_share(state: RunState, master) -> float:
     """Seconds of the exact decode inside one downlink encode: the same encode with its reconstruction
     step timed on its own (gradwire.dct.decode_levels, wrapped for the measurement).
 
-    The DCT codec (gradwire.codecs.dct) calls ``_dct.decode_levels`` through the package ``gradwire.dct``,
-    so the wrapper replaces the name there (only there: a plain re-export, setting it on the package
-    reaches no submodule) and puts the original back afterwards."""
-    from gradwire import dct as _dct
+    The DCT codec calls ``decode_levels`` as its module, ``gradwire.dct.codec``, imported it, so the
+    wrapper replaces the name there (only there: setting it on the package ``gradwire.dct`` reaches no
+    submodule) and puts the original back afterwards."""
+    from gradwire.dct import codec as _dct
 
     spent = [0.0]
     calls = [0]
