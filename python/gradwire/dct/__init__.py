@@ -17,7 +17,8 @@ One namespace, ``gradwire.dct``, over thirteen modules, each importing only the 
   and :class:`CoefficientDomain`, where a mean is re-encoded), :mod:`.codec` (:class:`DCTCodec`, the write
   side), :mod:`.capabilities` (the capability object the frame readers find under id 1, and its decoders).
 
-The public names are re-exported here, so code calls ``gradwire.dct.X`` (``gradwire.DCTCodec`` and
+The public names are re-exported here (each module is an attribute too: ``gradwire.dct.decode``), so code
+calls ``gradwire.dct.X`` (``gradwire.DCTCodec`` and
 ``gradwire.codecs.DCTCodec`` are the codec too). This is a plain re-export: assigning a name on
 ``gradwire.dct`` rebinds it here only. A setting such as ``MATMUL_MAX_N``, ``BASIS_CACHE_BYTES`` or
 ``_EXACT_BLOCK_ELEMS`` is read from the module that defines it (``gradwire.dct.transform``,
@@ -27,21 +28,8 @@ imported it from. Patch a name there.
 
 from __future__ import annotations
 
-from . import (
-    basis,
-    capabilities,
-    chunks,
-    codec,
-    decode,
-    domain,
-    integer,
-    layout,
-    parse,
-    quantize,
-    route_choice,
-    transform,
-)
 from .basis import BASIS_CACHE_BYTES, clear_basis_cache, dct_basis
+from .capabilities import CAPABILITIES  # the capability object of codec id 1, declared as it is imported
 from .chunks import (
     MAX_TILE,
     MODE_FLAT,
@@ -86,6 +74,7 @@ from .transform import MATMUL_MAX_N, dct, dct_chunks, dct_nd, encode_chunks, idc
 
 __all__ = [
     "BASIS_CACHE_BYTES",
+    "CAPABILITIES",
     "INDEX_CODING_FIXED",
     "INDEX_CODING_RICE",
     "MATMUL_MAX_N",
@@ -101,11 +90,7 @@ __all__ = [
     "DCTCodec",
     "ParseCache",
     "ParsedRecord",
-    "basis",
-    "capabilities",
-    "chunks",
     "clear_basis_cache",
-    "codec",
     "cut_into_chunks",
     "dct",
     "dct_basis",
@@ -113,7 +98,6 @@ __all__ = [
     "dct_nd",
     "dct_record_coefficients",
     "dct_record_norm",
-    "decode",
     "decode_chunks",
     "decode_level_chunks",
     "decode_levels",
@@ -122,7 +106,6 @@ __all__ = [
     "dequantize_int8",
     "dequantize_levels",
     "digit_count",
-    "domain",
     "encode_chunks",
     "exact_int_mm",
     "fixed_point_bits",
@@ -133,28 +116,22 @@ __all__ = [
     "index_bits_for",
     "index_stream_sizes",
     "int_digits",
-    "integer",
     "largest_divisor_at_most",
-    "layout",
     "pack_params",
-    "parse",
     "parse_record",
     "plan_chunks",
     "plan_flat",
     "plan_tiles",
     "plan_tiles_or_flat",
     "put_back_chunks",
-    "quantize",
     "quantize_int8",
     "quantize_levels",
     "records_parsed_once",
-    "route_choice",
     "rows_level_sums_int",
     "select_topk",
     "set_exact_decode",
     "small_tiles",
     "tile_chunk_shape",
     "to_chunks",
-    "transform",
     "unpack_params",
 ]

@@ -244,9 +244,7 @@ def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor
         return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
     # Both stages in Rust, the matrix product between them in place.
     _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, _exact_block(device, k, dims), out, grid_cols)
-    if tiled:
-        return out.reshape(plan.shape)
-    return from_chunks(out, plan)
+    return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
 
 
 def decode_levels_weighted_sum(
@@ -272,18 +270,17 @@ def decode_levels_weighted_sum(
     bases = [fixed_point_basis(size, s, device) for size in dims]
     if not (basis_folds(dims[0], s) and basis_folds(dims[1], s)):
         return None
-    unscale = 2.0 ** (-s * len(dims))
     senders = []
     for idx, levels, scales, mins in parts:
         _check_pairs(idx, levels, plan.num_chunks)
+        sc, mn = _unscaled(scales, mins, dims, device)  # as decode_levels: the power of two folded in exactly
         senders.append(
             (
                 idx.to(torch.int64).contiguous().reshape(-1).numpy(),
                 levels.to(torch.int16).contiguous().reshape(-1).numpy(),
                 idx.shape[1],
-                # as decode_levels: the power of two folded in exactly, in float64
-                (scales.to(torch.float64) * unscale).contiguous().numpy(),
-                (mins.to(torch.float64) * unscale).contiguous().numpy(),
+                sc.contiguous().numpy(),
+                mn.contiguous().numpy(),
             )
         )
     tiled = plan.mode == MODE_TILES
