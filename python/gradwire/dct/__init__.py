@@ -1,6 +1,6 @@
 """The DCT codec (codec id 1) in one package: its math, its write side and its readers.
 
-One namespace, ``gradwire.dct``, over thirteen modules, each importing only the ones above it:
+One namespace, ``gradwire.dct``, over twelve modules, each importing only the ones above it:
 
 - the math, plain torch on any device: :mod:`.chunks` (the two chunkings, mode 0 flat and mode 1 tiles,
   :class:`ChunkPlan`), :mod:`.basis` (every basis the package uses, in the one cache that
