@@ -213,14 +213,15 @@ def _decode_levels_share(state: RunState, master) -> float:
     """Seconds of the exact decode inside one downlink encode: the same encode with its reconstruction
     step timed on its own (gradwire.dct.decode_levels, wrapped for the measurement).
 
-    The DCT codec (gradwire.codecs.dct) calls ``_dct.decode_levels`` through the package ``gradwire.dct``,
-    so the wrapper replaces the name there (only there: a plain re-export, setting it on the package
-    reaches no submodule) and puts the original back afterwards."""
-    from gradwire import dct as _dct
+    The DCT codec's modules call ``decode_levels`` as each imported it (``gradwire.dct.codec`` for a
+    bundle's records, ``gradwire.dct.parse`` for a record's own ``decode``), so the wrapper replaces the
+    name in both (setting it on the package ``gradwire.dct`` reaches no submodule) and puts the originals
+    back afterwards."""
+    from gradwire.dct import codec, parse
 
     spent = [0.0]
     calls = [0]
-    real = _dct.decode_levels
+    real = codec.decode_levels
 
     def timed(*a, **k):
         t0 = time.perf_counter()
@@ -230,12 +231,12 @@ def _decode_levels_share(state: RunState, master) -> float:
         return out
 
     diff = {n: torch.randn_like(t) * 1e-4 for n, t in master.items()}
-    _dct.decode_levels = timed
+    codec.decode_levels = parse.decode_levels = timed
     try:
         feedback = gradwire.ErrorFeedback(RunConfig().downlink.build())
         feedback.compress_bundle_reconstructed(diff)
     finally:
-        _dct.decode_levels = real
+        codec.decode_levels = parse.decode_levels = real
     if not calls[0]:
         # Zero seconds because the wrapper was never called would be a wrong number, not a fast decode.
         raise RuntimeError(

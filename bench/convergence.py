@@ -1421,7 +1421,7 @@ def verdicts(summ: Mapping[str, list[RowSummary]]) -> list[str]:
 
 def selection_of(entries) -> dict:
     """The kept DCT coefficients of a set of DCT records: per tensor, chunks and coefficients kept."""
-    from gradwire.codecs.dct_parse import parse_record
+    from gradwire.dct import parse_record
 
     tensors = []
     for e in entries:

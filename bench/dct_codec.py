@@ -79,8 +79,8 @@ def bench_k(x: torch.Tensor, k: int, repeat: int) -> dict:
 def route_times(x: torch.Tensor, k: int, repeat: int) -> dict:
     """Seconds of the exact decode of ``x``'s record at ``k`` by each route (best of ``repeat``), the bits
     checked equal across routes, and the route the decoder chooses."""
-    from gradwire.codecs.dct_parse import parse_record
     from gradwire.dct import decode as dd
+    from gradwire.dct import parse_record
 
     device = x.device
     entry, _ = gradwire.DCTCodec(chunk_shape=(64, 64), topk=k, mode="tiles").compress(x)

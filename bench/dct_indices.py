@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gradwire import DCTCodec, wire
-from gradwire.codecs.dct import unpack_params
+from gradwire.dct import unpack_params
 from gradwire_apps.progress import progress as progress_bar
 from timing import best
 

@@ -20,7 +20,7 @@ from bench_modules import load_bench
 from gradwire.algorithms import DeMoState, OuterStep, SparseLoCoState, demo_update
 from gradwire.algorithms.demo import default_demo_codec
 from gradwire.algorithms.sparseloco import default_sparseloco_codec
-from gradwire.codecs.dct import DCTCodec
+from gradwire.dct import DCTCodec
 from gradwire.feedback import ErrorFeedback
 from gradwire.frame import write_frame
 

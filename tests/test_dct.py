@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwire import dct as D
-from gradwire.dct import transform as T  # owns the basis cache and its settings; patch them here
+from gradwire.dct import basis as B  # owns the one basis cache and its bound; patch them here
+from gradwire.dct import transform as T  # owns MATMUL_MAX_N; patch it here
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -136,7 +137,7 @@ def test_fft_path_matches_scipy_for_every_length(monkeypatch, n):
     torch.testing.assert_close(D.idct_chunks(D.dct_chunks(x)), x, atol=1e-12, rtol=0)
     np.testing.assert_allclose(D.dct(x, 1).numpy(), scipy.fft.dct(x.numpy(), axis=1, norm="ortho"), atol=1e-12)
     torch.testing.assert_close(D.idct(D.dct(x, 1), 1), x, atol=1e-12, rtol=0)
-    assert {key[0] for key in T._BASES} == {"twiddle"}  # the FFT path ran, no basis matrix was built
+    assert {key[0] for key in B._CACHE} == {"twiddle"}  # the FFT path ran, no basis matrix was built
 
 
 def test_long_axes_never_build_a_basis_matrix():
@@ -146,18 +147,39 @@ def test_long_axes_never_build_a_basis_matrix():
     X = D.dct_chunks(x)
     np.testing.assert_allclose(X.double().numpy(), scipy.fft.dct(x.double().numpy(), axis=1, norm="ortho"), atol=1e-4)
     torch.testing.assert_close(D.idct_chunks(X), x, atol=1e-5, rtol=0)
-    assert all(key[0] != "basis" for key in T._BASES)
-    assert any(key[0] == "twiddle" for key in T._BASES)  # the cache looked at is the one the FFT filled
+    assert all(key[0] != "basis" for key in B._CACHE)
+    assert any(key[0] == "twiddle" for key in B._CACHE)  # the cache looked at is the one the FFT filled
 
 
 def test_basis_cache_is_bounded(monkeypatch):
     D.clear_basis_cache()
-    monkeypatch.setattr(T, "BASIS_CACHE_BYTES", 3 * 64 * 64 * 4)
+    monkeypatch.setattr(B, "BASIS_CACHE_BYTES", 3 * 64 * 64 * 4)
     for n in (64, 63, 62, 61, 60):
         D.dct_basis(n)
-    assert T._cache_bytes <= 3 * 64 * 64 * 4
-    assert [key[1] for key in T._BASES][-1] == 60  # the most recent stays
+    assert B.cache_bytes() <= 3 * 64 * 64 * 4
+    assert [key[1] for key in B._CACHE][-1] == 60  # the most recent stays
     D.clear_basis_cache()
+
+
+def test_one_clear_basis_cache_forgets_every_basis_of_every_kind(monkeypatch):
+    # float bases, the FFT's twiddles, the exact decode's fixed-point bases, whether they fold, and the
+    # integer route's digit bases: one cache, one bound, one clear
+    from gradwire.dct.integer import integer_basis
+
+    D.clear_basis_cache()
+    D.dct_basis(16)
+    codec = D.DCTCodec(topk=5, mode="tiles")
+    entry, recon = codec.compress(_rand((64, 64), dtype=torch.float32, seed=2))
+    integer_basis(64, D.fixed_point_bits((64, 64)), "cpu")
+    with monkeypatch.context() as m:
+        m.setattr(T, "MATMUL_MAX_N", 0)
+        D.dct(_rand((3, 5), seed=1))
+    assert {key[0] for key in B._CACHE} == {"basis", "twiddle", "fixed_point", "folds", "integer"}
+    assert B.cache_bytes() == sum(B._nbytes(v) for v in B._CACHE.values()) > 0
+    D.clear_basis_cache()
+    assert not B._CACHE and B.cache_bytes() == 0
+    # rebuilt from the same float64 matrix: the same bits
+    assert torch.equal(D.parse_record(entry).decode(), recon)
 
 
 def test_dct_rejects_integer_tensors():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import gc
 import math
 import struct
 
@@ -12,7 +14,7 @@ import torch
 
 import gradwire
 from gradwire import FrameError, wire
-from gradwire.codecs.dct import DCTCodec, index_bits_for, pack_params, unpack_params
+from gradwire.dct import DCTCodec, index_bits_for, pack_params, unpack_params
 from gradwire.frame import read_frame, write_frame
 
 CUDA = torch.cuda.is_available()
@@ -479,7 +481,7 @@ def test_bad_scales_and_mins_are_rejected(name, value, rule):
 
 
 def test_checks_run_before_the_dense_output_is_allocated(monkeypatch):
-    import gradwire.dct
+    from gradwire.dct import parse
 
     def boom(*a, **k):
         raise AssertionError("dense output allocated before validation")
@@ -488,9 +490,9 @@ def test_checks_run_before_the_dense_output_is_allocated(monkeypatch):
     e = _good()
     e.shape = (1 << 30,)  # a 4 GiB output if it were allocated
     e.params = _params(e, pad_count=0)
-    # The decoder allocates the dense output in ``decode_levels``, which gradwire.codecs.dct calls as
-    # ``_dct.decode_levels`` through the package: the spy goes there. A valid record reaches it.
-    monkeypatch.setattr(gradwire.dct, "decode_levels", boom)
+    # The decoder allocates the dense output in ``decode_levels``, which the parser's ``decode_parsed``
+    # calls as gradwire.dct.parse imported it: the spy goes there. A valid record reaches it.
+    monkeypatch.setattr(parse, "decode_levels", boom)
     with pytest.raises(AssertionError, match="dense output allocated"):
         _decode_edited(good)
     with pytest.raises(FrameError, match="section 'idx' must hold"):
@@ -515,7 +517,7 @@ def test_decoder_rejects_a_hostile_record_from_raw_bytes_too():
 
 
 def _mode_of(codec, shape):
-    from gradwire.codecs.dct import unpack_params
+    from gradwire.dct import unpack_params
 
     entry, recon = codec.compress(torch.randn(*shape, generator=torch.Generator().manual_seed(0)), "x")
     assert torch.equal(recon, gradwire.decode_entry(entry))
@@ -560,7 +562,7 @@ def test_tile_fallback_uses_the_configured_chunk_shape():
 
 
 def test_records_parsed_once_shares_a_parse_per_record_object_inside_the_block():
-    from gradwire.codecs.dct_parse import parse_record, records_parsed_once
+    from gradwire.dct import parse_record, records_parsed_once
 
     entry, _ = DCTCodec(mode="tiles", topk=8).compress(_rand((128, 64), seed=31))
     twin = read_frame(write_frame([entry])).entries[0]  # equal bytes, another object
@@ -689,7 +691,7 @@ def _mixed_records(seed: int):
 
 
 def test_records_decoded_together_are_bit_identical_to_each_decoded_alone(monkeypatch):
-    from gradwire.codecs import dct_decode as cd
+    from gradwire.dct import capabilities as cd
     from gradwire.frame import decode_entries, decode_entry
 
     entries = _mixed_records(1)
@@ -703,7 +705,7 @@ def test_records_decoded_together_are_bit_identical_to_each_decoded_alone(monkey
 
 
 def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_batch_is_decoded(monkeypatch):
-    from gradwire.codecs import dct_decode as cd
+    from gradwire.dct import capabilities as cd
     from gradwire.frame import Entry, decode_entries
 
     entries = _mixed_records(2)
@@ -729,7 +731,7 @@ def test_a_hostile_record_among_records_decoded_together_is_refused_before_the_b
 
 def test_the_exact_mean_with_records_decoded_together_has_the_same_bits(monkeypatch):
     from gradwire import aggregation
-    from gradwire.codecs import dct_decode as cd
+    from gradwire.dct import capabilities as cd
 
     senders = [_mixed_records(s) for s in range(3)]
     weights = [0.5, 0.3, 0.2]
@@ -760,9 +762,10 @@ def test_cuda_bundles_encode_and_decode_together_to_the_bits_the_cpu_decodes():
 
 @pytest.mark.parametrize("value_bits,topk", [(8, 22), (2, 472)])
 def test_an_own_record_taken_as_kept_is_what_parsing_its_bytes_gives(value_bits, topk):
-    """Inside own_records_trusted a record the codec wrote skips the parse: what it returns must be exactly
-    what the hostile-input parser reads from the record's bytes (positions, levels, grid, coefficients)."""
-    from gradwire.codecs.dct_parse import _parse_record, own_records_trusted, parse_record
+    """A record handed to the parser in its codec's own_records skips the parse: what it returns must be
+    exactly what the hostile-input parser reads from the record's bytes (positions, levels, grid,
+    coefficients); any other record object, a copy of it included, is parsed as hostile input."""
+    from gradwire.dct import parse_record
 
     codec = gradwire.DCTCodec(chunk_shape=(64, 64), topk=topk, mode="tiles", value_bits=value_bits, index_coding="rice")
     g = torch.Generator().manual_seed(5)
@@ -772,15 +775,36 @@ def test_an_own_record_taken_as_kept_is_what_parsing_its_bytes_gives(value_bits,
         "v": torch.randn(64, 192, generator=g),
     }
     done = codec.compress_bundle(tensors)
-    for name, (entry, _) in done.items():
-        parsed = _parse_record(entry, torch.device("cpu"))
-        with own_records_trusted():
-            kept = parse_record(entry)
+    entries = [e for e, _ in done.values()]
+    own = codec.own_records(entries, "cpu")
+    assert len(own) == len(entries)
+    # a codec knows only its own records: a twin with the same settings wrote none of these
+    assert len(gradwire.DCTCodec(chunk_shape=(64, 64), topk=topk, mode="tiles").own_records(entries)) == 0
+    for entry in entries:
+        parsed = parse_record(entry)  # no cache: parsed from its sections
+        kept = parse_record(entry, cache=own)
+        assert kept is own.get(entry, "cpu") and kept is not parsed
         for field in ("idx", "levels", "scales", "mins", "values"):
             a, b = getattr(kept, field), getattr(parsed, field)
-            assert a.dtype == b.dtype and torch.equal(a, b), (name, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), (entry.name, field)
         assert kept.k == parsed.k and kept.plan == parsed.plan
-        # any other record object (what a peer's bytes become) is parsed as hostile input, trusted or not
+        # any other record object (what a peer's bytes become) is parsed as hostile input, cache or not
         tampered = dataclasses.replace(entry, sections={**entry.sections, "scale": -entry.sections["scale"]})
-        with own_records_trusted(), pytest.raises(FrameError, match="scales must be > 0"):
-            parse_record(tampered)
+        with pytest.raises(FrameError, match="scales must be > 0"):
+            parse_record(tampered, cache=own)
+        read_back = read_frame(write_frame([entry])).entries[0]
+        assert own.get(read_back, "cpu") is None
+        assert torch.equal(parse_record(read_back, cache=own).values, parsed.values)
+
+
+def test_a_record_a_codec_wrote_leaves_its_own_records_as_it_dies():
+    codec = gradwire.DCTCodec(topk=8, mode="tiles")
+    entry, _ = codec.compress(_rand((128, 64), seed=3))
+    assert len(codec.own_records([entry])) == 1
+    held = len(codec._written.by_id)
+    del entry
+    gc.collect()
+    assert len(codec._written.by_id) == held - 1
+    # a copy of the codec (the sharded exchange's downlink twin) starts with no records of its own
+    kept, _ = codec.compress(_rand((64, 64), seed=4))
+    assert len(copy.deepcopy(codec)._written.by_id) == 0 and len(codec.own_records([kept])) == 1

@@ -10,12 +10,13 @@ import torch
 
 from gradwire import WireError, _native
 from gradwire.dct import transform as T
+from gradwire.dct.basis import basis_f64
 
 
 def _reference(x: torch.Tensor, inverse: bool) -> torch.Tensor:
     """The orthonormal 2-D transform of each chunk by float64 basis matrices."""
     rows, cols = x.shape[-2:]
-    dr, dc = T._basis_f64(rows), T._basis_f64(cols)
+    dr, dc = basis_f64(rows), basis_f64(cols)
     x64 = x.to(torch.float64)
     if inverse:
         return dr.T @ x64 @ dc

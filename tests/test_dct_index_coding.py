@@ -12,8 +12,7 @@ import torch
 import gradwire
 from gradwire import DCTCodec, ErrorFeedback, FrameError, wire
 from gradwire.accumulate import make_accumulator
-from gradwire.codecs.dct import INDEX_CODING_FIXED, INDEX_CODING_RICE, index_stream_sizes, unpack_params
-from gradwire.codecs.dct_parse import parse_record
+from gradwire.dct import INDEX_CODING_FIXED, INDEX_CODING_RICE, index_stream_sizes, parse_record, unpack_params
 from gradwire.frame import write_frame
 
 CUDA = torch.cuda.is_available()

@@ -4,7 +4,7 @@ bits; its digit counts come from bounds, not data; a device picks a route by mea
 import pytest
 import torch
 
-from gradwire.dct import decode, route_choice
+from gradwire.dct import basis, decode, route_choice
 from gradwire.dct.integer import digit_count, exact_int_mm, int_digits, integer_basis, rows_level_sums_int
 
 
@@ -21,7 +21,7 @@ def test_integer_sums_equal_float64_route(dims, k):
     levels = torch.randint(0, 256, (nb, k), generator=g)
     levels[0] = 255  # extreme levels: with k = C (every position), the largest sums the bounds allow
     s = decode.fixed_point_bits(dims)
-    bases = [decode._int_basis(n, s, torch.device("cpu")) for n in dims]
+    bases = [basis.fixed_point_basis(n, s, "cpu") for n in dims]
     ref_l, ref_o = decode._dense_level_sums(idx, levels, dims, bases)
     got_l, got_o = rows_level_sums_int(idx, levels, dims, [integer_basis(n, s, torch.device("cpu")) for n in dims])
     assert got_l.dtype == torch.int64

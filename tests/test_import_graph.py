@@ -232,3 +232,49 @@ def test_the_architecture_table_check_sees_a_wrong_row():
     assert _row_of("gradwire.torch.hooks", keys) == "torch/"
     assert _row_of("gradwire.frame", keys) == "frame"
     assert _row_of("gradwire.state", keys) is None
+
+
+# -- the DCT codec's package: no module reaches into another's private names ------------------------
+
+DCT_PACKAGE = "gradwire.dct"
+
+
+def _private_imports(name: str, source: str, package: str, is_package: bool = False) -> list[str]:
+    """``name``'s imports of private names (``_x``) from other modules of ``package`` (``is_package``:
+    ``name`` is a package's ``__init__``, which relative imports start from)."""
+    own_package = name if is_package else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = own_package.split(".")
+            target = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if target != package and not target.startswith(package + ".") or target == name:
+            continue
+        out += [f"{name} imports {alias.name} from {target}" for alias in node.names if alias.name.startswith("_")]
+    return out
+
+
+def test_no_module_of_the_dct_package_imports_a_private_name_of_another():
+    modules = {m: p for m, p in _modules().items() if m == DCT_PACKAGE or m.startswith(DCT_PACKAGE + ".")}
+    assert len(modules) > 10
+    offenders = [
+        hit
+        for m, p in sorted(modules.items())
+        for hit in _private_imports(m, p.read_text(), DCT_PACKAGE, p.name == "__init__.py")
+    ]
+    assert not offenders, offenders
+
+
+def test_the_private_import_check_sees_one():
+    source = "from .transform import _basis_f64, dct\nfrom ..frame import _private\nfrom . import _native\n"
+    assert _private_imports("gradwire.dct.decode", source, "gradwire.dct") == [
+        "gradwire.dct.decode imports _basis_f64 from gradwire.dct.transform",
+        "gradwire.dct.decode imports _native from gradwire.dct",
+    ]
+    assert _private_imports("gradwire.dct", "from .basis import _CACHE\n", "gradwire.dct", is_package=True) == [
+        "gradwire.dct imports _CACHE from gradwire.dct.basis"
+    ]

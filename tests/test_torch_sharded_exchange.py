@@ -8,7 +8,7 @@ bit-identically and are refused in a group of another size, and a refusal that r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -528,7 +528,14 @@ def _refusal_run(rank: int, world: int, case: str) -> dict:
             return real(entries, round=round + 7, sender=sender, bundle=bundle)
 
         sharded.write_frame = wrong_round
-    model = _net() if case == "bad-frame" else nn.Sequential(nn.Linear(IN, CLASSES + rank))
+    if case == "hostile-record" and rank == 1:
+        real = sharded.write_frame
+
+        def negative_scales(entries, **kw):  # a hostile peer: records its codec never wrote, scales < 0
+            return real([replace(e, sections={**e.sections, "scale": -e.sections["scale"]}) for e in entries], **kw)
+
+        sharded.write_frame = negative_scales
+    model = _net() if case in ("bad-frame", "hostile-record") else nn.Sequential(nn.Linear(IN, CLASSES + rank))
     opt = gt.DeMo(model.parameters(), lr=0.01, piece_numel=PIECE)
     loss = model(x).square().mean()
     loss.backward()
@@ -541,9 +548,13 @@ def _refusal_run(rank: int, world: int, case: str) -> dict:
     return dict(err=err)
 
 
-@pytest.mark.parametrize("case", ["bad-frame", "other-shapes"])
+@pytest.mark.parametrize("case", ["bad-frame", "other-shapes", "hostile-record"])
 def test_a_refusal_reaches_every_rank_instead_of_a_hang(case):
     results = gt.spawn(_refusal_run, 3, (case,), timeout_s=30)
     assert all(r["err"] for r in results), results
+    if case == "hostile-record":
+        # the owners took their own records as kept and parsed rank 1's, of the same pieces, as hostile
+        assert all("scales must be > 0" in r["err"] or "refused" in r["err"] for r in results), results
+        assert sum("scales must be > 0" in r["err"] for r in results) >= 1, results
     if case == "other-shapes":
         assert all("other pieces than rank 0" in r["err"] for r in results)

@@ -48,7 +48,7 @@ the records' codec has a fused path (:func:`gradwire.frame.weighted_sum_fused`: 
 the CPU), it runs this same sequence chunk by chunk in one Rust pass, without writing each decoded tensor
 out: the same bits, in less time.
 
-(The transform-domain sum of :class:`gradwire.codecs.dct_domain.DCTAccumulator` is faster but ends in one
+(The transform-domain sum of :class:`gradwire.dct.DCTAccumulator` is faster but ends in one
 float32 inverse transform, a matrix product whose rounding follows the BLAS and thread count: it is not
 used by the exact path.)
 

@@ -384,14 +384,8 @@ def expand_model_mean(mean: Mapping[str, torch.Tensor], spec: ModelSpec) -> Mapp
 
 
 def model_record_codec(codec: Codec) -> Codec:
-    """The codec for a model record's flat vector: a tile-mode DCT codec becomes its flat-mode twin
-    (chunks of its ``chunk_shape``; tiles of a vector would be 64 elements long); any other codec is
-    used as it is."""
-    from .codecs.dct import DCTCodec
-    from .dct import MODE_TILES
-
-    if isinstance(codec, DCTCodec) and codec.mode == MODE_TILES:
-        return DCTCodec(
-            codec.chunk_shape, codec.topk, "flat", codec.index_coding, codec.value_bits, topk_scaling=codec.topk_scaling
-        )
-    return codec
+    """The codec for a model record's flat vector: :meth:`codec.flat_vector_codec()
+    <gradwire.codecs.base.Codec.flat_vector_codec>` (a tile-mode DCT codec becomes its flat-mode twin,
+    chunks of its ``chunk_shape``, since tiles of a vector would be 64 elements long; any other codec is
+    used as it is)."""
+    return codec.flat_vector_codec()

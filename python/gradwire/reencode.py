@@ -7,10 +7,13 @@ buffer to the aggregate, compresses the sum with the downlink codec and keeps th
 node's records (an inverse transform each), the downlink's forward transform of the sum, the top-k, and
 the exact decode of the result.
 
-When the downlink is a :class:`~gradwire.DCTCodec` that cuts a tensor into the same chunks as the nodes'
-float32 DCT records of it (the default of DeMo and SparseLoCo runs: the downlink is the nodes' codec with
-another ``k`` and value width) and the rule is a weighted mean (no trim), :class:`ReencodeFeedback` runs
-the same error feedback in the coefficient domain instead. The transform is linear and orthonormal, so
+When the downlink codec has a coefficient domain (:meth:`Codec.coefficient_domain
+<gradwire.codecs.base.Codec.coefficient_domain>`: the :class:`~gradwire.DCTCodec`'s,
+:class:`gradwire.dct.CoefficientDomain`) that takes the nodes' records of a tensor (float32 DCT records cut
+into the same chunks as the downlink cuts it: the default of DeMo and SparseLoCo runs, where the downlink is
+the nodes' codec with another ``k`` and value width) and the rule is a weighted mean (no trim),
+:class:`ReencodeFeedback` runs the same error feedback in the coefficient domain instead. The DCT is linear
+and orthonormal, so
 
 - the aggregate's coefficients are ``Σ wᵢ · (node i's sparse coefficients)``, scattered straight into the
   buffer (no decode of the node records, no forward transform);
@@ -39,13 +42,9 @@ from typing import Any
 
 import torch
 
-from . import _native
-from . import dct as _dct
 from .aggregation import _by_name, exact_mean, exact_trimmed_mean, sender_weights
 from .codecs import statedict as sd
 from .codecs.base import Codec
-from .codecs.dct import DCTCodec, dequantize_levels
-from .codecs.dct_parse import ParsedRecord, parse_record
 from .feedback import ErrorFeedback
 from .frame import Entry
 
@@ -60,11 +59,13 @@ STATE_FORMAT = "gradwire.reencode/1"
 
 class ReencodeFeedback:
     """The downlink error feedback of a sender that re-encodes a weighted mean of node records: each
-    tensor's residual in the DCT coefficient domain where its records allow (module docstring), else in
-    parameter space (:attr:`feedback`)."""
+    tensor's residual in the codec's coefficient domain where its records allow (module docstring), else
+    in parameter space (:attr:`feedback`)."""
 
     def __init__(self, codec: Codec):
         self.codec = codec
+        #: The codec's coefficient domain (``None``: every residual in parameter space).
+        self.domain = codec.coefficient_domain()
         #: The parameter-domain residuals (every codec; the tensors the coefficient domain cannot take).
         self.feedback = ErrorFeedback(codec)
         #: Coefficient-domain residuals: ``{name: (tensor shape, float32 (num_chunks, C))}``.
@@ -79,6 +80,7 @@ class ReencodeFeedback:
         trim: int = 0,
         device=None,
         lap: Callable[[str], None] | None = None,
+        own_records: Any = None,
     ) -> dict[str, tuple[Entry, torch.Tensor]]:
         """The senders' exact aggregate (``weights``, or the trimmed mean when ``trim`` > 0, as
         :func:`gradwire.aggregation.exact_aggregate`) plus the residuals, compressed with the codec:
@@ -87,15 +89,18 @@ class ReencodeFeedback:
         ``records`` as :func:`~gradwire.aggregation.exact_mean` takes them (``ValueError`` if senders
         disagree on names or shapes; :class:`~gradwire.FrameError` for a record that does not decode).
         ``lap("aggregate")`` is called once the aggregate is in, for a caller that times the parts.
+        ``own_records``: what the caller's codec kept of the records it wrote itself (:meth:`Codec.own_records
+        <gradwire.codecs.base.Codec.own_records>`), which the coefficient domain takes as kept; every
+        other record is parsed as hostile input.
         """
         weights = sender_weights(records, weights, "re-encoding")
         dev = torch.device("cpu") if device is None else torch.device(device)
         per_sender = _by_name(records)[1]
         names = sorted(per_sender[0])
-        parsed: dict[str, list[ParsedRecord]] = {}
-        if not trim:
+        parsed: dict[str, list] = {}
+        if not trim and self.domain is not None:
             for name in names:
-                same_chunks = self._coefficient_records(name, [mine[name] for mine in per_sender], dev)
+                same_chunks = self.domain.parse([mine[name] for mine in per_sender], dev, own_records)
                 if same_chunks is not None:
                     parsed[name] = same_chunks
         rest = [name for name in names if name not in parsed]
@@ -105,88 +110,16 @@ class ReencodeFeedback:
             mean = exact_trimmed_mean(rest_records, trim, dev) if trim else exact_mean(rest_records, weights, dev)
         # Weights rounded to float32 once, as exact_mean rounds them.
         w32 = [float(torch.tensor(float(w), dtype=torch.float32)) for w in weights]
-        sums = {name: self._add_aggregate(name, recs, w32, dev) for name, recs in parsed.items()}
+        sums = {}
+        for name, recs in parsed.items():
+            shape = tuple(per_sender[0][name].shape)
+            sums[name] = (shape, self._coefficient_residual(name, shape, dev))
+            self.domain.add(sums[name][1], recs, w32)
         if lap is not None:
             lap("aggregate")
         done = self.reencode_mean({name: mean[name] for name in rest})
-        done.update(self._reencode_coefficient_buffers(sums))
+        done.update(self.domain.compress(sums) if sums else {})
         return {name: done[name] for name in names}
-
-    def _coefficient_records(
-        self, name: str, entries: Sequence[Entry], device: torch.device
-    ) -> list[ParsedRecord] | None:
-        """``entries`` parsed, if the coefficient domain can take them: float32 DCT records all cut as
-        the downlink codec cuts the tensor; ``None`` otherwise."""
-        if not isinstance(self.codec, DCTCodec):
-            return None
-        if any(e.codec != DCTCodec.codec_id or e.dtype != torch.float32 for e in entries):
-            return None
-        plan = self.codec.plan(entries[0].shape)
-        parsed = []
-        for e in entries:
-            p = parse_record(e, device)
-            if p.plan != plan:
-                return None
-            parsed.append(p)
-        return parsed
-
-    def _add_aggregate(
-        self, name: str, parsed: Sequence[ParsedRecord], w32: Sequence[float], device: torch.device
-    ) -> torch.Tensor:
-        """The residual's coefficients plus ``Σ wᵢ · parsed[i]``, added in place in sender order (one
-        rounded multiply and one rounded add per coefficient, as :func:`exact_mean` combines its decoded
-        tensors); ``(num_chunks, C)``."""
-        plan = parsed[0].plan
-        c = plan.chunk_numel
-        buf = self._coefficient_residual(name, plan, device)
-        flat = buf.reshape(-1)
-        for p, w in zip(parsed, w32):
-            if device.type == "cpu":
-                _native.scatter_add_rows(
-                    p.idx.contiguous().reshape(-1).numpy(),
-                    p.values.contiguous().reshape(-1).numpy(),
-                    p.k,
-                    c,
-                    w,
-                    flat.numpy(),
-                )
-                continue
-            pos = (p.idx + torch.arange(plan.num_chunks, device=device).unsqueeze(1) * c).reshape(-1)
-            # A record's positions are distinct: no colliding writes, no atomics.
-            flat.index_copy_(0, pos, flat.index_select(0, pos) + p.values.reshape(-1) * w)
-        if plan.pad_count:
-            _drop_padding(buf, plan)
-        return buf
-
-    def _reencode_coefficient_buffers(self, sums: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
-        """Compress every buffer (a residual plus this round's aggregate) and keep in each what receivers
-        do not get: the buffer less the dequantized values of its kept coefficients. Buffers of one chunk
-        shape go together (one top-k, quantization, host copy and exact decode per chunk shape:
-        :meth:`DCTCodec.compress_coefficient_groups <gradwire.DCTCodec.compress_coefficient_groups>`,
-        whose records and decodes are byte for byte those of one buffer at a time)."""
-        if not sums:
-            return {}
-        assert isinstance(self.codec, DCTCodec)
-        groups: dict[tuple[int, ...], list[tuple[str, torch.dtype, _dct.ChunkPlan]]] = {}
-        for name in sums:
-            plan = self.codec.plan(self._coefficients[name][0])
-            groups.setdefault(plan.chunk_shape, []).append((name, torch.float32, plan))
-        items = [
-            (members, torch.cat([sums[n] for n, _, _ in members]) if len(members) > 1 else sums[members[0][0]])
-            for members in groups.values()
-        ]
-        done, kept = self.codec.compress_coefficient_groups(items)
-        for (members, _), (idx, levels, scales, mins) in zip(items, kept):
-            values = dequantize_levels(levels, scales, mins)
-            row = 0
-            for name, _, plan in members:
-                rows = slice(row, row + plan.num_chunks)
-                row += plan.num_chunks
-                buf = sums[name]
-                at = idx[rows].to(buf.device)
-                # What receivers read for the kept coefficients leaves the buffer (as one buffer at a time).
-                buf.scatter_(1, at, buf.gather(1, at).sub_(values[rows].to(buf.device)))
-        return done
 
     def reencode_mean(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """An aggregate computed already (``{name: tensor}``) plus the residuals, compressed in parameter
@@ -201,38 +134,37 @@ class ReencodeFeedback:
                 del self._coefficients[name]
         return self.feedback.compress_bundle_reconstructed(mean) if mean else {}
 
-    def _coefficient_residual(self, name: str, plan: _dct.ChunkPlan, device: torch.device) -> torch.Tensor:
+    def _coefficient_residual(self, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``name``'s coefficient-domain residual (stored, or the parameter-domain one transformed, or
         zeros), registered as the buffer this round adds into."""
+        layout = self.domain.layout(shape)
         held = self._coefficients.get(name)
         if held is not None:
-            shape, buf = held
-            if shape != plan.shape or tuple(buf.shape) != (plan.num_chunks, plan.chunk_numel):
+            kept_shape, buf = held
+            if kept_shape != shape or tuple(buf.shape) != layout:
                 raise ValueError(
-                    f"tensor {name!r} has shape {plan.shape} but its coefficient residual was kept "
-                    f"for shape {shape}; call reset(name) if the tensor changed"
+                    f"tensor {name!r} has shape {shape} but its coefficient residual was kept "
+                    f"for shape {kept_shape}; call reset(name) if the tensor changed"
                 )
             buf = buf.to(device)
         else:
             r = self.feedback.residual(name)
             if r is None:
-                buf = torch.zeros((plan.num_chunks, plan.chunk_numel), dtype=torch.float32, device=device)
+                buf = torch.zeros(layout, dtype=torch.float32, device=device)
             else:
-                if tuple(r.shape) != plan.shape:
+                if tuple(r.shape) != shape:
                     raise ValueError(
-                        f"tensor {name!r} has shape {plan.shape} but its residual has "
+                        f"tensor {name!r} has shape {shape} but its residual has "
                         f"{tuple(r.shape)}; call reset(name) if the tensor changed"
                     )
-                buf = _dct.encode_chunks(r.to(device=device, dtype=torch.float32), plan).contiguous()
+                buf = self.domain.forward(r.to(device), shape)
                 self.feedback.reset(name)
-        self._coefficients[name] = (plan.shape, buf)
+        self._coefficients[name] = (shape, buf)
         return buf
 
     def _parameter_view(self, name: str) -> torch.Tensor:
         shape, buf = self._coefficients[name]
-        assert isinstance(self.codec, DCTCodec)
-        plan = self.codec.plan(shape)
-        return _dct.from_chunks(_dct.idct_chunks(buf.reshape(plan.num_chunks, *plan.chunk_shape)), plan)
+        return self.domain.inverse(buf, shape)
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Add ``sent`` (``{name: parameter-space tensor}``) back into the residuals, as
@@ -244,9 +176,7 @@ class ReencodeFeedback:
             if held is None:
                 rest[name] = value
                 continue
-            assert isinstance(self.codec, DCTCodec)
-            plan = self.codec.plan(held[0])
-            held[1].add_(_dct.encode_chunks(value.to(device=held[1].device, dtype=torch.float32), plan))
+            held[1].add_(self.domain.forward(value.to(held[1].device), held[0]))
         if rest:
             self.feedback.take_back(rest)
 
@@ -312,17 +242,17 @@ class ReencodeFeedback:
         for name, held in sd.mapping(state["coefficients"], "ReencodeFeedback state 'coefficients'").items():
             what = f"coefficient residual {name!r}"
             held = sd.fields(held, what, ("shape", "chunks"))
-            if not isinstance(self.codec, DCTCodec):
+            if self.domain is None:
                 raise ValueError(
-                    f"{what}: a coefficient-domain residual needs a DCT downlink codec, this one is {self.codec!r}"
+                    f"{what}: a coefficient-domain residual needs a downlink codec with a coefficient domain"
+                    f" (the DCT codec), this one is {self.codec!r}"
                 )
             shape = tuple(sd.integer(d, f"{what} 'shape'") for d in sd.sequence(held["shape"], f"{what} 'shape'"))
             chunks = sd.tensor(held["chunks"], f"{what} 'chunks'", floating=True)
-            plan = self.codec.plan(shape)
-            if tuple(chunks.shape) != (plan.num_chunks, plan.chunk_numel):
+            layout = self.domain.layout(shape)
+            if tuple(chunks.shape) != layout:
                 raise ValueError(
-                    f"{what}: {tuple(chunks.shape)} coefficients, but the codec cuts shape {shape} "
-                    f"into ({plan.num_chunks}, {plan.chunk_numel})"
+                    f"{what}: {tuple(chunks.shape)} coefficients, but the codec cuts shape {shape} into {layout}"
                 )
             coefficients[name] = (shape, chunks.detach().to(torch.float32).clone().contiguous())
         self.feedback.load_state_dict({"residuals": state["residuals"], "codec": state["codec"]})
@@ -336,12 +266,3 @@ class ReencodeFeedback:
             f"ReencodeFeedback({self.codec!r}, coefficient residuals={len(self._coefficients)}, "
             f"parameter residuals={len(self.feedback.names())})"
         )
-
-
-def _drop_padding(buf: torch.Tensor, plan: _dct.ChunkPlan) -> None:
-    """Project the last chunk of ``buf`` (mode 0, ``plan.pad_count`` > 0) onto the tensor: what decoding
-    keeps of it, without the component only the dropped padding held."""
-    c = plan.chunk_numel
-    last = _dct.idct_chunks(buf[-1:].reshape(1, *plan.chunk_shape)).reshape(c)
-    last[c - plan.pad_count :] = 0.0
-    buf[-1] = _dct.dct_chunks(last.reshape(1, *plan.chunk_shape)).reshape(c)

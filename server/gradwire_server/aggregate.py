@@ -20,6 +20,7 @@ import torch
 
 from gradwire import aggregation
 from gradwire.aggregation import RULES
+from gradwire.dct import ParseCache
 from gradwire.frame import Entry, Frame
 from gradwire.sender_history import SenderHistory, trusted_weights
 
@@ -40,7 +41,7 @@ class Update:
     raw: bytes = b""
     sha256: str = ""
     #: Its records as validation parsed them (:mod:`.prepare`): the round's close starts from them.
-    prepared: dict = field(default_factory=dict, repr=False)
+    prepared: ParseCache | None = field(default=None, repr=False)
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}

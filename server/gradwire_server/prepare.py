@@ -5,7 +5,7 @@ An update is fetched (from the object store, where the server has one), hashed, 
 its norm computed in the validation pool, one thread per core, the Rust kernels releasing the GIL
 (:mod:`.submissions`). Parsing a DCT record — every section checked, its positions and coefficients
 unpacked — was a third of a 64-node close, and the close did it again for every record. So validation runs
-inside :func:`gradwire.codecs.dct_parse.records_parsed_once`, the update keeps what it parsed
+inside :func:`gradwire.dct.records_parsed_once`, the update keeps what it parsed
 (:attr:`.aggregate.Update.prepared`), and the round's close starts from every update's parses
 (:func:`close_parses`): its direction check, norms and aggregate read each record without parsing it again.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from gradwire.accumulate import entry_coefficients
 from gradwire.capabilities import capabilities_of
-from gradwire.codecs.dct_parse import records_parsed_once
+from gradwire.dct import ParseCache, records_parsed_once
 from gradwire.frame import Frame
 
 from .aggregate import Update
@@ -27,7 +27,7 @@ from .aggregate import Update
 __all__ = ["close_parses", "parsed_while"]
 
 
-def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, float], dict]:
+def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, float], ParseCache]:
     """``fn()`` (a validation: ``(frame, norm)``), then the frame's records read into their codec's domain
     as the close reads them (for a codec that has a sparse domain: its parse), and those parses, to keep
     with the update. Validation itself checks the sections without building them (its norm stays in
@@ -40,9 +40,10 @@ def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, fl
     return (frame, norm), parsed
 
 
-def close_parses(updates: Sequence[Update]) -> dict:
+def close_parses(updates: Sequence[Update]) -> ParseCache:
     """The parses a round's close starts from: every update's, kept since it arrived."""
-    merged: dict = {}
+    merged = ParseCache()
     for u in updates:
-        merged.update(u.prepared)
+        if u.prepared is not None:
+            merged.merge(u.prepared)
     return merged

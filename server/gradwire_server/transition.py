@@ -41,7 +41,7 @@ import torch
 from gradwire import ErrorFeedback, decode_bundle, read_frame
 from gradwire.aggregation import NormHistory, update_norm
 from gradwire.algorithms import exact_aggregate
-from gradwire.codecs.dct_parse import records_parsed_once
+from gradwire.dct import records_parsed_once
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.reencode import ReencodeFeedback

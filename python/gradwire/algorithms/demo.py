@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from ..codecs import DCTCodec
 from ..codecs import statedict as sd
 from ..codecs.base import Codec
-from ..codecs.dct import DCTCodec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .. import _native
+from ..codecs import DCTCodec
 from ..codecs import statedict as sd
 from ..codecs.base import Codec
-from ..codecs.dct import DCTCodec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .adamw import AdamWConfig

@@ -1,6 +1,8 @@
 """Codecs: one file per codec, all following :class:`gradwire.codecs.base.Codec`.
 
 Pick one by name with :func:`make_codec` (``make_codec("dct", topk=32)``) or build the class directly.
+The DCT codec lives in a package of its own, :mod:`gradwire.dct` (its math, its write side and its
+readers), and is re-exported here.
 The registry holds wire formats only: :class:`gradwire.Accordion`, a policy choosing between two codecs
 per layer, lives above this package (:mod:`gradwire.accordion`).
 """
@@ -9,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import dct_capabilities  # noqa: F401  (declares the DCT codec's capabilities)
+from ..dct import DCTCodec  # the DCT codec's package, gradwire.dct (it declares its capabilities)
 from .base import Codec
-from .dct import DCTCodec
 from .gcomp import GComp, GCompDecoderState
 from .identity import IdentityCodec
 from .minmax import MinMaxUInt8

@@ -15,18 +15,39 @@ The protocol also declares:
   starts, random generators, codebooks), as a nested dict with str keys whose leaves are tensors or
   JSON-plain values. A fresh codec built with the same arguments and given that state continues exactly
   as the original would. Stateless codecs return ``{}`` and refuse anything else.
+- The write side, what the layers above ask of a codec's records before they exist, so that none of
+  them needs to know which codec it holds: :meth:`Codec.cut` (the parts of a tensor whose records are
+  the whole tensor's, for the sharded exchange), :meth:`Codec.bytes_per_element` (about what a record
+  costs), :meth:`Codec.flat_vector_codec` (the codec for a model record's flat vector),
+  :meth:`Codec.coefficient_domain` (a domain where a weighted mean of its records is re-encoded without
+  decoding them) and :meth:`Codec.own_records` (what it kept of records it wrote, for its readers). The
+  defaults suit any codec: whole tensors, dense float32's cost, itself, no coefficient domain, nothing
+  kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from ..frame import Entry, Frame, decode, decode_bundle, write_frame
 
-__all__ = ["Codec"]
+__all__ = ["Codec", "TensorPart"]
+
+
+@dataclass(frozen=True)
+class TensorPart:
+    """A part of a tensor, in ``shape``: elements ``start:stop`` of the flattened tensor, or, with
+    ``columns``, columns ``start:stop`` of the tensor's matrix view ``(shape[0], numel / shape[0])``."""
+
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    columns: bool = False
 
 
 class Codec:
@@ -71,6 +92,40 @@ class Codec:
             raise ValueError(f"{type(self).__name__} state must be a dict, got {type(state).__name__}")
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, got keys {', '.join(map(repr, state))}")
+
+    # -- the write side: what the layers above ask of the records before they exist ------------------
+
+    def cut(self, shape: Sequence[int], max_numel: int) -> list[TensorPart]:
+        """How a tensor of ``shape`` may be cut into parts of at most about ``max_numel`` elements whose
+        records carry exactly what the whole tensor's record would for those elements (the sharded
+        exchange gives the parts to different owners, :func:`gradwire.torch.sharded.cut_tensor`), in
+        order; one part, the whole tensor, where it may not be cut. The default never cuts."""
+        shape = tuple(int(d) for d in shape)
+        return [TensorPart(0, math.prod(shape), shape)]
+
+    def bytes_per_element(self) -> float:
+        """About how many bytes a record spends per element of its tensor, its headers aside: what the
+        sharded exchange weighs a cut's balance against its records' headers with
+        (:func:`gradwire.torch.sharded.balanced_cut`). The default is dense float32's 4.0."""
+        return 4.0
+
+    def flat_vector_codec(self) -> Codec:
+        """The codec for one flat vector of a whole model (a model record, :mod:`gradwire.model_record`):
+        the default is this codec itself."""
+        return self
+
+    def coefficient_domain(self) -> Any:
+        """A domain where a weighted mean of this codec's records is re-encoded without decoding them
+        (:class:`gradwire.reencode.ReencodeFeedback`; the DCT codec's is
+        :class:`gradwire.dct.CoefficientDomain`); ``None`` (the default) where the mean is taken in
+        parameter space."""
+        return None
+
+    def own_records(self, entries, device=None) -> Any:
+        """What this codec kept of those of ``entries`` it wrote itself (the very objects), in the form its
+        readers take in place of parsing them again (the DCT codec's: a :class:`gradwire.dct.ParseCache`);
+        ``None`` (the default) when it keeps nothing."""
+        return None
 
     def encode(self, tensor: torch.Tensor, *, name: str = "", round: int = 0, sender: int = 0) -> bytes:
         """A tensor frame holding ``tensor`` compressed."""

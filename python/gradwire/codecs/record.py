@@ -2,7 +2,7 @@
 
 Decoders treat a record as hostile input: every helper here raises :class:`~gradwire.errors.FrameError`
 with a message of the form ``record 'name': codec: rule`` before anything of the tensor's size is
-allocated. Every codec's decoder (and DCT's :func:`~gradwire.codecs.dct.parse_record`) goes through
+allocated. Every codec's decoder (and DCT's :func:`~gradwire.dct.parse_record`) goes through
 these helpers, so a rule is worded the same way for all of them. Encoders use the same helpers to put
 float payloads (f16, bf16, f32) into sections.
 """

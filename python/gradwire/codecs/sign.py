@@ -28,7 +28,7 @@ from .. import wire
 from ..capabilities import CodecCapabilities, declare
 from ..frame import Entry
 from . import record as rec
-from .base import Codec
+from .base import Codec, TensorPart
 
 __all__ = ["OneBit", "SignSGD", "pack_sign_bits", "unpack_sign_bits"]
 
@@ -102,6 +102,29 @@ class OneBit(Codec):
             sections={"bits": pack_sign_bits(nonneg), "pos": pos_host, "neg": neg_host},
         )
         return entry, recon
+
+    def cut(self, shape, max_numel: int) -> list[TensorPart]:
+        """A tensor of two or more dimensions in blocks of about ``max_numel // rows`` whole columns of its
+        matrix view ``(rows, numel / rows)`` (:meth:`Codec.cut`): each column keeps all its rows, so a
+        part's signs and bytes are the whole tensor's, and its column means too, up to the float32
+        rounding of a column sum (torch orders a reduction by the matrix's width: an ulp at most). A block
+        of rows would carry its own means: at 16 rows 4× the bits. A vector stays whole."""
+        whole = super().cut(shape, max_numel)
+        shape, numel = whole[0].shape, whole[0].stop
+        max_numel = max(1, int(max_numel))
+        if numel <= max_numel or len(shape) < 2:
+            return whole
+        rows = shape[0]
+        cols = numel // rows if rows else 0
+        width = max(1, max_numel // max(1, rows))
+        if cols <= width:
+            return whole
+        ends = [(c0, min(cols, c0 + width)) for c0 in range(0, cols, width)]
+        return [TensorPart(c0, c1, (rows, c1 - c0), columns=True) for c0, c1 in ends]
+
+    def bytes_per_element(self) -> float:
+        """A sign bit per element (the column means aside)."""
+        return 1 / 8
 
     def __repr__(self) -> str:
         return "OneBit()"

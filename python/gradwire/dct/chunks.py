@@ -69,13 +69,6 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return best
 
 
-def _prod(dims: Sequence[int]) -> int:
-    p = 1
-    for d in dims:
-        p *= int(d)
-    return p
-
-
 @dataclass(frozen=True)
 class ChunkPlan:
     """How a tensor of ``shape`` is cut into ``num_chunks`` chunks of ``chunk_shape``.
@@ -94,11 +87,11 @@ class ChunkPlan:
     @property
     def chunk_numel(self) -> int:
         """``C``, the element count of one chunk."""
-        return _prod(self.chunk_shape)
+        return math.prod(self.chunk_shape)
 
     @property
     def numel(self) -> int:
-        return _prod(self.shape)
+        return math.prod(self.shape)
 
 
 def plan_flat(shape: Sequence[int], chunk_shape: Sequence[int]) -> ChunkPlan:
@@ -107,14 +100,14 @@ def plan_flat(shape: Sequence[int], chunk_shape: Sequence[int]) -> ChunkPlan:
     chunk_shape = tuple(int(d) for d in chunk_shape)
     if not chunk_shape or any(d < 1 for d in chunk_shape):
         raise ValueError(f"chunk_shape must be non-empty with every dimension >= 1, got {chunk_shape}")
-    c = _prod(chunk_shape)
-    numel = _prod(shape)
+    c = math.prod(chunk_shape)
+    numel = math.prod(shape)
     pad = (c - numel % c) % c
     return ChunkPlan(MODE_FLAT, shape, chunk_shape, pad, (numel + pad) // c)
 
 
 def _matrix_view(shape: tuple[int, ...]) -> tuple[int, ...]:
-    numel = _prod(shape)
+    numel = math.prod(shape)
     if len(shape) >= 2:
         return (shape[0], numel // shape[0])
     return (numel,)
@@ -123,7 +116,7 @@ def _matrix_view(shape: tuple[int, ...]) -> tuple[int, ...]:
 def tile_chunk_shape(shape: Sequence[int], max_tile: int = MAX_TILE) -> tuple[int, ...]:
     """Mode 1's chunk shape for a tensor of ``shape`` (which must hold at least one element)."""
     shape = tuple(int(d) for d in shape)
-    if _prod(shape) < 1:
+    if math.prod(shape) < 1:
         raise ValueError(f"tile chunking needs at least one element, got shape {shape}")
     return tuple(largest_divisor_at_most(m, max_tile) for m in _matrix_view(shape))
 
@@ -134,7 +127,7 @@ def plan_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> ChunkPlan:
     chunk_shape = tile_chunk_shape(shape, max_tile)
     matrix = _matrix_view(shape)
     grid = tuple(m // c for m, c in zip(matrix, chunk_shape))
-    return ChunkPlan(MODE_TILES, shape, chunk_shape, 0, _prod(grid), grid)
+    return ChunkPlan(MODE_TILES, shape, chunk_shape, 0, math.prod(grid), grid)
 
 
 def small_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> bool:
@@ -147,12 +140,12 @@ def small_tiles(shape: Sequence[int], max_tile: int = MAX_TILE) -> bool:
     its 960 elements). Empty tensors have no tiles and count as small.
     """
     shape = tuple(int(d) for d in shape)
-    numel = _prod(shape)
+    numel = math.prod(shape)
     if numel < 1:
         return True
     view = _matrix_view(shape)
     full = int(max_tile) ** len(view)
-    return 4 * _prod(tile_chunk_shape(shape, max_tile)) < min(numel, full)
+    return 4 * math.prod(tile_chunk_shape(shape, max_tile)) < min(numel, full)
 
 
 def plan_tiles_or_flat(shape: Sequence[int], chunk_shape: Sequence[int], max_tile: int = MAX_TILE) -> ChunkPlan:

@@ -11,16 +11,17 @@ section comment below says why the integer decode is exact.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from collections.abc import Sequence
 
 import torch
 
 from .. import _native
 from . import route_choice
-from .chunks import MODE_TILES, ChunkPlan, _prod, from_chunks
+from .basis import basis_folds, fixed_point_basis
+from .chunks import MODE_TILES, ChunkPlan, from_chunks
 from .integer import dense_last_axis, integer_basis, rows_level_sums_int
-from .transform import _BASES_LOCK, _basis_f64, idct_chunks
+from .transform import idct_chunks
 
 __all__ = [
     "decode_chunks",
@@ -63,7 +64,6 @@ def _check_pairs(idx: torch.Tensor, values: torch.Tensor, n: int) -> None:
 # product and partial sum is an integer below 2^53 — exact, so any summation order, any BLAS, any
 # device gives the same numbers. Only the final ``scale``/``min`` combination rounds, elementwise.
 
-_INT_BASES: OrderedDict[tuple[int, int, torch.device], torch.Tensor] = OrderedDict()
 #: Output elements (float64) of one block of chunks on the CPU: bounds the scratch memory of a decode
 #: and keeps a block in cache.
 _EXACT_BLOCK_ELEMS = 1 << 18
@@ -77,7 +77,7 @@ _CPU = torch.device("cpu")
 
 def _exact_block(device: torch.device, k: int, dims: tuple[int, ...], route: str = "") -> int:
     """Chunks per block of an exact decode on ``device``, ``k`` coefficients per chunk of shape ``dims``."""
-    c = _prod(dims)
+    c = math.prod(dims)
     if device.type == "cpu":
         return max(1, _EXACT_BLOCK_ELEMS // (2 * c))
     if route == "integer":
@@ -100,20 +100,8 @@ def fixed_point_bits(chunk_shape: Sequence[int]) -> int:
     so ``bit_length(C) + 8 + d·s <= 52`` keeps it exact; ``s`` is capped at 24 (float32's precision).
     """
     d = len(chunk_shape)
-    c = _prod(chunk_shape)
+    c = math.prod(chunk_shape)
     return max(1, min(24, (44 - c.bit_length()) // d))
-
-
-def _int_basis(n: int, s: int, device: torch.device) -> torch.Tensor:
-    key = (n, s, device)
-    basis = _INT_BASES.get(key)
-    if basis is None:
-        basis = torch.round(_basis_f64(n) * float(2**s)).to(device)
-        with _BASES_LOCK:
-            _INT_BASES[key] = basis
-            while len(_INT_BASES) > 64:
-                _INT_BASES.popitem(last=False)
-    return basis
 
 
 def decode_levels(
@@ -192,7 +180,7 @@ def _level_chunks(idx, levels, scales, mins, dims: tuple[int, ...], route: str) 
     if route == "integer":
         bases = [integer_basis(size, s, device) for size in dims]
     else:
-        bases = [_int_basis(size, s, device) for size in dims]
+        bases = [fixed_point_basis(size, s, device) for size in dims]
     sc_all, mn_all = _unscaled(scales, mins, dims, device)
     out = torch.empty((n, *dims), dtype=torch.float32, device=device)
     idx = idx.to(device=device, dtype=torch.int64)
@@ -232,14 +220,14 @@ def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor
     device = levels.device
     k = idx.shape[1]
     s = fixed_point_bits(dims)
-    bases = [_int_basis(size, s, device) for size in dims]
+    bases = [fixed_point_basis(size, s, device) for size in dims]
     sc_all, mn_all = _unscaled(scales, mins, dims, device)
     out = torch.empty((n, *dims), dtype=torch.float32, device=device)
     idx = idx.to(device=device, dtype=torch.int64)
     # Tiles of a matrix are decoded straight into the matrix: no tile-to-matrix copy follows.
     tiled = plan.mode == MODE_TILES and len(dims) == 2
     grid_cols = plan.grid[1] if tiled else 1
-    if len(dims) == 2 and _folds(bases[0]) and _folds(bases[1]):
+    if len(dims) == 2 and basis_folds(dims[0], s) and basis_folds(dims[1], s):
         # One Rust pass, the bases folded in half: its own threads, each on blocks in cache.
         _native.dct_decode_folded(
             idx.contiguous().reshape(-1).numpy(),
@@ -258,9 +246,7 @@ def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor
         return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
     # Both stages in Rust, the matrix product between them in place.
     _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, _exact_block(device, k, dims), out, grid_cols)
-    if tiled:
-        return out.reshape(plan.shape)
-    return from_chunks(out, plan)
+    return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
 
 
 def decode_levels_weighted_sum(
@@ -283,21 +269,20 @@ def decode_levels_weighted_sum(
         return None
     s = fixed_point_bits(dims)
     device = torch.device("cpu")
-    bases = [_int_basis(size, s, device) for size in dims]
-    if not (_folds(bases[0]) and _folds(bases[1])):
+    bases = [fixed_point_basis(size, s, device) for size in dims]
+    if not (basis_folds(dims[0], s) and basis_folds(dims[1], s)):
         return None
-    unscale = 2.0 ** (-s * len(dims))
     senders = []
     for idx, levels, scales, mins in parts:
         _check_pairs(idx, levels, plan.num_chunks)
+        sc, mn = _unscaled(scales, mins, dims, device)  # as decode_levels: the power of two folded in exactly
         senders.append(
             (
                 idx.to(torch.int64).contiguous().reshape(-1).numpy(),
                 levels.to(torch.int16).contiguous().reshape(-1).numpy(),
                 idx.shape[1],
-                # as decode_levels: the power of two folded in exactly, in float64
-                (scales.to(torch.float64) * unscale).contiguous().numpy(),
-                (mins.to(torch.float64) * unscale).contiguous().numpy(),
+                sc.contiguous().numpy(),
+                mn.contiguous().numpy(),
             )
         )
     tiled = plan.mode == MODE_TILES
@@ -342,7 +327,7 @@ def _choose_route(k: int, dims: tuple[int, ...], device: torch.device = _CPU) ->
 def _dense_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):
     """Both channels by a dense transform of the scattered levels and ones, every axis by a matrix."""
     nb = idx.shape[0]
-    c = _prod(dims)
+    c = math.prod(dims)
     u = levels.to(torch.float64)
     grid = torch.zeros((2, nb, c), dtype=torch.float64, device=u.device)
     grid[0].scatter_(1, idx, u)
@@ -358,7 +343,7 @@ def _rows_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, .
     ``k · last`` additions), then the other axes by matrix products over the whole block."""
     nb, k = idx.shape
     last = dims[-1]
-    rest = _prod(dims[:-1])
+    rest = math.prod(dims[:-1])
     device = idx.device
     # (rows, chunks, channel, last): the leading axis is the one the next matrix product contracts.
     t = torch.zeros(rest * nb * 2 * last, dtype=torch.float64, device=device)
@@ -412,7 +397,7 @@ def _rows_decode_cpu(idx, levels, scales, mins, dims, bases, block: int, out: to
     float32 values straight into ``out``, the whole tensor as a grid of ``grid_cols`` tiles per tile
     row (1: chunk-major, ``(chunks, *dims)``). Buffers are reused across blocks."""
     n, k = idx.shape
-    last, rest = dims[-1], _prod(dims[:-1])
+    last, rest = dims[-1], math.prod(dims[:-1])
     # 1-D chunks: the two Rust stages per block are all the work (no matrix product between them), a few
     # milliseconds of one core per block, so threads would cost a spawn and a join per call, and on a busy
     # machine each join waits for a core: 0.012–0.09 s on 2 threads against 0.011 s on one for a
@@ -439,19 +424,6 @@ def _rows_decode_cpu(idx, levels, scales, mins, dims, bases, block: int, out: to
             first=b0,
             grid_cols=grid_cols,
         )
-
-
-_FOLDS: dict[tuple, bool] = {}
-
-
-def _folds(basis: torch.Tensor) -> bool:
-    """Whether the integer basis is exactly symmetric (``B[f, n-1-i] = (-1)^f B[f, i]``, ``n`` even),
-    so the decode may fold it in half. Checked once per basis."""
-    n = basis.shape[0]
-    key = (n, float(basis[0, 0]))  # the size and round(2^s / √n), which names the grid 2^s
-    if key not in _FOLDS:
-        _FOLDS[key] = bool(_native.dct_basis_folds(basis.cpu().reshape(-1).numpy(), n))
-    return _FOLDS[key]
 
 
 def _sparse_level_sums(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: list[torch.Tensor]):

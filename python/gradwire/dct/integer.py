@@ -17,13 +17,13 @@ while ``K < 2^18``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .transform import _BASES_LOCK, _basis_f64
+from .basis import cached, device_key, fixed_point_basis
 
 __all__ = [
     "int_digits",
@@ -140,36 +140,31 @@ class IntegerBasis:
     t_row_sums: torch.Tensor
     max_abs: int
 
-
-_INTEGER_BASES: OrderedDict[tuple[int, int, torch.device], IntegerBasis] = OrderedDict()
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.basis, self.t_digits, self.t_row_sums))
 
 
 def integer_basis(n: int, s: int, device: torch.device) -> IntegerBasis:
     """The :class:`IntegerBasis` of size ``n`` on the grid ``2^-s`` (the same integers as the float64
-    route's ``round(D·2^s)``), built on the host once per device."""
-    key = (n, s, torch.device(device))
-    got = _INTEGER_BASES.get(key)
-    if got is None:
-        host = torch.round(_basis_f64(n) * float(2**s)).to(torch.int64)
+    route's :func:`.basis.fixed_point_basis`), built on the host once per device, in the one basis cache."""
+    dev = device_key(device)
+
+    def build() -> IntegerBasis:
+        host = fixed_point_basis(n, s, "cpu").to(torch.int64)
         max_abs = int(host.abs().max())
         t = host.T.contiguous()
         digits = torch.stack(int_digits(t, digit_count(max_abs)))
-        got = IntegerBasis(host.to(device), digits.to(device), t.sum(dim=1).to(device), max_abs)
-        with _BASES_LOCK:
-            _INTEGER_BASES[key] = got
-            while len(_INTEGER_BASES) > 64:
-                _INTEGER_BASES.popitem(last=False)
-    return got
+        return IntegerBasis(host.to(dev), digits.to(dev), t.sum(dim=1).to(dev), max_abs)
+
+    return cached(("integer", n, s, dev), build)
 
 
 def dense_last_axis(k: int, dims: Sequence[int]) -> bool:
     """Whether the integer route transforms the last axis densely (levels scattered into the chunk grid, one
     stacked ``_int_mm``) rather than adding a gathered basis row per coefficient: above ``2·C/last``
     coefficients per chunk the gathered rows (``4·k·last`` int64 per chunk) outweigh the grid's product."""
-    c = 1
-    for d in dims:
-        c *= d
-    return k * dims[-1] > 2 * c
+    return k * dims[-1] > 2 * math.prod(dims)
 
 
 def rows_level_sums_int(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int, ...], bases: Sequence[IntegerBasis]):
@@ -181,9 +176,7 @@ def rows_level_sums_int(idx: torch.Tensor, levels: torch.Tensor, dims: tuple[int
     integers."""
     nb, k = idx.shape
     last = dims[-1]
-    rest = 1
-    for d in dims[:-1]:
-        rest *= d
+    rest = math.prod(dims[:-1])
     device = idx.device
     ib = bases
     if dense_last_axis(k, dims):

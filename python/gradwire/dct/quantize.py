@@ -1,7 +1,9 @@
-"""Top-k selection and per-chunk int8 quantization: the math the DCT codec and the Panthalia API share.
+"""Top-k selection and per-chunk quantization: the math the DCT codec and the Panthalia API share.
 
 :func:`select_topk` keeps each chunk's ``k`` largest-magnitude coefficients (ascending positions);
-:func:`quantize_int8` / :func:`dequantize_int8` map a row of values to int8 on a per-row linear grid.
+:func:`quantize_int8` / :func:`dequantize_int8` map a row of values to int8 on a per-row linear grid
+(Panthalia's), and :func:`quantize_levels` / :func:`dequantize_levels` to the ``2^b`` levels of a DCT
+record's values (8, 4, 2 or 1 bits; at 8 bits the int8 grid).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from .. import _native
 __all__ = [
     "MIN_RANGE",
     "dequantize_int8",
+    "dequantize_levels",
     "quantize_int8",
+    "quantize_levels",
     "select_topk",
 ]
 
@@ -79,3 +83,26 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -
     s = scales.to(dtype).reshape(-1, 1)
     m = mins.to(dtype).reshape(-1, 1)
     return (q.to(dtype) + 128.0) * s + m
+
+
+def quantize_levels(values: torch.Tensor, value_bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-chunk linear quantization of ``values`` ``(num_chunks, k)`` to ``L = 2^value_bits − 1`` steps.
+
+    ``scale = max(max − min, 1e-8) / L`` and ``level = clamp(round_half_even((v − min) / scale), 0, L)``
+    in float32; at 8 bits exactly :func:`quantize_int8` (``level = q + 128``), so 8-bit records are
+    unchanged byte for byte. Returns ``(levels int16, scales, mins)``.
+    """
+    if value_bits == 8:
+        q, scales, mins = quantize_int8(values)
+        return q.to(torch.int16) + 128, scales, mins
+    top = float((1 << value_bits) - 1)
+    v = values.to(torch.float32)
+    mins = v.amin(dim=1)
+    scales = (v.amax(dim=1) - mins).clamp_min(MIN_RANGE) / top
+    levels = torch.round((v - mins[:, None]) / scales[:, None]).clamp_(0.0, top)
+    return levels.to(torch.int16), scales, mins
+
+
+def dequantize_levels(levels: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """``level · scale + min`` per chunk in float32 (at 8 bits the same numbers as ``dequantize_int8``)."""
+    return levels.to(torch.float32) * scales.to(torch.float32).reshape(-1, 1) + mins.to(torch.float32).reshape(-1, 1)

@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 import torch
 
+from .basis import device_key
+
 __all__ = ["MODES", "exact_decode_mode", "set_exact_decode", "device_route", "choices", "kept_route"]
 
 MODES = ("auto", "integer", "float64")
@@ -57,14 +59,6 @@ def set_exact_decode(mode: str | None) -> None:
         _CHOICES.clear()
 
 
-def _device_key(device) -> str:
-    """``cuda`` and ``cuda:0`` name one device when 0 is the current one: one key for both."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
-
-
 def _k_bucket(k: int) -> int:
     return 1 << max(0, (int(k) - 1).bit_length())
 
@@ -80,7 +74,7 @@ def device_route(
         return "integer"
     if mode == "float64":
         return float_route
-    key = (_device_key(device), tuple(dims), _k_bucket(k), float_route)
+    key = (str(device_key(device)), tuple(dims), _k_bucket(k), float_route)
     got = _CHOICES.get(key)
     if got is None:
         timings = {float_route: _best_of(time_route, float_route)}
@@ -123,7 +117,7 @@ def kept_route(device, dims, k: int) -> str | None:
     """The route ``auto`` kept on ``device`` for ``k`` coefficients per chunk of shape ``dims``; ``None``
     if nothing was measured for them."""
     for (dev, d, kb, _), (route, _) in _CHOICES.items():
-        if dev == _device_key(device) and d == tuple(dims) and kb == _k_bucket(k):
+        if dev == str(device_key(device)) and d == tuple(dims) and kb == _k_bucket(k):
             return route
     return None
 

@@ -1,107 +1,41 @@
-"""The orthonormal DCT-II by cached basis matrices (or an FFT for long axes), per axis, per tensor, per chunk.
+"""The orthonormal DCT-II (by cached basis matrices, or an FFT for long axes), per axis, per tensor, per chunk.
 
-Everything here is plain torch and device-agnostic: bases are built once in float64 and cached per
-``(n, device, dtype)``; transforms are matrix products, so they run wherever the tensor lives. The
-basis cache (``_BASES``, its lock and byte count) lives here and nowhere else. One exception: float32
-batches of 2-D chunks with power-of-two sides on the CPU (the codecs' tiles) go to
-``gradwire._native.dct2_chunks`` (Lee's recursion, :func:`_fast_2d`): fewer multiplications than the
-products, and the same bits whatever the thread count.
+Everything here is plain torch and device-agnostic: the transforms are matrix products with the bases of
+:mod:`.basis` (the one cache), so they run wherever the tensor lives. One exception: float32 batches of
+2-D chunks with power-of-two sides on the CPU (the codecs' tiles, :func:`native_tiles`) go to
+``gradwire._native.dct2_chunks`` (Lee's recursion): fewer multiplications than the products, and the
+same bits whatever the thread count.
 
-Transform (docs/FORMAT.md §5.2). With ``D_N[f, n] = sqrt(2/N) cos(pi (2n + 1) f / (2N))`` for
-``f >= 1`` and ``D_N[0, n] = sqrt(1/N)``, a chunk of shape ``(n_1, ..., n_d)`` is transformed by a 1-D
-DCT along each of *its* dimensions — never across the chunk index of a batch of chunks. This equals
+A chunk of shape ``(n_1, ..., n_d)`` is transformed by a 1-D DCT along each of *its* dimensions — never
+across the chunk index of a batch of chunks (docs/FORMAT.md §5.2). This equals
 ``scipy.fft.dctn(x, norm="ortho")``; the inverse uses the transposed matrices.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 
 import torch
 
 from .. import _native
-from .chunks import ChunkPlan, _prod, to_chunks
+from .basis import cached, dct_basis, device_key
+from .chunks import ChunkPlan, to_chunks
 
 __all__ = [
-    "BASIS_CACHE_BYTES",
     "MATMUL_MAX_N",
-    "clear_basis_cache",
     "dct",
-    "dct_basis",
     "dct_chunks",
     "dct_nd",
     "encode_chunks",
     "idct",
     "idct_chunks",
     "idct_nd",
+    "native_tiles",
 ]
-
-# ---------------------------------------------------------------------------------------------
-# Bases
 
 #: Axes up to this length are transformed by a cached basis matrix; longer ones (a 1-D chunk of up
 #: to 2^24 elements is a valid record) by an O(n log n) FFT, so no n×n matrix is ever built for them.
 MATMUL_MAX_N = 1024
-#: Bytes of bases the cache keeps (least recently used evicted first). Bounded so that records with
-#: many different chunk sizes cannot grow it without limit.
-BASIS_CACHE_BYTES = 256 << 20
-
-_BASES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-_BASES_LOCK = threading.Lock()
-_cache_bytes = 0
-
-
-def _basis_f64(n: int) -> torch.Tensor:
-    i = torch.arange(n, dtype=torch.float64)
-    d = torch.cos(math.pi * (2.0 * i[None, :] + 1.0) * i[:, None] / (2.0 * n))  # [f, n]
-    d *= math.sqrt(2.0 / n)
-    d[0] = math.sqrt(1.0 / n)
-    return d
-
-
-def _norm_device(device) -> torch.device:
-    dev = torch.device("cpu") if device is None else torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def _cached(key: tuple, build) -> torch.Tensor:
-    global _cache_bytes
-    with _BASES_LOCK:
-        t = _BASES.get(key)
-        if t is not None:
-            _BASES.move_to_end(key)
-            return t
-    t = build()
-    size = t.numel() * t.element_size()
-    with _BASES_LOCK:
-        if key in _BASES:
-            return _BASES[key]
-        if size <= BASIS_CACHE_BYTES:
-            _BASES[key] = t
-            _cache_bytes += size
-            while _cache_bytes > BASIS_CACHE_BYTES:
-                _, old = _BASES.popitem(last=False)
-                _cache_bytes -= old.numel() * old.element_size()
-    return t
-
-
-def dct_basis(n: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The orthonormal DCT-II matrix ``D_n`` (``X = D_n @ x``), cached per ``(n, device, dtype)``.
-
-    Built in float64 on the CPU and cast, so every device and dtype holds the same rounded basis.
-    The returned tensor is shared: do not modify it in place.
-    """
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"DCT size must be >= 1, got {n}")
-    if not dtype.is_floating_point:
-        raise ValueError(f"DCT basis dtype must be floating point, got {dtype}")
-    dev = _norm_device(device)
-    return _cached(("basis", n, dev, dtype), lambda: _basis_f64(n).to(device=dev, dtype=dtype))
 
 
 def _twiddle(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -114,19 +48,7 @@ def _twiddle(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         w = torch.polar(s, -math.pi * k / (2.0 * n))
         return w.to(device=device, dtype=torch.complex128 if dtype == torch.float64 else torch.complex64)
 
-    return _cached(("twiddle", n, device, dtype), build)
-
-
-def clear_basis_cache() -> None:
-    """Forget every cached basis (frees their memory)."""
-    global _cache_bytes
-    with _BASES_LOCK:
-        _BASES.clear()
-        _cache_bytes = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Transforms
+    return cached(("twiddle", n, device_key(device), dtype), build)
 
 
 def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -189,12 +111,19 @@ def idct(X: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _apply_along(X, dim, inverse=True)
 
 
+def native_tiles(dims) -> bool:
+    """Whether float32 chunks of shape ``dims`` take the CPU's Rust transform: two dimensions, each a power
+    of two up to :data:`MATMUL_MAX_N` (the codecs' tiles). It transforms chunk by chunk, so its bits do not
+    depend on how many chunks a batch holds."""
+    return len(dims) == 2 and all(0 < n <= MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
+
+
 def _fast_2d(x: torch.Tensor, ndim: int) -> bool:
-    """Whether :func:`_transform_trailing` takes the native route: float32 on the CPU, two transformed
-    dimensions, each a power of two up to :data:`MATMUL_MAX_N` (the codecs' 2-D tiles)."""
+    """Whether :func:`_transform_trailing` takes the native route: float32 on the CPU, chunks of
+    :func:`native_tiles`."""
     if ndim != 2 or x.device.type != "cpu" or x.dtype != torch.float32 or x.numel() == 0:
         return False
-    return all(0 < n <= MATMUL_MAX_N and n & (n - 1) == 0 for n in x.shape[-2:])
+    return native_tiles(x.shape[-2:])
 
 
 def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool, overwrite: bool = False) -> torch.Tensor:
@@ -228,7 +157,7 @@ def _transform_trailing(x: torch.Tensor, ndim: int, inverse: bool, overwrite: bo
         if axis == x.ndim - 1:
             y = (y.reshape(-1, n) @ (d if inverse else d.T)).reshape(shape)
         else:
-            trailing = _prod(shape[axis + 1 :])
+            trailing = math.prod(shape[axis + 1 :])
             y = torch.matmul(d.T if inverse else d, y.reshape(-1, n, trailing)).reshape(shape)
     return y.reshape(shape)
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..aggregation import exact_mean
-from ..codecs.base import Codec
-from ..codecs.dct import DCTCodec
-from ..codecs.dct_parse import own_records_trusted
-from ..codecs.sign import OneBit
-from ..dct import MODE_FLAT, MODE_TILES
+from ..codecs.base import Codec, TensorPart
 from ..errors import FrameError, error
 from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, read_frame, write_frame
 from ..reencode import ReencodeFeedback
@@ -103,109 +98,33 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _same_chunks(codec, whole, piece_shape: tuple[int, ...]) -> bool:
-    """Whether ``codec`` cuts a row block of ``piece_shape`` into tiles of the whole tensor's kind."""
-    plan = codec.plan(piece_shape)
-    return (
-        plan.mode == whole.mode
-        and plan.chunk_shape == whole.chunk_shape
-        and plan.pad_count == 0
-        and tuple(plan.grid[1:]) == tuple(whole.grid[1:])
-    )
-
-
 def cut_tensor(name: str, shape: Sequence[int], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL) -> list[Piece]:
-    """How a tensor of ``shape`` is cut into pieces of at most about ``piece_numel`` elements.
+    """How a tensor of ``shape`` is cut into pieces of at most about ``piece_numel`` elements: where the
+    codec says its records allow (:meth:`Codec.cut <gradwire.codecs.base.Codec.cut>`), so a piece's
+    record carries what the whole tensor's would have for those elements.
 
-    Only a DCT codec's tensors are cut (by its own chunk plan, :meth:`~gradwire.DCTCodec.plan`), and only where
-    each piece gets exactly the whole tensor's chunks, so a piece's record carries what the whole
-    tensor's would have for those elements:
-
-    - flat chunks (mode 0: a flat-mode codec, a model record, or a tile-mode codec's fallback for small
-      tiles — the latter kept whole, since a 1-D piece of it would get tiles): the flattened tensor is
-      cut at multiples of the chunk size ``C``, each piece 1-D; only the last piece is padded, as the
-      whole tensor is;
-    - tiles (mode 1): blocks of rows, each a multiple of the tile's rows, checked with the codec's own
-      plan to get tiles of the same shape (with a tile side below 64 — a 1000-row matrix has 50-row
-      tiles — a 300-row block would get 60-row tiles, so such sizes are skipped).
-
-    With :class:`~gradwire.OneBit` (a sign per element and, per column of the matrix view, the mean of
-    each side) a tensor of two or more dimensions is cut into blocks of about ``piece_numel // rows``
-    columns of its matrix view ``(rows, numel / rows)``: each column keeps all its rows, so a piece's
-    signs and bytes are the whole tensor's, and its column means too, up to the float32 rounding of a
-    column sum (torch orders a reduction by the matrix's width: an ulp at most). A block of rows would
-    carry its own means: at 16 rows 4× the bits.
-
-    Any other tensor is one piece named as the tensor.
+    A DCT codec cuts by its own chunk plan (:meth:`gradwire.DCTCodec.cut`): a flat-chunked tensor at
+    multiples of the chunk size, a tiled one into blocks of whole tile rows. :class:`~gradwire.OneBit` (a
+    sign per element and, per column of the matrix view, the mean of each side) cuts a tensor of two or
+    more dimensions into blocks of whole columns (:meth:`gradwire.OneBit.cut`). Any other tensor is one
+    piece named as the tensor.
     """
     shape = tuple(int(d) for d in shape)
     numel = _numel(shape)
     piece_numel = max(1, int(piece_numel))
-    whole = [Piece(name, name, 0, numel, shape)]
-    if numel <= piece_numel:
-        return whole
-    if isinstance(codec, OneBit):
-        return _cut_columns(name, shape, piece_numel) or whole
-    if not isinstance(codec, DCTCodec):
-        return whole
-    plan_of = codec.plan
-    plan = plan_of(shape)
-    if plan.mode == MODE_FLAT:
-        c = plan.chunk_numel
-        step = max(1, piece_numel // c) * c
-        out = []
-        for lo in range(0, numel, step):
-            hi = min(numel, lo + step)
-            piece = plan_of((hi - lo,))
-            # A tile-mode codec's fallback stays whole: its 1-D pieces would be tiled, not chunked flat.
-            if piece.mode != MODE_FLAT or piece.chunk_shape != plan.chunk_shape:
-                return whole
-            out.append(Piece(f"{name}[{lo}:{hi}]", name, lo, hi, (hi - lo,)))
-        return out if len(out) > 1 else whole
-    if plan.mode != MODE_TILES:
-        return whole
-    rows = shape[0] if len(shape) >= 1 else 1
-    unit = plan.chunk_shape[0]  # rows of a tile (elements of a vector's tile)
-    row_numel = numel // rows
-    units = rows // unit
-    if units * unit != rows:
-        return whole
-
-    def block(k: int) -> tuple[int, ...]:
-        return (k * unit, *shape[1:])
-
-    def valid(k: int) -> bool:
-        return _same_chunks(codec, plan, block(k))
-
-    target = max(1, piece_numel // (unit * row_numel))
-    out = []
-    at = 0
-    while at < units:
-        k = min(target, units - at)
-        while k > 1 and not valid(k):
-            k -= 1
-        if not valid(k):
-            return whole
-        r0, r1 = at * unit, (at + k) * unit
-        out.append(Piece(f"{name}[{r0}:{r1}]", name, r0 * row_numel, r1 * row_numel, block(k)))
-        at += k
-    return out if len(out) > 1 else whole
+    parts = codec.cut(shape, piece_numel) if numel > piece_numel else []
+    if len(parts) <= 1:
+        return [Piece(name, name, 0, numel, shape)]
+    return [Piece(_piece_name(name, shape, p), name, p.start, p.stop, p.shape, p.columns) for p in parts]
 
 
-def _cut_columns(name: str, shape: tuple[int, ...], piece_numel: int) -> list[Piece]:
-    """Blocks of about ``piece_numel`` elements of whole columns of the matrix view (none for a vector)."""
-    if len(shape) < 2:
-        return []
-    rows = shape[0]
-    cols = _numel(shape) // rows if rows else 0
-    width = max(1, piece_numel // max(1, rows))
-    if cols <= width:
-        return []
-    out = []
-    for c0 in range(0, cols, width):
-        c1 = min(cols, c0 + width)
-        out.append(Piece(f"{name}[:,{c0}:{c1}]", name, c0, c1, (rows, c1 - c0), columns=True))
-    return out
+def _piece_name(name: str, shape: tuple[int, ...], part: TensorPart) -> str:
+    """``name[:,c0:c1]`` for a block of columns, ``name[r0:r1]`` (rows) for a block of rows of the tensor,
+    ``name[e0:e1]`` (elements) for a 1-D part of the flattened tensor."""
+    if part.columns:
+        return f"{name}[:,{part.start}:{part.stop}]"
+    row = _numel(shape[1:]) if len(part.shape) > 1 else 1
+    return f"{name}[{part.start // row}:{part.stop // row}]"
 
 
 def balanced_piece_numel(
@@ -235,18 +154,6 @@ _SHARE_FRACTIONS = (1.5, 1.25, 1.0, 0.75, 0.5)
 _RECORD_BYTES = 130
 
 
-def _wire_bytes_per_element(codec: Codec) -> float:
-    """About how many bytes a record spends per element of its tensor, for weighing balance against headers."""
-    if isinstance(codec, DCTCodec):
-        c = _numel(codec.chunk_shape)
-        k = codec.chunk_topk(c)
-        index_bits = min(max(1, math.ceil(math.log2(c))), math.log2(c / k) + 2)  # packed, or Rice-coded gaps
-        return (k * (codec.value_bits + index_bits) / 8 + 8) / c  # and a float32 scale and min per chunk
-    if isinstance(codec, OneBit):
-        return 1 / 8
-    return 4.0
-
-
 def balanced_cut(
     tensors: Sequence[tuple[str, Sequence[int]]], codec: Codec, piece_numel: int = DEFAULT_PIECE_NUMEL, world: int = 1
 ) -> tuple[int, dict[str, list[Piece]]]:
@@ -272,7 +179,7 @@ def balanced_cut(
     if world <= 1:
         return first, cut(first)
     total = sum(_numel(s) for s in shapes)
-    per_element = _wire_bytes_per_element(codec)
+    per_element = codec.bytes_per_element()
     bounds = [first] + [max(1, min(int(piece_numel), -(-int(total * f) // world))) for f in _SHARE_FRACTIONS[1:]]
     best = None
     for bound in dict.fromkeys(bounds):  # distinct, in order: largest first
@@ -320,6 +227,8 @@ class Pieces:
         if int(world) < 1:
             raise ValueError(f"world must be >= 1, got {world}")
         self.shapes = {n: tuple(int(d) for d in s) for n, s in tensors}
+        #: The codec that cuts the tensors, the one that compresses the pieces.
+        self.codec = codec
         #: The largest piece: ``piece_numel``, and at most about the model's share of one rank, so that every
         #: rank can own about 1/world of the model (a tensor larger than that is cut at its chunk
         #: boundaries; :func:`balanced_cut`). A function of the shapes, the codec and the world size alone:
@@ -493,14 +402,15 @@ class ShardedExchange(GroupMember):
                 # step at 10.5 M parameters went from 1.49x to 1.04x DeMo's reference with it). On a GPU
                 # in parameter space, every piece in one batch (exact_mean, then one compress_bundle):
                 # record by record, the coefficient domain's kernels would grow with the pieces.
-                # Its own records are the codec's objects, not bytes read back: their parse is skipped
-                # (own_records_trusted); every other rank's are parsed as hostile input.
-                with own_records_trusted():
-                    if torch.device("cpu" if device is None else device).type == "cpu":
-                        done = self.feedback.reencode(records, device=device)
-                    else:
-                        mean = exact_mean(records, device=device)
-                        done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
+                # Its own records are its codec's objects, not bytes read back: their parse is skipped (the
+                # codec hands over what it kept of them, own_records); every other rank's are parsed as
+                # hostile input.
+                if torch.device("cpu" if device is None else device).type == "cpu":
+                    own = self.pieces.codec.own_records(records[me], device)
+                    done = self.feedback.reencode(records, device=device, own_records=own)
+                else:
+                    mean = exact_mean(records, device=device)
+                    done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
                 out_frame = write_frame([done[p.name][0] for p in owned[me]], round=round, sender=me, bundle=True)
                 # What every rank decodes from this frame, bit for bit (the codec's reconstruction): the
                 # owner need not decode its own frame in phase 2.

@@ -1,10 +1,12 @@
-"""Decoding DCT records: one record, many at once, and the fused weighted sum of several — each the
-exact decode (``gradwire.dct.decode_levels``), so every node gets the same bits.
+"""The DCT codec's capability object (codec id 1): what the frame readers, the accumulators and the
+aggregation rules find under its id (:mod:`gradwire.capabilities`), and the decoders it declares.
 
-On a GPU the records of one chunk shape are decoded together (one exact decode over all their chunks,
-in batches); on the CPU the Rust decode of one record at a time is the fast path, and the weighted sum
-of records chunked alike runs in one Rust pass (:func:`gradwire.dct.decode_levels_weighted_sum`).
-Every record is checked by :mod:`.dct_parse` before anything of its size is allocated.
+Decoding: one record, many at once, and the fused weighted sum of several — each the exact decode
+(``gradwire.dct.decode_levels``), so every node gets the same bits. On a GPU the records of one chunk
+shape are decoded together (one exact decode over all their chunks, in batches); on the CPU the Rust
+decode of one record at a time is the fast path, and the weighted sum of records chunked alike runs in
+one Rust pass (:func:`gradwire.dct.decode_levels_weighted_sum`). Every record is checked by
+:mod:`.parse` before anything of its size is allocated.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import dct as _dct
+from ..capabilities import CodecCapabilities, declare
 from ..frame import Entry
-from .dct_parse import _checked_sections, decode_parsed, parse_record
+from .chunks import put_back_chunks
+from .decode import decode_level_chunks, decode_levels_weighted_sum
+from .domain import dct_accumulator, dct_record_coefficients, dct_record_norm
+from .layout import CODEC_ID, MODE_NAMES, unpack_params
+from .parse import checked_arrays, decode_parsed, parse_record
 
-__all__ = ["decode_dct", "decode_dct_batch", "weighted_sum_dct"]
+__all__ = ["CAPABILITIES", "decode_dct", "decode_dct_batch", "weighted_sum_dct"]
 
 
 def decode_dct(entry: Entry, device: torch.device | None) -> torch.Tensor:
@@ -46,7 +52,7 @@ def decode_dct_batch(entries: Sequence[Entry], device: torch.device | None) -> l
     dev = torch.device("cpu") if device is None else torch.device(device)
     if not _decodes_stacked(dev):
         return None
-    checked = [_checked_sections(e) for e in entries]
+    checked = [checked_arrays(e) for e in entries]
     groups: dict[tuple, list[int]] = {}
     for i, (plan, k, *_rest) in enumerate(checked):
         groups.setdefault((plan.chunk_shape, k), []).append(i)
@@ -92,9 +98,9 @@ def _decode_stacked(parts, dims, dev: torch.device, entries, at: list[int], out:
         ],
         dev,
     )
-    decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
+    decoded = decode_level_chunks(idx, levels, scales, mins, dims)
     # Every record's chunks put back into its shape by one _foreach_copy_ (exact copies).
-    put_back = _dct.put_back_chunks(
+    put_back = put_back_chunks(
         decoded.reshape(decoded.shape[0], math.prod(dims)), [(None, None, p[0]) for p in parts], dims
     )
     for t, entry, i in zip(put_back, entries, at):
@@ -113,4 +119,29 @@ def weighted_sum_dct(
     plan = parsed[0].plan
     if any(p.plan != plan for p in parsed[1:]):
         return None
-    return _dct.decode_levels_weighted_sum([(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan)
+    return decode_levels_weighted_sum([(p.idx, p.levels, p.scales, p.mins) for p in parsed], weights, plan)
+
+
+def _dct_setting(entry: Entry) -> dict:
+    p = unpack_params(entry.params)
+    return {
+        "codec": "dct",
+        "mode": MODE_NAMES.get(p["mode"], p["mode"]),
+        "chunk_shape": p["chunk_shape"],
+        "topk": p["k"],
+    }
+
+
+CAPABILITIES = declare(
+    CodecCapabilities(
+        CODEC_ID,
+        "dct",
+        decode=decode_dct,
+        decode_batch=decode_dct_batch,
+        weighted_sum=weighted_sum_dct,
+        accumulator=dct_accumulator,
+        norm=dct_record_norm,
+        coefficients=dct_record_coefficients,
+        setting=_dct_setting,
+    )
+)

@@ -1,4 +1,4 @@
-"""The DCT top-k int8 codec (id 1): Panthalia's chunked DCT (mode 0) and DeMo's tiles (mode 1).
+"""The DCT top-k codec (id 1), the write side: Panthalia's chunked DCT (mode 0) and DeMo's tiles (mode 1).
 
 Encoding (docs/FORMAT.md §5.2): cut the tensor into chunks, an orthonormal DCT-II along each dimension
 of every chunk, keep each chunk's ``k`` coefficients of largest magnitude — their positions sorted
@@ -18,229 +18,93 @@ scales, minimums) crosses to the host. The reconstruction :meth:`DCTCodec.compre
 by the very function the decoder runs on the same quantized data, so it equals what receivers decode,
 bit for bit on the same device.
 
-The codec's records are read by four modules beside this one: :mod:`.dct_parse` (every record checked
-as hostile input, with a :class:`~gradwire.errors.FrameError` naming the rule, before the dense output
-is allocated), :mod:`.dct_decode` (the decoders: one record, many at once, the fused weighted sum),
-:mod:`.dct_domain` (sums, norms and inner products in the coefficient domain) and
-:mod:`.dct_capabilities` (the codec's capability object, which the frame readers find by codec id).
+The codec also answers what the layers above ask of a codec's records before they exist
+(:class:`~gradwire.codecs.base.Codec`): how a tensor may be cut into parts whose records are the whole
+tensor's (:meth:`DCTCodec.cut`), about how many bytes its records spend per element
+(:meth:`DCTCodec.bytes_per_element`), its flat twin for a model record's vector
+(:meth:`DCTCodec.flat_vector_codec`), its coefficient domain for re-encoding a mean
+(:meth:`DCTCodec.coefficient_domain`), and what it kept of the records it wrote
+(:meth:`DCTCodec.own_records`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import struct
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .. import _native, wire
-from .. import dct as _dct
+from .. import _native
+from ..codecs import record as rec
+from ..codecs.base import Codec, TensorPart
 from ..frame import Entry
-from . import record as rec
-from .base import Codec
+from .chunks import MODE_FLAT, MODE_TILES, ChunkPlan, cut_into_chunks, plan_flat, plan_tiles_or_flat, put_back_chunks
+from .decode import decode_level_chunks, decode_levels
+from .domain import CoefficientDomain
+from .layout import (
+    CODEC_ID,
+    INDEX_CODING_FIXED,
+    INDEX_CODING_RICE,
+    MAX_CHUNK_NDIM,
+    MAX_CHUNK_NUMEL,
+    MAX_CHUNK_SIDE,
+    MODE_NAMES,
+    MODES,
+    VALUE_BITS,
+    VALUE_BITS_CHOICES,
+    pack_params,
+)
+from .parse import ParseCache, ParsedRecord
+from .quantize import quantize_levels, select_topk
+from .transform import dct_chunks, encode_chunks, native_tiles
 
-__all__ = [
-    "DCTCodec",
-    "KeptCoefficients",
-    "MAX_CHUNK_NUMEL",
-    "dequantize_levels",
-    "index_bits_for",
-    "index_stream_sizes",
-    "pack_params",
-    "quantize_levels",
-    "unpack_params",
-]
+__all__ = ["DCTCodec"]
 
-#: The largest chunk element count ``C`` a record may announce, and the longest chunk side: bounds
-#: the work and memory of the exact decode (``gradwire.dct.decode_levels``) for any valid record.
-MAX_CHUNK_NUMEL = 1 << 16
-MAX_CHUNK_SIDE = 1024
-#: Highest ``chunk_ndim``.
-MAX_CHUNK_NDIM = 8
-VALUE_BITS = 8
-#: The value widths a record may use (``2^b`` quantization levels per chunk).
-VALUE_BITS_CHOICES = (8, 4, 2, 1)
-INDEX_CODING_FIXED = 0
-INDEX_CODING_RICE = 1
 _INDEX_CODINGS = {"fixed": INDEX_CODING_FIXED, "rice": INDEX_CODING_RICE}
-_INDEX_CODING_NAMES = {v: k for k, v in _INDEX_CODINGS.items()}
 #: ``_native.dct_payloads``'s ``index_coding`` for each of the codec's choices (2: the smaller of the two).
 _INDEX_CODINGS_NATIVE = {"fixed": 0, "rice": 1, "auto": 2}
-#: Section names, in their order in a record.
-SECTIONS = ("idx", "val", "scale", "min")
-
-_MODES = {"flat": _dct.MODE_FLAT, "tiles": _dct.MODE_TILES}
 _TOPK_SCALINGS = ("fixed", "proportional")
-_MODE_NAMES = {v: k for k, v in _MODES.items()}
-_TAIL = struct.Struct("<IBBBQ")  # k, index_bits, value_bits, index_coding, pad_count
+#: Mean elements per record from which :meth:`DCTCodec.compress_batched` decodes a CPU group record by record
+#: (into each tensor's own layout, no put-back pass) rather than stacked (one call for many small records).
+_CPU_STACKED_DECODE_MAX = 1 << 18
 
 
-def index_bits_for(c: int) -> int:
-    """Bits per packed position for chunks of ``c`` elements: ``max(1, ceil(log2 c))``."""
-    return max(1, (int(c) - 1).bit_length())
+class _WrittenRecords:
+    """The records one codec wrote, by object: ``{id: (weak reference, stacked (idx, levels, scales, mins),
+    rows, plan, k)}``, the arrays those its record was coded from. An entry leaves as its record dies,
+    before its id can name another object. A copy of the codec (``copy.deepcopy``, pickling) has written
+    nothing: it starts empty."""
 
+    def __init__(self):
+        self.by_id: dict[int, tuple] = {}
 
-def pack_params(
-    mode: int,
-    chunk_shape: Sequence[int],
-    k: int,
-    pad_count: int,
-    *,
-    index_coding: int = INDEX_CODING_FIXED,
-    index_param: int | None = None,
-    value_bits: int = VALUE_BITS,
-) -> bytes:
-    """The ``params`` bytes of a DCT record (FORMAT.md §5.2).
+    def add(self, entry: Entry, payload, rows: slice, plan: ChunkPlan, k: int) -> None:
+        key, by_id = id(entry), self.by_id
+        by_id[key] = (weakref.ref(entry, lambda _ref, key=key: by_id.pop(key, None)), payload, rows, plan, k)
 
-    The ``index_bits`` field holds the coding's parameter: the packed width (coding 0, always
-    ``ceil(log2 C)``) or the Rice parameter (coding 1, ``index_param``).
-    """
-    c = 1
-    for d in chunk_shape:
-        c *= int(d)
-    nd = len(chunk_shape)
-    if index_coding == INDEX_CODING_FIXED:
-        index_param = index_bits_for(c)
-    elif index_param is None:
-        raise ValueError("a Rice-coded record needs its parameter (index_param)")
-    return struct.pack(f"<BB{nd}I", mode, nd, *chunk_shape) + _TAIL.pack(
-        k, index_param, value_bits, index_coding, pad_count
-    )
+    def get(self, entry: Entry):
+        got = self.by_id.get(id(entry))
+        return None if got is None or got[0]() is not entry else got[1:]
 
+    def __deepcopy__(self, memo) -> _WrittenRecords:
+        return _WrittenRecords()
 
-def unpack_params(params: bytes) -> dict:
-    """Parse a record's ``params`` into a dict (no range checks beyond the layout's length)."""
-    if len(params) < 2:
-        raise ValueError(f"params too short: {len(params)} bytes")
-    mode, nd = params[0], params[1]
-    if len(params) != 2 + 4 * nd + _TAIL.size:
-        raise ValueError(f"params length {len(params)} does not fit chunk_ndim {nd}")
-    chunk_shape = struct.unpack_from(f"<{nd}I", params, 2)
-    k, index_bits, value_bits, index_coding, pad_count = _TAIL.unpack_from(params, 2 + 4 * nd)
-    return dict(
-        mode=mode,
-        chunk_shape=tuple(chunk_shape),
-        k=k,
-        index_bits=index_bits,
-        value_bits=value_bits,
-        index_coding=index_coding,
-        pad_count=pad_count,
-    )
-
-
-def _reconstruct(
-    idx: torch.Tensor, levels: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, plan: _dct.ChunkPlan
-) -> torch.Tensor:
-    """The dense float32 tensor a record decodes to. Encoder and decoder both call exactly this."""
-    return _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, plan)
-
-
-#: The records this process's codecs wrote, by ``id``: ``(weak reference to the record, device, arrays)``,
-#: ``arrays`` the stacked ``(idx, levels, scales, mins)`` the record was coded from, its rows and plan.
-#: Parsing a record's bytes gives exactly these; :func:`gradwire.codecs.dct_parse.own_records_trusted`
-#: lets a caller that hands back its own untouched records skip the parse (a sharded owner's own pieces).
-_OWN_RECORDS: dict[int, tuple] = {}
-
-
-def _remember_own(entry: Entry, payload, rows: slice, plan: _dct.ChunkPlan, k: int) -> None:
-    key = id(entry)
-    # The callback runs as the record dies, before its id can name another object.
-    _OWN_RECORDS[key] = (
-        weakref.ref(entry, lambda _ref, key=key: _OWN_RECORDS.pop(key, None)),
-        payload[1].device,
-        (payload, rows, plan, k),
-    )
-
-
-def own_record_arrays(entry: Entry, device: torch.device):
-    """``(plan, k, idx, levels, scales, mins)`` of a record this process's DCT codec wrote, as it kept them
-    (idx int64, levels int16, on ``device``); ``None`` for any other record or device."""
-    got = _OWN_RECORDS.get(id(entry))
-    if got is None or got[0]() is not entry or got[1].type != device.type:
-        return None
-    if device.index is not None and got[1].index is not None and device.index != got[1].index:
-        return None
-    (idx, levels, scales, mins), rows, plan, k = got[2]
-    return (
-        plan,
-        k,
-        idx[rows].to(torch.int64),
-        levels[rows].to(torch.int16),
-        scales[rows].to(torch.float32),
-        mins[rows].to(torch.float32),
-    )
-
-
-@dataclass(frozen=True)
-class KeptCoefficients:
-    """What a DCT record keeps of its tensor's coefficients: each chunk's positions ``idx`` (int64,
-    ``(num_chunks, k)``, ascending) and their quantized values (``levels`` on the per-chunk grid of
-    ``scales`` and ``mins``), on the device they were computed on."""
-
-    plan: _dct.ChunkPlan
-    idx: torch.Tensor
-    levels: torch.Tensor
-    scales: torch.Tensor
-    mins: torch.Tensor
-
-    def values(self) -> torch.Tensor:
-        """The kept coefficients as receivers read them (float32, ``(num_chunks, k)``)."""
-        return dequantize_levels(self.levels, self.scales, self.mins)
-
-    def decode(self) -> torch.Tensor:
-        """The dense float32 tensor receivers decode (the exact decode, ``gradwire.dct.decode_levels``)."""
-        return _reconstruct(self.idx, self.levels, self.scales, self.mins, self.plan)
+    def __reduce__(self):
+        return (_WrittenRecords, ())
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(shape: tuple[int, ...], mode: int, chunk_shape: tuple[int, ...]) -> _dct.ChunkPlan:
-    numel = math.prod(shape)
-    if mode == _dct.MODE_TILES:
-        if numel == 0:
+def _plan(shape: tuple[int, ...], mode: int, chunk_shape: tuple[int, ...]) -> ChunkPlan:
+    if mode == MODE_TILES:
+        if math.prod(shape) == 0:
             # Mode 1 needs an element; an empty tensor goes as an (empty) mode-0 record.
-            return _dct.plan_flat(shape, (1,))
+            return plan_flat(shape, (1,))
         # Where tiles would be small (a prime dimension), flat chunks of chunk_shape (mode 0).
-        return _dct.plan_tiles_or_flat(shape, chunk_shape)
-    return _dct.plan_flat(shape, chunk_shape)
-
-
-def quantize_levels(values: torch.Tensor, value_bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-chunk linear quantization of ``values`` ``(num_chunks, k)`` to ``L = 2^value_bits − 1`` steps.
-
-    ``scale = max(max − min, 1e-8) / L`` and ``level = clamp(round_half_even((v − min) / scale), 0, L)``
-    in float32; at 8 bits exactly :func:`gradwire.dct.quantize_int8` (``level = q + 128``), so 8-bit
-    records are unchanged byte for byte. Returns ``(levels int16, scales, mins)``.
-    """
-    if value_bits == VALUE_BITS:
-        q, scales, mins = _dct.quantize_int8(values)
-        return q.to(torch.int16) + 128, scales, mins
-    top = float((1 << value_bits) - 1)
-    v = values.to(torch.float32)
-    mins = v.amin(dim=1)
-    scales = (v.amax(dim=1) - mins).clamp_min(_dct.MIN_RANGE) / top
-    levels = torch.round((v - mins[:, None]) / scales[:, None]).clamp_(0.0, top)
-    return levels.to(torch.int16), scales, mins
-
-
-def dequantize_levels(levels: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """``level · scale + min`` per chunk in float32 (at 8 bits the same numbers as ``dequantize_int8``)."""
-    return levels.to(torch.float32) * scales.to(torch.float32).reshape(-1, 1) + mins.to(torch.float32).reshape(-1, 1)
-
-
-def index_stream_sizes(idx: np.ndarray, c: int) -> dict[int, tuple[int, int | None]]:
-    """Bytes of each index coding for ``idx`` ``(num_chunks, k)`` (sorted rows below ``c``), with the
-    coding's parameter: ``{coding: (bytes, param)}``. The Rice parameter is the data's optimum."""
-    n, k = idx.shape
-    bits = index_bits_for(c)
-    param, rice_len = wire.rice_param(idx.reshape(-1), c, set_len=k) if n * k else (0, 0)
-    return {
-        INDEX_CODING_FIXED: ((n * k * bits + 7) // 8, bits),
-        INDEX_CODING_RICE: (rice_len, param),
-    }
+        return plan_tiles_or_flat(shape, chunk_shape)
+    return plan_flat(shape, chunk_shape)
 
 
 class DCTCodec(Codec):
@@ -265,7 +129,7 @@ class DCTCodec(Codec):
     ``value_bits``: 8 (int8, the default), 4, 2 or 1 bits per kept coefficient.
     """
 
-    codec_id = 1
+    codec_id = CODEC_ID
     name = "dct"
 
     def __init__(
@@ -284,18 +148,16 @@ class DCTCodec(Codec):
             raise ValueError(f"chunk_shape must have 1 to {MAX_CHUNK_NDIM} dimensions, got {chunk_shape}")
         if any(d < 1 for d in chunk_shape):
             raise ValueError(f"chunk_shape dimensions must be >= 1, got {chunk_shape}")
-        c = 1
-        for d in chunk_shape:
-            c *= d
+        c = math.prod(chunk_shape)
         if c > MAX_CHUNK_NUMEL or max(chunk_shape) > MAX_CHUNK_SIDE:
             raise ValueError(
                 f"chunk_shape {chunk_shape} must have at most 2^16 elements and sides of at most {MAX_CHUNK_SIDE}"
             )
         if isinstance(mode, str):
-            if mode not in _MODES:
+            if mode not in MODES:
                 raise ValueError(f"mode must be 'flat' or 'tiles', got {mode!r}")
-            mode = _MODES[mode]
-        elif mode not in _MODE_NAMES:
+            mode = MODES[mode]
+        elif mode not in MODE_NAMES:
             raise ValueError(f"mode must be 0 (flat) or 1 (tiles), got {mode!r}")
         topk = int(topk)
         if topk < 1:
@@ -313,6 +175,7 @@ class DCTCodec(Codec):
         self.value_bits = int(value_bits)
         self.topk_scaling = topk_scaling
         self._full_chunk_numel = c
+        self._written = _WrittenRecords()
 
     def chunk_topk(self, chunk_numel: int) -> int:
         """How many coefficients a chunk of ``chunk_numel`` elements keeps (see ``topk_scaling``)."""
@@ -320,25 +183,137 @@ class DCTCodec(Codec):
             return min(chunk_numel, max(1, round(self.topk * chunk_numel / self._full_chunk_numel)))
         return min(self.topk, chunk_numel)
 
-    def plan(self, shape: Sequence[int]) -> _dct.ChunkPlan:
+    def plan(self, shape: Sequence[int]) -> ChunkPlan:
         """How a tensor of ``shape`` is cut into chunks by this codec (a frozen plan, memoized: a step asks
         for the same shapes' plans several times, and a plan of 64×64 tiles took 30 µs to work out)."""
         return _plan(tuple(int(d) for d in shape), self.mode, tuple(self.chunk_shape))
+
+    # -- what the layers above ask of the records before they exist (Codec's write side) -------------
+
+    def cut(self, shape: Sequence[int], max_numel: int) -> list[TensorPart]:
+        """Parts of at most about ``max_numel`` elements, cut by this codec's chunk plan (:meth:`plan`) and
+        only where each part gets exactly the whole tensor's chunks, so its record carries what the whole
+        tensor's would have for those elements (:meth:`Codec.cut <gradwire.codecs.base.Codec.cut>`):
+
+        - flat chunks (mode 0: a flat-mode codec, a model record, or a tile-mode codec's fallback for small
+          tiles — the latter kept whole, since a 1-D part of it would get tiles): the flattened tensor is
+          cut at multiples of the chunk size ``C``, each part 1-D; only the last part is padded, as the
+          whole tensor is;
+        - tiles (mode 1): blocks of rows, each a multiple of the tile's rows, checked with the codec's own
+          plan to get tiles of the same shape (with a tile side below 64 — a 1000-row matrix has 50-row
+          tiles — a 300-row block would get 60-row tiles, so such sizes are skipped).
+        """
+        shape = tuple(int(d) for d in shape)
+        numel = math.prod(shape)
+        max_numel = max(1, int(max_numel))
+        whole = [TensorPart(0, numel, shape)]
+        if numel <= max_numel:
+            return whole
+        plan = self.plan(shape)
+        if plan.mode == MODE_FLAT:
+            c = plan.chunk_numel
+            step = max(1, max_numel // c) * c
+            out = []
+            for lo in range(0, numel, step):
+                hi = min(numel, lo + step)
+                part = self.plan((hi - lo,))
+                # A tile-mode codec's fallback stays whole: its 1-D parts would be tiled, not chunked flat.
+                if part.mode != MODE_FLAT or part.chunk_shape != plan.chunk_shape:
+                    return whole
+                out.append(TensorPart(lo, hi, (hi - lo,)))
+            return out if len(out) > 1 else whole
+        rows = shape[0] if shape else 1
+        unit = plan.chunk_shape[0]  # rows of a tile (elements of a vector's tile)
+        row_numel = numel // rows
+        units = rows // unit
+        if units * unit != rows:
+            return whole
+
+        def block(k: int) -> tuple[int, ...]:
+            return (k * unit, *shape[1:])
+
+        def same_tiles(k: int) -> bool:
+            part = self.plan(block(k))
+            return (
+                part.mode == plan.mode
+                and part.chunk_shape == plan.chunk_shape
+                and part.pad_count == 0
+                and part.grid[1:] == plan.grid[1:]
+            )
+
+        target = max(1, max_numel // (unit * row_numel))
+        out = []
+        at = 0
+        while at < units:
+            k = min(target, units - at)
+            while k > 1 and not same_tiles(k):
+                k -= 1
+            if not same_tiles(k):
+                return whole
+            out.append(TensorPart(at * unit * row_numel, (at + k) * unit * row_numel, block(k)))
+            at += k
+        return out if len(out) > 1 else whole
+
+    def bytes_per_element(self) -> float:
+        """About what a record spends per element of its tensor, headers aside: each chunk's ``k`` values at
+        ``value_bits`` and positions (packed, or Rice-coded gaps at about ``log2(C/k) + 2`` bits, whichever
+        is smaller), and a float32 scale and minimum per chunk, over the chunk's ``C`` elements."""
+        c = math.prod(self.chunk_shape)
+        k = self.chunk_topk(c)
+        index_bits = min(max(1, math.ceil(math.log2(c))), math.log2(c / k) + 2)
+        return (k * (self.value_bits + index_bits) / 8 + 8) / c
+
+    def flat_vector_codec(self) -> DCTCodec:
+        """A tile-mode codec's flat-mode twin (chunks of its ``chunk_shape``: the tiles of a vector would be
+        64 elements long); a flat-mode codec itself."""
+        if self.mode != MODE_TILES:
+            return self
+        return DCTCodec(
+            self.chunk_shape, self.topk, "flat", self.index_coding, self.value_bits, topk_scaling=self.topk_scaling
+        )
+
+    def coefficient_domain(self) -> CoefficientDomain:
+        """The codec's DCT coefficient domain, where a weighted mean of records cut as this codec cuts is
+        summed and re-encoded without decoding them (:class:`~gradwire.dct.domain.CoefficientDomain`)."""
+        return CoefficientDomain(self)
+
+    def own_records(self, entries, device=None) -> ParseCache:
+        """A parse cache holding those of ``entries`` this codec wrote (the very record objects, untouched
+        since) as it kept them — exactly what parsing their bytes gives, on ``device`` — for a caller that
+        hands its own records back to a reader (a sharded owner averaging its own pieces' records with the
+        other ranks'). Any other record, a copy of one of these or the same bytes read back included, is
+        not in it: :func:`~gradwire.dct.parse.parse_record` parses it as hostile input."""
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        cache = ParseCache()
+        for entry in entries:
+            got = self._written.get(entry)
+            if got is None:
+                continue
+            (idx, levels, scales, mins), rows, plan, k = got
+            lv = levels[rows].to(device=dev, dtype=torch.int16)
+            sc = scales[rows].to(device=dev, dtype=torch.float32)
+            mn = mins[rows].to(device=dev, dtype=torch.float32)
+            idx_t = idx[rows].to(device=dev, dtype=torch.int64)
+            cache.add(entry, dev, ParsedRecord(plan, k, idx_t, lv, sc, mn))
+        return cache
+
+    # -- encoding ---------------------------------------------------------------------------------
 
     def compress(self, tensor: torch.Tensor, name: str = "") -> tuple[Entry, torch.Tensor]:
         rec.check_float_input(tensor)
         x = tensor.detach()
         plan = self.plan(x.shape)
-        coeffs = _dct.encode_chunks(x.to(torch.float32), plan)
+        coeffs = encode_chunks(x.to(torch.float32), plan)
         entry, kept = self.compress_coefficients(coeffs, plan, name, tensor.dtype)
         return entry, kept.decode().to(tensor.dtype)
 
     def compress_coefficients(
-        self, coeffs: torch.Tensor, plan: _dct.ChunkPlan, name: str = "", dtype: torch.dtype = torch.float32
-    ) -> tuple[Entry, KeptCoefficients]:
+        self, coeffs: torch.Tensor, plan: ChunkPlan, name: str = "", dtype: torch.dtype = torch.float32
+    ) -> tuple[Entry, ParsedRecord]:
         """The record of a tensor whose DCT coefficients ``coeffs`` ``(num_chunks, C)`` (float32, cut by
         ``plan``, which must be :meth:`plan` of the tensor's shape) are given rather than computed, tagged
-        ``dtype``; with what it keeps (:class:`KeptCoefficients`: its exact decode is what receivers get).
+        ``dtype``; with what it keeps (a :class:`~gradwire.dct.ParsedRecord`, exactly what parsing the record's
+        bytes gives: its exact decode is what receivers get).
 
         :meth:`compress` is the forward transform and then this; a sender that holds coefficients already
         (the server's coefficient-domain downlink, :mod:`gradwire.reencode`) skips the transform.
@@ -351,12 +326,13 @@ class DCTCodec(Codec):
                 f"tensor {name!r}: expected ({plan.num_chunks}, {c}) coefficients, got {tuple(coeffs.shape)}"
             )
         k = self.chunk_topk(c)
-        idx, top = _dct.select_topk(coeffs, k)
+        idx, top = select_topk(coeffs, k)
         levels, scales, mins = quantize_levels(top, self.value_bits)
         # Only the compact payload crosses to the host.
-        host = self._to_host(idx, levels, scales, mins, c)
-        entry = self._record(name, dtype, plan, k, *host)
-        return entry, KeptCoefficients(plan, idx, levels, scales, mins)
+        idx_h, values_h, scales_h, mins_h = self._to_host_all([((idx, levels, scales, mins), c)])[0]
+        (entry,) = self._records([(name, dtype, plan, k, idx_h, values_h.reshape(-1), scales_h, mins_h)])
+        self._written.add(entry, (idx, levels, scales, mins), slice(0, plan.num_chunks), plan, k)
+        return entry, ParsedRecord(plan, k, idx, levels, scales, mins)
 
     def records_copy_input(self) -> bool:
         """Whether this codec's records and reconstructions never view the tensors it is given (its
@@ -404,7 +380,7 @@ class DCTCodec(Codec):
         sides powers of two) runs tensor by tensor, as :meth:`compress` runs it; selection, quantization
         and the exact decode are stacked for every chunk shape.
         """
-        groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, _dct.ChunkPlan]]] = {}
+        groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, ChunkPlan]]] = {}
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
         for name, tensor in tensors.items():
             rec.check_float_input(tensor)
@@ -417,13 +393,13 @@ class DCTCodec(Codec):
         coefficient_groups = []
         for dims, members in groups.items():
             c = members[0][2].chunk_numel
-            if exact_only and not _chunkwise_on_cpu(dims):
+            if exact_only and not native_tiles(dims):
                 # The matrix route's last bits could follow the batch's size: each tensor's transform on
                 # its own, as compress runs it; selection, quantization and decode work chunk by chunk.
-                coeffs = torch.cat([_dct.encode_chunks(t.detach().to(torch.float32), plan) for _, t, plan in members])
+                coeffs = torch.cat([encode_chunks(t.detach().to(torch.float32), plan) for _, t, plan in members])
             else:
-                chunks = _dct.cut_into_chunks(members, dims, c)
-                coeffs = _dct.dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
+                chunks = cut_into_chunks(members, dims, c)
+                coeffs = dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             coefficient_groups.append(([(name, t.dtype, plan) for name, t, plan in members], coeffs))
         done, _ = self.compress_coefficient_groups(coefficient_groups)
         for name, (entry, recon) in done.items():
@@ -447,7 +423,7 @@ class DCTCodec(Codec):
             dims = members[0][2].chunk_shape
             c = members[0][2].chunk_numel
             k = self.chunk_topk(c)
-            idx, top = _dct.select_topk(coeffs, k)
+            idx, top = select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
             if coeffs.device.type == "cpu" and coeffs.numel() >= _CPU_STACKED_DECODE_MAX * len(members):
                 # Large records: the Rust decode, record by record as compress runs it, writes a matrix's
@@ -456,23 +432,23 @@ class DCTCodec(Codec):
                 for _, _, plan in members:
                     rows = slice(row, row + plan.num_chunks)
                     row += plan.num_chunks
-                    recons.append(_reconstruct(idx[rows], levels[rows], scales[rows], mins[rows], plan))
+                    recons.append(decode_levels(idx[rows], levels[rows], scales[rows], mins[rows], plan))
             elif coeffs.device.type == "cpu":
                 # Many small records: one Rust decode of all their chunks (taken as one flat record of
                 # them; each chunk is decoded on its own, exactly: the same bits) and one put-back copy,
                 # rather than a call per record.
-                stacked = _dct.plan_flat((coeffs.shape[0] * c,), dims)
-                decoded = _dct.decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
-                recons = _dct.put_back_chunks(decoded.reshape(-1, c), members, dims)
+                stacked = plan_flat((coeffs.shape[0] * c,), dims)
+                decoded = decode_levels(idx, levels.to(torch.int16), scales, mins, stacked)
+                recons = put_back_chunks(decoded.reshape(-1, c), members, dims)
             else:
-                decoded = _dct.decode_level_chunks(idx, levels, scales, mins, dims)
-                recons = _dct.put_back_chunks(decoded.reshape(-1, c), members, dims)
+                decoded = decode_level_chunks(idx, levels, scales, mins, dims)
+                recons = put_back_chunks(decoded.reshape(-1, c), members, dims)
             pending.append((members, k, c, (idx, levels, scales, mins), recons))
             kept.append((idx, levels, scales, mins))
         # Every group's payload crosses to the host at once: one copy on a GPU (see _to_host_all).
         hosts = self._to_host_all([(payload, c) for _, _, c, payload, _ in pending])
         records, recons_of = [], {}
-        for (members, k, _c, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
+        for (members, k, _, _, recons), (idx_h, levels_h, scales_h, mins_h) in zip(pending, hosts):
             row = 0
             for (name, dtype, plan), recon in zip(members, recons):
                 rows = slice(row, row + plan.num_chunks)
@@ -490,70 +466,46 @@ class DCTCodec(Codec):
                 row_of[name] = (payload, slice(row, row + plan.num_chunks), plan, k)
                 row += plan.num_chunks
         for e in entries:
-            _remember_own(e, *row_of[e.name])
+            self._written.add(e, *row_of[e.name])
         return {e.name: (e, recons_of[e.name]) for e in entries}, kept
 
-    def _to_host_all(self, groups):
-        """:meth:`_to_host` (not flat) of each ``((idx, levels, scales, mins), c)``. Off the CPU the arrays
-        of every group are laid end to end as bytes on the device (each padded to 8 bytes, so every array
-        stays aligned) and copied to the host in ONE transfer, then cut back into typed views: one
+    def _wire_arrays(self, idx, levels, scales, mins, c: int) -> tuple[torch.Tensor, ...]:
+        """``(positions, values, scales, mins)`` in the types the record's host arrays take, on their device:
+        positions int16 (int32 above 2^15 elements a chunk), values int8 at 8 bits (else the levels as int32,
+        packed per record by :meth:`_records`), scales and minimums float32."""
+        values = (levels - 128).to(torch.int8) if self.value_bits == VALUE_BITS else levels.to(torch.int32)
+        positions = idx.to(torch.int16 if c <= (1 << 15) else torch.int32)
+        return positions, values, scales.to(torch.float32), mins.to(torch.float32)
+
+    def _to_host_all(self, groups) -> list[tuple[np.ndarray, ...]]:
+        """:meth:`_wire_arrays` of each ``((idx, levels, scales, mins), c)`` as numpy arrays. Off the CPU the
+        arrays of every group are laid end to end as bytes on the device (each padded to 8 bytes, so every
+        array stays aligned) and copied to the host in ONE transfer, then cut back into typed views: one
         device-to-host copy per exchange phase whatever the number of tensors or chunk shapes."""
-        if not groups or groups[0][0][0].device.type == "cpu":
-            return [self._to_host(*payload, c, flat=False) for payload, c in groups]
-        parts: list[torch.Tensor] = []
-        for (idx, levels, scales, mins), c in groups:
-            values = (levels - 128).to(torch.int8) if self.value_bits == VALUE_BITS else levels.to(torch.int32)
-            parts += [
-                idx.to(torch.int16 if c <= (1 << 15) else torch.int32),
-                values,
-                scales.to(torch.float32),
-                mins.to(torch.float32),
-            ]
-        pieces, spans = [], []
-        offset = 0
-        for t in parts:
-            raw = t.contiguous().reshape(-1).view(torch.uint8)
-            pad = -raw.numel() % 8
-            pieces.append(raw)
-            if pad:
-                pieces.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
-            spans.append((offset, t))
-            offset += raw.numel() + pad
-        blob = torch.cat(pieces).cpu().numpy()
-        arrays = []
-        for start, t in spans:
-            dtype = np.dtype(str(t.dtype).replace("torch.", ""))
-            arrays.append(blob[start : start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
-        return [tuple(arrays[4 * g : 4 * g + 4]) for g in range(len(groups))]
-
-    def _to_host(self, idx, levels, scales, mins, c: int, flat: bool = True):
-        """``(positions, values, scales, mins)`` as numpy arrays, values as the record stores them (int8
-        at 8 bits, else the levels as int32, packed per record by :meth:`_record`); ``flat``: values as
-        one row."""
-        idx_host = idx.to(torch.int16 if c <= (1 << 15) else torch.int32).cpu().numpy()
-        if self.value_bits == VALUE_BITS:
-            values = (levels - 128).to(torch.int8).cpu().numpy()
+        parts = [t for payload, c in groups for t in self._wire_arrays(*payload, c)]
+        if not parts or parts[0].device.type == "cpu":
+            arrays = [t.numpy() for t in parts]
         else:
-            values = levels.to(torch.int32).cpu().numpy()
-        return idx_host, values.reshape(-1) if flat else values, scales.cpu().numpy(), mins.cpu().numpy()
-
-    def _record(
-        self,
-        name: str,
-        dtype: torch.dtype,
-        plan: _dct.ChunkPlan,
-        k: int,
-        idx_host: np.ndarray,
-        values: np.ndarray,
-        scales_host: np.ndarray,
-        mins_host: np.ndarray,
-    ) -> Entry:
-        """The record of ``plan``'s chunks from their host arrays (see :meth:`_to_host`)."""
-        return self._records([(name, dtype, plan, k, idx_host, values, scales_host, mins_host)])[0]
+            pieces, spans = [], []
+            offset = 0
+            for t in parts:
+                raw = t.contiguous().reshape(-1).view(torch.uint8)
+                pad = -raw.numel() % 8
+                pieces.append(raw)
+                if pad:
+                    pieces.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
+                spans.append((offset, t))
+                offset += raw.numel() + pad
+            blob = torch.cat(pieces).cpu().numpy()
+            arrays = []
+            for start, t in spans:
+                dtype = np.dtype(str(t.dtype).replace("torch.", ""))
+                arrays.append(blob[start : start + t.numel() * dtype.itemsize].view(dtype).reshape(tuple(t.shape)))
+        return [tuple(arrays[4 * g : 4 * g + 4]) for g in range(len(groups))]
 
     def _records(self, records) -> list[Entry]:
         """The records of ``(name, dtype, plan, k, positions, values, scales, mins)`` host arrays (see
-        :meth:`_to_host`): every record's positions coded (packed, Rice or the smaller, as the codec says)
+        :meth:`_to_host_all`): every record's positions coded (packed, Rice or the smaller, as the codec says)
         and its values packed below a byte by one native call, ``_native.dct_payloads``, the GIL released.
         ``ValueError`` naming the first tensor whose scales or minimums are not finite, before any coding."""
         for name, _, _, _, _, _, scales_host, mins_host in records:
@@ -612,15 +564,4 @@ class DCTCodec(Codec):
             extra += f", value_bits={self.value_bits}"
         if self.topk_scaling != "fixed":
             extra += f", topk_scaling={self.topk_scaling!r}"
-        return f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={_MODE_NAMES[self.mode]!r}{extra})"
-
-
-#: Mean elements per record from which :meth:`DCTCodec.compress_batched` decodes a CPU group record by record
-#: (into each tensor's own layout, no put-back pass) rather than stacked (one call for many small records).
-_CPU_STACKED_DECODE_MAX = 1 << 18
-
-
-def _chunkwise_on_cpu(dims: Sequence[int]) -> bool:
-    """Whether the CPU transform of chunks of ``dims`` is the Rust one (2-D, sides powers of two up to
-    ``MATMUL_MAX_N``), which works chunk by chunk whatever the batch."""
-    return len(dims) == 2 and all(0 < n <= _dct.MATMUL_MAX_N and n & (n - 1) == 0 for n in dims)
+        return f"DCTCodec(chunk_shape={self.chunk_shape}, topk={self.topk}, mode={MODE_NAMES[self.mode]!r}{extra})"
