@@ -1,4 +1,4 @@
-"""Transform-domain accumulation and norms of DCT records (gradwire.accumulate + codecs/dct.py)."""
+"""Transform-domain accumulation and norms of DCT records (gradwire.accumulate + gradwire.dct)."""
 
 from __future__ import annotations
 
