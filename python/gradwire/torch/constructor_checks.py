@@ -74,8 +74,7 @@ def check_reference_names(who: str, given: Mapping[str, Any], names: Mapping[str
 
 def check_topk(who: str, what: str, codec: Any) -> None:
     """A ``UserWarning`` when a DCT codec's ``topk`` is more than its largest chunk holds."""
-    from ..dct import DCTCodec
-    from ..dct import MODE_TILES
+    from ..dct import MODE_TILES, DCTCodec
 
     if not isinstance(codec, DCTCodec):
         return
