@@ -145,16 +145,21 @@ class NodeSide:
         """This step's local work on ``grads`` (``None`` for a node that :attr:`reads_module_grads`);
         whether the step sends. ``groups``: the tensors' param groups, each with its config (a torch
         transport's, whose param groups may set hyperparameters per group), ``None`` for one group of
-        every tensor under the node's own config. By default the gradients are kept for :meth:`send`,
-        which hands them to :meth:`records`."""
+        every tensor under the node's own config. A node side written with :meth:`records` alone runs it
+        here, and :meth:`send` hands its records over."""
         if type(self).records is NodeSide.records:
             raise NotImplementedError(f"{type(self).__name__} implements neither records nor local_step and send")
-        self._pending_grads = grads
-        return True
+        self._formed = self.records(grads)
+        return self._formed is not None
 
     def send(self) -> list[Entry]:
         """The records of this round, from what the node holds now (the steps since the last send)."""
-        return self.records(self.__dict__.pop("_pending_grads", None)) or []
+        formed = self.__dict__.pop("_formed", None)
+        if formed is None:
+            raise RuntimeError(
+                f"{type(self).__name__} forms its records in records() at a step that sends; it has none to send now"
+            )
+        return formed
 
     def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry] | None:
         """One step: :meth:`local_step`, then :meth:`send` on a step that sends (else ``None``)."""
