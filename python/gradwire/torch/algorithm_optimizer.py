@@ -1,65 +1,28 @@
 """One torch transport for every registered algorithm: :class:`AlgorithmOptimizer`, a ``torch.optim.Optimizer``
-on torch.distributed (gloo, NCCL). ``gradwire.torch.DeMo`` and ``SparseLoCo`` are thin constructors over it.
+on torch.distributed (gloo, NCCL); ``gradwire.torch.DeMo`` and ``SparseLoCo`` are thin constructors over it.
 
-It runs an algorithm of :mod:`gradwire.algorithms` through its registered parts alone, never by its name:
-the node side (:meth:`Algorithm.node <gradwire.algorithms.Algorithm.node>`: this rank's local step and
-records), the exact mean of every rank's records, and :meth:`Algorithm.apply
-<gradwire.algorithms.Algorithm.apply>` — the function the server and every node of a run apply a version
-with — on the node side's target. A step is:
+It reaches an algorithm of :mod:`gradwire.algorithms` through its registered parts alone, never by its
+name. A step is the node side's ``local_step`` (DeMo's momentum step, SparseLoCo's inner optimizer), with
+each param group's hyperparameters as the group holds them now; on a step that sends, a **round**: the
+node side's ``send``, the exact mean of every rank's records (sharded among owners or all-gathered:
+:class:`~gradwire.torch.exchange_route.ExchangeRoute`), and the one commit point,
+:meth:`AlgorithmOptimizer._commit`: ``Algorithm.apply`` — the function the server and every node of a
+run apply a version with — on the node side's target, then ``synced``. Every rank decodes the same bytes
+and applies the same elementwise float32 operations, so the replicas stay bit-identical.
 
-1. ``node.local_step(grads, groups)``: the algorithm's local work (DeMo's momentum step, SparseLoCo's
-   inner optimizer), with each param group's hyperparameters as the group holds them now
-   (:meth:`Algorithm.group_config <gradwire.algorithms.Algorithm.group_config>`, so lr schedulers work);
-2. on a step that sends, a **round**: ``node.send()`` forms the records, the ranks exchange them in one of
-   two ways (``exchange=``), and :meth:`AlgorithmOptimizer._commit` — the one commit point — applies the
-   mean and calls ``node.synced()``.
+Parameters are named by position, ``"g<group>.p<index>"`` (``"g0.p3"``: the fourth parameter of the first
+group), so frames are the same whatever the modules are called; given ``named_parameters()`` or a module,
+errors add the module path: ``"g0.p3 (h.0.attn.weight)"``. Under ``DistributedDataParallel`` the first
+distributed step raises :class:`~gradwire.torch.ddp_guard.DenseAllReduceError` unless DDP's comm hook is
+:func:`~gradwire.torch.ddp_guard.local_gradients_hook`. Without a process group it runs as a group of
+one. FSDP2 ``DTensor`` parameters: each rank works on its shard (:mod:`gradwire.torch.dtensor`).
 
-- ``"sharded"`` (:mod:`gradwire.torch.sharded`): the parameters are cut into pieces, each owned by one
-  rank; every rank sends each owner its records of that owner's pieces (one all-to-all of bundle frames),
-  each owner averages them exactly, re-encodes the mean with the downlink codec under its own error
-  feedback, and the owners' frames are all-gathered and decoded by every rank. A rank's traffic stays
-  under two frames' worth of records per step whatever the world size. The cut is a function of the
-  shapes, the uplink codec and the world size alone (``Pieces``).
-- ``"all_gather"``: one bundle frame per rank (``round`` = the round counter, ``sender`` = the group rank)
-  goes through :func:`~gradwire.torch.collectives.all_gather_bytes`, every rank reads every rank's frame
-  (with :class:`~gradwire.Limits`) and averages them with :func:`~gradwire.algorithms.exact_mean` in rank
-  order; a rank receives ``world − 1`` frames.
-
-Either way every rank applies the update to the same decoded mean, a fixed sequence of elementwise float32
-operations on exactly decoded records, so all ranks hold bit-identical weights afterwards (given that they
-started from the same weights, as DDP ensures by broadcasting them).
-
-Parameters are named by position, ``"g<group>.p<index>"`` (:mod:`gradwire.torch.param_state`), so frames are
-the same whatever the modules are called; every rank must build its optimizer over the same parameter
-list. Given ``model.named_parameters()`` (or a module), errors name a parameter by its module path too:
-``"g0.p3 (h.0.attn.weight)"``.
-
-Under ``DistributedDataParallel`` (the HF Trainer, Accelerate and Lightning wrap the model in it) the first
-distributed step raises :class:`~gradwire.torch.ddp_guard.DenseAllReduceError` unless the DDP module's comm
-hook is :func:`~gradwire.torch.ddp_guard.local_gradients_hook`: DDP's dense all-reduce would otherwise run
-beside these frames and spend every byte they save (docs/RECIPES.md).
-
-Counters (cumulative, frame bytes only — the length words and padding of the collectives are not counted):
-``bytes_sent`` is the length of this rank's own frames, ``bytes_received`` the total length of the other
-ranks' frames this rank read. Sharded, ``bytes_sent`` counts this rank's phase-1 frames to the other owners
-and its re-encoded frame (once, as the all-gather path counts its frame once), and ``bytes_received`` the
-frames the other ranks sent it in phase 1 and their re-encoded frames in phase 2. Without an initialized
-process group (and no ``process_group``) it runs as a group of one: the frame is still written, read back
-and applied.
-
-Parameters may be FSDP2 ``DTensor`` s (``fully_shard``): each rank encodes, exchanges and updates its own
-shard (:mod:`gradwire.torch.dtensor`), and ``process_group`` must join the replicas of that shard (checked
-when the optimizer is built; docs/DISTRIBUTED.md, "Sharded models").
-
-**State lives per parameter.** ``opt.state[p]`` holds the live state of parameter ``p`` after its first step:
-the node side's buffers (DeMo's ``"momentum"``, SparseLoCo's ``"error"``: float32, the parameter's local
-shape), its per-tensor state (SparseLoCo's ``"anchor"``), the algorithm's (SparseLoCo's
-``"outer_momentum"``) and the counters (``"step"``). They are the tensors the step updates: the pieces of the
-sharded exchange and a whole-model record are views into them (:meth:`ExchangeRoute.seat
-<gradwire.torch.exchange_route.ExchangeRoute.seat>`). An inner optimizer's state is its own
-(``opt.inner.state[p]``). The sharded exchange's owner error feedback is not per parameter: a rank holds the
-residual of the pieces it owns only (a row block of a parameter, or some parameters whole), so it is in
-``state_dict()["gradwire"]["owner"]``, by piece.
+**The live state is per parameter**: ``opt.state[p]`` holds the node side's buffers (``"momentum"``,
+``"error"``), its per-tensor state (``"anchor"``), the algorithm's (``"outer_momentum"``) and the
+counters — the tensors the step updates, float32 in the parameter's local shape; the pieces the sharded
+exchange sends and a whole-model record are views into them. The owners' error feedback of the sharded
+exchange covers only the pieces a rank owns: it is in ``state_dict()["gradwire"]["owner"]``, by piece.
+docs/DISTRIBUTED.md, section 4, has the protocol and the byte counters.
 """
 
 from __future__ import annotations
@@ -86,18 +49,6 @@ from .dtensor import LocalTensors, is_dtensor, like_parameter, local_grad, local
 from .exchange_route import ExchangeRoute, LiveTensor
 from .outer import OuterOptimizerFactory, TorchOuterStep
 from .overlap import DEFAULT_BUCKET_NUMEL, GradientBuckets
-from .param_state import (
-    INNER,
-    by_position,
-    counter_of,
-    from_saved_indices,
-    module_paths,
-    nonzero,
-    packed_index,
-    positions,
-    torch_form,
-    trainable,
-)
 from .reshard import reshard_share
 from .sharded import DEFAULT_PIECE_NUMEL
 from .state_bytes import state_from_bytes, state_to_bytes
@@ -108,7 +59,68 @@ __all__ = ["AlgorithmOptimizer", "codec_arg"]
 STATE_KEY = "gradwire"
 #: Under ``"gradwire"`` of a :meth:`AlgorithmOptimizer.full_state_dict`: every rank's share, in rank order.
 FULL_KEY = "ranks"
+#: Per-parameter state keys of an inner optimizer (SparseLoCo's) carry this prefix.
+INNER = "inner."
 _POSITION = re.compile(r"\bg(\d+)\.p(\d+)\b")
+
+
+def _trainable(param_groups) -> list[tuple[str, torch.Tensor, dict]]:
+    """``(position, parameter, group)`` for every parameter that requires a gradient."""
+    return [
+        (f"g{gi}.p{pi}", p, g)
+        for gi, g in enumerate(param_groups)
+        for pi, p in enumerate(g["params"])
+        if p.requires_grad
+    ]
+
+
+def _positions(param_groups) -> dict[str, torch.Tensor]:
+    """``{position: parameter}`` for every parameter, trainable or frozen, in torch's packed order."""
+    return {f"g{gi}.p{pi}": p for gi, g in enumerate(param_groups) for pi, p in enumerate(g["params"])}
+
+
+def _module_paths(*groups_lists) -> dict[int, str]:
+    """``{id(parameter): module path}`` from the ``param_names`` torch keeps in a group built from
+    ``named_parameters()``."""
+    out: dict[int, str] = {}
+    for param_groups in groups_lists:
+        for group in param_groups:
+            for p, name in zip(group["params"], group.get("param_names", ())):
+                out.setdefault(id(p), name)
+    return out
+
+
+def _from_saved_indices(packed: Mapping, saved_groups) -> dict[str, dict]:
+    """A saved state dict's ``"state"`` by position, its parameter ids read from its own ``param_groups``
+    (as torch's ``load_state_dict`` maps them)."""
+    name_of = {pid: f"g{gi}.p{pi}" for gi, g in enumerate(saved_groups) for pi, pid in enumerate(g["params"])}
+    out = {}
+    for pid, fields in packed.items():
+        if pid not in name_of:
+            raise ValueError(f"the checkpoint's state names parameter id {pid!r}, which none of its param groups holds")
+        out[name_of[pid]] = dict(fields)
+    return out
+
+
+def _nonzero(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors of one kind, or none if all are zeros: a state dict holds zeros where no
+    buffer exists yet (``torch.distributed.checkpoint`` loads only the keys it is given), and a zero buffer
+    and none step alike."""
+    return dict(tensors) if any(bool(t.any()) for t in tensors.values()) else {}
+
+
+def _counter_of(per_param: Mapping[str, Mapping[str, Any]], key: str) -> int | None:
+    """A counter kept per parameter (the same in each), ``None`` if none is kept."""
+    values = {int(fields[key]) for fields in per_param.values() if key in fields}
+    if len(values) > 1:
+        raise ValueError(f"the checkpoint's parameters disagree on {key!r}: {sorted(values)[:4]}")
+    return values.pop() if values else None
+
+
+def _torch_form(state: Mapping[str, Any]) -> bool:
+    """Whether an optimizer's state dict is torch's own form (spread over the parameters); another form
+    (``MuonAdamW``'s) is kept whole."""
+    return set(state) == {"state", "param_groups"}
 
 
 def codec_arg(value, what: str) -> Codec | None:
@@ -199,10 +211,10 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             raise ValueError(f"algorithm {alg.name!r} sends a record per tensor: it takes no model_record")
         module = params if isinstance(params, nn.Module) else None
         super().__init__(module.named_parameters() if module is not None else params, alg.group_defaults(self.config))
-        self._paths = module_paths(self.param_groups, inner.param_groups if inner is not None else ())
+        self._paths = _module_paths(self.param_groups, inner.param_groups if inner is not None else ())
         if inner is not None:
             self._adopt_groups(inner)
-        named = trainable(self.param_groups)
+        named = _trainable(self.param_groups)
         uplink = codec if codec is not None else self._default_codec()
         self._route = ExchangeRoute(
             exchange,
@@ -293,7 +305,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
                     f"overlap=True encodes and exchanges each bucket on its own; {codec!r} spends one "
                     f"budget across all tensors at once: build {name} with overlap=False for it"
                 )
-        named = trainable(self.param_groups)
+        named = _trainable(self.param_groups)
         if any(is_dtensor(p) for _, p, _ in named):
             raise ValueError(
                 "overlap=True is for replicated parameters (DDP or one process); FSDP2 shards "
@@ -421,7 +433,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             return
         self._ddp_checked = True
         if self._exchange.world() > 1:
-            named = trainable(self.param_groups)
+            named = _trainable(self.param_groups)
             check_not_all_reduced(
                 [p for _, p, _ in named], {id(p): self._label(n) for n, p, _ in named}, type(self).__name__
             )
@@ -432,7 +444,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         those it is given) and stays with one that reads them itself (SparseLoCo: its local steps before
         freezing are synced like any other's). With a fixed exchange (sharded pieces, a model record, the
         overlap's hooks) either is refused."""
-        now = trainable(self.param_groups)
+        now = _trainable(self.param_groups)
         target = self.node.target()
         added = [(n, p) for n, p, _ in now if n not in target]
         live = {n for n, _, _ in now}
@@ -481,7 +493,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         for kind, buffers in self.node.buffers().items():
             self._route.seat(buffers, self._live.setdefault(kind, {}))
         counters = {key: torch.tensor(float(self._counter(c))) for key, c in self.node.parameter_counters.items()}
-        at = positions(self.param_groups)
+        at = _positions(self.param_groups)
         for n, fields in self._live_state().items():
             self.state[at[n]] = {**fields, **counters}
 
@@ -521,8 +533,8 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         owners' error feedback, the byte counters and a torch ``outer_optimizer``'s state started afresh, at
         any group size (docs/DISTRIBUTED.md, "Checkpoints")."""
         out = super().state_dict()
-        at = positions(self.param_groups)
-        index = packed_index(self.param_groups)
+        at = _positions(self.param_groups)
+        index = {n: i for i, n in enumerate(at)}  # torch's packed index
         names = list(self.node.target())
         per: dict[str, dict[str, Any]] = {n: {} for n in names}
 
@@ -543,7 +555,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             put(kind, tensors, zeros=True)
         section: dict[str, Any] = {"node": self.node.torch_state()}
         inner = self.node.inner.state_dict() if self.node.inner is not None else None
-        if inner is not None and torch_form(inner):
+        if inner is not None and _torch_form(inner):
             name_of = self._inner_positions()
             for i, fields in inner["state"].items():
                 per.setdefault(name_of[int(i)], {}).update({INNER + k: v for k, v in fields.items()})
@@ -568,7 +580,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         size; or what ``torch.distributed.checkpoint`` hands back: torch's part only); ``ValueError`` for a
         checkpoint of another model (parameter count or shapes), rank (sharded), exchange or outer step."""
         share, per_param, torch_part = self._split_state(state_dict)
-        at = positions(self.param_groups)
+        at = _positions(self.param_groups)
         devices = {n: local_tensor(p).device for n, p in at.items()}
         outer = dict(share["outer"]) if share is not None and "outer" in share else {}
         if self._outer_factory is None and "torch_optimizer" in outer:
@@ -581,7 +593,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         if inner is not None:
             if share is not None and "inner" in share:
                 inner.load_state_dict(share["inner"])
-            elif torch_form(inner.state_dict()):
+            elif _torch_form(inner.state_dict()):
                 index = {n: i for i, n in self._inner_positions().items()}
                 inner_state = {
                     index[n]: {k[len(INNER) :]: v for k, v in f.items() if k.startswith(INNER)}
@@ -595,7 +607,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
 
         def loaded(kind: str, zeros_are_none: bool) -> dict[str, torch.Tensor]:
             tensors = {n: f[kind] for n, f in per_param.items() if kind in f}
-            tensors = nonzero(tensors) if zeros_are_none else tensors
+            tensors = _nonzero(tensors) if zeros_are_none else tensors
             return {n: t.detach().to(device=devices[n], dtype=torch.float32).clone() for n, t in tensors.items()}
 
         for kind, tensors in self.node.tensors().items():
@@ -614,7 +626,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         if share is not None:
             counted = {c: int(share[key]) for key, c in self.node.checkpoint_counters.items()}
         else:
-            counted = {c: counter_of(per_param, key) for key, c in self.node.parameter_counters.items()}
+            counted = {c: _counter_of(per_param, key) for key, c in self.node.parameter_counters.items()}
             counted = {c: v for c, v in counted.items() if v is not None}
         self.steps = counted.get("steps", counted.get("rounds", 0))
         self.rounds = counted.get("rounds", self.steps)
@@ -642,7 +654,8 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
                 "keeps each shard's state with its shard"
             )
         out = self.state_dict()
-        mine = dict(out[STATE_KEY], params=by_position(out["state"], self.param_groups))
+        names = list(_positions(self.param_groups))
+        mine = dict(out[STATE_KEY], params={names[int(i)]: dict(f) for i, f in out["state"].items()})
         if self._exchange._distributed():
             g = self.process_group
             shares = all_gather_bytes(
@@ -676,8 +689,15 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             new_pieces=route.pieces if sharded else None,
             owned=[p.name for p in self._exchange.owned(rank)] if sharded else [],
             downlink=self._exchange.downlink if sharded else None,
-            own=tuple(self.node.buffers()),
+            own=self._each_ranks_own,
         )
+
+    def _each_ranks_own(self, key: str, value: Any) -> bool:
+        """Whether a per-parameter entry is each rank's own (its node side's buffers, its inner optimizer's
+        floating-point state: averaged when another group size resumes) or the same on every rank."""
+        if key in self.node.buffers():
+            return True
+        return key.startswith(INNER) and key != INNER + "step" and torch.is_tensor(value) and value.is_floating_point()
 
     def _split_state(self, state_dict: Mapping[str, Any]) -> tuple[dict | None, dict[str, dict], dict]:
         """What ``load_state_dict`` does first: check the state dict (another model, shards, exchange, group
@@ -695,7 +715,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         if share is not None and "params" in share:
             per_param = dict(share["params"])
         else:
-            per_param = from_saved_indices(state_dict.get("state", {}), state_dict["param_groups"])
+            per_param = _from_saved_indices(state_dict.get("state", {}), state_dict["param_groups"])
         # gradwire's own per-parameter state of an FSDP parameter is a DTensor in the state dict: its shard here.
         per_param = {
             n: {k: (local_tensor(v) if not k.startswith(INNER) else v) for k, v in f.items()}
@@ -703,13 +723,13 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         }
         self._check_param_state(per_param)
         if share is not None:
-            devices = {n: p.device for n, p in positions(self.param_groups).items()}
+            devices = {n: p.device for n, p in _positions(self.param_groups).items()}
             self._route.load_state_dict(share, devices)
         return share, per_param, {"state": {}, "param_groups": state_dict["param_groups"]}
 
     def _check_param_state(self, per_param: Mapping[str, Mapping[str, Any]]) -> None:
         """``ValueError`` for per-parameter state of a parameter this optimizer lacks or of another shape."""
-        at = positions(self.param_groups)
+        at = _positions(self.param_groups)
         for n, fields in per_param.items():
             if n not in at:
                 raise ValueError(
@@ -725,7 +745,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
                     )
 
     def _model_shapes(self) -> dict[str, list[int]]:
-        return {n: list(p.shape) for n, p in positions(self.param_groups).items()}
+        return {n: list(p.shape) for n, p in _positions(self.param_groups).items()}
 
     def _check_model_shapes(self, mine: Mapping[str, Any]) -> None:
         """A checkpoint of another model (other parameter count or shapes) is refused, naming the first difference."""
@@ -746,14 +766,14 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
 
     def _inner_positions(self) -> dict[int, str]:
         """Each index of the inner optimizer's packed state as a position (by parameter identity)."""
-        at = {id(p): n for n, p in positions(self.param_groups).items()}
+        at = {id(p): n for n, p in _positions(self.param_groups).items()}
         return {i: at[id(p)] for i, p in enumerate(p for g in self.node.inner.param_groups for p in g["params"])}
 
     # -- naming parameters ---------------------------------------------------------------------------
 
     def _describe(self, message: str) -> str:
         """``message`` with each position followed by its module path: ``"g0.p3"`` → ``"g0.p3 (h.0.attn.weight)"``."""
-        at = positions(self.param_groups)
+        at = _positions(self.param_groups)
 
         def label(m: re.Match) -> str:
             p = at.get(m.group(0))

@@ -20,13 +20,12 @@ for the old group (another ``piece_numel`` or codec).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .. import dct as _dct
-from .param_state import INNER
 from .sharded import Pieces
 
 __all__ = ["reshard_share"]
@@ -42,14 +41,14 @@ def reshard_share(
     new_pieces: Pieces | None,
     owned: Sequence[str],
     downlink=None,
-    own: Sequence[str] = (),
+    own: Callable[[str, Any], bool],
 ) -> dict:
     """Rank ``rank``'s share in a group of ``world`` from the ``parts`` a group of ``len(parts)`` saved
     (see the module docstring). ``kind``: this optimizer's exchange; ``old_pieces`` / ``new_pieces``: the
     sharded exchange's pieces for the old and the new group (``None`` all-gathered); ``owned``: the
-    names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded); ``own``: the
-    per-parameter keys that are each rank's own (the node side's buffer kinds: ``"momentum"``,
-    ``"error"``), averaged like the inner optimizer's floating-point state."""
+    names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded); ``own(key,
+    value)``: whether a per-parameter entry is each rank's own (the optimizer's layout says: its node
+    side's buffers, its inner optimizer's floating-point state), which is averaged."""
     saved_kind = parts[0].get("exchange", "all_gather")
     if saved_kind != kind:
         raise ValueError(
@@ -76,7 +75,7 @@ def reshard_share(
                 )
     _stateless([p["node"].get("codec") for p in parts], "uplink codec")
     share = dict(parts[0])
-    share["params"] = _mean_params([p["params"] for p in parts], tuple(own))
+    share["params"] = _mean_params([p["params"] for p in parts], own)
     share.update(world=world, rank=rank, bytes_sent=0, bytes_received=0)
     if new_pieces is not None:
         share["pieces"] = [p.name for p in new_pieces.pieces]
@@ -100,25 +99,13 @@ def _mean(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return acc.div_(len(tensors))
 
 
-def _own(key: str, value: Any, own: tuple[str, ...]) -> bool:
-    """Whether per-parameter ``key`` is each rank's own state (else it is the same on every rank)."""
-    if key in own:
-        return True
-    return (
-        key.startswith(INNER)
-        and key != INNER + "step"
-        and isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-    )
-
-
-def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]], own: tuple[str, ...]) -> dict:
+def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]], own: Callable[[str, Any], bool]) -> dict:
     """Each parameter's state: each rank's own averaged over the ranks that hold it, the rest rank 0's."""
     out: dict[str, dict] = {}
     for n in ranks[0]:
         fields = dict(ranks[0][n])
         for k, v in ranks[0][n].items():
-            if _own(k, v, own):
+            if own(k, v):
                 held = [r[n][k] for r in ranks if n in r and k in r[n]]
                 fields[k] = _mean(held).to(v.dtype)
         out[n] = fields
