@@ -252,6 +252,8 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         self.steps = 0
         self.rounds = 0
         self._live: dict[str, dict[str, LiveTensor]] = {}  # each buffer kind's per-parameter storage
+        self._held: tuple[int, ...] | None = None  # what self.state was last built from (_holding)
+        self._counters: dict[str, torch.Tensor] = {}
         self._ddp_checked = False
         self._buckets: GradientBuckets | None = None
         if overlap:
@@ -490,12 +492,24 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         ``torch.distributed.checkpoint``'s ``get_optimizer_state_dict``, which steps an optimizer whose
         ``state`` is empty (with zero gradients and learning rate 0) to create it, never steps this one
         once it has state (a DeMo step at learning rate 0 still decays and sends its momenta)."""
-        for kind, buffers in self.node.buffers().items():
-            self._route.seat(buffers, self._live.setdefault(kind, {}))
-        counters = {key: torch.tensor(float(self._counter(c))) for key, c in self.node.parameter_counters.items()}
-        at = _positions(self.param_groups)
-        for n, fields in self._live_state().items():
-            self.state[at[n]] = {**fields, **counters}
+        if self._held != self._holding():  # new tensors since the last step (a first step, a load, a codec's copies)
+            for kind, buffers in self.node.buffers().items():
+                self._route.seat(buffers, self._live.setdefault(kind, {}))
+            self._counters = {key: torch.tensor(0.0) for key in self.node.parameter_counters}
+            at = _positions(self.param_groups)
+            for n, fields in self._live_state().items():
+                self.state[at[n]] = {**fields, **self._counters}
+            self._held = self._holding()
+        for key, c in self.node.parameter_counters.items():
+            self._counters[key].fill_(float(self._counter(c)))  # in place, as torch's optimizers count "step"
+
+    def _holding(self) -> tuple[int, ...]:
+        """The identities of the tensors the live state is made of (equal from step to step once seated)."""
+        held = [id(t) for buffers in self.node.buffers().values() for t in buffers.values()]
+        held += [id(t) for tensors in self.node.tensors().values() for t in tensors.values()]
+        by_kind, _ = self.algorithm.parameter_state(self.config, self.algorithm_state)
+        held += [id(t) for tensors in by_kind.values() for t in tensors.values()]
+        return (len(self.node.target()), *held)
 
     def _live_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """``{position: {kind: tensor}}``: the tensors the step updates, by parameter (not copies)."""
@@ -636,6 +650,7 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             self._outer = TorchOuterStep(self._outer_factory, self.node.target())
             if share is not None:  # (torch.distributed.checkpoint keeps no outer optimizer state: it starts afresh)
                 self._outer.load_state_dict(outer)
+        self._held = None  # torch's load_state_dict emptied self.state
         if per_param or self.steps:
             self._settle()
 

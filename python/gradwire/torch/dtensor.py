@@ -87,6 +87,9 @@ class LocalTensors(MutableMapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         return local_tensor(self._params[name])
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._params
+
     def __setitem__(self, name: str, value: torch.Tensor) -> None:
         self._params[name] = value
 
