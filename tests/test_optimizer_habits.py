@@ -312,3 +312,36 @@ def test_transformers_gpt2_from_a_config_both_optimizers_bf16_and_resume():
             assert got["tied"], got
             assert all(got["identical"].values()), got
             assert got["resumed_equal"], got
+
+
+@pytest.mark.parametrize(
+    "which, exchange, model_record",
+    [("demo", "sharded", False), ("demo", "all_gather", True), ("sparseloco", "sharded", False)],
+)
+def test_the_live_state_is_per_parameter_where_torch_users_look(which, exchange, model_record):
+    model = make_gpt()
+    if which == "demo":
+        opt = gt.DeMo(model.parameters(), lr=0.01, exchange=exchange, model_record=model_record, piece_numel=1024)
+        kinds = {"momentum", "step"}
+    else:
+        inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        opt = gt.SparseLoCo(model.parameters(), inner, sync_every=1, outer_momentum=0.9, exchange=exchange)
+        kinds = {"anchor", "error", "outer_momentum", "step", "syncs"}
+    batches = token_batches(0, 3)
+    trained = [(i, p) for i, p in enumerate(model.parameters()) if p.requires_grad]
+    _, (i, p) = max(enumerate(trained), key=lambda t: t[1][1].numel())  # the largest: cut into pieces
+    for t, micros in enumerate(batches):
+        opt.zero_grad()
+        lm_loss(model, micros[0]).backward()
+        opt.step()
+        if t == 0:
+            state = opt.state[p]
+            assert set(state) == kinds and all(state[k].dtype == torch.float32 for k in kinds - {"step", "syncs"})
+            held = {k: state[k] for k in kinds - {"step", "syncs"}}
+            before = {k: v.clone() for k, v in held.items()}
+    # The tensors read after the first step are the memory the later steps updated (not copies), and they
+    # hold what state_dict() saves.
+    saved = opt.state_dict()["state"][i]
+    for k, live in held.items():
+        assert tuple(live.shape) == tuple(p.shape) and live.data_ptr() == opt.state[p][k].data_ptr(), k
+        assert torch.equal(live, saved[k]) and not torch.equal(live, before[k]), k

@@ -3,8 +3,9 @@
 Each algorithm is one :class:`Algorithm` object registered under its name (:mod:`.base`): its config
 type (which the server's ``RunConfig`` reuses), its node side (:class:`NodeSide`: form a frame's records
 from local state, with ``state_dict()``), what a version publishes and how a version is applied. The
-transports — ``gradwire.torch.DeMo`` / ``SparseLoCo`` on torch.distributed, the server, the client's
-``Node``, :mod:`gradwire.published` — look algorithms up with :func:`get_algorithm` and never test a name.
+transports — ``gradwire.torch.AlgorithmOptimizer`` on torch.distributed (``DeMo`` / ``SparseLoCo`` are thin
+constructors over it), the server, the client's ``Node``, :mod:`gradwire.published` — look algorithms up
+with :func:`get_algorithm` and never test a name.
 
 - AdamW on the server (:mod:`.adamw`, ``"adamw"``): :class:`AdamWConfig`; nodes send gradients with
   error feedback, the server publishes its compressed weight diff.
@@ -26,10 +27,13 @@ from .base import (
     DEFAULT_ALGORITHM,
     Algorithm,
     NodeSide,
+    RecordLayout,
+    WholeModelLayout,
     algorithm_names,
     algorithms,
     config_from_json,
     get_algorithm,
+    record_layout,
     register,
 )
 from .demo import DEMO, DeMoConfig, DeMoState, default_demo_codec, demo_update
@@ -54,9 +58,11 @@ __all__ = [
     "DeMoState",
     "NodeSide",
     "OuterStep",
+    "RecordLayout",
     "SPARSELOCO",
     "SparseLoCoConfig",
     "SparseLoCoState",
+    "WholeModelLayout",
     "algorithm_names",
     "algorithms",
     "config_from_json",
@@ -68,6 +74,7 @@ __all__ = [
     "exact_mean",
     "exact_trimmed_mean",
     "get_algorithm",
+    "record_layout",
     "register",
     "trim_count",
 ]

@@ -24,8 +24,11 @@ def load_tensors(value: Any, what: str, copy: bool = True) -> dict[str, torch.Te
     value = sd.mapping(value, what)
     out = {}
     for n, t in value.items():
-        t = sd.tensor(t, f"{what} {n!r}", floating=True).detach()
-        out[n] = t.to(torch.float32).clone() if copy or t.dtype != torch.float32 else t
+        t = sd.tensor(t, f"{what} {n!r}", floating=True)
+        if copy or t.dtype != torch.float32:
+            out[n] = t.detach().to(torch.float32).clone()
+        else:  # the tensor itself (not a detached alias), so that a caller holding it holds the live state
+            out[n] = t.detach() if t.requires_grad else t
     return out
 
 

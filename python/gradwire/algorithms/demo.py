@@ -9,7 +9,7 @@ weight decay (:func:`demo_update`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -19,7 +19,17 @@ from ..codecs import statedict as sd
 from ..codecs.base import Codec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
-from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
+from .base import (
+    Algorithm,
+    NodeSide,
+    RecordLayout,
+    check_number,
+    frozen_config,
+    ordered,
+    record_layout,
+    register,
+    same_names,
+)
 
 __all__ = ["DEMO", "DeMoConfig", "DeMoState", "default_demo_codec", "demo_codec_params", "demo_update"]
 
@@ -83,6 +93,11 @@ class DeMoState:
     def compress(self, grads: Mapping[str, torch.Tensor], lr: float) -> list[Entry]:
         """``m = beta·m + lr·grad``; the codec compresses every momentum (one ``compress_bundle`` in
         sorted name order); ``m -= reconstruction``. Returns the records in sorted name order."""
+        self.accumulate(grads, lr)
+        return self.send(sorted(grads))
+
+    def accumulate(self, grads: Mapping[str, torch.Tensor], lr: float) -> None:
+        """``m = beta·m + lr·grad`` for every name of ``grads`` (a first one starts at zero)."""
         names = sorted(grads)
         lr = float(lr)
         gs = []
@@ -114,7 +129,11 @@ class DeMoState:
             torch._foreach_add_(ms, torch._foreach_mul(gs, lr))
         for n, m in zip(names, ms):
             self.momenta[n] = m
-        return send_and_keep_rest(self.codec, self.momenta, names, in_place=in_place)
+
+    def send(self, names: Sequence[str]) -> list[Entry]:
+        """The codec compresses the momenta of ``names`` (one ``compress_bundle``, in that order); each
+        keeps what was not sent (``m -= reconstruction``). Returns the records in that order."""
+        return send_and_keep_rest(self.codec, self.momenta, list(names), in_place=updates_in_place(self.codec))
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Add back what a frame made by :meth:`compress` carried (decoded), when it never counted."""
@@ -169,28 +188,85 @@ def demo_update(
 
 
 class DeMoNode(NodeSide):
-    """A node of a DeMo run: its momenta (:class:`DeMoState`), each step's records, the replica."""
+    """A node of a DeMo run: its momenta (:class:`DeMoState`, keyed by the layout's record names), each
+    step's records, the replica."""
 
-    def __init__(self, config: DeMoConfig, codec: Codec, params: MutableMapping[str, torch.Tensor], model_spec=None):
+    records_per_tensor = True
+    checkpoint_counters = {"steps": "steps"}  # a DeMo round is a step
+
+    def __init__(
+        self,
+        config: DeMoConfig,
+        codec: Codec,
+        params: MutableMapping[str, torch.Tensor],
+        layout: RecordLayout | None = None,
+    ):
         self.config = config
         self.state = DeMoState(codec, beta=config.beta)
         self.params = params
-        self.model_spec = model_spec
+        self.layout = layout if layout is not None else RecordLayout()
+        self._due: list[list[str]] = []  # the record names stepped since the last send, by group
+
+    @property
+    def codec(self) -> Codec:
+        return self.state.codec
+
+    @property
+    def momenta(self) -> dict[str, torch.Tensor]:
+        """The momenta by record name (a parameter's name, a piece's, or the model record's)."""
+        return self.state.momenta
 
     def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry]:
         if grads is None:
             raise ValueError("a DeMo node sends its momentum every step: pass the gradients")
         same_names(list(grads), list(self.params), "gradients")
-        grads = ordered(grads)
-        if self.model_spec is not None:
-            grads = {self.model_spec.record_name: self.model_spec.flatten(grads)}
-        return self.state.compress(grads, self.config.lr)
+        self.local_step(ordered(grads))
+        return self.send()
+
+    def local_step(self, grads, groups=None) -> bool:
+        """Each group's ``m = beta·m + lr·grad`` (the group's lr), in the layout's records. Where the layout
+        joins the tensors into one record, each group's ``lr·grad`` is taken first and the record steps
+        at lr 1 (``x·1`` is exact: the same bits as each group at its own lr)."""
+        if grads is None:
+            raise ValueError("a DeMo node steps its momentum every step: pass the gradients")
+        unknown = sorted(set(grads) - set(self.params))
+        if unknown:
+            raise ValueError(f"gradients of {unknown[:5]}, which are not this node's tensors")
+        if groups is None:
+            groups = [(self.config, sorted(grads))]
+        if self.layout.joins_tensors:
+            scaled = {}
+            for config, names in groups:
+                scaled.update({n: torch.mul(grads[n].detach().to(torch.float32), config.lr) for n in names})
+            cut = self.layout.cut(scaled)
+            self.state.accumulate(cut, 1.0)
+            self._due.append(sorted(cut))
+            return True
+        for config, names in groups:
+            cut = self.layout.cut({n: grads[n] for n in names})
+            self.state.accumulate(cut, config.lr)
+            self._due.append(sorted(cut))
+        return True
+
+    def send(self) -> list[Entry]:
+        """The stepped momenta's records, group by group (one ``compress_bundle`` each), the rest kept."""
+        due, self._due = self._due, []
+        out: list[Entry] = []
+        for names in due:
+            out += self.state.send(names)
+        return out
+
+    def joined(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.params.update(tensors)  # its momentum starts at zero at its first step
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         self.state.take_back(sent)
 
     def target(self) -> MutableMapping[str, torch.Tensor]:
         return self.params
+
+    def buffers(self) -> dict[str, MutableMapping[str, torch.Tensor]]:
+        return {"momentum": self.state.momenta}
 
     def state_dict(self) -> dict[str, Any]:
         return self.state.state_dict()
@@ -213,8 +289,12 @@ class DeMoAlgorithm(Algorithm):
     def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
         return "dct", demo_codec_params()
 
-    def node(self, config, codec, params, module=None, model_spec=None) -> DeMoNode:
-        return DeMoNode(self.config(config), codec, params, model_spec)
+    group_fields = ("lr", "weight_decay")
+
+    def node(self, config, codec, params, module=None, model_spec=None, *, layout=None, inner=None) -> DeMoNode:
+        if inner is not None:
+            raise ValueError("DeMo steps no inner optimizer: its step is the momentum's and the sign step")
+        return DeMoNode(self.config(config), codec, params, layout if layout is not None else record_layout(model_spec))
 
     def apply(self, config, weights, mean, state) -> dict[str, Any]:
         config = self.config(config)

@@ -24,7 +24,16 @@ from ..codecs.base import Codec
 from ..frame import Entry
 from ._state import load_tensors, save_tensors, send_and_keep_rest, take_back, updates_in_place
 from .adamw import AdamWConfig
-from .base import Algorithm, NodeSide, check_number, frozen_config, ordered, register, same_names
+from .base import (
+    Algorithm,
+    NodeSide,
+    RecordLayout,
+    check_number,
+    frozen_config,
+    record_layout,
+    register,
+    same_names,
+)
 
 __all__ = [
     "DEFAULT_SYNC_EVERY",
@@ -351,12 +360,14 @@ class OuterStep:
 
 
 class SparseLoCoNode(NodeSide):
-    """A node of a SparseLoCo run: the inner AdamW over the module, the error buffers
-    (:class:`SparseLoCoState`), and the anchor — the weights of the last synced version, which published
-    versions step and which then become the replica."""
+    """A node of a SparseLoCo run: the inner optimizer (an AdamW over the module, or the one given), the
+    error buffers (:class:`SparseLoCoState`, keyed by the layout's record names), and the anchor — the
+    weights of the last synced version, which published versions step and which then become the replica."""
 
     needs_algorithm_state = True
     reads_module_grads = True
+    checkpoint_counters = {"local_steps": "steps", "syncs": "rounds"}
+    parameter_counters = {"step": "steps", "syncs": "rounds"}
 
     def __init__(
         self,
@@ -364,37 +375,52 @@ class SparseLoCoNode(NodeSide):
         codec: Codec,
         params: MutableMapping[str, torch.Tensor],
         module: torch.nn.Module | None,
-        model_spec=None,
+        layout: RecordLayout | None = None,
+        inner: torch.optim.Optimizer | None = None,
     ):
-        if module is None:
-            raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
+        if inner is None:
+            if module is None:
+                raise ValueError("a SparseLoCo node takes local optimizer steps: give it the module, not tensors")
+            inner = torch.optim.AdamW(module.parameters(), **config.inner.torch_kwargs())
         self.config = config
         self.state = SparseLoCoState(codec, error_decay=config.error_decay)
-        self.inner = torch.optim.AdamW(module.parameters(), **config.inner.torch_kwargs())
+        self.inner = inner
         self.module = module
         self.params = params
-        self.model_spec = model_spec
+        self.layout = layout if layout is not None else RecordLayout()
         self.anchor: dict[str, torch.Tensor] = {}
         self.local_steps = 0
 
-    def records(self, grads: Mapping[str, torch.Tensor] | None) -> list[Entry] | None:
-        """One inner step (on ``grads`` if given, else the module's ``.grad``); every ``sync_every``-th
-        step, the records of the pseudo-gradient since the anchor."""
+    @property
+    def codec(self) -> Codec:
+        return self.state.codec
+
+    @property
+    def errors(self) -> dict[str, torch.Tensor]:
+        """The error buffers by record name (a parameter's name, a piece's, or the model record's)."""
+        return self.state.errors
+
+    def local_step(self, grads, groups=None) -> bool:
+        """One inner step (on ``grads`` if given, else the parameters' ``.grad``); whether it is a
+        ``sync_every``-th one, which sends."""
         if grads is not None:
             params = dict(self.module.named_parameters())
             for name, g in grads.items():
                 params[name].grad = g
         self.inner.step()
         self.local_steps += 1
-        if self.local_steps % self.config.sync_every:
-            return None
-        if self.model_spec is None:
-            return self.state.compress(self.anchor, self.params)
-        spec = self.model_spec
-        return self.state.compress(
-            {spec.record_name: spec.flatten(ordered(self.anchor))},
-            {spec.record_name: spec.flatten(ordered(self.params))},
-        )
+        return self.local_steps % self.config.sync_every == 0
+
+    def send(self) -> list[Entry]:
+        """The records of the pseudo-gradient since the anchor, into the error buffers."""
+        current = {n: self.params[n] for n in self.anchor}
+        return self.state.compress(self.layout.cut(self.anchor), self.layout.cut(current))
+
+    def joined(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        # Its weights now are its anchor: the inner optimizer has not stepped it since the last sync.
+        for n, t in tensors.items():
+            self.params[n] = t
+            self.anchor[n] = t.detach().to(torch.float32).clone()
 
     def take_back(self, sent: Mapping[str, torch.Tensor]) -> None:
         self.state.take_back(sent)
@@ -403,13 +429,25 @@ class SparseLoCoNode(NodeSide):
         return self.anchor
 
     def loaded(self) -> None:
-        self.anchor = {n: t.detach().clone() for n, t in self.params.items()}
+        with torch.no_grad():
+            self.anchor = {n: t.detach().to(torch.float32).clone() for n, t in self.params.items()}
 
     def synced(self) -> None:
-        # The local steps since the last sync are replaced by the synced weights.
-        with torch.no_grad():
-            for n, p in self.params.items():
-                p.copy_(self.anchor[n])
+        # The local steps since the last sync are replaced by the synced weights: one _foreach_copy_ (exact
+        # copies, the same bits as tensor by tensor).
+        if self.anchor:
+            with torch.no_grad():
+                torch._foreach_copy_([self.params[n] for n in self.anchor], list(self.anchor.values()))
+
+    def buffers(self) -> dict[str, MutableMapping[str, torch.Tensor]]:
+        return {"error": self.state.errors}
+
+    def tensors(self) -> dict[str, MutableMapping[str, torch.Tensor]]:
+        return {"anchor": self.anchor}
+
+    def load_torch_state(self, state: Mapping[str, Any], steps: int) -> None:
+        super().load_torch_state(state, steps)
+        self.local_steps = int(steps)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -446,8 +484,11 @@ class SparseLoCoAlgorithm(Algorithm):
     def default_downlink(self, config) -> tuple[str, dict[str, Any]]:
         return "dct", sparseloco_downlink_params(self.config(config).sync_every)
 
-    def node(self, config, codec, params, module=None, model_spec=None) -> SparseLoCoNode:
-        return SparseLoCoNode(self.config(config), codec, params, module, model_spec)
+    applies_as_gradient = True  # the outer step is SGD on the anchor with the mean pseudo-gradient as its gradient
+
+    def node(self, config, codec, params, module=None, model_spec=None, *, layout=None, inner=None) -> SparseLoCoNode:
+        layout = layout if layout is not None else record_layout(model_spec)
+        return SparseLoCoNode(self.config(config), codec, params, module, layout, inner)
 
     def apply(self, config, weights, mean, state) -> dict[str, Any]:
         outer = self.config(config).outer_step()
@@ -458,6 +499,15 @@ class SparseLoCoAlgorithm(Algorithm):
 
     def public_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return {"outer": state["outer"]} if "outer" in state else {}
+
+    def parameter_state(self, config, state) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+        """The outer momentum per tensor (``"outer_momentum"``; none without momentum)."""
+        buffers = dict(state.get("outer", {}).get("buffers", {}))
+        rest = {k: v for k, v in state.items() if k != "outer"}
+        return ({"outer_momentum": buffers} if self.config(config).outer_momentum else {}), rest
+
+    def with_parameter_state(self, config, rest, tensors) -> dict[str, Any]:
+        return {**rest, "outer": {"buffers": dict(tensors.get("outer_momentum", {}))}}
 
 
 SPARSELOCO = register(SparseLoCoAlgorithm())

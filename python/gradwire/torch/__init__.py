@@ -3,12 +3,13 @@
 - :func:`ddp_hook` — a DDP communication hook for any gradwire codec (frames all-gathered, decoded in
   rank order, averaged; every rank ends bit-identical).
 - :func:`powersgd_hook` / :class:`PowerSGDState` — PowerSGD's collective form (factors all-reduced).
-- :class:`DeMo` / :class:`SparseLoCo` — the two algorithms of :mod:`gradwire.algorithms` as optimizers
-  (frames all-gathered, averaged exactly; every rank ends bit-identical); under DDP, its comm hook must
-  be :func:`local_gradients_hook` (:func:`skip_ddp_all_reduce`), else :class:`DenseAllReduceError`;
+- :class:`AlgorithmOptimizer` — the one torch transport: any registered algorithm whose versions publish a
+  mean, through its node side and ``apply`` alone (sharded or all-gathered exchange, overlap with the
+  backward pass, model records, FSDP2, checkpoints); a new algorithm needs no optimizer class of its own.
+- :class:`DeMo` / :class:`SparseLoCo` — thin constructors over it for the two algorithms of
+  :mod:`gradwire.algorithms` (every rank ends bit-identical); under DDP, its comm hook must be
+  :func:`local_gradients_hook` (:func:`skip_ddp_all_reduce`), else :class:`DenseAllReduceError`;
   :func:`average_buffers` for BatchNorm's running statistics.
-- :class:`AlgorithmOptimizer` — any registered algorithm whose versions publish a mean, by name, through
-  the registry alone (its node side and ``apply``): a new algorithm needs no optimizer class of its own.
 - :class:`MuonAdamW` / :func:`muon_split` — Muon on the hidden matrices and AdamW on the rest as one optimizer,
   e.g. SparseLoCo's inner optimizer; :class:`MuLoCo` — that SparseLoCo, one bit both ways, a sync every 11
   steps: the README's headline recipe as one constructor.
@@ -30,14 +31,15 @@ from .collectives import all_gather_bytes, exchange_bytes
 from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_reduce
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
+from .demo_optimizer import DeMo
 from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import NoLauncherError, default_backend, init_from_env, spawn
 from .launcher_check import NoProcessGroupError
 from .muloco import MuLoCo
 from .muon import MuonAdamW, muon_split
-from .optimizers import DeMo, SparseLoCo
 from .powersgd import PowerSGDState, powersgd_hook
 from .replicas import replicas_agree
+from .sparseloco_optimizer import SparseLoCo
 
 __all__ = [
     "AlgorithmOptimizer",

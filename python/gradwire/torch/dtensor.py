@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -41,7 +41,7 @@ except ImportError:  # torch 2.1 to 2.4
     except ImportError:  # a torch build without distributed
         DTensor = Replicate = Shard = None
 
-__all__ = ["ShardLayout", "is_dtensor", "like_parameter", "local_grad", "local_tensor"]
+__all__ = ["LocalTensors", "ShardLayout", "is_dtensor", "like_parameter", "local_grad", "local_tensor"]
 
 #: The fix for the usual mistakes, quoted by the errors below.
 _HOW = (
@@ -74,6 +74,33 @@ def like_parameter(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     if not is_dtensor(p):
         return t
     return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
+class LocalTensors(MutableMapping):
+    """``{name: parameter}`` read as ``{name: local_tensor(parameter)}``: the tensors a node side steps in
+    place (a ``DTensor``'s local shard, looked up at each access, so that it is always the shard the
+    parameter holds now)."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor]):
+        self._params = dict(params)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return local_tensor(self._params[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._params
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._params[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
 
 
 def local_grad(p: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,10 @@ class GradientBuckets:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._syncing = True
+        # The workers run the ops with this thread's count: a new thread's first BLAS call would otherwise
+        # take OpenMP's default (every core), and a float32 transform rounds by its thread count (a flat
+        # 64-element DCT chunk's coefficients differed from the step's own on 1-thread gloo ranks).
+        self._threads = torch.get_num_threads()
         self._reset()
         devices = {p.device for _, p, _ in self.params}
         self._cuda = next((d for d in devices if d.type == "cuda"), None)
@@ -132,7 +136,7 @@ class GradientBuckets:
         b = len(self._exchanges)
         while b in self._started:
             if self._exchange_executor is None:
-                self._exchange_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-exchange")
+                self._exchange_executor = self._worker("gradwire-exchange")
             self._exchanges[b] = self._exchange_executor.submit(self._run_exchange, b, self._started[b], self._failure)
             b += 1
 
@@ -153,13 +157,18 @@ class GradientBuckets:
 
     def _submit(self, b: int) -> Future:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-encode")
+            self._executor = self._worker("gradwire-encode")
         event = None
         if self._side is not None:
             # The gradients were written on the backward pass's stream: the side stream waits for them.
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self._cuda))
         return self._executor.submit(self._run, b, event)
+
+    def _worker(self, name: str) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=torch.set_num_threads, initargs=(self._threads,)
+        )
 
     def _run(self, b: int, event) -> list:
         if self._side is None:

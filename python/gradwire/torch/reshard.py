@@ -3,10 +3,11 @@
 A share of the state is either **the same on every rank** (the step counters, SparseLoCo's anchor and
 outer state: kept as rank 0 saved them) or **each rank's own**:
 
-- the per-parameter buffers (DeMo's momenta, SparseLoCo's error buffers) and SparseLoCo's inner optimizer
-  state (AdamW's moments): what each rank has not sent yet, or its local statistics. The new group's ranks each
-  take **their mean over the old ranks**: the exchange averages the ranks, so the mean of what is left
-  to send is what the old group would still have delivered, and every new rank starts alike;
+- the per-parameter buffers (the node side's: DeMo's momenta, SparseLoCo's error buffers) and an inner
+  optimizer's state (AdamW's moments): what each rank has not sent yet, or its local statistics. The new
+  group's ranks each take **their mean over the old ranks**: the exchange averages the ranks, so the mean
+  of what is left to send is what the old group would still have delivered, and every new rank starts
+  alike;
 - the sharded exchange's owner error feedback: what the owners' re-encoded means left out, one piece per
   owner. Together the old owners hold **one residual of the whole model**; it is joined and cut again
   into the new group's pieces, each new owner taking its own, so nothing of it is lost or counted twice.
@@ -19,7 +20,7 @@ for the old group (another ``piece_numel`` or codec).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +29,6 @@ from .. import dct as _dct
 from .sharded import Pieces
 
 __all__ = ["reshard_share"]
-
-#: Per-parameter state that is each rank's own (averaged); the inner optimizer's floating-point state too.
-PER_RANK = ("momentum", "error")
-_INNER = "inner."
 
 
 def reshard_share(
@@ -44,11 +41,14 @@ def reshard_share(
     new_pieces: Pieces | None,
     owned: Sequence[str],
     downlink=None,
+    own: Callable[[str, Any], bool],
 ) -> dict:
     """Rank ``rank``'s share in a group of ``world`` from the ``parts`` a group of ``len(parts)`` saved
     (see the module docstring). ``kind``: this optimizer's exchange; ``old_pieces`` / ``new_pieces``: the
     sharded exchange's pieces for the old and the new group (``None`` all-gathered); ``owned``: the
-    names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded)."""
+    names of the new pieces this rank owns; ``downlink``: the owners' codec (sharded); ``own(key,
+    value)``: whether a per-parameter entry is each rank's own (the optimizer's layout says: its node
+    side's buffers, its inner optimizer's floating-point state), which is averaged."""
     saved_kind = parts[0].get("exchange", "all_gather")
     if saved_kind != kind:
         raise ValueError(
@@ -75,7 +75,7 @@ def reshard_share(
                 )
     _stateless([p["node"].get("codec") for p in parts], "uplink codec")
     share = dict(parts[0])
-    share["params"] = _mean_params([p["params"] for p in parts])
+    share["params"] = _mean_params([p["params"] for p in parts], own)
     share.update(world=world, rank=rank, bytes_sent=0, bytes_received=0)
     if new_pieces is not None:
         share["pieces"] = [p.name for p in new_pieces.pieces]
@@ -99,25 +99,13 @@ def _mean(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return acc.div_(len(tensors))
 
 
-def _own(key: str, value: Any) -> bool:
-    """Whether per-parameter ``key`` is each rank's own state (else it is the same on every rank)."""
-    if key in PER_RANK:
-        return True
-    return (
-        key.startswith(_INNER)
-        and key != _INNER + "step"
-        and isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-    )
-
-
-def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict:
+def _mean_params(ranks: Sequence[Mapping[str, Mapping[str, Any]]], own: Callable[[str, Any], bool]) -> dict:
     """Each parameter's state: each rank's own averaged over the ranks that hold it, the rest rank 0's."""
     out: dict[str, dict] = {}
     for n in ranks[0]:
         fields = dict(ranks[0][n])
         for k, v in ranks[0][n].items():
-            if _own(k, v):
+            if own(k, v):
                 held = [r[n][k] for r in ranks if n in r and k in r[n]]
                 fields[k] = _mean(held).to(v.dtype)
         out[n] = fields
