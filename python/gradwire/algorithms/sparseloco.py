@@ -392,6 +392,11 @@ class SparseLoCoNode(NodeSide):
         self.local_steps = 0
 
     @property
+    def error_decay(self) -> float:
+        """The error buffer's decay (``opt.node.error_decay``, as on the node side before the one transport)."""
+        return self.state.error_decay
+
+    @property
     def codec(self) -> Codec:
         return self.state.codec
 
