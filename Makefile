@@ -92,7 +92,7 @@ test-rust:
 	cargo test --workspace --exclude gradwire-python --quiet
 
 test-python: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 tests
 
 test: test-rust test-python
 
