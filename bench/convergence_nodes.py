@@ -5,7 +5,7 @@ every node's frame (``publish="frames"``) or one re-encoded aggregate (``publish
 trains, node count by node count, the rows of :mod:`convergence` that are not in its cache (the same
 simulation: ``N`` nodes in one process, each on its own shard, every frame written, counted and read
 back; dense AdamW on the same per-node batches and steps) into ``bench/results/reencode.json`` (kept in
-the repository, so that a clean clone regenerates the report), then writes ``docs/convergence-nodes.md``
+the repository, so that a clean clone regenerates the report), then writes ``docs/results/convergence-nodes.md``
 with two plots: the held-out gap to dense against the node count, and the bytes a node sends and
 receives per step against the node count.
 
@@ -33,7 +33,7 @@ Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--s
            [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
            [--dense-mults 1 3] [--outers plain x1.5] [--signloco-H 11 37] [--cache bench/results/reencode.json]
            [--ledger bench/results/convergence-nodes-ledger.json] [--batched --device cuda] [--shards iid]
-           [--report-only] [--out docs/convergence-nodes.md]
+           [--report-only] [--out docs/results/convergence-nodes.md]
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ try:  # bench/convergence.py: the simulation, its rows and its cache
 except ImportError:
     import convergence as cv  # python bench/convergence_nodes.py: bench/ is the script's directory
 
-DOC = cv.ROOT / "docs" / "convergence-nodes.md"
-#: The runs behind docs/convergence-nodes.md, kept in the repository so that a clean clone regenerates it.
+DOC = cv.ROOT / "docs" / "results" / "convergence-nodes.md"
+#: The runs behind docs/results/convergence-nodes.md, kept in the repository so that a clean clone regenerates it.
 CACHE = Path(__file__).resolve().parent / "results" / "reencode.json"
 #: Cells an earlier report printed whose runs are not in :data:`CACHE` (their cache was lost with the machine
 #: that ran them): a report shows them, marked †, until the cache has a run of their row at an lr they tried
@@ -550,7 +550,7 @@ READING = """## How to read it
   better optimizer; the gaps here are against dense AdamW, the issue's bar (docs/reencode-design.md, "The
   codec is not the gap").
 - **Dense Muon and DiLoCo with Muon inside** (`dense+muon`, `diloco+muon`; the 64-node rows of
-  docs/convergence-nodes-cosine.md) split the 64-node gap. Dense Muon is 3.6 % better than dense AdamW
+  docs/results/convergence-nodes-cosine.md) split the 64-node gap. Dense Muon is 3.6 % better than dense AdamW
   there: the optimizer is not what is missing. Uncompressed DiLoCo with Muon inside, at MuLoCo's 11 local
   steps and lr, is +2.9 % (seed 0), past the 2 % target before anything is compressed; one bit both ways
   adds 0.8 points on the same seed (+3.7 %). A sync every 4 steps, nothing compressed, is still +2.3 %
@@ -574,9 +574,9 @@ def batch_reading(batch: int) -> list[str]:
     """What a report at another per-node batch (``--batch``) says instead of :data:`READING`."""
     return f"""## How to read it
 
-- **Every node draws {batch} sequences of 64 bytes per step** instead of docs/convergence-nodes.md's 8, so the
+- **Every node draws {batch} sequences of 64 bytes per step** instead of docs/results/convergence-nodes.md's 8, so the
   global batch is {batch} × N, and dense AdamW at N nodes averages the same N nodes' gradients over the same
-  steps, its lr tuned here. Everything else is as in docs/convergence-nodes.md (the same rows, codecs,
+  steps, its lr tuned here. Everything else is as in docs/results/convergence-nodes.md (the same rows, codecs,
   calibration to the ratios and the same 2,048 steps): the rows differ from its rows only in the batch.
 - **Why this report exists**: at 8 sequences per node the uncompressed local steps alone (DiLoCo) cost
   +1.8 % at 16 nodes and +4.4 % at 64 (docs/reencode-design.md, "The local-step floor"). A node's AdamW
