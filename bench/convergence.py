@@ -41,7 +41,7 @@ Downlink (a suffix on a DeMo or SparseLoCo row, ``KIND@R/DOWN``; the bare row ke
     the decoded aggregate (the server as it is today).
 
   Bytes down per node per step are the whole version (header and frame) / ``H`` for SparseLoCo.
-  docs/reencode-design.md measures these options at 16 and 64 nodes (its command lines are there).
+  docs/results/reencode.md measures these options at 16 and 64 nodes (its command lines are there).
 
 ``--mults`` and ``--outers`` narrow the grid of the compressed rows (SparseLoCo's inner lr as multiples of
 the task's base lr, DeMo's as multiples of the middle of its grid, and SparseLoCo's outer optimizers); the
@@ -170,7 +170,7 @@ class LocalAdamW(torch.optim.Optimizer):
     noise dominates a coordinate the mean of N nodes' steps is then about √N smaller than dense AdamW's step on
     the N-fold batch. With the bias-corrected moments, ``v̂ − m̂²`` estimates that noise, and
     ``v_c = v̂ − (1 − 1/D)·max(v̂ − m̂², 0)`` divides it by ``D`` (``D = 1`` is ``torch.optim.AdamW``).
-    Measured (docs/reencode-design.md, "The local-step floor"): it ties tuned AdamW over two seeds
+    Measured (docs/results/reencode.md, "The local-step floor"): it ties tuned AdamW over two seeds
     (uncompressed DiLoCo, 16 nodes, H 4) and loses with compression, so it stays here, not in the library.
     """
 

@@ -4,7 +4,7 @@ steps, and one bit both ways (303× up, 301× down) with AdamW or Muon as the no
 It draws what the runs already measured, nothing new: the screens' lines in ``bench/results/local_step_screen.jsonl``
 (``bench/local_step_screen.py``) and the bench's runs in ``bench/results/reencode.json``
 (``bench/convergence_nodes.py``),
-the commands in docs/reencode-design.md ("The codec is not the gap"). A curve whose run is missing is left out.
+the commands in docs/results/reencode.md ("The codec is not the gap"). A curve whose run is missing is left out.
 
 Usage: python bench/muloco_curves.py [--screens bench/results/local_step_screen.jsonl]
            [--cache bench/results/reencode.json] [--out docs/results/muloco-16.png]
