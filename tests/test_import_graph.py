@@ -178,6 +178,24 @@ def test_the_scripts_row_names_every_script():
     assert not scripts - named, f"docs/ARCHITECTURE.md's scripts/ row does not name {sorted(scripts - named)}"
 
 
+def test_the_apps_and_server_paragraphs_name_every_module():
+    """The server's and the apps' modules have no table rows; their paragraphs name each one (``routes/*``
+    stands for the routers)."""
+    section = ARCHITECTURE.read_text().split("## The apps and the server", 1)[1].split("\n## ", 1)[0]
+    apps_text, server_text = section.split("- `gradwire_server`", 1)
+    missing = []
+    for top, text in (("gradwire_apps", apps_text), ("gradwire_server", server_text)):
+        root = architecture.ROOTS[top]
+        named = set(re.findall(r"`([a-z_/]+)`", text))
+        for path in sorted(root.rglob("*.py")):
+            rel = str(path.relative_to(root).with_suffix(""))
+            if path.stem in ("__init__", "__main__") or rel.startswith("routes/"):
+                continue
+            if rel not in named:
+                missing.append(f"{top}/{rel}")
+    assert not missing, f"docs/ARCHITECTURE.md's 'The apps and the server' does not name {missing}"
+
+
 # -- the DCT codec's package: no module reaches into another's private names ------------------------
 
 DCT_PACKAGE = "gradwire.dct"
