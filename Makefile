@@ -21,7 +21,7 @@ export PIP_RETRIES ?= 10
 export PIP_TIMEOUT ?= 60
 PIP_TRIES ?= 3
 
-.PHONY: docs-tables demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
+.PHONY: architecture docs-tables demo test lint test-rust test-python wheel install dev release bench reliability wan fuzz fuzz-smoke fuzz-cmin clean gpu-wheels
 
 # maturin goes into the venv even when the system already has it: `wheel` runs the venv's own copy.
 $(VENV)/.created:
@@ -82,6 +82,12 @@ lint: $(VENV)/.created
 demo: install
 	$(VENV)/bin/gradwire demo
 
+# docs/ARCHITECTURE.md's generated parts (the library table's import column and row order, the floors, the
+# data-path sketch) rewritten from the code; it reads the sources only (no install needed). Run it after
+# adding, removing or re-importing a library module; a new module's row (what it owns) is written by hand.
+architecture:
+	$(PYTHON) scripts/architecture.py
+
 # The README's and the tutorial's printed outputs rewritten from a run of today's code (scripts/docs_tables.py:
 # the demo's table, the two quick starts' output): rerun after anything that changes their figures, and commit
 # the documents. About 3 minutes on 2 idle cores (the demo is most of it).
@@ -108,12 +114,12 @@ bench: install
 	$(PY) bench/ddp.py
 	$(PY) bench/convergence.py
 
-# About 30 minutes here: every reliability probe at full size, and docs/reliability.md rewritten from the results.
+# About 30 minutes here: every reliability probe at full size, and docs/results/reliability.md rewritten from the results.
 reliability: install
 	$(PY) -m bench.reliability
 
 # Time to loss over an emulated WAN (needs root: network namespaces, tc, a TUN delay line); about an hour on
-# 2 shared cores. Writes docs/wan.md and docs/wan.png.
+# 2 shared cores. Writes docs/results/wan.md and docs/results/wan.png.
 wan: install
 	$(PY) bench/wan.py
 

@@ -41,7 +41,7 @@ Downlink (a suffix on a DeMo or SparseLoCo row, ``KIND@R/DOWN``; the bare row ke
     the decoded aggregate (the server as it is today).
 
   Bytes down per node per step are the whole version (header and frame) / ``H`` for SparseLoCo.
-  docs/reencode-design.md measures these options at 16 and 64 nodes (its command lines are there).
+  docs/results/reencode.md measures these options at 16 and 64 nodes (its command lines are there).
 
 ``--mults`` and ``--outers`` narrow the grid of the compressed rows (SparseLoCo's inner lr as multiples of
 the task's base lr, DeMo's as multiples of the middle of its grid, and SparseLoCo's outer optimizers); the
@@ -58,8 +58,8 @@ byte-level LM (``CharTransformer`` with a 256-byte vocabulary) on CPython's own 
 Every row's learning rate is tuned over a grid (≥ 3 values, per algorithm family), for every seed; the
 best lr is the one with the lowest held-out loss averaged over the seeds. Runs are cached in
 ``bench/out/convergence.json`` (keyed by every setting), so an interrupted run resumes and
-``--report-only`` rewrites the report. Outputs: ``docs/convergence.md`` (tables, settings, verdicts),
-``docs/convergence.png`` (held-out loss against cumulative uplink bytes per node), and a wire-size table
+``--report-only`` rewrites the report. Outputs: ``docs/results/convergence.md`` (tables, settings, verdicts),
+``docs/results/convergence.png`` (held-out loss against cumulative uplink bytes per node), and a wire-size table
 (one real DeMo selection serialized the ways DeMo, Panthalia, Templar and Psyche do, and as a gradwire frame).
 
 Default vs ``--full``: the default (144 runs, 21.6 min of training, 11.0 min wall with ``--jobs 2`` on 2 cores,
@@ -69,10 +69,10 @@ rows of ``DEFAULT_ROWS`` on small models for 200/128/128 steps with H = 8; ``--f
 SparseLoCo sync carries 32 steps, so even every coefficient at 2 bits (k = 4096) is 338× per local step:
 its 100× and 300× rows both land there.
 
-The 2,048-step comparison in docs/convergence-2048.md (92 runs, 5.2 hours of training, about 2.7 hours wall
+The 2,048-step comparison in docs/results/convergence-2048.md (92 runs, 5.2 hours of training, about 2.7 hours wall
 on 2 cores; an interrupted run resumes from its cache): python bench/convergence.py --tasks chars stdlib
 --rows dense panthalia@100 panthalia@300 demo@300 demo@1000 sparseloco@300 sparseloco@1000 --steps 2048
---out docs/convergence-2048.md.
+--out docs/results/convergence-2048.md.
 
 ``--batched [--device cuda]`` trains the dense and local-step rows' nodes in one vmap call and one optimizer
 step (``bench/node_batch.py``): for a GPU, where the per-node loop is bound by kernel launches.
@@ -104,8 +104,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 CACHE = OUT / "convergence.json"
 _CACHE = [CACHE]  # the cache file in use (--cache)
-DOC = ROOT / "docs" / "convergence.md"
-PLOT = ROOT / "docs" / "convergence.png"
+DOC = ROOT / "docs" / "results" / "convergence.md"
+PLOT = ROOT / "docs" / "results" / "convergence.png"
 
 #: Intended uplink ratios of the compressed rows.
 RATIOS = (100, 300, 1000)
@@ -170,7 +170,7 @@ class LocalAdamW(torch.optim.Optimizer):
     noise dominates a coordinate the mean of N nodes' steps is then about √N smaller than dense AdamW's step on
     the N-fold batch. With the bias-corrected moments, ``v̂ − m̂²`` estimates that noise, and
     ``v_c = v̂ − (1 − 1/D)·max(v̂ − m̂², 0)`` divides it by ``D`` (``D = 1`` is ``torch.optim.AdamW``).
-    Measured (docs/reencode-design.md, "The local-step floor"): it ties tuned AdamW over two seeds
+    Measured (docs/results/reencode.md, "The local-step floor"): it ties tuned AdamW over two seeds
     (uncompressed DiLoCo, 16 nodes, H 4) and loses with compression, so it stays here, not in the library.
     """
 
@@ -1756,7 +1756,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="+",
         default=[4],
         help="nodes (default 4); several (e.g. 4 16 64): bench/convergence_nodes.py, which trains each"
-        " node count and writes docs/convergence-nodes.md",
+        " node count and writes docs/results/convergence-nodes.md",
     )
     ap.add_argument("--H", type=int, default=None, help="SparseLoCo inner steps per round (default 8; 32 with --full)")
     ap.add_argument(

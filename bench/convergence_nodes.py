@@ -5,7 +5,7 @@ every node's frame (``publish="frames"``) or one re-encoded aggregate (``publish
 trains, node count by node count, the rows of :mod:`convergence` that are not in its cache (the same
 simulation: ``N`` nodes in one process, each on its own shard, every frame written, counted and read
 back; dense AdamW on the same per-node batches and steps) into ``bench/results/reencode.json`` (kept in
-the repository, so that a clean clone regenerates the report), then writes ``docs/convergence-nodes.md``
+the repository, so that a clean clone regenerates the report), then writes ``docs/results/convergence-nodes.md``
 with two plots: the held-out gap to dense against the node count, and the bytes a node sends and
 receives per step against the node count.
 
@@ -33,7 +33,7 @@ Usage: python bench/convergence_nodes.py [--nodes 4 16 64] [--tasks stdlib] [--s
            [--rows dense sparseloco@300/frames sparseloco@300/agg:b4,d300 ...] [--seeds 0 1] [--mults 1 2]
            [--dense-mults 1 3] [--outers plain x1.5] [--signloco-H 11 37] [--cache bench/results/reencode.json]
            [--ledger bench/results/convergence-nodes-ledger.json] [--batched --device cuda] [--shards iid]
-           [--report-only] [--out docs/convergence-nodes.md]
+           [--report-only] [--out docs/results/convergence-nodes.md]
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ try:  # bench/convergence.py: the simulation, its rows and its cache
 except ImportError:
     import convergence as cv  # python bench/convergence_nodes.py: bench/ is the script's directory
 
-DOC = cv.ROOT / "docs" / "convergence-nodes.md"
-#: The runs behind docs/convergence-nodes.md, kept in the repository so that a clean clone regenerates it.
+DOC = cv.ROOT / "docs" / "results" / "convergence-nodes.md"
+#: The runs behind docs/results/convergence-nodes.md, kept in the repository so that a clean clone regenerates it.
 CACHE = Path(__file__).resolve().parent / "results" / "reencode.json"
 #: Cells an earlier report printed whose runs are not in :data:`CACHE` (their cache was lost with the machine
 #: that ran them): a report shows them, marked †, until the cache has a run of their row at an lr they tried
@@ -508,7 +508,7 @@ READING = """## How to read it
   minutes at 4 nodes, 5 at 16 and 20 to 30 at 64 (every node computes its own batch), and with Muon inside
   about an hour at 64 (Muon orthogonalizes every node's step). So the 64-node rows have
   narrowed lr grids, and their second seed at the best lr only. The compressed rows' lr grids at 2,048
-  steps hold the lrs that the 640-step sweep of docs/reencode-design.md found best (4 lrs per row
+  steps hold the lrs that the 640-step sweep of docs/results/reencode.md found best (4 lrs per row
   there); the "lr (tried)" column says which lrs ran here. The char transformer, the issue's second language model, ran
   at 4, 16 and 64 nodes (SparseLoCo at lr 0.01 and 0.02 at 4 nodes, 0.01 at 16 and 64; dense over 0.003 / 0.01 / 0.03,
   at 64 nodes 0.01 / 0.03 / 0.06, and at 16 nodes also 0.1; 2 seeds at the best lr; above 0.03 dense does
@@ -519,7 +519,7 @@ READING = """## How to read it
   and the compressed rows' lead may partly be their noise regularizing. The byte LM (28 M training bytes,
   2.4 passes at 64 nodes) carries the headline.
 - **The re-encoding's design** (the server's value bits and `k`, its error feedback, where the outer step
-  lives), and what each choice bought, is measured in docs/reencode-design.md. The rows here use its
+  lives), and what each choice bought, is measured in docs/results/reencode.md. The rows here use its
   result: 4-bit values at the `k` that keeps a version at the nodes' frame bytes, the server's plain error
   feedback, and the outer step on the nodes.
 - **Rows marked (H 4) or (H 16)** sync every 4 or 16 local steps instead of 8, at the same bytes per local
@@ -532,7 +532,7 @@ READING = """## How to read it
   step up, every frame down): the floor the local steps set. At its best H (4) and inner lr (0.02) it is
   +1.8 % at 16 nodes and +4.4 % at 64 (2 seeds each; at H 8 +3.4 %), so with 8 sequences per node a
   300×-both-ways row has 0.2 points left for its compression at 16 nodes and none at 64; what
-  compression costs on top is the distance from that row (docs/reencode-design.md, "The local-step
+  compression costs on top is the distance from that row (docs/results/reencode.md, "The local-step
   floor").
 - **SparseLoCo's loop, 1 bit** (`signloco`) replaces the top-k DCT with 1-bit SGD's codec
   (`gradwire.OneBit`: a sign per parameter, per column the mean of each side; nodes' error feedback without
@@ -547,10 +547,10 @@ READING = """## How to read it
   node's inner optimizer (torch's Muon on the transformer blocks' matrices, AdamW on embeddings, head, biases
   and norms; no weight decay). It is the row that meets the target at 16 nodes (+1.2 % against +5.0 % with
   AdamW inside). Dense Muon itself is 2.4 % better than dense AdamW on this model, so most of the gain is the
-  better optimizer; the gaps here are against dense AdamW, the issue's bar (docs/reencode-design.md, "The
+  better optimizer; the gaps here are against dense AdamW, the issue's bar (docs/results/reencode.md, "The
   codec is not the gap").
 - **Dense Muon and DiLoCo with Muon inside** (`dense+muon`, `diloco+muon`; the 64-node rows of
-  docs/convergence-nodes-cosine.md) split the 64-node gap. Dense Muon is 3.6 % better than dense AdamW
+  docs/results/convergence-nodes-cosine.md) split the 64-node gap. Dense Muon is 3.6 % better than dense AdamW
   there: the optimizer is not what is missing. Uncompressed DiLoCo with Muon inside, at MuLoCo's 11 local
   steps and lr, is +2.9 % (seed 0), past the 2 % target before anything is compressed; one bit both ways
   adds 0.8 points on the same seed (+3.7 %). A sync every 4 steps, nothing compressed, is still +2.3 %
@@ -574,12 +574,12 @@ def batch_reading(batch: int) -> list[str]:
     """What a report at another per-node batch (``--batch``) says instead of :data:`READING`."""
     return f"""## How to read it
 
-- **Every node draws {batch} sequences of 64 bytes per step** instead of docs/convergence-nodes.md's 8, so the
+- **Every node draws {batch} sequences of 64 bytes per step** instead of docs/results/convergence-nodes.md's 8, so the
   global batch is {batch} × N, and dense AdamW at N nodes averages the same N nodes' gradients over the same
-  steps, its lr tuned here. Everything else is as in docs/convergence-nodes.md (the same rows, codecs,
+  steps, its lr tuned here. Everything else is as in docs/results/convergence-nodes.md (the same rows, codecs,
   calibration to the ratios and the same 2,048 steps): the rows differ from its rows only in the batch.
 - **Why this report exists**: at 8 sequences per node the uncompressed local steps alone (DiLoCo) cost
-  +1.8 % at 16 nodes and +4.4 % at 64 (docs/reencode-design.md, "The local-step floor"). A node's AdamW
+  +1.8 % at 16 nodes and +4.4 % at 64 (docs/results/reencode.md, "The local-step floor"). A node's AdamW
   steps on a batch N times smaller than the dense step's; a larger per-node batch is what real runs use
   (DiLoCo and SparseLoCo train with hundreds of sequences per replica) and is the one remedy that report
   left unmeasured.

@@ -1,5 +1,5 @@
 """Screens of SparseLoCo's loop in plain torch, for ideas not worth a codec until they measure well:
-values on a support every node knows without it being sent, low rank, and DiLoCo's outer step (docs/reencode-design.md,
+values on a support every node knows without it being sent, low rank, and DiLoCo's outer step (docs/results/reencode.md,
 "The local-step floor").
 
 Every node takes ``--H`` local AdamW steps on its own shard (the bench's tasks, shards, batches, seeds and
@@ -36,7 +36,7 @@ scales' 64 bits per tensor counted, the frame headers not). With ``--support all
 the bench's ``signloco/agg`` row but for per-tensor scales: seed 0 at 16 nodes gave 1.4458 here against the
 bench's 1.4446.
 
-Three knobs on the nodes (docs/reencode-design.md, "The codec is not the gap"): ``--inner muon`` (the bench's
+Three knobs on the nodes (docs/results/reencode.md, "The codec is not the gap"): ``--inner muon`` (the bench's
 ``+muon`` rows: Muon on the weight matrices, AdamW on the rest), ``--node-decay`` (each node's error buffer
 decays at each sync, as top-k SparseLoCo's does) and ``--reset-momentum α`` (after each sync every node's AdamW
 first moment moves a fraction α toward the one that would have taken the published step: a global momentum at

@@ -4,10 +4,10 @@ steps, and one bit both ways (303× up, 301× down) with AdamW or Muon as the no
 It draws what the runs already measured, nothing new: the screens' lines in ``bench/results/local_step_screen.jsonl``
 (``bench/local_step_screen.py``) and the bench's runs in ``bench/results/reencode.json``
 (``bench/convergence_nodes.py``),
-the commands in docs/reencode-design.md ("The codec is not the gap"). A curve whose run is missing is left out.
+the commands in docs/results/reencode.md ("The codec is not the gap"). A curve whose run is missing is left out.
 
 Usage: python bench/muloco_curves.py [--screens bench/results/local_step_screen.jsonl]
-           [--cache bench/results/reencode.json] [--out docs/muloco-16.png]
+           [--cache bench/results/reencode.json] [--out docs/results/muloco-16.png]
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--screens", type=Path, default=RESULTS / "local_step_screen.jsonl")
     ap.add_argument("--cache", type=Path, default=RESULTS / "reencode.json")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "muloco-16.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "muloco-16.png")
     args = ap.parse_args(argv)
     found = curves(args.screens, args.cache)
     if not found:

@@ -1,5 +1,5 @@
 """The server with an object store against the server with its local data directory, N simulated nodes over
-HTTP on loopback (issue 44; docs/SERVER.md, "Object storage"). Writes docs/object-store.md.
+HTTP on loopback (issue 44; docs/SERVER.md, "Object storage"). Writes docs/results/object-store.md.
 
 Part 1, probe: what each S3-compatible server on loopback enforces of a presigned PUT (SeaweedFS ``weed
 mini``, moto's emulator, ``rclone serve s3``): ``If-None-Match: *`` bound into the URL, a signed
@@ -64,7 +64,7 @@ from gradwire_server.launcher import LoopbackServer
 from gradwire_server.loopback_store import LoopbackS3
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORT = ROOT / "docs" / "object-store.md"
+REPORT = ROOT / "docs" / "results" / "object-store.md"
 CONCURRENCY = 32
 
 
@@ -746,7 +746,7 @@ def main() -> None:
 
 
 def write_report(parts: dict[str, str], seconds: float) -> None:
-    """Each part under its own heading in docs/object-store.md, replacing that part of an earlier run and
+    """Each part under its own heading in docs/results/object-store.md, replacing that part of an earlier run and
     keeping the others (each dated with the command that measured it)."""
     import re
 

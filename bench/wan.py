@@ -22,7 +22,7 @@ Needs root (namespaces, tc, TUN): it checks and says so. Two nodes by default, o
 
     sudo .venv/bin/python bench/wan.py                       # both models, both links (about 45 min here)
     .venv/bin/python bench/wan.py --quick                    # the char transformer, 100 Mbit/s only
-    .venv/bin/python bench/wan.py --report-only              # rewrite docs/wan.md from the cache
+    .venv/bin/python bench/wan.py --report-only              # rewrite docs/results/wan.md from the cache
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 CACHE = ROOT / "bench" / "out" / "wan.json"
-DOC = ROOT / "docs" / "wan.md"
-PLOT = ROOT / "docs" / "wan.png"
+DOC = ROOT / "docs" / "results" / "wan.md"
+PLOT = ROOT / "docs" / "results" / "wan.png"
 NODE = HERE / "wan_node.py"
 
 ROWS = ("dense", "demo", "sparseloco", "server-demo", "server-sparseloco")
@@ -86,7 +86,7 @@ class Settings:
     log_dir: Path
 
 
-#: The node codecs docs/wan.md was measured with (the libraries' defaults then): DeMo's top 32 of every
+#: The node codecs docs/results/wan.md was measured with (the libraries' defaults then): DeMo's top 32 of every
 #: 64×64 tile, SparseLoCo's top 64 at 2 bits. The defaults have changed since (DeMo top 22 of a full tile
 #: and a smaller chunk's share; SparseLoCo the k of ≈ 330× per local step, 1,266 at sync_every 16), so the
 #: bench names its codecs, for its figures to stay reproducible.

@@ -1,4 +1,4 @@
-"""Every code block in the docs (docs/*.md, README.md, server/README.md) runs as written, or says why not.
+"""Every code block in the docs (docs/**/*.md, README.md, server/README.md) runs as written, or says why not.
 
 A block's info string says what it is:
 
@@ -41,7 +41,7 @@ from gradwire.client import GradwireClient
 from live_server import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "server" / "README.md"]
+DOCS = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md", ROOT / "server" / "README.md"]
 #: Where the docs say the server is (its default address).
 DOCS_ADDRESSES = ("http://127.0.0.1:8470", "http://localhost:8470", "localhost:8470")
 COMMENT = re.compile(r"^\s*(#|//|--|;|<!--|/\*)")

@@ -9,15 +9,20 @@ wire`` is an edge to ``gradwire.wire`` when that is a module, ``from ..frame imp
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS = {
-    "gradwire": REPO / "python" / "gradwire",
-    "gradwire_apps": REPO / "python" / "gradwire_apps",
-    "gradwire_server": REPO / "server" / "gradwire_server",
-}
-LIBRARY = "gradwire"
+# The import graph and docs/ARCHITECTURE.md's table are read by scripts/architecture.py (`make architecture`,
+# which rewrites the table's generated parts): one copy of that code, loaded here from its file.
+_spec = importlib.util.spec_from_file_location("architecture", REPO / "scripts" / "architecture.py")
+architecture = sys.modules["architecture"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(architecture)
+
+LIBRARY = architecture.LIBRARY
+ARCHITECTURE = architecture.ARCHITECTURE
 #: Packages the library must never import, directly or through another module of it.
 NOT_FOR_THE_LIBRARY = (
     "gradwire_apps",
@@ -34,94 +39,15 @@ NOT_FOR_THE_LIBRARY = (
     "prometheus_client",
 )
 
-
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for top, root in ROOTS.items():
-        if not root.is_dir():
-            continue
-        # A compiled module (gradwire._native) is known by its stub; it imports nothing of ours.
-        for path in sorted(root.rglob("*.py")) + [p for p in root.rglob("*.pyi") if not p.with_suffix(".py").exists()]:
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            mods[".".join([top, *parts])] = path
-    return mods
+# The names this file had before the graph moved to the script (brief/fix_arch.py and friends read them).
+_modules = architecture.modules
+_graph = architecture.graph
+_cycles = architecture.cycles
+_row_of = architecture.row_of
 
 
-def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every module named by an import statement of ``name`` (internal ones resolved, others by top name)."""
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                out.add(_nearest(alias.name, modules))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                out.add(sub if sub in modules else _nearest(target, modules))
-    out.discard(name)
-    return out
-
-
-def _nearest(dotted: str, modules: dict[str, Path]) -> str:
-    """The innermost known module of ``dotted``, or its top-level name for outside packages."""
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        cand = ".".join(parts[:i])
-        if cand in modules:
-            return cand
-    return parts[0]
-
-
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: _edges(name, path, modules) for name, path in modules.items()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in graph:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+def _library_table() -> dict[str, set[str]]:
+    return architecture.library_table(ARCHITECTURE.read_text())
 
 
 def test_the_graph_sees_every_package_and_lazy_imports():
@@ -166,34 +92,6 @@ def test_nothing_reaches_code_through_sys_path():
 
 # -- docs/ARCHITECTURE.md's table "The library, top to bottom" against the measured imports -----------
 
-ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
-
-
-def _library_table() -> dict[str, set[str]]:
-    """``{row key: the names in its "imports (of gradwire)" cell}``: a key is a module (``frame``,
-    ``torch/optimizers``) or a package with everything in it that has no row of its own (``codecs/``)."""
-    text = ARCHITECTURE.read_text()
-    section = text.split("## The library, top to bottom", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, set[str]] = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or not cells[0].startswith("`"):
-            continue
-        key = cells[0].split("`")[1]
-        rows[key] = set(cells[2].split("`")[1::2])
-    return rows
-
-
-def _row_of(module: str, keys: list[str]) -> str | None:
-    """The row whose key names ``module`` most closely (``gradwire.`` omitted, dots as slashes)."""
-    rel = module.removeprefix(LIBRARY).lstrip(".").replace(".", "/")
-    best = None
-    for key in keys:
-        if rel == key.rstrip("/") or (key.endswith("/") and rel.startswith(key)):
-            if best is None or len(key) > len(best):
-                best = key
-    return best
-
 
 def test_the_architecture_table_maps_every_library_module_and_its_imports():
     graph = _graph()
@@ -232,6 +130,70 @@ def test_the_architecture_table_check_sees_a_wrong_row():
     assert _row_of("gradwire.torch.hooks", keys) == "torch/"
     assert _row_of("gradwire.frame", keys) == "frame"
     assert _row_of("gradwire.state", keys) is None
+
+
+def test_make_architecture_leaves_the_document_unchanged():
+    """The generated parts (import column, row order, floors, data-path sketch) are what the code says."""
+    text = ARCHITECTURE.read_text()
+    new, problems = architecture.rewrite(text, _graph())
+    assert not problems, problems
+    assert new == text, "docs/ARCHITECTURE.md's generated parts are out of date: run `make architecture`"
+
+
+def test_every_row_comes_after_the_rows_it_imports():
+    keys = [k for k in _library_table() if k != architecture.NOT_A_MODULE_ROW]
+    late = architecture.out_of_order(keys, architecture.measured_rows(_graph(), keys))
+    assert not late, late
+
+
+def test_no_row_names_a_module_that_does_not_exist():
+    assert not architecture.rows_without_module(_graph(), list(_library_table()))
+
+
+def test_the_floor_order_check_sees_a_row_above_its_import():
+    deps = {"frame": {"errors"}, "errors": set(), "codecs/": {"frame", "errors"}}
+    assert architecture.out_of_order(["frame", "errors", "codecs/"], deps) == [
+        "`frame` is above `errors`, which it imports"
+    ]
+    assert architecture.floor_order(["frame", "errors", "codecs/"], deps) == ["errors", "frame", "codecs/"]
+    assert architecture.floors(deps) == {"frame": 1, "errors": 0, "codecs/": 2}
+
+
+def _folder_row(folder: str) -> str:
+    rows = [line for line in ARCHITECTURE.read_text().splitlines() if line.startswith(f"| `{folder}` |")]
+    assert len(rows) == 1, f"docs/ARCHITECTURE.md has {len(rows)} rows for {folder}"
+    return rows[0]
+
+
+def test_the_rust_core_row_names_every_module_of_the_crate():
+    named = set(re.findall(r"`([a-z_0-9]+)`", _folder_row("rust/core")))
+    crate = {p.stem for p in (REPO / "rust" / "core" / "src").glob("*.rs")} - {"lib"}
+    assert "alignment" in crate
+    assert not crate - named, f"docs/ARCHITECTURE.md's rust/core row does not name {sorted(crate - named)}"
+
+
+def test_the_scripts_row_names_every_script():
+    named = set(re.findall(r"`([a-z_0-9]+\.py)`", _folder_row("scripts/")))
+    scripts = {p.name for p in (REPO / "scripts").glob("*.py")}
+    assert not scripts - named, f"docs/ARCHITECTURE.md's scripts/ row does not name {sorted(scripts - named)}"
+
+
+def test_the_apps_and_server_paragraphs_name_every_module():
+    """The server's and the apps' modules have no table rows; their paragraphs name each one (``routes/*``
+    stands for the routers)."""
+    section = ARCHITECTURE.read_text().split("## The apps and the server", 1)[1].split("\n## ", 1)[0]
+    apps_text, server_text = section.split("- `gradwire_server`", 1)
+    missing = []
+    for top, text in (("gradwire_apps", apps_text), ("gradwire_server", server_text)):
+        root = architecture.ROOTS[top]
+        named = set(re.findall(r"`([a-z_/]+)`", text))
+        for path in sorted(root.rglob("*.py")):
+            rel = str(path.relative_to(root).with_suffix(""))
+            if path.stem in ("__init__", "__main__") or rel.startswith("routes/"):
+                continue
+            if rel not in named:
+                missing.append(f"{top}/{rel}")
+    assert not missing, f"docs/ARCHITECTURE.md's 'The apps and the server' does not name {missing}"
 
 
 # -- the DCT codec's package: no module reaches into another's private names ------------------------

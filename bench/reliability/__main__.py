@@ -1,6 +1,6 @@
-"""Run every reliability probe and write docs/reliability.md: one table of probe, expected, observed.
+"""Run every reliability probe and write docs/results/reliability.md: one table of probe, expected, observed.
 
-``python -m bench.reliability [--quick] [--only NAME ...] [--out docs/reliability.md]``. Each module
+``python -m bench.reliability [--quick] [--only NAME ...] [--out docs/results/reliability.md]``. Each module
 ``bench/reliability/probe_<name>.py`` exposes ``probes(quick: bool) -> list[Row]``; ``--quick`` runs every
 probe at a reduced size (minutes, not half an hour) and is what a developer runs before committing.
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="every probe at a reduced size")
     parser.add_argument("--only", nargs="*", choices=probe_modules(), help="run only these areas")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "reliability.md")
     args = parser.parse_args(argv)
     names = args.only or probe_modules()
     results: dict[str, tuple[list[Row], float]] = {}

@@ -1,4 +1,4 @@
-"""One line of docs/reliability.md: what was tried, what must hold, what was seen."""
+"""One line of docs/results/reliability.md: what was tried, what must hold, what was seen."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A frame is bound to its run and round (docs/FORMAT.md section 10), so a captured frame is refused
 verbatim everywhere else. Whoever holds a node token of the run can still take another node's records of
 an earlier round and submit them again under a fresh header and binding: the old update then counts a
-second time, stale. docs/reliability.md measured such a replay costing an AdamW run 9 % of held-out loss
+second time, stale. docs/results/reliability.md measured such a replay costing an AdamW run 9 % of held-out loss
 and a re-encoded SparseLoCo run 6 %. An honest node never sends the same non-zero records for two
 rounds — its gradients change with every step — so the server remembers a digest of the records of
 every update it took in the run's last :data:`REPLAY_WINDOW` rounds and refuses an update whose records

@@ -49,7 +49,7 @@ __all__ = [
 
 
 #: The default local steps per round. On the stdlib byte LM at 300× per local step both ways (2,048 steps,
-#: docs/convergence-nodes.md, docs/reencode-design.md) 8 steps with 487 of each 64×64 chunk's 4096
+#: docs/results/convergence-nodes.md, docs/reencode-design.md) 8 steps with 487 of each 64×64 chunk's 4096
 #: coefficients held dense AdamW's held-out loss within +1.4 % (4 nodes, every frame) and +2.5 %
 #: (re-encoded); at 16 nodes re-encoded +5.9 % against +6.3 % with 4 steps (171 coefficients), and 1000×
 #: (72 coefficients) cost +5.2 % where 300× cost +1.4 %.

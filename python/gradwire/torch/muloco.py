@@ -7,7 +7,7 @@ settings of the headline rows (bench/convergence_nodes.py's ``signloco+muon/agg`
 ``sync_every=11`` local steps per sync, ``error_decay=1.0`` (1-bit SGD's error feedback keeps the whole
 residual), the plain outer step (``outer_lr=1``), no weight decay. About 303× fewer bytes than fp32 up and
 301× down per local step; at 16 nodes +1.2 % held-out loss against dense AdamW on the byte LM (lr 0.04,
-2 seeds; docs/convergence-nodes.md).
+2 seeds; docs/results/convergence-nodes.md).
 
 It adds nothing to either class: an instance *is* a ``SparseLoCo`` (its state dict, checkpoints, byte
 counters, ``sync()``) whose ``inner`` is a ``MuonAdamW``.
