@@ -32,12 +32,14 @@ from .ddp_guard import DenseAllReduceError, local_gradients_hook, skip_ddp_all_r
 from .ddp_hook import GradwireHookState, ddp_hook, gradwire_hook
 from .decentralized import LowPrecisionDecentralized, ring_peers
 from .demo_optimizer import DeMo
+from .fault_tolerant import FaultTolerant
 from .hooks import RegisteredHook, hook_names, register_hook
 from .launch import NoLauncherError, default_backend, init_from_env, spawn
 from .launcher_check import NoProcessGroupError
 from .muloco import MuLoCo
 from .muon import MuonAdamW, muon_split
 from .powersgd import PowerSGDState, powersgd_hook
+from .replica_timeouts import ReplicaTimeouts, TimeoutOrderError
 from .replicas import replicas_agree
 from .sparseloco_optimizer import SparseLoCo
 
@@ -45,13 +47,16 @@ __all__ = [
     "AlgorithmOptimizer",
     "DeMo",
     "DenseAllReduceError",
+    "FaultTolerant",
     "GradwireHookState",
     "LowPrecisionDecentralized",
     "MuLoCo",
     "MuonAdamW",
     "PowerSGDState",
     "RegisteredHook",
+    "ReplicaTimeouts",
     "SparseLoCo",
+    "TimeoutOrderError",
     "all_gather_bytes",
     "average_buffers",
     "ddp_hook",

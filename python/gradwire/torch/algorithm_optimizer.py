@@ -39,10 +39,10 @@ from torch import nn
 
 from ..algorithms import Algorithm, get_algorithm
 from ..codecs.base import Codec
-from ..frame import Entry, Limits
+from ..frame import Entry, Limits, decode_entry
 from ..model_record import model_record_codec
 from ..registry import build_codec
-from .all_gather_exchange import ReportsFrameBytes
+from .all_gather_exchange import AllGatherExchange, ReportsFrameBytes
 from .collectives import all_gather_bytes, comm_device
 from .ddp_guard import check_not_all_reduced
 from .dtensor import LocalTensors, is_dtensor, like_parameter, local_grad, local_tensor
@@ -51,6 +51,7 @@ from .launcher_check import refuse_single_rank_launch
 from .outer import OuterOptimizerFactory, TorchOuterStep
 from .overlap import DEFAULT_BUCKET_NUMEL, GradientBuckets
 from .reshard import reshard_share
+from .round_outcome import RoundNotCommitted
 from .sharded import DEFAULT_PIECE_NUMEL
 from .state_bytes import state_from_bytes, state_to_bytes
 
@@ -367,7 +368,27 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
         entries = self.node.send()
         target = self.node.target()
         device = next(iter(target.values())).device if len(target) else None
-        self._commit(self._route.mean(entries, self.rounds, device))
+        try:
+            mean = self._route.mean(entries, self.rounds, device)
+        except RoundNotCommitted:  # a round transport's round that does not count (use_round_transport)
+            self.node.take_back({e.name: decode_entry(e, device) for e in entries})
+            self.node.synced()  # back to the last synced version, as when a round is published without us
+            return
+        self._commit(mean)
+
+    def use_round_transport(self, transport: AllGatherExchange) -> None:
+        """Exchange every later round through ``transport`` (an :class:`AllGatherExchange`: every replica's
+        records, in replica order) in place of the all-gather over ``process_group``; a round it refuses with
+        :class:`~gradwire.torch.round_outcome.RoundNotCommitted` is given back to the node side. What
+        :class:`gradwire.torch.FaultTolerant` sets: torchft's managed replica groups. Only with
+        ``exchange="all_gather"`` and ``overlap=False``."""
+        if self._pieces is not None or self._buckets is not None:
+            raise ValueError(
+                f"a round transport carries the all-gather exchange of whole rounds; this optimizer has "
+                f"exchange={self.exchange!r}, overlap={self._buckets is not None}: build it with "
+                "exchange='all_gather' and overlap=False"
+            )
+        self._route.exchange = self._exchange = transport
 
     def _commit(self, mean: Mapping[str, torch.Tensor]) -> None:
         """The commit point of a round: the exchanged mean applied to the node side's target — by the

@@ -1,0 +1,106 @@
+"""One replica group of the fault-tolerant tests and bench (a process of its own): a small regression model
+trained with SparseLoCo under gradwire.torch.FaultTolerant, one JSON line per committed round.
+
+``python tests/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
+file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
+``pause`` (seconds slept per step), ``seed`` (this group's data); ``die_at_sync`` (SIGKILL itself inside that
+round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself after that local step),
+``hostile_at`` (send garbage instead of its frame at that step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.distributed.distributed_c10d import AllgatherOptions
+
+from gradwire.torch import FaultTolerant, ReplicaTimeouts, SparseLoCo
+
+
+def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
+    h = hashlib.sha256()
+    for t in list(module.state_dict().values()) + list(opt.node.anchor.values()):
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main(cfg: dict) -> None:
+    torch.manual_seed(0)  # the same initial model everywhere; torchft's init_sync makes it so anyway
+    module = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
+    ft = FaultTolerant(
+        opt,
+        module,
+        lighthouse=cfg["lighthouse"],
+        replica_id=cfg["replica_id"],
+        timeouts=ReplicaTimeouts(**cfg["timeouts"]),
+        min_replicas=cfg.get("min_replicas", 1),
+    )
+    ex = ft.exchange
+    die_at_sync, hostile_at = cfg.get("die_at_sync"), cfg.get("hostile_at")
+    if die_at_sync is not None or hostile_at is not None:
+        gather, own = ex._all_gather, ex._own_frame
+
+        def all_gather(frame: bytes) -> list[bytes]:
+            if die_at_sync is not None and ft.commits == die_at_sync:
+                ex.pg.allgather(  # the lengths go out, then this group dies inside the round
+                    [[torch.zeros(1, dtype=torch.int64) for _ in range(ex.world())]],
+                    [torch.tensor([len(frame)], dtype=torch.int64)],
+                    AllgatherOptions(),
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+            return gather(frame)
+
+        def own_frame(entries, step, rank):
+            return b"\x00hostile" * 64 if step == hostile_at else own(entries, step, rank)
+
+        ex._all_gather, ex._own_frame = all_gather, own_frame
+    gen = torch.Generator().manual_seed(1000 + cfg.get("seed", 0))
+    w_true = torch.linspace(-1, 1, 16)
+    log = open(cfg["log"], "a")
+    started = time.time()
+    last = ft.commits
+    while True:
+        try:
+            stop = int(open(cfg["stop"]).read())
+        except (OSError, ValueError):
+            stop = None
+        if stop is not None and ft.commits >= stop and opt.local_steps % opt.sync_every == 0:
+            break
+        x = torch.randn(8, 16, generator=gen)
+        y = (x @ w_true).unsqueeze(1) + 0.01 * torch.randn(8, 1, generator=gen)
+        loss = nn.functional.mse_loss(module(x), y)
+        loss.backward()
+        ft.step()
+        ft.zero_grad()
+        if cfg.get("die_at_step") is not None and opt.local_steps == cfg["die_at_step"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if ft.commits != last and opt.local_steps % opt.sync_every == 0:
+            last = ft.commits
+            row = {
+                "replica": cfg["replica_id"],
+                "step": ft.commits,
+                "hash": model_hash(module, opt),
+                "groups": ft.manager.num_participants(),
+                "kept": ex.kept_last,
+                "refusals": len(ex.refusals),
+                "healed": ft.healed,
+                "time": time.time(),
+                "since_start": time.time() - started,
+            }
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+        time.sleep(cfg.get("pause", 0.0))
+    ft.shutdown()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
