@@ -46,7 +46,7 @@ install: wheel
 	PIP_TRIES=$(PIP_TRIES) $(PY) scripts/install_torch.py
 	@echo "==> gradwire's other dependencies from PyPI and the server from ./server (a line per download)"
 	@set -o pipefail; for try in $$(seq 1 $(PIP_TRIES)); do \
-	  $(PIP) install --progress-bar on "$$(ls dist/*.whl)[apps,test,bench]" ./server 2>&1 \
+	  $(PIP) install --progress-bar on "$$(ls dist/*.whl)[apps,test,bench,torchft]" ./server 2>&1 \
 	    | { grep -v '^Requirement already satisfied' || true; } && exit 0; \
 	  echo "pip install failed (try $$try of $(PIP_TRIES)); retrying"; sleep 10; \
 	done; exit 1
@@ -65,7 +65,7 @@ release: $(VENV)/.created
 # Editable install for development: Python edits are live, Rust edits need `make dev` again.
 dev: $(VENV)/.created
 	PIP_TRIES=$(PIP_TRIES) $(PY) scripts/install_torch.py
-	$(PIP) install -q -e ".[apps,test,bench]" -e ./server
+	$(PIP) install -q -e ".[apps,test,bench,torchft]" -e ./server
 
 # Style, checked by machine (CI runs this before the tests): ruff's lint and formatter for Python (settings
 # in pyproject.toml), rustfmt and clippy with warnings as errors for the Rust crates (the fuzz crate's

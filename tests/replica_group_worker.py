@@ -3,9 +3,10 @@ trained with SparseLoCo under gradwire.torch.FaultTolerant, one JSON line per co
 
 ``python tests/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
 file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
-``pause`` (seconds slept per step), ``seed`` (this group's data); ``die_at_sync`` (SIGKILL itself inside that
-round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself after that local step),
-``hostile_at`` (send garbage instead of its frame at that step).
+``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership); counted
+in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that
+round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself at that step after the first
+such round), ``hostile_at`` (send garbage instead of its frame in that round).
 """
 
 from __future__ import annotations
@@ -45,24 +46,31 @@ def main(cfg: dict) -> None:
         min_replicas=cfg.get("min_replicas", 1),
     )
     ex = ft.exchange
-    die_at_sync, hostile_at = cfg.get("die_at_sync"), cfg.get("hostile_at")
-    if die_at_sync is not None or hostile_at is not None:
-        gather, own = ex._all_gather, ex._own_frame
+    # Faults count what this process saw, in rounds of the full membership (``groups`` groups): a restarted or
+    # late process heals to the others' step, so the step itself says nothing about when it is.
+    full = cfg.get("groups", 1)
+    seen = {"rounds": 0, "steps": 0, "hostile": None}
+    gather, own = ex._all_gather, ex._own_frame
 
-        def all_gather(frame: bytes) -> list[bytes]:
-            if die_at_sync is not None and ft.commits == die_at_sync:
+    def all_gather(frame: bytes) -> list[bytes]:
+        if ex.world() >= full:
+            seen["rounds"] += 1
+            if seen["rounds"] == cfg.get("die_at_sync"):
                 ex.pg.allgather(  # the lengths go out, then this group dies inside the round
                     [[torch.zeros(1, dtype=torch.int64) for _ in range(ex.world())]],
                     [torch.tensor([len(frame)], dtype=torch.int64)],
                     AllgatherOptions(),
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
-            return gather(frame)
+        return gather(frame)
 
-        def own_frame(entries, step, rank):
-            return b"\x00hostile" * 64 if step == hostile_at else own(entries, step, rank)
+    def own_frame(entries, step, rank):
+        if ex.world() >= full and seen["rounds"] + 1 == cfg.get("hostile_at") and seen["hostile"] is None:
+            seen["hostile"] = step
+            return b"\x00hostile" * 64
+        return own(entries, step, rank)
 
-        ex._all_gather, ex._own_frame = all_gather, own_frame
+    ex._all_gather, ex._own_frame = all_gather, own_frame
     gen = torch.Generator().manual_seed(1000 + cfg.get("seed", 0))
     w_true = torch.linspace(-1, 1, 16)
     log = open(cfg["log"], "a")
@@ -81,17 +89,21 @@ def main(cfg: dict) -> None:
         loss.backward()
         ft.step()
         ft.zero_grad()
-        if cfg.get("die_at_step") is not None and opt.local_steps == cfg["die_at_step"]:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if seen["rounds"] >= 1:
+            seen["steps"] += 1
+            if seen["steps"] == cfg.get("die_at_step"):  # between syncs (a step that does not send)
+                os.kill(os.getpid(), signal.SIGKILL)
         if ft.commits != last and opt.local_steps % opt.sync_every == 0:
             last = ft.commits
             row = {
                 "replica": cfg["replica_id"],
+                "pid": os.getpid(),
                 "step": ft.commits,
                 "hash": model_hash(module, opt),
                 "groups": ft.manager.num_participants(),
                 "kept": ex.kept_last,
-                "refusals": len(ex.refusals),
+                "refused_steps": sorted({step for step, _, _ in ex.refusals}),
+                "hostile_step": seen["hostile"],
                 "healed": ft.healed,
                 "time": time.time(),
                 "since_start": time.time() - started,

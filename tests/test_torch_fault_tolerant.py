@@ -1,0 +1,75 @@
+"""gradwire.torch.FaultTolerant on a real torchft Lighthouse on loopback, gloo, CPU: 4 replica groups as
+processes; one SIGKILLed inside a sync's exchange and one between syncs, both restarted; a group that sends a
+hostile frame once. The survivors keep committing, the restarted groups heal from a healthy one's state bytes
+and contribute at their first sync, and every group's weights and anchor are bit-identical at every step
+more than one group logged."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+pytest.importorskip("torchft")
+
+from replica_groups import ReplicaGroups  # noqa: E402
+
+
+def test_groups_survive_kills_rejoin_bit_identical_and_refuse_a_hostile_frame(tmp_path):
+    run = ReplicaGroups(tmp_path, groups=4, sync_every=2, pause=0.02)
+    try:
+        run.start("g0")
+        run.start("g1", die_at_step=6)  # SIGKILL at a step between two syncs
+        run.start("g2", hostile_at=2)  # garbage in place of its frame in its second full round
+        run.start("g3", die_at_sync=4)  # SIGKILL inside the exchange of its fourth full round
+        deaths, first_pid = {}, {}
+        for name in ("g1", "g3"):
+            assert run.exit_code(name, 120) == -signal.SIGKILL
+            first_pid[name] = run.procs[name].pid
+            deaths[name] = max((r["step"] for r in run.rows(name)), default=0)  # its last commit before it died
+            run.start(name)  # restarted: heals from a healthy group and rejoins
+
+        def restarted(name: str) -> list[dict]:
+            return [r for r in run.rows(name) if r["pid"] != first_pid[name]]
+
+        rejoined = run.wait_for(
+            lambda: all(any(r["groups"] == 4 for r in restarted(n)) for n in ("g1", "g3")),
+            120,
+            "both restarted groups to commit a round of 4",
+        )
+        assert rejoined
+        last = max(r["step"] for n in ("g0", "g1", "g2", "g3") for r in run.rows(n))
+        run.stop_at(last + 3)
+        for name in ("g0", "g1", "g2", "g3"):
+            assert run.exit_code(name, 120) == 0, run.tails()
+
+        rows = {n: run.rows(n) for n in ("g0", "g1", "g2", "g3")}
+        # The survivors kept committing after each fault, in rounds of 3 at some point.
+        for survivor in ("g0", "g2"):
+            steps = [r["step"] for r in rows[survivor]]
+            assert steps == sorted(steps) and len(set(steps)) == len(steps)
+            assert any(r["groups"] == 3 for r in rows[survivor]), rows[survivor]
+            assert max(steps) >= last + 3
+        # The restarted groups loaded a healthy group's state and their first sync counted every group's frame.
+        for name in ("g1", "g3"):
+            after = restarted(name)
+            first = after[0]
+            assert first["healed"] == 1 and first["groups"] >= 2 and first["kept"] == first["groups"], after[:3]
+            assert first["step"] > deaths[name]
+        # Bit-identical: at every step two groups logged, the same weights and anchor.
+        by_step: dict[int, set[str]] = {}
+        for rs in rows.values():
+            for r in rs:
+                if r["groups"] > 1:
+                    by_step.setdefault(r["step"], set()).add(r["hash"])
+        assert by_step and all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
+        assert len({r["hash"] for rs in rows.values() for r in rs if r["step"] == last + 3}) == 1
+        # The hostile frame: every other group refused it at that step, and g2 itself went on committing.
+        hostile = next(r["hostile_step"] for r in rows["g2"] if r["hostile_step"] is not None)
+        for name in ("g0", "g2"):
+            assert hostile in rows[name][-1]["refused_steps"]
+        at = [r for r in rows["g0"] if r["step"] == hostile + 1]
+        assert at and at[0]["kept"] == at[0]["groups"] - 1
+        assert rows["g2"][-1]["step"] > hostile
+    finally:
+        run.close()
