@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.distributed_c10d import AllgatherOptions
 
 from gradwire.torch import FaultTolerant, ReplicaTimeouts, SparseLoCo
+from gradwire.torch.state_bytes import state_to_bytes
 
 
 def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
@@ -33,8 +34,9 @@ def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
 
 
 def main(cfg: dict) -> None:
-    torch.manual_seed(0)  # the same initial model everywhere; torchft's init_sync makes it so anyway
-    module = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    torch.manual_seed(cfg.get("run_seed", 0))  # the same initial model everywhere; torchft's init_sync anyway
+    width = cfg.get("width", 32)
+    module = nn.Sequential(nn.Linear(16, width), nn.Tanh(), nn.Linear(width, 1))
     inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
     opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
     ft = FaultTolerant(
@@ -46,6 +48,19 @@ def main(cfg: dict) -> None:
         min_replicas=cfg.get("min_replicas", 1),
     )
     ex = ft.exchange
+    log = open(cfg["log"], "a")
+
+    def write(row: dict) -> None:
+        log.write(json.dumps({"replica": cfg["replica_id"], "pid": os.getpid(), **row}) + "\n")
+        log.flush()
+
+    write(
+        {
+            "ready": time.time(),
+            "state_bytes": len(state_to_bytes(ft._state())),
+            "model_bytes": 4 * sum(p.numel() for p in module.parameters()),
+        }
+    )
     # Faults count what this process saw, in rounds of the full membership (``groups`` groups): a restarted or
     # late process heals to the others' step, so the step itself says nothing about when it is.
     full = cfg.get("groups", 1)
@@ -61,6 +76,7 @@ def main(cfg: dict) -> None:
                     [torch.tensor([len(frame)], dtype=torch.int64)],
                     AllgatherOptions(),
                 )
+                write({"died": time.time(), "step": ft.commits})
                 os.kill(os.getpid(), signal.SIGKILL)
         return gather(frame)
 
@@ -71,9 +87,8 @@ def main(cfg: dict) -> None:
         return own(entries, step, rank)
 
     ex._all_gather, ex._own_frame = all_gather, own_frame
-    gen = torch.Generator().manual_seed(1000 + cfg.get("seed", 0))
+    gen = torch.Generator().manual_seed(1000 + 10 * cfg.get("run_seed", 0) + cfg.get("seed", 0))
     w_true = torch.linspace(-1, 1, 16)
-    log = open(cfg["log"], "a")
     started = time.time()
     last = ft.commits
     while True:
@@ -84,7 +99,7 @@ def main(cfg: dict) -> None:
         if stop is not None and ft.commits >= stop and opt.local_steps % opt.sync_every == 0:
             break
         x = torch.randn(8, 16, generator=gen)
-        y = (x @ w_true).unsqueeze(1) + 0.01 * torch.randn(8, 1, generator=gen)
+        y = target(x, w_true) + 0.01 * torch.randn(8, 1, generator=gen)
         loss = nn.functional.mse_loss(module(x), y)
         loss.backward()
         ft.step()
@@ -92,12 +107,11 @@ def main(cfg: dict) -> None:
         if seen["rounds"] >= 1:
             seen["steps"] += 1
             if seen["steps"] == cfg.get("die_at_step"):  # between syncs (a step that does not send)
+                write({"died": time.time(), "step": ft.commits})
                 os.kill(os.getpid(), signal.SIGKILL)
         if ft.commits != last and opt.local_steps % opt.sync_every == 0:
             last = ft.commits
             row = {
-                "replica": cfg["replica_id"],
-                "pid": os.getpid(),
                 "step": ft.commits,
                 "hash": model_hash(module, opt),
                 "groups": ft.manager.num_participants(),
@@ -107,11 +121,23 @@ def main(cfg: dict) -> None:
                 "healed": ft.healed,
                 "time": time.time(),
                 "since_start": time.time() - started,
+                "downloaded": ft.transport.bytes_downloaded,
+                "bytes_sent": ex.bytes_sent,
+                "local_steps": opt.local_steps,
             }
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+            write(row)
         time.sleep(cfg.get("pause", 0.0))
+    held = torch.Generator().manual_seed(99)
+    hx = torch.randn(512, 16, generator=held)
+    with torch.no_grad():
+        held_out = nn.functional.mse_loss(module(hx), target(hx, w_true)).item()
+    write({"final": True, "step": ft.commits, "held_out": held_out, "hash": model_hash(module, opt)})
     ft.shutdown()
+
+
+def target(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A smooth nonlinear regression target (a linear one is learned in a few steps by anyone)."""
+    return (torch.sin(2 * x @ w) + 0.5 * torch.tanh(x[:, :4].sum(1))).unsqueeze(1)
 
 
 if __name__ == "__main__":

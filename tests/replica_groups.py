@@ -49,19 +49,27 @@ class ReplicaGroups:
 
     def start(self, name: str, **options) -> None:
         cfg = dict(
-            self.common,
+            self.common | {k: v for k, v in options.items() if k in self.common},
             lighthouse=self.address,
             replica_id=name,
             log=str(self.folder / f"{name}.jsonl"),
             stop=str(self.folder / "stop"),
             seed=int(name[1:]),
-            **options,
+            **{k: v for k, v in options.items() if k not in self.common},
         )
         err = open(self.folder / f"{name}.err", "a")
         self.procs[name] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=err, stderr=err)
         self.started.setdefault(name, []).append(time.time())
 
     def rows(self, name: str) -> list[dict]:
+        try:
+            lines = (self.folder / f"{name}.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [r for r in map(json.loads, lines) if "hash" in r and "final" not in r]
+
+    def events(self, name: str) -> list[dict]:
+        """Every line of ``name``'s log: its commits, and its ``ready``, ``died`` and ``final`` lines."""
         try:
             return [json.loads(line) for line in (self.folder / f"{name}.jsonl").read_text().splitlines()]
         except OSError:
