@@ -6,7 +6,8 @@ file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeo
 ``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership); counted
 in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that
 round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself at that step after the first
-such round), ``hostile_at`` (send garbage instead of its frame in that round).
+such round), ``hostile_at`` (send garbage instead of its frame in that round); ``wait_for``: a file this
+process waits for, imported and built, before it joins (a warm standby).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def main(cfg: dict) -> None:
     module = nn.Sequential(nn.Linear(16, width), nn.Tanh(), nn.Linear(width, 1))
     inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
     opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
+    if cfg.get("wait_for"):  # a warm standby: imported and built, it joins once the file appears
+        with open(cfg["log"], "a") as log:
+            log.write(json.dumps({"replica": cfg["replica_id"], "pid": os.getpid(), "standby": time.time()}) + "\n")
+        while not os.path.exists(cfg["wait_for"]):
+            time.sleep(0.01)
     ft = FaultTolerant(
         opt,
         module,
@@ -124,6 +130,7 @@ def main(cfg: dict) -> None:
                 "downloaded": ft.transport.bytes_downloaded,
                 "bytes_sent": ex.bytes_sent,
                 "local_steps": opt.local_steps,
+                "raw_state": raw_state_bytes(ft._state()),
             }
             write(row)
         time.sleep(cfg.get("pause", 0.0))
@@ -133,6 +140,17 @@ def main(cfg: dict) -> None:
         held_out = nn.functional.mse_loss(module(hx), target(hx, w_true)).item()
     write({"final": True, "step": ft.commits, "held_out": held_out, "hash": model_hash(module, opt)})
     ft.shutdown()
+
+
+def raw_state_bytes(state) -> int:
+    """The bytes of every tensor in a state (weights plus the algorithm's state), without any format."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(raw_state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(raw_state_bytes(v) for v in state)
+    return 0
 
 
 def target(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
