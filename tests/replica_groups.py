@@ -47,7 +47,9 @@ class ReplicaGroups:
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: dict[str, list[float]] = {}
 
-    def start(self, name: str, **options) -> None:
+    def start(self, name: str, process: str | None = None, **options) -> None:
+        """Start group ``name`` as a process (``process``: its key here, default the name; a standby of a group
+        that still runs is a second process of the same name)."""
         cfg = dict(
             self.common | {k: v for k, v in options.items() if k in self.common},
             lighthouse=self.address,
@@ -58,8 +60,9 @@ class ReplicaGroups:
             **{k: v for k, v in options.items() if k not in self.common},
         )
         err = open(self.folder / f"{name}.err", "a")
-        self.procs[name] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=err, stderr=err)
-        self.started.setdefault(name, []).append(time.time())
+        key = process or name
+        self.procs[key] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=err, stderr=err)
+        self.started.setdefault(key, []).append(time.time())
 
     def rows(self, name: str) -> list[dict]:
         try:
@@ -97,7 +100,7 @@ class ReplicaGroups:
 
     def tails(self) -> str:
         out = []
-        for name in sorted(self.procs):
+        for name in sorted({key.split("-")[0] for key in self.procs}):
             err = (self.folder / f"{name}.err").read_text(errors="replace").splitlines()
             lines = [line for line in err if "INFO" not in line][-6:]
             out.append(f"{name}: rows={len(self.rows(name))} err: " + " | ".join(lines))
