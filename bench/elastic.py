@@ -1,12 +1,12 @@
 """Sites that fail and come back: gradwire.torch.FaultTolerant on a real torchft Lighthouse, 4 replica groups.
 
-``python -m bench.elastic [--seeds 0 1] [--syncs 24] [--out docs/results/elastic.md]``
+``python bench/elastic.py [--seeds 0 1] [--syncs 30] [--out docs/results/elastic.md]``
 
 The membership trace, per seed: groups g0, g1, g2 start; g1 is SIGKILLed inside the exchange of its
 ``--die-at``-th round of three (step s1) and restarted at once (it rejoins at s2); g3 joins late, once the
 run has committed ``--late`` rounds (s3). Every group stops at the ``--syncs``-th committed round. Beside it,
 the uninterrupted run: the same four groups, the same seeds, all present from the start, no fault. Each group
-is a process (tests/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, over a small MLP on
+is a process (bench/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, over a small MLP on
 a nonlinear regression task; its data stream its own). Printed, per seed and over the seeds:
 
 - fault → commit: the time from g1's death to the survivors' first committed round after it, against the
@@ -35,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from gradwire.torch import ReplicaTimeouts
+from replica_groups import FAST_TIMEOUTS, ReplicaGroups  # bench/'s sibling script
 
-from gradwire.torch import ReplicaTimeouts  # noqa: E402
-from replica_groups import FAST_TIMEOUTS, ReplicaGroups  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 NAMES = ("g0", "g1", "g2", "g3")
 
@@ -150,15 +149,16 @@ def main(argv=None) -> None:
     print(table)
     took = time.time() - began
     today = dt.date.today().isoformat()
-    cmd = "python -m bench.elastic " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python bench/elastic.py " + " ".join(argv if argv is not None else sys.argv[1:])
     page = f"""# Elastic replica groups: faults, rejoins and late joiners on torchft
 
 Written by `bench/elastic.py` on {today} (`{cmd.strip()}`, {took:.0f} s on a shared 2-core CPU).
 
 4 replica groups as processes on one machine (gloo on loopback), a real torchft Lighthouse, SparseLoCo
 (`sync_every=8`, its default codec, `exchange="all_gather"`) over an MLP of {params:,} parameters; timeouts
-`{FAST_TIMEOUTS}`. The trace: g0–g2 start, g1 is SIGKILLed inside its exchange at step s1 and restarted at
-once (its first commit after the restart: s2), g3 joins late at s3; all stop at committed round {args.syncs}.
+`{FAST_TIMEOUTS}`. The trace: g0–g2 start, g1 is SIGKILLed inside its exchange at step s1 and restarted (a
+fresh process, started beforehand as a warm standby and told to join at once; its first commit: s2), g3 joins
+late at s3; all stop at committed round {args.syncs}.
 The uninterrupted run: the four groups from the start, no fault, the same seeds. Held-out loss: the mean of
 the groups' final MSE on 512 held-out samples. The ring: DDP's fp32 all-reduce among 4, per local step.
 

@@ -13,7 +13,9 @@ import pytest
 
 pytest.importorskip("torchft")
 
-from replica_groups import ReplicaGroups  # noqa: E402
+from bench_modules import load_bench  # noqa: E402
+
+ReplicaGroups = load_bench("replica_groups").ReplicaGroups
 
 
 def test_groups_survive_kills_rejoin_bit_identical_and_refuse_a_hostile_frame(tmp_path):

@@ -1,7 +1,7 @@
 """One replica group of the fault-tolerant tests and bench (a process of its own): a small regression model
 trained with SparseLoCo under gradwire.torch.FaultTolerant, one JSON line per committed round.
 
-``python tests/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
+``python bench/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
 file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
 ``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership); counted
 in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that

@@ -1,5 +1,5 @@
-"""A real torchft Lighthouse on loopback and replica groups as processes (tests/replica_group_worker.py), for
-the fault-tolerant tests: start, restart, stop at a step, and read each group's JSON-lines log."""
+"""A real torchft Lighthouse on loopback and replica groups as processes (bench/replica_group_worker.py), for
+bench/elastic.py and the fault-tolerant tests: start, restart, stop at a step, read each group's log."""
 
 from __future__ import annotations
 
