@@ -19,8 +19,9 @@ a nonlinear regression task; its data stream its own). Printed, per seed and ove
   buffers, the inner optimizer's state: the raw tensor bytes) and against the weights alone;
 - bit-identical: every group's weights and anchor hash equal at every step two groups logged;
 - held-out loss at the end (the mean over the groups), against the uninterrupted run;
-- bytes per step between groups (each group's frames sent, per local step) against DDP's fp32 ring all-reduce
-  (2 (n-1)/n × 4 bytes per parameter per step, both ways counted as the ring does).
+- bytes per step between groups, against DDP's fp32 ring all-reduce (each rank sends, and receives,
+  2 (n-1)/n × 4 bytes per parameter per step): each group's frames sent per local step, and the other groups'
+  frames it received (the all-gather: n - 1 frames per sync).
 
 torchft's own DiLoCo (uncompressed) on the same trace is not run here (not built: docs/FAULT_TOLERANCE.md).
 """
@@ -89,6 +90,7 @@ def one_run(folder: Path, seed: int, args, faulted: bool) -> dict:
     times = [r["time"] for r in rows["g0"]]
     out["interval"] = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     out["bytes_per_step"] = statistics.mean(r["bytes_sent"] / r["local_steps"] for r in sent)
+    out["received_per_step"] = statistics.mean(r["bytes_received"] / r["local_steps"] for r in sent)
     if faulted:
         died = next(e for e in ev["g1"] if "died" in e)
         after = [r for n in ("g0", "g2") for r in rows[n] if r["time"] > died["died"]]
@@ -132,7 +134,7 @@ def main(argv=None) -> None:
     lines = [
         "| seed | s1 / s2 / s3 | fault → commit (bound; one sync interval) | rejoin → contributes | at its sync "
         "| joiner downloads / state (/ weights) | late group downloads / state | bit-identical "
-        "| held-out loss: trace / uninterrupted (Δ) | bytes per step / DDP fp32 ring |",
+        "| held-out loss: trace / uninterrupted (Δ) | DDP fp32 ring / bytes per step: sent, received |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for seed, f, u in rows:
@@ -143,7 +145,8 @@ def main(argv=None) -> None:
             f"| {f['restart_to_contrib']:.2f} s | {f['contrib_sync']} "
             f"| {f['downloaded'] / f['raw_state']:.3f}× ({f['downloaded'] / f['model_bytes']:.2f}×) "
             f"| {f['late_downloaded'] / f['late_raw']:.3f}× | {'yes' if f['identical'] else 'NO'} "
-            f"| {f['held_out']:.4f} / {u['held_out']:.4f} ({d:+.2%}) | {ring / f['bytes_per_step']:.0f}× fewer |"
+            f"| {f['held_out']:.4f} / {u['held_out']:.4f} ({d:+.2%}) | {ring / f['bytes_per_step']:.0f}× fewer sent, "
+            f"{ring / f['received_per_step']:.0f}× fewer received |"
         )
     table = "\n".join(lines)
     print(table)

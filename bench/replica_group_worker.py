@@ -129,6 +129,7 @@ def main(cfg: dict) -> None:
                 "since_start": time.time() - started,
                 "downloaded": ft.transport.bytes_downloaded,
                 "bytes_sent": ex.bytes_sent,
+                "bytes_received": ex.bytes_received,
                 "local_steps": opt.local_steps,
                 "raw_state": raw_state_bytes(ft._state()),
             }
