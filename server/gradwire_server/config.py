@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
-from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES, NormHistory
+from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES
 from gradwire.algorithms import (
     DEFAULT_ALGORITHM,
     AdamWConfig,
@@ -25,7 +25,8 @@ from gradwire.algorithms import (
     get_algorithm,
 )
 from gradwire.frame import MIN_FRAME_BYTES
-from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
+from gradwire.rule import Rule
+from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE
 
 __all__ = [
     "ALGORITHMS",
@@ -115,8 +116,8 @@ class AggregationConfig(BaseModel):
         ge=0.0,
         lt=1.0,
         allow_inf_nan=False,
-        description="bounded_mean, DeMo and SparseLoCo runs: how much of each node's past deviations from its rounds "
-        "the server remembers (h = beta·h + deviation); a node whose history "
+        description="bounded_mean runs whose honest nodes are IID (honest_iid), every mode: how much of each "
+        "node's past deviations from its rounds the server remembers (h = beta·h + deviation); a node whose history "
         "grows past 1.5 × the round's lower median loses weight, and all of it at "
         "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
         "deviate the same way every round. 0 remembers only the round itself.",
@@ -129,15 +130,28 @@ class AggregationConfig(BaseModel):
         "which a node keeps its whole weight (none from twice it).",
     )
 
-    def sender_history(self) -> SenderHistory | None:
-        """A fresh :class:`~gradwire.sender_history.SenderHistory` for ``bounded_mean`` runs, else ``None``."""
-        if self.rule != "bounded_mean":
-            return None
-        return SenderHistory(self.history_beta, multiple=self.trust_multiple)
+    honest_iid: bool | None = Field(
+        None,
+        description="bounded_mean: whether the run's honest nodes are IID by construction, so that a node whose "
+        "deviation from its rounds persists loses weight (its sender history, in every mode). None (the "
+        "default): true exactly where the run assigns its data (data_assignment). Without it the rule bounds "
+        "each update and drops direction outliers, and down-weights nobody for deviating: an honest node on "
+        "data of its own deviates persistently too (docs/SERVER.md, 'Robust aggregation').",
+    )
 
-    def norm_history(self) -> NormHistory | None:
-        """A fresh :class:`~gradwire.aggregation.NormHistory` for ``bounded_mean`` runs, else ``None``."""
-        return NormHistory(self.cap_factor, self.cap_rounds) if self.rule == "bounded_mean" else None
+    def rule_object(self, data_assigned: bool) -> Rule:
+        """A fresh :class:`~gradwire.rule.Rule` for a run of these settings (``data_assigned``: whether the run
+        declares a data assignment; ``honest_iid``, where set, decides instead)."""
+        honest_iid = data_assigned if self.honest_iid is None else self.honest_iid
+        return Rule(
+            self.rule,
+            trim_fraction=self.trim_fraction,
+            cap_factor=self.cap_factor,
+            cap_rounds=self.cap_rounds,
+            history_beta=self.history_beta,
+            trust_multiple=self.trust_multiple,
+            honest_iid=honest_iid,
+        )
 
     def warnings(self, quorum: int) -> list[str]:
         """What this rule leaves unbounded, for a run's status and the log at its creation."""
