@@ -436,6 +436,21 @@ def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
     return worst
 
 
+def aggregation_settings(rule: str) -> dict | None:
+    """A row's ``aggregation`` run settings: ``None`` for ``"default"`` (the run's default rule);
+    ``"assigned"``: the default in a run whose honest nodes are IID by construction (a data assignment: the
+    sender histories on, gradwire.rule); ``"default:clip_multiple=3"``: the default with settings of its own;
+    ``"trimmed_mean:0.25"``: a rule with its trim fraction; else a rule's name."""
+    if rule == "default":
+        return None
+    if rule == "assigned":
+        return {"honest_iid": True}
+    name, _, rest = rule.partition(":")
+    if name == "default":
+        return {k: float(v) for k, _, v in (kv.partition("=") for kv in rest.split(","))}
+    return {"rule": name, **({"trim_fraction": float(rest)} if rest else {})}
+
+
 def run_one(
     server: LoopbackServer,
     mode: str,
@@ -458,14 +473,9 @@ def run_one(
     rogue_ids = list(range(n_nodes - rogues + 1, n_nodes + 1))
     honest_ids = list(range(1, n_nodes - rogues + 1))
     config = dict(MODES[mode], quorum=n_nodes, uplink={"codec": "dct", "params": CODEC})
-    if rule == "assigned":
-        # The default rule in a run whose honest nodes are IID by construction (a data assignment): the
-        # sender histories on (gradwire.rule).
-        config["aggregation"] = {"honest_iid": True}
-    elif rule != "default":
-        # "trimmed_mean:0.25": a rule with its trim fraction.
-        name, _, trim = rule.partition(":")
-        config["aggregation"] = {"rule": name, **({"trim_fraction": float(trim)} if trim else {})}
+    settings = aggregation_settings(rule)
+    if settings is not None:
+        config["aggregation"] = settings
     admin = GradwireClient(server.url, server.admin_token, timeout=60)
     run_id = admin.create_run(config)
     admin.put_state(run_id, {n: p.detach() for n, p in data.model().named_parameters()})

@@ -193,7 +193,7 @@ def group_weights(out: attacks.Outcome, rule: str, members: dict[str, list[int]]
     if rule == "mean":
         total = sum(len(m) for m in members.values())
         return {g: len(m) / total for g, m in members.items()}
-    cfg = AggregationConfig(**({"honest_iid": True} if rule == "assigned" else {}))
+    cfg = AggregationConfig(**(attacks.aggregation_settings(rule) or {}))
     the_rule = cfg.rule_object(data_assigned=False)
     nodes = sorted(i for m in members.values() for i in m)
     got = {g: 0.0 for g in members}

@@ -130,6 +130,14 @@ class AggregationConfig(BaseModel):
         "which a node keeps its whole weight (none from twice it).",
     )
 
+    clip_multiple: float | None = Field(
+        None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="bounded_mean: each update is clipped to this multiple of the round's lower median norm "
+        "(one node moves a round by at most this many median updates). None (the default): 3 without a data "
+        "assignment (an honest node on data of its own sends larger updates), 1.5 with one (gradwire.rule).",
+    )
     honest_iid: bool | None = Field(
         None,
         description="bounded_mean: whether the run's honest nodes are IID by construction, so that a node whose "
@@ -148,6 +156,7 @@ class AggregationConfig(BaseModel):
             trim_fraction=self.trim_fraction,
             cap_factor=self.cap_factor,
             cap_rounds=self.cap_rounds,
+            clip_multiple=self.clip_multiple,
             history_beta=self.history_beta,
             trust_multiple=self.trust_multiple,
             honest_iid=honest_iid,
