@@ -1,9 +1,9 @@
 """Honest heterogeneity and colluders side by side, through a real server: what the default rule costs runs
 whose honest nodes hold data of their own, and what it holds against colluders.
 
-``python -m bench.heterogeneity [--rounds 30] [--seeds 0 1] [--modes ...] [--rows ...] [--full]``
+``python bench/heterogeneity.py [--rounds 30] [--seeds 0 1] [--modes ...] [--rows ...] [--full]``
 
-Every run is :func:`bench.attacks.run_one`: a real ``gradwire_server`` on loopback and real
+Every run is ``bench/attacks.py``'s ``run_one``: a real ``gradwire_server`` on loopback and real
 :class:`gradwire.client.Node` clients on threads, one small MLP, quorum = every node. Ratios are held-out
 losses of the final weights, same seeds and samples, measured in this one run of the bench.
 
