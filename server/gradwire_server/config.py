@@ -92,10 +92,11 @@ class AggregationConfig(BaseModel):
 
     rule: Literal[RULES] = Field(  # type: ignore[valid-type]
         DEFAULT_RULE,
-        description="bounded_mean (the default): each update clipped to 1.5 × the round's lower median norm, capped "
-        "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
-        "node moves a round no more than 1.5 median updates do; an update pointing against the "
-        "rest of its round (negative cosine) is dropped, at most a minority of the round. "
+        description="bounded_mean (the default): each update clipped to clip_multiple × the round's lower median "
+        "norm (3 without a data assignment, 1.5 with one), capped at cap_factor × the median clip level of the "
+        "last cap_rounds rounds, then averaged; an update pointing against the rest of its round (an outlier "
+        "cosine) is dropped, at most a minority of the round; where the honest nodes are IID (honest_iid), a "
+        "node that deviates persistently loses weight. "
         "mean: no bound (the run's status says so). clipped_mean: clipped to the round's median norm. "
         "trimmed_mean, median: coordinate-wise.",
     )
