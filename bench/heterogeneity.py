@@ -7,7 +7,8 @@ Every run is ``bench/attacks.py``'s ``run_one``: a real ``gradwire_server`` on l
 :class:`gradwire.client.Node` clients on threads, one small MLP, quorum = every node. Ratios are held-out
 losses of the final weights, same seeds and samples, measured in this one run of the bench.
 
-**Honest rows** (0 attackers; ``--rows``), each under the default rule (``default``: ``bounded_mean``, no
+**Honest rows** (0 attackers; ``--rows``; ``iid``, every node on the majority's data, only where asked),
+each under the default rule (``default``: ``bounded_mean``, no
 data assignment) and the plain ``mean`` (a column ``default + validators`` is left for the validators'
 branch):
 
@@ -135,6 +136,7 @@ def minority_groups(minority: Sequence[int] = MINORITY, nodes: int = N) -> Group
         "majority": [i for i in range(1, nodes + 1) if i not in minority],
         "minority": [i for i in range(1, nodes + 1) if i in minority],
     }
+    members = {g: m for g, m in members.items() if m}
     groups = Groups(data, members, {g: loss_of(g) for g in members})
     return Groups(attacks.DataSpec(attacks.model, batch, groups.mixture), members, groups.losses)
 
@@ -188,6 +190,7 @@ def dirichlet_groups(alpha: float, nodes: int = N) -> Groups:
 
 
 ROWS: dict[str, Callable[[], Groups]] = {
+    "iid": lambda: minority_groups(minority=()),
     "minority": minority_groups,
     "dirichlet0.1": lambda: dirichlet_groups(0.1),
     "dirichlet1": lambda: dirichlet_groups(1.0),
@@ -345,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=30, help="versions per run")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--modes", nargs="+", default=list(attacks.MODES), choices=list(attacks.MODES))
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--rows", nargs="+", default=[r for r in ROWS if r != "iid"], choices=list(ROWS))
     p.add_argument("--colluders", action="store_true", help="also run the colluder grid")
     p.add_argument("--full", action="store_true", help="the colluder grid: every attack in every mode")
     p.add_argument("--out", default="docs/results/heterogeneity.md", help="the report page ('' for none)")
