@@ -162,3 +162,23 @@ def _flat(state) -> list:
         for name in sorted(state[key]):
             out.append((key, name, state[key][name].tolist()))
     return out
+
+
+def test_an_adamw_run_that_assigns_its_data_takes_the_weight_of_persistent_deviators():
+    """The adamw mode gets the sender histories too (it had none): after rounds closed through the run's
+    state, nodes 7 and 8, deviating the same way every round, get no weight; without an assignment they
+    keep the others' share."""
+    cpu = torch.device("cpu")
+    shares = {}
+    for iid in (True, False):
+        cfg = RunConfig.model_validate({"algorithm": "adamw", "quorum": 8, "aggregation": {"honest_iid": iid}})
+        state = RunState.load(cfg, 0, tiny_state(), None, {}, cpu)
+        for rnd in range(8):
+            state.close(_updates(rnd))
+        ups = _updates(8)
+        coeffs, _ = state.rule.coefficients(
+            [u.node_id for u in ups], [1.0] * 8, [u.norm for u in ups], [u.frame.entries for u in ups]
+        )
+        shares[iid] = coeffs
+    assert shares[True][6] == shares[True][7] == 0.0, shares[True]
+    assert min(shares[False][6:]) == pytest.approx(max(shares[False][:6]), rel=1e-6), shares[False]
