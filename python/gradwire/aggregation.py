@@ -15,9 +15,10 @@ The rules (:data:`RULES`, the one list of their names; :data:`DEFAULT_RULE` is e
   cosine with the clipped sum of the others negative and an outlier among the round's cosines:
   :func:`opposed_senders`) is dropped, at most a minority of the round: a flipped or
   sign-alternating update cannot pull the round backwards.
-  On the server each node's weight is then scaled by its trust, from the momentum of its deviations from
-  the rounds' median (:mod:`gradwire.sender_history`): colluders inside the honest spread deviate the same
-  way every round.
+  In a run whose honest nodes are IID (a data assignment), each node's weight is then scaled by its trust,
+  from the momentum of its deviations from the rounds' median (:mod:`gradwire.sender_history`): colluders
+  inside the honest spread deviate the same way every round. A run's rule, its clip multiple (3 without an
+  assignment, 1.5 with one) and all its state are one object, :class:`gradwire.rule.Rule`.
 - ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``: no bound on what one node moves (a run
   with it says so in its status).
 - ``clipped_mean``: each update first scaled by ``cᵢ = min(1, median_norm / normᵢ)`` (:func:`clip_factors`),
