@@ -24,6 +24,7 @@ from gradwire.algorithms import (
     algorithms,
     get_algorithm,
 )
+from gradwire.assignment import U64_MAX, DataAssignment
 from gradwire.frame import MIN_FRAME_BYTES
 from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
 
@@ -31,6 +32,7 @@ __all__ = [
     "ALGORITHMS",
     "AggregationConfig",
     "CodecConfig",
+    "DataAssignmentConfig",
     "DeMoConfig",
     "OptimizerConfig",
     "RunConfig",
@@ -161,6 +163,26 @@ class AggregationConfig(BaseModel):
         return []
 
 
+class DataAssignmentConfig(BaseModel):
+    """How a run deals out its data (``gradwire.assignment``): nodes, validators and tests call
+    ``assigned_pages(assignment, node_id, round)`` on it to know which pages a node reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(ge=0, le=U64_MAX, description="The run's data seed.")
+    pages: int = Field(ge=1, le=U64_MAX, description="How many pages (or shards) the corpus is cut into.")
+    pages_per_node: int = Field(ge=1, le=U64_MAX, description="How many pages each node reads each round.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> DataAssignmentConfig:
+        self.build()  # AssignmentError (a ValueError) names the values
+        return self
+
+    def build(self) -> DataAssignment:
+        """The library's assignment (``gradwire.assignment.DataAssignment``)."""
+        return DataAssignment(seed=self.seed, pages=self.pages, pages_per_node=self.pages_per_node)
+
+
 class _RunConfigBase(BaseModel):
     """A run's configuration; every field has a default."""
 
@@ -198,6 +220,11 @@ class _RunConfigBase(BaseModel):
         "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).",
     )
     late_policy: Literal["reject", "staleness"] = "reject"
+    data_assignment: DataAssignmentConfig | None = Field(
+        None,
+        description='How the run deals out its data pages (gradwire.assignment, docs/SERVER.md "Validators"); '
+        "returned to nodes in the run's status. None: each node reads data of its own.",
+    )
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(
         False,
