@@ -13,8 +13,8 @@ anything: each function below is one call into the library.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,7 +26,16 @@ from gradwire.sender_history import SenderHistory, trusted_weights
 
 from .replays import update_digest
 
-__all__ = ["RULES", "Update", "aggregate", "clip_factors", "counted_once", "mean_weights", "published_weights"]
+__all__ = [
+    "RULES",
+    "Update",
+    "aggregate",
+    "clip_factors",
+    "counted_once",
+    "mean_weights",
+    "published_weights",
+    "score_weighted",
+]
 
 
 @dataclass
@@ -45,6 +54,14 @@ class Update:
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
+
+
+def score_weighted(updates: Sequence[Update], score_weights: Mapping[int, float] | None) -> list[Update]:
+    """``updates`` with each weight multiplied by its sender's score weight (a scored round: docs/SERVER.md,
+    "Validators"; a sender without one weighs 0), or as they are (``None``: an unscored round)."""
+    if score_weights is None:
+        return list(updates)
+    return [replace(u, weight=u.weight * score_weights.get(u.node_id, 0.0)) for u in updates]
 
 
 def counted_once(updates: Sequence[Update]) -> list[float]:

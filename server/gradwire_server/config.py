@@ -33,6 +33,7 @@ __all__ = [
     "AggregationConfig",
     "CodecConfig",
     "DataAssignmentConfig",
+    "ValidationConfig",
     "DeMoConfig",
     "OptimizerConfig",
     "RunConfig",
@@ -183,6 +184,19 @@ class DataAssignmentConfig(BaseModel):
         return DataAssignment(seed=self.seed, pages=self.pages, pages_per_node=self.pages_per_node)
 
 
+class ValidationConfig(BaseModel):
+    """A run whose rounds wait for its validators' scores (docs/SERVER.md, "Validators")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a ready round waits for every validator's scores; a round with no score by then "
+        "closes with the structural rule (a validator that is down delays a round by at most this).",
+    )
+
+
 class _RunConfigBase(BaseModel):
     """A run's configuration; every field has a default."""
 
@@ -220,6 +234,11 @@ class _RunConfigBase(BaseModel):
         "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).",
     )
     late_policy: Literal["reject", "staleness"] = "reject"
+    validation: ValidationConfig | None = Field(
+        None,
+        description="Rounds wait for the run's validators' scores and weigh each update by them "
+        '(docs/SERVER.md, "Validators"). None: rounds close with the structural rule alone.',
+    )
     data_assignment: DataAssignmentConfig | None = Field(
         None,
         description='How the run deals out its data pages (gradwire.assignment, docs/SERVER.md "Validators"); '

@@ -48,7 +48,7 @@ from gradwire.reencode import ReencodeFeedback
 from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
-from .aggregate import Update, aggregate, published_weights
+from .aggregate import Update, aggregate, published_weights, score_weighted
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
@@ -100,6 +100,10 @@ class RunState:
     #: ``None`` for other rules and for AdamW runs (:meth:`load`).
     senders: SenderHistory | None = None
     algorithm_state: dict[str, Any] = field(default_factory=dict)
+    #: Whether the round being closed or replayed was scored by the run's validators (docs/SERVER.md,
+    #: "Validators"): its weights are then the score-weighted mean's, and the structural rule and its
+    #: histories sit the round out (they are the fallback of unscored rounds).
+    scored: bool = False
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -155,18 +159,30 @@ class RunState:
         is ``"diff"``), rather than node records whose mean everyone applies (``"mean"``)."""
         return self.config.algorithm_spec.publication == "diff"
 
-    def close(self, updates: Sequence[Update]) -> bytes:
+    def close(self, updates: Sequence[Update], score_weights: Mapping[int, float] | None = None) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
-        by the run's publication kind."""
+        by the run's publication kind. ``score_weights``: the validators' weight of each sender in a scored
+        round (:mod:`.scores`), multiplied into each update's weight; ``None``: the round was not scored."""
+        self.scored = score_weights is not None
+        updates = score_weighted(updates, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
         with records_parsed_once(close_parses(updates)):
             return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
 
-    def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:
+    def replay(
+        self,
+        updates: Callable[[], Sequence[Update]],
+        published: bytes,
+        score_weights: Mapping[int, float] | None = None,
+    ) -> bool:
         """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
         runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
-        if that encoding made other bytes (see :meth:`replay_adamw`)."""
+        if that encoding made other bytes (see :meth:`replay_adamw`). ``score_weights`` as the round's
+        :meth:`close` had them (committed with the version)."""
+        self.scored = score_weights is not None
+        logged = updates
+        updates = lambda: score_weighted(logged(), score_weights)  # noqa: E731
         with records_parsed_once():
             if self.publishes_diffs:
                 return self.replay_adamw(updates(), published)
@@ -195,14 +211,15 @@ class RunState:
         """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
+        rule, senders = self._rule()
         grads = aggregate(
             updates,
             names,
-            cfg.aggregation.rule,
+            rule,
             cfg.aggregation.trim_fraction,
             device=self.device,
             cap=self._cap(),
-            history=self.senders,
+            history=senders,
         )
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
@@ -245,7 +262,8 @@ class RunState:
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         agg, clock = self.config.aggregation, _Clock(self.timings)
         # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
+        rule, senders = self._rule()
+        weights, trim = published_weights(updates, rule, agg.trim_fraction, self._cap(), senders)
         self._observe([u.norm for u in updates])
         clock.lap("aggregate")
         records = [u.frame.entries for u in updates]
@@ -315,7 +333,8 @@ class RunState:
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
         agg = self.config.aggregation
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
+        rule, senders = self._rule()
+        weights, trim = published_weights(updates, rule, agg.trim_fraction, self._cap(), senders)
         self._observe([u.norm for u in updates])
         records = [u.frame.entries for u in updates]
         ours, recon = self._reencoded_version(records, weights, trim)
@@ -346,7 +365,7 @@ class RunState:
         if self.norms is not None:
             # The norms the server's validation computed for these frames, by the same function.
             self._observe([update_norm(recs) for recs in records])
-        if self.senders is not None:
+        if self.senders is not None and not self.scored:
             # The trust the round was closed with is in its weights; the histories step by them.
             self.senders.observe([f.sender for f in version.frames], records, version.weights)
         self._average(records, version.weights, version.trim)
@@ -366,6 +385,11 @@ class RunState:
         clock.lap("apply")
 
     # -- shared -----------------------------------------------------------------------------------
+
+    def _rule(self) -> tuple[str, SenderHistory | None]:
+        """The round's rule and the histories it steps: the score-weighted mean in a scored round, else the
+        run's structural rule."""
+        return ("mean", None) if self.scored else (self.config.aggregation.rule, self.senders)
 
     def _cap(self) -> float:
         """``bounded_mean``'s cap on this round's clip level (``inf`` for other rules)."""
