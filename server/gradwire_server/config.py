@@ -24,7 +24,7 @@ from gradwire.algorithms import (
     algorithms,
     get_algorithm,
 )
-from gradwire.assignment import U64_MAX, DataAssignment
+from gradwire.assignment import DataAssignment
 from gradwire.frame import MIN_FRAME_BYTES
 from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
 
@@ -170,9 +170,9 @@ class DataAssignmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seed: int = Field(ge=0, le=U64_MAX, description="The run's data seed.")
-    pages: int = Field(ge=1, le=U64_MAX, description="How many pages (or shards) the corpus is cut into.")
-    pages_per_node: int = Field(ge=1, le=U64_MAX, description="How many pages each node reads each round.")
+    seed: int = Field(ge=0, description="The run's data seed (below 2**64).")
+    pages: int = Field(ge=1, description="How many pages (or shards) the corpus is cut into.")
+    pages_per_node: int = Field(ge=1, description="How many pages each node reads each round.")
 
     @model_validator(mode="after")
     def _fits(self) -> DataAssignmentConfig:

@@ -23,6 +23,8 @@ router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}", tags=["validators"])
 
 #: The header of a candidates body: the round whose candidate updates it holds.
 ROUND_HEADER = "X-Gradwire-Round"
+#: Versions per answer of ``GET …/scores``, at most, and the largest version it takes (SQLite's integers).
+PAGE, MAX_VERSION = 1000, 2**62
 #: How long a candidates request may wait for its round to become ready, at most.
 MAX_WAIT_S = 60.0
 
@@ -92,6 +94,16 @@ async def list_validators(run_id: str, request: Request, who: Principal = Depend
     ]
 
 
+async def validator(request: Request) -> Principal:
+    """FastAPI dependency of the validators' endpoints: the token (401), the run of the path (404), then a
+    validator of it (403), all before the body is read and validated (as :func:`..auth.admin` does)."""
+    who = await principal(request)
+    run_id = request.path_params["run_id"]
+    server(request).engine.runtime(run_id)
+    who.require_validator(run_id)
+    return who
+
+
 def _open_round(rt, round: int) -> None:
     if round < rt.version:
         raise Rejected(Reason.ROUND_CLOSED, f"round {round} is closed (the run is at version {rt.version})")
@@ -120,10 +132,9 @@ async def candidates(
     round: int,
     request: Request,
     wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait for the round to be ready."),
-    who: Principal = Depends(principal),
+    who: Principal = Depends(validator),
 ) -> Response:
     rt = server(request).engine.runtime(run_id)
-    who.require_validator(run_id)
     end = time.monotonic() + wait
     while True:
         _open_round(rt, round)
@@ -142,7 +153,7 @@ async def candidates(
     responses={401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 410: ERROR, 422: ERROR, 503: ERROR, 507: ERROR},
 )
 async def post_scores(
-    run_id: str, round: int, body: Scores, request: Request, who: Principal = Depends(principal)
+    run_id: str, round: int, body: Scores, request: Request, who: Principal = Depends(validator)
 ) -> ScoresPosted:
     ctx = server(request)
     rt = ctx.engine.runtime(run_id)
@@ -159,19 +170,21 @@ async def post_scores(
 @router.get(
     "/scores",
     response_model=list[RoundWeights],
-    summary="Every retained version's score weights and the validators' scores (admin)",
+    summary="The score weights and validators' scores of versions first … last, a page at a time (admin)",
     responses={401: ERROR, 403: ERROR, 404: ERROR, 422: ERROR},
 )
 async def scores_log(
     run_id: str,
     request: Request,
-    first: int = Query(1, ge=1, description="The first version."),
-    last: int | None = Query(None, ge=1, description="The last version (default: the run's)."),
+    first: int = Query(1, ge=1, le=MAX_VERSION, description="The first version."),
+    last: int | None = Query(
+        None, ge=1, le=MAX_VERSION, description=f"The last version (at most the run's and first + {PAGE - 1})."
+    ),
     who: Principal = Depends(admin),
 ) -> list[RoundWeights]:
     ctx = server(request)
     rt = ctx.engine.runtime(run_id)
-    last = rt.version if last is None else min(last, rt.version)
+    last = min(rt.version if last is None else last, rt.version, first + PAGE - 1)
     weights = await asyncio.to_thread(ctx.store.version_weights, run_id, first, last)
     scores = await asyncio.to_thread(ctx.store.round_scores, run_id, first - 1, last - 1)
     return [
