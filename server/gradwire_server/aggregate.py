@@ -14,8 +14,8 @@ anything: each function below is one call into the library.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,7 @@ __all__ = [
     "mean_weights",
     "published_weights",
     "rule_aggregate",
+    "score_weighted",
 ]
 
 
@@ -55,6 +56,14 @@ class Update:
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
+
+
+def score_weighted(updates: Sequence[Update], score_weights: Mapping[int, float] | None) -> list[Update]:
+    """``updates`` with each weight multiplied by its sender's score weight (a scored round: docs/SERVER.md,
+    "Validators"; a sender without one weighs 0), or as they are (``None``: an unscored round)."""
+    if score_weights is None:
+        return list(updates)
+    return [replace(u, weight=u.weight * score_weights.get(u.node_id, 0.0)) for u in updates]
 
 
 def counted_once(updates: Sequence[Update]) -> list[float]:

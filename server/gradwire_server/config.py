@@ -24,6 +24,7 @@ from gradwire.algorithms import (
     algorithms,
     get_algorithm,
 )
+from gradwire.assignment import DataAssignment
 from gradwire.frame import MIN_FRAME_BYTES
 from gradwire.rule import Rule
 from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE
@@ -32,6 +33,8 @@ __all__ = [
     "ALGORITHMS",
     "AggregationConfig",
     "CodecConfig",
+    "DataAssignmentConfig",
+    "ValidationConfig",
     "DeMoConfig",
     "OptimizerConfig",
     "RunConfig",
@@ -185,6 +188,39 @@ class AggregationConfig(BaseModel):
         return []
 
 
+class DataAssignmentConfig(BaseModel):
+    """How a run deals out its data (``gradwire.assignment``): nodes, validators and tests call
+    ``assigned_pages(assignment, node_id, round)`` on it to know which pages a node reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(ge=0, description="The run's data seed (below 2**64).")
+    pages: int = Field(ge=1, description="How many pages (or shards) the corpus is cut into.")
+    pages_per_node: int = Field(ge=1, description="How many pages each node reads each round.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> DataAssignmentConfig:
+        self.build()  # AssignmentError (a ValueError) names the values
+        return self
+
+    def build(self) -> DataAssignment:
+        """The library's assignment (``gradwire.assignment.DataAssignment``)."""
+        return DataAssignment(seed=self.seed, pages=self.pages, pages_per_node=self.pages_per_node)
+
+
+class ValidationConfig(BaseModel):
+    """A run whose rounds wait for its validators' scores (docs/SERVER.md, "Validators")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a ready round waits for every validator's scores; a round with no score by then "
+        "closes with the structural rule (a validator that is down delays a round by at most this).",
+    )
+
+
 class _RunConfigBase(BaseModel):
     """A run's configuration; every field has a default."""
 
@@ -222,6 +258,16 @@ class _RunConfigBase(BaseModel):
         "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).",
     )
     late_policy: Literal["reject", "staleness"] = "reject"
+    validation: ValidationConfig | None = Field(
+        None,
+        description="Rounds wait for the run's validators' scores and weigh each update by them "
+        '(docs/SERVER.md, "Validators"). None: rounds close with the structural rule alone.',
+    )
+    data_assignment: DataAssignmentConfig | None = Field(
+        None,
+        description='How the run deals out its data pages (gradwire.assignment, docs/SERVER.md "Validators"); '
+        "returned to nodes in the run's status. None: each node reads data of its own.",
+    )
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(
         False,

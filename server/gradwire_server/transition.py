@@ -48,7 +48,7 @@ from gradwire.rule import Rule
 from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
-from .aggregate import Update, published_weights, rule_aggregate
+from .aggregate import Update, published_weights, rule_aggregate, score_weighted
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
@@ -98,6 +98,10 @@ class RunState:
     #: :mod:`gradwire.rule`), stepped once per version, closing or replaying (:meth:`_step_rule`).
     rule: Rule = field(default_factory=Rule)
     algorithm_state: dict[str, Any] = field(default_factory=dict)
+    #: Whether the round being closed or replayed was scored by the run's validators (docs/SERVER.md,
+    #: "Validators"): its weights are then the score-weighted mean's, and the structural rule and its
+    #: histories sit the round out (they are the fallback of unscored rounds).
+    scored: bool = False
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -153,18 +157,31 @@ class RunState:
         """The rule's sender histories (``None`` where the rule keeps none)."""
         return self.rule.senders
 
-    def close(self, updates: Sequence[Update], scored: bool = False) -> bytes:
+    def close(self, updates: Sequence[Update], score_weights: Mapping[int, float] | None = None) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
-        by the run's publication kind (``scored``: the validators scored the round: :mod:`gradwire.rule`)."""
+        by the run's publication kind. ``score_weights``: the validators' weight of each sender in a scored
+        round (:mod:`.scores`), multiplied into each update's weight, the structural down-weighting sitting
+        the round out (:mod:`gradwire.rule`); ``None``: the round was not scored."""
+        self.scored = scored = score_weights is not None
+        updates = score_weighted(updates, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
         with records_parsed_once(close_parses(updates)):
             return self.close_adamw(updates, scored) if self.publishes_diffs else self.close_average(updates, scored)
 
-    def replay(self, updates: Callable[[], Sequence[Update]], published: bytes, scored: bool = False) -> bool:
+    def replay(
+        self,
+        updates: Callable[[], Sequence[Update]],
+        published: bytes,
+        score_weights: Mapping[int, float] | None = None,
+    ) -> bool:
         """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
         runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
-        if that encoding made other bytes (see :meth:`replay_adamw`)."""
+        if that encoding made other bytes (see :meth:`replay_adamw`). ``score_weights`` as the round's
+        :meth:`close` had them (committed with the version)."""
+        self.scored = scored = score_weights is not None
+        logged = updates
+        updates = lambda: score_weighted(logged(), score_weights)  # noqa: E731
         with records_parsed_once():
             if self.publishes_diffs:
                 return self.replay_adamw(updates(), published, scored)
