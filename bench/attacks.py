@@ -139,6 +139,27 @@ def held_out_loss(state: dict[str, torch.Tensor]) -> float:
         return float(((m(x) - y) ** 2).mean())
 
 
+def mse(module: nn.Module, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = xy
+    return ((module(x) - y) ** 2).mean()
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a run trains on: ``model()`` (the same initial weights for every node), ``batch(node_id, step,
+    task)`` (a node's batch of a step; ``task`` −1: :func:`batch`'s opposite task), ``loss(module, batch)``
+    and ``held_out_loss(state)`` of the final weights."""
+
+    model: Callable[[], nn.Module]
+    batch: Callable[[int, int, float], tuple[torch.Tensor, torch.Tensor]]
+    held_out_loss: Callable[[dict[str, torch.Tensor]], float]
+    loss: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor] = mse
+
+
+#: This bench's task: every node on its own stream of one regression (IID).
+REGRESSION = DataSpec(model, lambda node, step, task: batch(node, step, task=task), held_out_loss)
+
+
 # -- the rogue node ---------------------------------------------------------------------------------
 
 
@@ -396,6 +417,8 @@ class Outcome:
     warnings: list[str]
     seconds: float
     run_id: str = ""
+    #: The run's final weights (the server's).
+    state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
 def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
@@ -413,6 +436,21 @@ def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
     return worst
 
 
+def aggregation_settings(rule: str) -> dict | None:
+    """A row's ``aggregation`` run settings: ``None`` for ``"default"`` (the run's default rule);
+    ``"assigned"``: the default in a run whose honest nodes are IID by construction (a data assignment: the
+    sender histories on, gradwire.rule); ``"default:clip_multiple=3"``: the default with settings of its own;
+    ``"trimmed_mean:0.25"``: a rule with its trim fraction; else a rule's name."""
+    if rule == "default":
+        return None
+    if rule == "assigned":
+        return {"honest_iid": True}
+    name, _, rest = rule.partition(":")
+    if name == "default":
+        return {k: float(v) for k, _, v in (kv.partition("=") for kv in rest.split(","))}
+    return {"rule": name, **({"trim_fraction": float(rest)} if rest else {})}
+
+
 def run_one(
     server: LoopbackServer,
     mode: str,
@@ -423,22 +461,24 @@ def run_one(
     task: float = 1.0,
     nodes: int = N_NODES,
     rogues: int = 1,
+    data: DataSpec | None = None,
 ) -> Outcome:
     """One run of ``mode`` under ``rule`` (``"default"``: the run's default) with ``attack``, ``rounds``
     versions long, on ``nodes`` nodes; the rogues are the last ``rogues`` node ids (:data:`ROGUE` alone by
-    default)."""
+    default). ``data``: the model, each node's batches and the held-out loss (default: this bench's
+    regression, every node on its own stream of one distribution, :data:`REGRESSION`)."""
+    data = data or REGRESSION
     t0 = time.perf_counter()
     n_nodes = nodes
     rogue_ids = list(range(n_nodes - rogues + 1, n_nodes + 1))
     honest_ids = list(range(1, n_nodes - rogues + 1))
     config = dict(MODES[mode], quorum=n_nodes, uplink={"codec": "dct", "params": CODEC})
-    if rule != "default":
-        # "trimmed_mean:0.25": a rule with its trim fraction.
-        name, _, trim = rule.partition(":")
-        config["aggregation"] = {"rule": name, **({"trim_fraction": float(trim)} if trim else {})}
+    settings = aggregation_settings(rule)
+    if settings is not None:
+        config["aggregation"] = settings
     admin = GradwireClient(server.url, server.admin_token, timeout=60)
     run_id = admin.create_run(config)
-    admin.put_state(run_id, {n: p.detach() for n, p in model().named_parameters()})
+    admin.put_state(run_id, {n: p.detach() for n, p in data.model().named_parameters()})
     frames = Frames()
     nodes: list[RunNode] = []
     colluders = colluding_fn(attack, honest_ids, rogue_ids) if attack in COLLUDING else None
@@ -454,7 +494,7 @@ def run_one(
             RunNode(
                 GradwireClient(server.url, token, timeout=60),
                 run_id,
-                model(),
+                data.model(),
                 gradwire.DCTCodec(**CODEC),
                 node_id,
                 wait=10,
@@ -470,8 +510,7 @@ def run_one(
         try:
             for step in range(steps):
                 node.module.zero_grad()
-                x, y = batch(node.node_id, step, task=task)
-                ((node.module(x) - y) ** 2).mean().backward()
+                data.loss(node.module, data.batch(node.node_id, step, task)).backward()
                 node.step()
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
@@ -490,7 +529,7 @@ def run_one(
         mode,
         attack,
         rule,
-        held_out_loss(state),
+        data.held_out_loss(state),
         published_max(admin, run_id, diff),
         max(float(t.abs().max()) for t in state.values()),
         version,
@@ -499,6 +538,7 @@ def run_one(
         status.get("warnings", []),
         time.perf_counter() - t0,
         run_id,
+        state,
     )
     for n in nodes:
         n.client.close()
@@ -602,7 +642,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--rules",
         nargs="+",
         default=["default", "mean"],
-        help="'default' (the run's default, bounded_mean) and/or rule names (trimmed_mean:0.25 with its trim fraction)",
+        help="'default' (the run's default, bounded_mean), 'assigned' (the default in a run that assigns its data: "
+        "sender histories on) and/or rule names (trimmed_mean:0.25 with its trim fraction)",
     )
     p.add_argument(
         "--pivot-from",

@@ -689,38 +689,30 @@ class Settings:
 class RoundRule:
     """The server's aggregation rule over one run's rounds (``--rule``), as ``gradwire_server.transition``
     applies it: ``mean`` is ``exact_mean`` (every node ``1/n``, what the rows did before ``--rule``);
-    ``bounded_mean``, the server's default, clips to its level (capped by the run's recent levels:
-    ``NormHistory``), drops opposed updates and scales each node's weight by its trust
-    (``gradwire.sender_history``), with that state carried from round to round. :meth:`weights` gives a
+    ``bounded_mean``, the server's default, runs the server's :class:`gradwire.rule.Rule` (a run without a
+    data assignment: clipped to its level, capped by the run's recent levels, opposed updates dropped), its
+    state carried from round to round. :meth:`weights` gives a
     round's ``(weights, trim)``, :meth:`mean` its exact aggregate."""
 
     def __init__(self, rule: str):
-        from gradwire.aggregation import NormHistory, check_rule
-        from gradwire.sender_history import SenderHistory
+        from gradwire.rule import Rule
 
-        self.rule = check_rule(rule)
-        self.norms = NormHistory(3.0, 8) if rule == "bounded_mean" else None  # the server's defaults
-        self.history = SenderHistory() if rule == "bounded_mean" else None
+        self.rule = rule
+        self.state = Rule(rule)  # the server's Rule with its defaults (a run without a data assignment)
         self.trusts: list[float] = []  # every node's trust of every round, for the report
 
     def weights(self, records: Sequence) -> tuple[list[float], int]:
-        from gradwire.aggregation import update_norm, weights_and_trim
-        from gradwire.sender_history import trusted_weights
+        from gradwire.aggregation import update_norm
 
         n = len(records)
         if self.rule == "mean":
             return [1.0 / n] * n, 0
         norms = [update_norm(recs) for recs in records]
-        cap = self.norms.cap() if self.norms is not None else math.inf
-        coeffs, trim = weights_and_trim(self.rule, [1.0] * n, norms, 0.2, cap, records)
-        if self.norms is not None:
-            self.norms.observe(norms)
-        if self.history is not None:
-            senders = list(range(1, n + 1))
-            trust = self.history.trust(senders)
-            self.trusts.extend(trust)
-            coeffs = trusted_weights(coeffs, [1.0] * n, trust)
-            self.history.observe(senders, records, coeffs)
+        senders = list(range(1, n + 1))
+        if self.state.senders is not None:
+            self.trusts.extend(self.state.senders.trust(senders))
+        coeffs, trim = self.state.coefficients(senders, [1.0] * n, norms, records)
+        self.state.step(senders, norms, records, coeffs)
         return coeffs, trim
 
     def mean(self, records: Sequence) -> dict:

@@ -19,9 +19,12 @@ Each output sits in its document between two markers, and only there::
   runs them and compares.
 
 Every command runs on torch's portable CPU kernels (:mod:`gradwire_apps.demo.kernels`; ``gradwire demo`` sets
-them itself), so the figures are the same on any x86-64 machine with the same torch; the marker names the
-torch they were made with, and the tests compare exactly only under that torch. The figures change whenever
-the code's numbers do (a new default aggregation rule, a codec): rerun this and commit the documents.
+them itself). That is not enough for the same bits on every machine: measured on 2026-12-02, the same torch
+and seed printed SparseLoCo +3.1 % on one x86-64 machine (AVX-512 with AMX) and +9.9 % on another. So the marker
+names the torch *and* the processor (:func:`cpu_fingerprint`) the figures were made on, and the tests compare
+every figure exactly only on that pair; elsewhere they compare what does not hang on the last bits of a
+kernel's rounding (the rows, the lines, the bytes, the nodes in sync). The figures change whenever the code's
+numbers do (a new default aggregation rule, a codec): rerun this and commit the documents.
 """
 
 from __future__ import annotations
@@ -57,6 +60,27 @@ MARKER = re.compile(
 def environment() -> dict[str, str]:
     """This environment with the portable kernels (and one thread each for the example's ranks)."""
     return {**os.environ, **PORTABLE_KERNELS, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+
+
+def cpu_fingerprint() -> str:
+    """The processor the figures were made on: the first 10 hex digits of a SHA-256 of its model name and its
+    sorted feature flags (``/proc/cpuinfo``), so two machines of one kind match and any other does not;
+    ``unknown`` where there is no ``/proc/cpuinfo``."""
+    import hashlib
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = re.search(r"^model name\s*:\s*(.*)$", info, re.M)
+    flags = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", info, re.M)
+    key = (model.group(1) if model else "") + "|" + " ".join(sorted((flags.group(1) if flags else "").split()))
+    return hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def made_here(attrs: dict[str, str], torch: str) -> bool:
+    """Whether a block's figures were made with this torch on this kind of processor (exact comparison)."""
+    return attrs.get("torch") == torch and attrs.get("cpu") == cpu_fingerprint()
 
 
 def torch_version() -> str:
@@ -183,7 +207,7 @@ def blocks(text: str) -> dict[str, tuple[dict[str, str], str]]:
     return out
 
 
-def rewrite(text: str, name: str, output: str, torch: str, date: str, load: str = "") -> str:
+def rewrite(text: str, name: str, output: str, torch: str, date: str, load: str = "", cpu: str = "") -> str:
     """``text`` with the block ``name`` holding ``output``; ``ValueError`` if it has no such block."""
     found = False
 
@@ -192,7 +216,8 @@ def rewrite(text: str, name: str, output: str, torch: str, date: str, load: str 
         if m["name"] != name:
             return m[0]
         found = True
-        said = f" load={load}" if load else ""  # the machine's load average as the run began: the seconds are its
+        said = f" cpu={cpu}" if cpu else ""
+        said += f" load={load}" if load else ""  # the machine's load average as the run began: the seconds are its
         return f"<!-- docs-tables:{name} torch={torch} date={date}{said} -->\n```text\n{output}```\n{m['close']}"
 
     new = MARKER.sub(replace, text)
@@ -219,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         output = RUNNERS[name]()
         for doc in PLACES[name]:
             path = ROOT / doc
-            path.write_text(rewrite(path.read_text(), name, output, torch, date, load))
+            path.write_text(rewrite(path.read_text(), name, output, torch, date, load, cpu_fingerprint()))
         print(f"docs-tables: {name} written to {', '.join(PLACES[name])} ({time.monotonic() - started:.0f} s)")
     return 0
 

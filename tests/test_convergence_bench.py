@@ -614,7 +614,7 @@ def test_iid_shards_let_every_node_draw_from_all_the_training_data_in_a_run_of_t
     assert cv.run_key("digits", digits.scale, spec, "lr=0.003", 0, cv.Settings(full=False, nodes=4, H=4), None) in keys
 
 
-def test_the_round_rule_is_the_plain_mean_or_the_servers_default_with_its_state(cv):
+def test_the_round_rule_is_the_plain_mean_or_the_servers_default_rule_object(cv):
     import gradwire
     from gradwire.aggregation import exact_mean
 
@@ -631,7 +631,10 @@ def test_the_round_rule_is_the_plain_mean_or_the_servers_default_with_its_state(
     recs = round_records(False)
     assert plain.weights(recs) == ([0.25] * 4, 0)
     assert torch.equal(plain.mean(recs)["w"], exact_mean(recs)["w"])
+    # The server's default without a data assignment: the persistent deviator (an honest node on data of
+    # its own looks the same) keeps at least its share (more in a round whose direction check drops another
+    # update); the rule's state steps once per round.
     default = cv.RoundRule("bounded_mean")
     shares = [default.weights(round_records(True))[0][3] for _ in range(12)]
-    assert shares[0] == pytest.approx(0.25)  # no history yet
-    assert shares[-1] < 0.1, shares  # the persistent deviator lost its weight
+    assert min(shares) == pytest.approx(0.25), shares
+    assert default.state.steps == 12 and default.state.norms.levels

@@ -73,9 +73,22 @@ def test_the_documents_table_is_what_the_demo_prints_seconds_aside(demo, doc):
     printed = docs_tables.demo_table(stdout)
     if attrs.get("torch") != torch.__version__:
         pytest.skip(f"{doc}'s table was made with torch {attrs.get('torch')}, this is {torch.__version__}")
-    assert _figures(shown) == _figures(printed), f"{doc}'s demo table is stale: run `make docs-tables`"
     rows = [_cells(line)[0] for line in shown.splitlines() if line.startswith("│")]
     assert tuple(rows) == RUNS
+    if docs_tables.made_here(attrs, torch.__version__):
+        assert _figures(shown) == _figures(printed), f"{doc}'s demo table is stale: run `make docs-tables`"
+        return
+    # Another kind of processor (the marker's cpu=): the losses and accuracies follow the last bits of its
+    # kernels' rounding; the title, the footnote, the nodes in sync and the rounds missed do not, and the bytes
+    # (which follow the values a top-k keeps) stay within a few per cent.
+    for want, got in zip(_figures(shown), _figures(printed), strict=True):
+        if len(want) < 10:
+            assert want == got, f"{doc}'s demo table is stale: run `make docs-tables`"
+            continue
+        assert (want[0], want[8], want[9]) == (got[0], got[8], got[9]), (want, got)
+        for column in (3, 4, 6, 7):  # × up, × down, bytes up/step, bytes down/step
+            a, b = (float(row[column].replace(",", "")) for row in (want, got))
+            assert abs(a - b) <= 0.05 * a, (doc, want[0], column, want[column], got[column])
 
 
 def test_the_demo_reports_progress_plot_and_results(demo):

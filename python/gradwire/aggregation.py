@@ -15,9 +15,10 @@ The rules (:data:`RULES`, the one list of their names; :data:`DEFAULT_RULE` is e
   cosine with the clipped sum of the others negative and an outlier among the round's cosines:
   :func:`opposed_senders`) is dropped, at most a minority of the round: a flipped or
   sign-alternating update cannot pull the round backwards.
-  On the server each node's weight is then scaled by its trust, from the momentum of its deviations from
-  the rounds' median (:mod:`gradwire.sender_history`): colluders inside the honest spread deviate the same
-  way every round.
+  In a run whose honest nodes are IID (a data assignment), each node's weight is then scaled by its trust,
+  from the momentum of its deviations from the rounds' median (:mod:`gradwire.sender_history`): colluders
+  inside the honest spread deviate the same way every round. A run's rule, its clip multiple (3 without an
+  assignment, 1.5 with one) and all its state are one object, :class:`gradwire.rule.Rule`.
 - ``mean``: the (staleness-)weighted mean ``Σ wᵢ uᵢ / Σ wᵢ``: no bound on what one node moves (a run
   with it says so in its status).
 - ``clipped_mean``: each update first scaled by ``cᵢ = min(1, median_norm / normᵢ)`` (:func:`clip_factors`),
@@ -369,13 +370,13 @@ def clip_factors(norms: Sequence[float], level: float | None = None) -> list[flo
 CLIP_MULTIPLE = 1.5
 
 
-def bounded_level(norms: Sequence[float], cap: float = math.inf) -> float:
-    """``bounded_mean``'s clip level: :data:`CLIP_MULTIPLE` × the round's lower median norm (the smaller
-    middle value when the count is even, so half of a round cannot raise it), at most ``cap``
+def bounded_level(norms: Sequence[float], cap: float = math.inf, multiple: float = CLIP_MULTIPLE) -> float:
+    """``bounded_mean``'s clip level: ``multiple`` (:data:`CLIP_MULTIPLE`) × the round's lower median norm
+    (the smaller middle value when the count is even, so half of a round cannot raise it), at most ``cap``
     (:meth:`NormHistory.cap`)."""
     if not norms:
         raise ValueError("bounded_level needs at least one norm")
-    return min(CLIP_MULTIPLE * statistics.median_low(norms), cap)
+    return min(multiple * statistics.median_low(norms), cap)
 
 
 def update_norm(entries: Iterable[Entry], record_norm: Callable[[Entry], float] = entry_norm) -> float:
@@ -399,13 +400,16 @@ class NormHistory:
     A level of 0 (a round of all-zero updates) is not remembered: it would cap every later round to 0.
     """
 
-    def __init__(self, factor: float, rounds: int, levels: Iterable[float] = ()):
+    def __init__(self, factor: float, rounds: int, levels: Iterable[float] = (), clip_multiple: float = CLIP_MULTIPLE):
         if not (math.isfinite(factor) and factor >= 1.0):
             raise ValueError(f"cap factor must be a finite number >= 1, got {factor!r}")
         if rounds < 1:
             raise ValueError(f"cap rounds must be >= 1, got {rounds!r}")
+        if not (math.isfinite(clip_multiple) and clip_multiple > 0.0):
+            raise ValueError(f"clip multiple must be a finite number > 0, got {clip_multiple!r}")
         self.factor = float(factor)
         self.rounds = int(rounds)
+        self.clip_multiple = float(clip_multiple)
         self.levels: list[float] = [float(x) for x in levels][-self.rounds :]
 
     def cap(self) -> float:
@@ -415,7 +419,7 @@ class NormHistory:
     def observe(self, norms: Sequence[float]) -> float:
         """Remember the clip level of a round with update ``norms`` (call after :meth:`cap` was used for
         its weights); returns that level."""
-        level = bounded_level(norms, self.cap())
+        level = bounded_level(norms, self.cap(), self.clip_multiple)
         if level > 0.0 and math.isfinite(level):
             self.levels = (self.levels + [level])[-self.rounds :]
         return level
@@ -454,6 +458,7 @@ def rule_weights(
     cap: float = math.inf,
     records: Sequence[Sequence[Entry]] | None = None,
     opposed_medians: float = OPPOSED_MEDIANS,
+    clip_multiple: float = CLIP_MULTIPLE,
 ) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
@@ -470,12 +475,19 @@ def rule_weights(
     else:
         if norms is None or len(norms) != len(weights):
             raise ValueError(f"{rule} needs one norm per sender ({len(weights)}), got {norms!r}")
-        clip = clip_factors(norms, bounded_level(norms, cap) if rule == "bounded_mean" else None)
+        clip = clip_factors(norms, bounded_level(norms, cap, clip_multiple) if rule == "bounded_mean" else None)
     total = sum(weights)
     coeffs = [w * c / total for w, c in zip(weights, clip)]
     if rule != "bounded_mean" or records is None:
         return coeffs
-    opposed = opposed_senders(records, coeffs, opposed_medians)
+    # The direction test reads the round through updates clipped at no more than CLIP_MULTIPLE: a flipped
+    # update clipped at a larger multiple pulls the honest updates' cosines with the rest below 0 and hides
+    # itself among them (a flipped 1e15 update in a round of 4, clip 3: 1.37× the clean run's held-out loss).
+    probe = coeffs
+    if clip_multiple > CLIP_MULTIPLE:
+        level = bounded_level(norms, cap, CLIP_MULTIPLE)
+        probe = [w * c / total for w, c in zip(weights, clip_factors(norms, level))]
+    opposed = opposed_senders(records, probe, opposed_medians)
     if not any(opposed):
         return coeffs
     kept = sum(w for w, o in zip(weights, opposed) if not o)

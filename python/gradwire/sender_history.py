@@ -20,8 +20,9 @@ weight, so fewer than half
 of the senders can never shut out the rest. An attacker that knows the rule and keeps its history under the
 level must shrink its bias per round to about ``TRUST_MULTIPLE · √((1−β)/(1+β))`` ≈ 0.34 honest deviations
 (``bench/attacks.py``'s ``adaptive`` attack does exactly that). The price: an honest node whose data differ
-from the others' persistently, round after round, looks the same; a run of such nodes can raise
-``trust_multiple`` or set ``history_beta`` to 0 (docs/SERVER.md).
+from the others' persistently, round after round, looks the same, so the server keeps histories only in
+runs whose honest nodes are IID by construction (a data assignment: :class:`gradwire.rule.Rule`, which owns
+and steps them; docs/SERVER.md, "Robust aggregation").
 
 The deviations are kept as a count sketch (:func:`update_sketch`): :data:`SKETCH_BUCKETS` float64 numbers
 per sender, whatever the model size; every coefficient of an update (the DCT's kept coefficients, in their
@@ -122,10 +123,10 @@ def trusted_weights(coeffs: Sequence[float], weights: Sequence[float], trust: Se
 
 
 class SenderHistory:
-    """A run's per-sender deviation momenta (module docstring). The server keeps one per ``bounded_mean``
-    run, takes each round's trust from it (:meth:`trust`), folds the closed round in (:meth:`observe`), saves
-    it with each checkpoint (:meth:`state_dict`) and replays it with the versions since, as it does
-    :class:`~gradwire.aggregation.NormHistory`."""
+    """A run's per-sender deviation momenta (module docstring). A run's :class:`gradwire.rule.Rule` keeps
+    one where its honest nodes are IID, takes each round's trust from it (:meth:`trust`), folds the closed
+    round in (:meth:`observe`), saves it with each checkpoint (:meth:`state_dict`) and replays it with the
+    versions since, as it does :class:`~gradwire.aggregation.NormHistory`."""
 
     def __init__(self, beta: float = HISTORY_BETA, buckets: int = SKETCH_BUCKETS, multiple: float = TRUST_MULTIPLE):
         if not 0.0 <= beta < 1.0:

@@ -3,7 +3,8 @@
 ``trimmed_mean``, ``median``: docs/SERVER.md), their weights and both ways of computing them. Nothing here decides
 anything: each function below is one call into the library.
 
-- :func:`aggregate` (AdamW runs): the two means in the codec's domain
+- :func:`rule_aggregate` (AdamW runs, under the run's :class:`~gradwire.rule.Rule`) and :func:`aggregate` (a
+  rule by name): the means in the codec's domain
   (:func:`gradwire.aggregation.transform_domain_sum`), the coordinate-wise rules bit-exact
   (:func:`gradwire.aggregation.exact_trimmed_mean`).
 - :func:`published_weights` (DeMo and SparseLoCo runs): the ``(weights, trim)`` a published version
@@ -13,8 +14,8 @@ anything: each function below is one call into the library.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,11 +23,21 @@ from gradwire import aggregation
 from gradwire.aggregation import RULES
 from gradwire.dct import ParseCache
 from gradwire.frame import Entry, Frame
-from gradwire.sender_history import SenderHistory, trusted_weights
+from gradwire.rule import Rule
 
 from .replays import update_digest
 
-__all__ = ["RULES", "Update", "aggregate", "clip_factors", "counted_once", "mean_weights", "published_weights"]
+__all__ = [
+    "RULES",
+    "Update",
+    "aggregate",
+    "clip_factors",
+    "counted_once",
+    "mean_weights",
+    "published_weights",
+    "rule_aggregate",
+    "score_weighted",
+]
 
 
 @dataclass
@@ -45,6 +56,14 @@ class Update:
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
+
+
+def score_weighted(updates: Sequence[Update], score_weights: Mapping[int, float] | None) -> list[Update]:
+    """``updates`` with each weight multiplied by its sender's score weight (a scored round: docs/SERVER.md,
+    "Validators"; a sender without one weighs 0), or as they are (``None``: an unscored round)."""
+    if score_weights is None:
+        return list(updates)
+    return [replace(u, weight=u.weight * score_weights.get(u.node_id, 0.0)) for u in updates]
 
 
 def counted_once(updates: Sequence[Update]) -> list[float]:
@@ -74,31 +93,21 @@ def mean_weights(updates: Sequence[Update], rule: str) -> list[float]:
 
 def published_weights(
     updates: Sequence[Update],
-    rule: str,
-    trim_fraction: float,
+    rule: str | Rule,
+    trim_fraction: float = 0.2,
     cap: float = math.inf,
-    history: SenderHistory | None = None,
+    scored: bool = False,
 ) -> tuple[list[float], int]:
-    """``(weights, trim)`` for a published version of ``updates`` (:func:`gradwire.aggregation.weights_and_trim`;
-    ``cap``: ``bounded_mean``'s cap on the clip level; ``history``: its senders' deviation histories, stepped
-    past this round here, whose trust scales each weight: :mod:`gradwire.sender_history`)."""
+    """``(weights, trim)`` for a published version of ``updates``: a run's :class:`~gradwire.rule.Rule`'s
+    :meth:`~gradwire.rule.Rule.coefficients` (its state read, not stepped: the caller steps it once the
+    round is closed; ``scored``: the validators scored the round), or for a rule's name
+    :func:`gradwire.aggregation.weights_and_trim` (``cap``: ``bounded_mean``'s cap on the clip level)."""
     counted = counted_once(updates)
-    weights, trim = aggregation.weights_and_trim(
-        rule, counted, [u.norm for u in updates], trim_fraction, cap, [u.frame.entries for u in updates]
-    )
-    return _trusted(updates, counted, weights, history), trim
-
-
-def _trusted(
-    updates: Sequence[Update], counted: Sequence[float], coeffs: list[float], history: SenderHistory | None
-) -> list[float]:
-    """``coeffs`` with each sender's trust from ``history`` (stepped past this round), or as they are."""
-    if history is None:
-        return coeffs
-    senders = [u.node_id for u in updates]
-    coeffs = trusted_weights(coeffs, counted, history.trust(senders))
-    history.observe(senders, [u.frame.entries for u in updates], coeffs)
-    return coeffs
+    norms = [u.norm for u in updates]
+    records = [u.frame.entries for u in updates]
+    if isinstance(rule, Rule):
+        return rule.coefficients([u.node_id for u in updates], counted, norms, records, scored)
+    return aggregation.weights_and_trim(rule, counted, norms, trim_fraction, cap, records)
 
 
 def aggregate(
@@ -108,19 +117,29 @@ def aggregate(
     trim_fraction: float = 0.2,
     device: torch.device | None = None,
     cap: float = math.inf,
-    history: SenderHistory | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under ``rule``
-    (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them);
-    ``history`` as for :func:`published_weights` (the server's AdamW runs keep none: transition.py)."""
+    """The aggregated float32 gradient ``{name: tensor}`` of ``updates`` under the rule named ``rule``
+    (:func:`gradwire.aggregation.aggregate`), combined in the order given (the caller sorts them)."""
     counted = counted_once(updates)
     records = [u.frame.entries for u in updates]
-    if history is None or rule not in aggregation.WEIGHTED_RULES:
-        # Without histories (AdamW runs) the direction check is the spread test alone, which holds an
-        # IPM pair at −4× the honest mean (1.019× the clean run at 2 of 8, against 1.109× with the lenient
-        # test); with them, the histories catch what the lenient test lets through.
-        return aggregation.aggregate(
-            records, names, rule, counted, [u.norm for u in updates], trim_fraction, device, cap, opposed_medians=0.0
-        )
-    coeffs = aggregation.rule_weights(rule, counted, [u.norm for u in updates], cap, aggregation.pick(records, names))
-    return aggregation.weighted_aggregate(records, names, _trusted(updates, counted, coeffs, history), device)
+    return aggregation.aggregate(records, names, rule, counted, [u.norm for u in updates], trim_fraction, device, cap)
+
+
+def rule_aggregate(
+    updates: Sequence[Update],
+    names: Sequence[str],
+    rule: Rule,
+    device: torch.device | None = None,
+    scored: bool = False,
+) -> tuple[dict[str, torch.Tensor], list[float], list[list[Entry]]]:
+    """A run's AdamW round: ``(gradient, coefficients, records of names)`` of ``updates`` under its
+    :class:`~gradwire.rule.Rule` (read, not stepped: the caller steps it with the coefficients and
+    records returned). The weighted means sum in the codec's domain, the coordinate-wise rules bit-exactly."""
+    if not updates:
+        raise ValueError("nothing to aggregate")
+    picked = aggregation.pick([u.frame.entries for u in updates], names)
+    counted = counted_once(updates)
+    coeffs, trim = rule.coefficients([u.node_id for u in updates], counted, [u.norm for u in updates], picked, scored)
+    if rule.weighted:
+        return aggregation.weighted_aggregate(picked, names, coeffs, device), coeffs, picked
+    return aggregation.exact_trimmed_mean(picked, trim, device), coeffs, picked

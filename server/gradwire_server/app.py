@@ -22,7 +22,7 @@ from .http_errors import install_error_handlers
 from .metrics import Metrics
 from .object_store import ObjectStore, ObjectStoreUnavailable
 from .rounds import RoundEngine
-from .routes import health, nodes, objects, runs, state, updates
+from .routes import health, nodes, objects, runs, state, updates, validators
 from .settings import ServerSettings
 from .store import Store
 from .token_gate import TokenGate
@@ -177,6 +177,6 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(TrafficCounter, metrics=ctx.metrics)
 
     # The submission route first: it is the one every node hits every round, and routes match in order.
-    for module in (updates, objects, health, runs, nodes, state):
+    for module in (updates, objects, health, runs, nodes, state, validators):
         app.include_router(module.router)
     return app

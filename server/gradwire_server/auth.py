@@ -1,4 +1,4 @@
-"""Bearer tokens: one admin token, and one token per node stored only as its SHA-256 hash.
+"""Bearer tokens: one admin token, and one token per node and per validator, stored only as its SHA-256 hash.
 
 The admin token is compared by its hash too (in constant time, ``hmac.compare_digest``): the server keeps
 no token in the clear. A node's token is found by its hash in a map; a token is 32 random bytes, so what
@@ -31,11 +31,21 @@ def hash_token(token: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the admin, or node ``node_id`` of run ``run_id``."""
+    """Who is calling: the admin, node ``node_id`` of run ``run_id``, or validator ``validator_id`` of it
+    (docs/SERVER.md, "Validators"): a validator reads what a node reads and scores, and submits nothing."""
 
     admin: bool
     run_id: str | None = None
     node_id: int | None = None
+    validator_id: int | None = None
+
+    def require_validator(self, run_id: str) -> int:
+        """A validator of ``run_id``; returns its validator id (403 for a node's token or the admin's)."""
+        if self.validator_id is None:
+            raise Rejected(Reason.FORBIDDEN, "this endpoint needs a validator token of the run")
+        if self.run_id != run_id:
+            raise Rejected(Reason.FORBIDDEN, "this token belongs to a validator of another run")
+        return self.validator_id
 
     def require_admin(self) -> None:
         if not self.admin:
@@ -50,6 +60,8 @@ class Principal:
         """A node of ``run_id``; returns its node id."""
         if self.admin:
             raise Rejected(Reason.FORBIDDEN, "updates are submitted with a node token, not the admin token")
+        if self.validator_id is not None:
+            raise Rejected(Reason.FORBIDDEN, "updates are submitted with a node token, not a validator's")
         if self.run_id != run_id:
             raise Rejected(Reason.FORBIDDEN, "this token belongs to a node of another run")
         assert self.node_id is not None
@@ -82,12 +94,15 @@ async def principal(request: Request) -> Principal:
 
 
 def authenticate(server, token: str) -> Principal:
-    """Who ``token`` is: the admin or a node of the server's store (401 ``invalid_token`` when neither)."""
+    """Who ``token`` is: the admin, a node or a validator of the server's store (401 ``invalid_token`` when neither)."""
     token_hash = hash_token(token)
     if hmac.compare_digest(token_hash, server.admin_token_hash):
         return Principal(admin=True)
     node = server.store.node_by_token_hash(token_hash)
     if node is None:
+        validator = server.store.validator_by_token_hash(token_hash)
+        if validator is not None:
+            return Principal(admin=False, run_id=validator.run_id, validator_id=validator.validator_id)
         raise Rejected(Reason.INVALID_TOKEN, "unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
     return Principal(admin=False, run_id=node.run_id, node_id=node.node_id)
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import gradwire
-from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES, NormHistory
+from gradwire.aggregation import DEFAULT_RULE, RULES, UNBOUNDED_RULES
 from gradwire.algorithms import (
     DEFAULT_ALGORITHM,
     AdamWConfig,
@@ -24,13 +24,17 @@ from gradwire.algorithms import (
     algorithms,
     get_algorithm,
 )
+from gradwire.assignment import DataAssignment
 from gradwire.frame import MIN_FRAME_BYTES
-from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory
+from gradwire.rule import Rule
+from gradwire.sender_history import HISTORY_BETA, TRUST_MULTIPLE
 
 __all__ = [
     "ALGORITHMS",
     "AggregationConfig",
     "CodecConfig",
+    "DataAssignmentConfig",
+    "ValidationConfig",
     "DeMoConfig",
     "OptimizerConfig",
     "RunConfig",
@@ -91,10 +95,11 @@ class AggregationConfig(BaseModel):
 
     rule: Literal[RULES] = Field(  # type: ignore[valid-type]
         DEFAULT_RULE,
-        description="bounded_mean (the default): each update clipped to 1.5 × the round's lower median norm, capped "
-        "at cap_factor × the median clip level of the last cap_rounds rounds, then averaged — one "
-        "node moves a round no more than 1.5 median updates do; an update pointing against the "
-        "rest of its round (negative cosine) is dropped, at most a minority of the round. "
+        description="bounded_mean (the default): each update clipped to clip_multiple × the round's lower median "
+        "norm (3 without a data assignment, 1.5 with one), capped at cap_factor × the median clip level of the "
+        "last cap_rounds rounds, then averaged; an update pointing against the rest of its round (an outlier "
+        "cosine) is dropped, at most a minority of the round; where the honest nodes are IID (honest_iid), a "
+        "node that deviates persistently loses weight. "
         "mean: no bound (the run's status says so). clipped_mean: clipped to the round's median norm. "
         "trimmed_mean, median: coordinate-wise.",
     )
@@ -115,8 +120,8 @@ class AggregationConfig(BaseModel):
         ge=0.0,
         lt=1.0,
         allow_inf_nan=False,
-        description="bounded_mean, DeMo and SparseLoCo runs: how much of each node's past deviations from its rounds "
-        "the server remembers (h = beta·h + deviation); a node whose history "
+        description="bounded_mean runs whose honest nodes are IID (honest_iid), every mode: how much of each "
+        "node's past deviations from its rounds the server remembers (h = beta·h + deviation); a node whose history "
         "grows past 1.5 × the round's lower median loses weight, and all of it at "
         "3 ×: colluders who stay inside the honest spread (ALIE, min-max) "
         "deviate the same way every round. 0 remembers only the round itself.",
@@ -129,15 +134,37 @@ class AggregationConfig(BaseModel):
         "which a node keeps its whole weight (none from twice it).",
     )
 
-    def sender_history(self) -> SenderHistory | None:
-        """A fresh :class:`~gradwire.sender_history.SenderHistory` for ``bounded_mean`` runs, else ``None``."""
-        if self.rule != "bounded_mean":
-            return None
-        return SenderHistory(self.history_beta, multiple=self.trust_multiple)
+    clip_multiple: float | None = Field(
+        None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="bounded_mean: each update is clipped to this multiple of the round's lower median norm "
+        "(one node moves a round by at most this many median updates). None (the default): 3 without a data "
+        "assignment (an honest node on data of its own sends larger updates), 1.5 with one (gradwire.rule).",
+    )
+    honest_iid: bool | None = Field(
+        None,
+        description="bounded_mean: whether the run's honest nodes are IID by construction, so that a node whose "
+        "deviation from its rounds persists loses weight (its sender history, in every mode). None (the "
+        "default): true exactly where the run assigns its data (data_assignment). Without it the rule bounds "
+        "each update and drops direction outliers, and down-weights nobody for deviating: an honest node on "
+        "data of its own deviates persistently too (docs/SERVER.md, 'Robust aggregation').",
+    )
 
-    def norm_history(self) -> NormHistory | None:
-        """A fresh :class:`~gradwire.aggregation.NormHistory` for ``bounded_mean`` runs, else ``None``."""
-        return NormHistory(self.cap_factor, self.cap_rounds) if self.rule == "bounded_mean" else None
+    def rule_object(self, data_assigned: bool) -> Rule:
+        """A fresh :class:`~gradwire.rule.Rule` for a run of these settings (``data_assigned``: whether the run
+        declares a data assignment; ``honest_iid``, where set, decides instead)."""
+        honest_iid = data_assigned if self.honest_iid is None else self.honest_iid
+        return Rule(
+            self.rule,
+            trim_fraction=self.trim_fraction,
+            cap_factor=self.cap_factor,
+            cap_rounds=self.cap_rounds,
+            clip_multiple=self.clip_multiple,
+            history_beta=self.history_beta,
+            trust_multiple=self.trust_multiple,
+            honest_iid=honest_iid,
+        )
 
     def warnings(self, quorum: int) -> list[str]:
         """What this rule leaves unbounded, for a run's status and the log at its creation."""
@@ -159,6 +186,39 @@ class AggregationConfig(BaseModel):
                 "default; docs/SERVER.md)"
             ]
         return []
+
+
+class DataAssignmentConfig(BaseModel):
+    """How a run deals out its data (``gradwire.assignment``): nodes, validators and tests call
+    ``assigned_pages(assignment, node_id, round)`` on it to know which pages a node reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(ge=0, description="The run's data seed (below 2**64).")
+    pages: int = Field(ge=1, description="How many pages (or shards) the corpus is cut into.")
+    pages_per_node: int = Field(ge=1, description="How many pages each node reads each round.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> DataAssignmentConfig:
+        self.build()  # AssignmentError (a ValueError) names the values
+        return self
+
+    def build(self) -> DataAssignment:
+        """The library's assignment (``gradwire.assignment.DataAssignment``)."""
+        return DataAssignment(seed=self.seed, pages=self.pages, pages_per_node=self.pages_per_node)
+
+
+class ValidationConfig(BaseModel):
+    """A run whose rounds wait for its validators' scores (docs/SERVER.md, "Validators")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    score_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a ready round waits for every validator's scores; a round with no score by then "
+        "closes with the structural rule (a validator that is down delays a round by at most this).",
+    )
 
 
 class _RunConfigBase(BaseModel):
@@ -198,6 +258,16 @@ class _RunConfigBase(BaseModel):
         "run_binding_mismatch). gradwire's Node binds every frame (docs/FORMAT.md section 10).",
     )
     late_policy: Literal["reject", "staleness"] = "reject"
+    validation: ValidationConfig | None = Field(
+        None,
+        description="Rounds wait for the run's validators' scores and weigh each update by them "
+        '(docs/SERVER.md, "Validators"). None: rounds close with the structural rule alone.',
+    )
+    data_assignment: DataAssignmentConfig | None = Field(
+        None,
+        description='How the run deals out its data pages (gradwire.assignment, docs/SERVER.md "Validators"); '
+        "returned to nodes in the run's status. None: each node reads data of its own.",
+    )
     keep_versions: int = Field(1000, ge=1, description="Published diffs retained for catch-up.")
     model_record: bool = Field(
         False,

@@ -40,6 +40,7 @@ from .metrics import Metrics
 from .object_store import ObjectStoreUnavailable
 from .publishing import StorePublisher
 from .runtime import RunRuntime
+from .scores import score_weights, scores_complete
 from .settings import ServerSettings
 from .store import Store
 from .transition import Timings
@@ -128,10 +129,19 @@ class RoundDriver:
             return False
         if rt.retry_at is not None and now < rt.retry_at:
             return False
-        if rt.distinct_nodes() >= rt.config.quorum:
-            return True
         deadline = rt.deadline()
-        return deadline is not None and now >= deadline and len(rt.pending) >= rt.config.min_updates
+        ready = rt.distinct_nodes() >= rt.config.quorum or (
+            deadline is not None and now >= deadline and len(rt.pending) >= rt.config.min_updates
+        )
+        if not ready or rt.config.validation is None:
+            return ready
+        # A run with validators: the ready round waits for their scores, until every validator scored every
+        # candidate or its score deadline passed (then it closes with what it got, or the structural rule).
+        if rt.scoring_since is None:
+            rt.scoring_since = now
+        validators = [v.validator_id for v in self.store.validators_of(rt.run_id)]
+        senders = {node for node, _ in rt.pending}
+        return not validators or scores_complete(rt.round_scores, validators, senders) or now >= rt.score_deadline()
 
     async def _drive(self, rt: RunRuntime) -> None:
         while not self._stopping and not rt.deleted:
@@ -152,7 +162,7 @@ class RoundDriver:
                         )
                     rt.reset_retries()
                 continue
-            waits = [t - now for t in (rt.deadline(), rt.retry_at) if t is not None and t > now]
+            waits = [t - now for t in (rt.deadline(), rt.retry_at, rt.score_deadline()) if t is not None and t > now]
             try:
                 await asyncio.wait_for(rt.wake.wait(), timeout=min(waits) if waits else None)
             except asyncio.TimeoutError:
@@ -229,6 +239,7 @@ class RoundDriver:
             if closed.checkpoint:
                 rt.checkpoint = closed.version
             rt.pending = {}
+            rt.scoring_since, rt.round_scores = None, {}
             rt.recent.forget_before(rt.version)
             await asyncio.to_thread(self._prune, rt)
             event, rt.published = rt.published, asyncio.Event()
@@ -263,7 +274,8 @@ class RoundDriver:
         state = rt.state
         assert state is not None
         state.timings = Timings()
-        frame = state.close(updates)
+        weights = score_weights(rt.round_scores, [u.node_id for u in updates])
+        frame = state.close(updates, score_weights=weights)
         h = state.weights_hash()
         opened = time.time()
         t0 = time.perf_counter()
@@ -273,7 +285,9 @@ class RoundDriver:
         # With an object store the version's bytes go there first, under a key of their own hash; the row
         # naming that key is part of the version's one commit below.
         objects = () if self.publisher is None else (self.publisher.put_version(rt.run_id, state.version, frame),)
-        self.store.publish(rt.run_id, state.version, frame, h, len(updates), opened, checkpoint=inline, objects=objects)
+        self.store.publish(
+            rt.run_id, state.version, frame, h, len(updates), opened, inline, objects, score_weights=weights
+        )
         return Closed(state.version, frame, h, opened, inline, state.timings, time.perf_counter() - t0)
 
     async def checkpoint(self, rt: RunRuntime) -> None:

@@ -68,6 +68,8 @@ class Recovery:
         rt.dropped_to = rt.keep_submissions_from()
         rt.store_checkpoint = self.store.store_checkpoint(run_id, rec.version)
         rt.pending = {(u.node_id, sub.round): u for sub, u in self._logged_updates(run_id, rec.version)}
+        # The scores validators posted for the open round (committed as they came): its close still counts them.
+        rt.round_scores = self.store.round_scores(run_id, rec.version, rec.version).get(rec.version, {})
         for (node_id, round_), u in sorted(rt.pending.items()):  # the open round's records, remembered again
             rt.recent.add(update_digest(u.frame.entries, u.norm), node_id, round_)
         self.metrics.set_version(run_id, rt.version)
@@ -101,10 +103,11 @@ class Recovery:
             return state
         t0 = time.perf_counter()
         diverged = []
+        scored = self.store.version_weights(run_id, c + 1, rec.version)  # the validators' weights (.scores)
         for v in range(c, rec.version):
             published = self.store.diff_path(run_id, v + 1).read_bytes()
             logged = lambda v=v: [u for _, u in self._logged_updates(run_id, v)]  # noqa: E731
-            if not state.replay(logged, published):
+            if not state.replay(logged, published, scored.get(v + 1)):
                 diverged.append(v + 1)
         if state.weights_hash() != rec.weights_hash:
             raise RuntimeError(

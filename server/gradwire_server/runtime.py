@@ -63,6 +63,10 @@ class RunRuntime:
     close_same: int = 0
     close_cause: str | None = None
     retry_at: float | None = None
+    #: Runs with validators (``config.validation``): when the open round became ready and began waiting for
+    #: its scores (``None``: not yet), and the scores posted for it, ``{validator_id: {node_id: score}}``.
+    scoring_since: float | None = None
+    round_scores: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def reset_retries(self) -> None:
         """Forget failed closes: the next one is tried as soon as the round is ready."""
@@ -86,6 +90,12 @@ class RunRuntime:
 
     def deadline(self) -> float | None:
         return None if self.opened_at is None else self.opened_at + self.config.round_deadline_s
+
+    def score_deadline(self) -> float | None:
+        """When the open round stops waiting for scores (``None``: it is not waiting)."""
+        if self.config.validation is None or self.scoring_since is None:
+            return None
+        return self.scoring_since + self.config.validation.score_deadline_s
 
     def keep_submissions_from(self) -> int:
         """Runs whose replay re-runs the server's own encoding (AdamW's diff, a re-encoded aggregate) keep

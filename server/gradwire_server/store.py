@@ -72,7 +72,16 @@ from gradwire.state import pack_state_dict, unpack_state_dict
 from .dirlock import DataDirLock
 from .errors import Reason, Rejected, StorageFailed
 
-__all__ = ["NodeRecord", "RunRecord", "Store", "StoredObject", "SubmissionRecord", "atomic_write", "storage_failure"]
+__all__ = [
+    "NodeRecord",
+    "RunRecord",
+    "ValidatorRecord",
+    "Store",
+    "StoredObject",
+    "SubmissionRecord",
+    "atomic_write",
+    "storage_failure",
+]
 
 log = logging.getLogger("gradwire_server.store")
 
@@ -125,6 +134,29 @@ CREATE TABLE IF NOT EXISTS stored_objects (
     nbytes   INTEGER NOT NULL,
     sha256   TEXT NOT NULL,
     PRIMARY KEY (run_id, version, kind)
+);
+CREATE TABLE IF NOT EXISTS validators (
+    run_id      TEXT NOT NULL REFERENCES runs(run_id),
+    validator_id INTEGER NOT NULL,
+    name        TEXT,
+    token_hash  TEXT UNIQUE,
+    created_at  REAL NOT NULL,
+    PRIMARY KEY (run_id, validator_id)
+);
+CREATE TABLE IF NOT EXISTS round_scores (
+    run_id       TEXT NOT NULL REFERENCES runs(run_id),
+    round        INTEGER NOT NULL,
+    validator_id INTEGER NOT NULL,
+    node_id      INTEGER NOT NULL,
+    score        REAL NOT NULL,
+    PRIMARY KEY (run_id, round, validator_id, node_id)
+);
+CREATE TABLE IF NOT EXISTS version_weights (
+    run_id   TEXT NOT NULL REFERENCES runs(run_id),
+    version  INTEGER NOT NULL,
+    node_id  INTEGER NOT NULL,
+    weight   REAL NOT NULL,
+    PRIMARY KEY (run_id, version, node_id)
 );
 CREATE TABLE IF NOT EXISTS versions (
     run_id        TEXT NOT NULL REFERENCES runs(run_id),
@@ -256,6 +288,14 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class ValidatorRecord:
+    run_id: str
+    validator_id: int
+    name: str | None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class SubmissionRecord:
     run_id: str
     node_id: int
@@ -313,6 +353,9 @@ class Store:
             ).fetchall()
         self._nodes_by_token: dict[str, NodeRecord] = {h: NodeRecord(*rest) for h, *rest in rows}
         self._token_of: dict[tuple[str, int], str] = {(n.run_id, n.node_id): h for h, n in self._nodes_by_token.items()}
+        # Validators' tokens, from memory like the nodes' (validator_by_token_hash).
+        vrows = self._all("SELECT token_hash, run_id, validator_id, name, created_at FROM validators")
+        self._validators_by_token: dict[str, ValidatorRecord] = {h: ValidatorRecord(*rest) for h, *rest in vrows}
         # The runs' files, counted once here and then kept up to date by every write and removal.
         self._file_bytes = _tree_bytes(self.data_dir / "runs")
         self._bytes_lock = threading.Lock()
@@ -573,12 +616,23 @@ class Store:
             self._tx(
                 [
                     (f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-                    for table in ("submissions", "versions", "stored_objects", "nodes", "runs")
+                    for table in (
+                        "submissions",
+                        "versions",
+                        "stored_objects",
+                        "nodes",
+                        "validators",
+                        "round_scores",
+                        "version_weights",
+                        "runs",
+                    )
                 ]
             )
         with self._lock:
             for key in [k for k in self._token_of if k[0] == run_id]:
                 self._nodes_by_token.pop(self._token_of.pop(key), None)
+            for h in [h for h, v in self._validators_by_token.items() if v.run_id == run_id]:
+                del self._validators_by_token[h]
         self._remove_tree(self.run_dir(run_id))
 
     def remove_orphans(self) -> list[str]:
@@ -719,6 +773,82 @@ class Store:
     def node_count(self, run_id: str) -> int:
         return self._one("SELECT COUNT(*) FROM nodes WHERE run_id = ? AND deleted_at IS NULL", (run_id,))[0]
 
+    # -- validators and their scores (docs/SERVER.md, "Validators") --------------------------------
+
+    def add_validator(self, run_id: str, name: str | None, token_hash: str) -> int:
+        """Register a validator of ``run_id`` (the next id of the run's validators)."""
+        self.check_room(0, "a new validator")
+        now = time.time()
+
+        def insert(cur) -> int:
+            (last,) = cur.execute(
+                "SELECT COALESCE(MAX(validator_id), 0) FROM validators WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            cur.execute(
+                "INSERT INTO validators (run_id, validator_id, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+                (run_id, last + 1, name, token_hash, now),
+            )
+            return last + 1
+
+        with self._lock:
+            with self._writing(f"registering a validator of run {run_id}"):
+                validator_id = self._transaction(insert)
+            self._validators_by_token[token_hash] = ValidatorRecord(run_id, validator_id, name, now)
+        return validator_id
+
+    def validator_by_token_hash(self, token_hash: str) -> ValidatorRecord | None:
+        """The validator holding this token, from memory (as :meth:`node_by_token_hash`)."""
+        return self._validators_by_token.get(token_hash)
+
+    def validators_of(self, run_id: str) -> list[ValidatorRecord]:
+        """The run's validators, by id, from memory."""
+        return sorted(
+            (v for v in self._validators_by_token.values() if v.run_id == run_id), key=lambda v: v.validator_id
+        )
+
+    def record_scores(self, run_id: str, round: int, validator_id: int, scores: Mapping[int, float]) -> None:
+        """Commit one validator's scores of round ``round`` (replacing any it posted before for it)."""
+        with self._writing(f"recording the scores of validator {validator_id} for round {round} of run {run_id}"):
+            self._tx(
+                [
+                    (
+                        "DELETE FROM round_scores WHERE run_id = ? AND round = ? AND validator_id = ?",
+                        (run_id, round, validator_id),
+                    ),
+                    *(
+                        (
+                            "INSERT INTO round_scores (run_id, round, validator_id, node_id, score) "
+                            "VALUES (?, ?, ?, ?, ?)",
+                            (run_id, round, validator_id, node_id, score),
+                        )
+                        for node_id, score in sorted(scores.items())
+                    ),
+                ]
+            )
+
+    def round_scores(self, run_id: str, first: int, last: int) -> dict[int, dict[int, dict[int, float]]]:
+        """``{round: {validator_id: {node_id: score}}}`` for rounds ``first … last``."""
+        out: dict[int, dict[int, dict[int, float]]] = {}
+        for rnd, vid, node, score in self._all(
+            "SELECT round, validator_id, node_id, score FROM round_scores WHERE run_id = ? AND round BETWEEN ? AND ? "
+            "ORDER BY round, validator_id, node_id",
+            (run_id, first, last),
+        ):
+            out.setdefault(rnd, {}).setdefault(vid, {})[node] = score
+        return out
+
+    def version_weights(self, run_id: str, first: int, last: int) -> dict[int, dict[int, float]]:
+        """``{version: {node_id: weight}}``: the score weights of the scored rounds that published versions
+        ``first … last`` (a version without an entry closed with the structural rule)."""
+        out: dict[int, dict[int, float]] = {}
+        for version, node, weight in self._all(
+            "SELECT version, node_id, weight FROM version_weights WHERE run_id = ? AND version BETWEEN ? AND ? "
+            "ORDER BY version, node_id",
+            (run_id, first, last),
+        ):
+            out.setdefault(version, {})[node] = weight
+        return out
+
     # -- submissions ------------------------------------------------------------------------------
 
     _SUB_COLS = "run_id, node_id, round, target_round, sha256, nbytes, weight, norm, received_at"
@@ -811,11 +941,13 @@ class Store:
         opened_at: float,
         checkpoint: bool = False,
         objects: Sequence[StoredObject] = (),
+        score_weights: Mapping[int, float] | None = None,
     ) -> None:
         """Durably publish ``version`` (the frame that produces it), then commit.
 
         ``objects``: what was written to the object store for this version (already there); their rows are
-        part of the same commit.
+        part of the same commit. ``score_weights``: the validators' weight of each node in a scored round
+        (:mod:`.scores`), committed with the version, so a restart replays the round with them.
 
         With ``checkpoint`` the state files of ``version`` were written first (:meth:`write_checkpoint`) and
         the same commit makes them the run's checkpoint. The SQLite transaction at the end is the commit
@@ -838,6 +970,13 @@ class Store:
                         (run_id, version, weights_hash, len(frame), updates, time.time()),
                     ),
                     *(self._object_row(o) for o in objects),
+                    *(
+                        (
+                            "INSERT INTO version_weights (run_id, version, node_id, weight) VALUES (?, ?, ?, ?)",
+                            (run_id, version, node_id, weight),
+                        )
+                        for node_id, weight in sorted((score_weights or {}).items())
+                    ),
                 ],
                 expect_one=True,
             )

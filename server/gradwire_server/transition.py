@@ -30,7 +30,6 @@ case: they are the published frames applied).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,10 +44,11 @@ from gradwire.dct import records_parsed_once
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.reencode import ReencodeFeedback
+from gradwire.rule import Rule
 from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
-from .aggregate import Update, aggregate, published_weights
+from .aggregate import Update, published_weights, rule_aggregate, score_weighted
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
@@ -94,12 +94,14 @@ class RunState:
     #: The downlink error feedback: AdamW's diff (parameter space), or a re-encoded aggregate's (its
     #: residuals in the DCT coefficient domain where the nodes' records allow: gradwire.reencode).
     downlink: ErrorFeedback | ReencodeFeedback | None = None
-    #: ``bounded_mean``'s recent clip levels (its cap), stepped once per version; ``None`` for other rules.
-    norms: NormHistory | None = None
-    #: ``bounded_mean``'s per-node deviation histories (its trust in each node), stepped once per version;
-    #: ``None`` for other rules and for AdamW runs (:meth:`load`).
-    senders: SenderHistory | None = None
+    #: The run's aggregation rule and all its state (``bounded_mean``'s clip levels and sender histories:
+    #: :mod:`gradwire.rule`), stepped once per version, closing or replaying (:meth:`_step_rule`).
+    rule: Rule = field(default_factory=Rule)
     algorithm_state: dict[str, Any] = field(default_factory=dict)
+    #: Whether the round being closed or replayed was scored by the run's validators (docs/SERVER.md,
+    #: "Validators"): its weights are then the score-weighted mean's, and the structural rule and its
+    #: histories sit the round out (they are the fallback of unscored rounds).
+    scored: bool = False
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -118,8 +120,7 @@ class RunState:
         state = cls(config, version, master)
         server_state = dict(server_state)
         downlink = server_state.pop("downlink", {})
-        norms = server_state.pop("aggregation", {})
-        senders = server_state.pop("senders", {})
+        rule_state = {k: server_state.pop(k) for k in ("aggregation", "senders") if k in server_state}
         if state.publishes_diffs:
             state.moments = (
                 AdamWState.zeros_like(master)
@@ -127,19 +128,10 @@ class RunState:
                 else AdamWState.from_tensors(moments, step=version, device=device)
             )
         state.algorithm_state = _to_device(server_state, device)
-        state.norms = config.aggregation.norm_history()
-        if state.norms is not None:
-            state.norms.load_state_dict(norms)
-        # Runs whose versions are a mean of the nodes' records (DeMo, SparseLoCo) weigh nodes by their
-        # histories. AdamW runs do not, and keep the strict direction check instead (aggregate.py): AdamW's
-        # normalization already holds colluders inside the spread (bench/attacks.py: ALIE, min-max,
-        # min-sum ≤ 1.053× at 2 of 8 without histories), while on `gradwire demo`, where each node cycles
-        # over its own few hundred samples, the histories took weight from honest nodes whose gradients
-        # deviate the same way for that reason: dense AdamW's held-out loss 0.069 → 0.082 (0.074 with
-        # trust_multiple 3).
-        state.senders = None if state.publishes_diffs else config.aggregation.sender_history()
-        if state.senders is not None:
-            state.senders.load_state_dict(senders)
+        # A run that assigns its data has IID honest nodes: there, and only there, a persistent deviation
+        # costs a node its weight (gradwire.rule), in every mode.
+        state.rule = config.aggregation.rule_object(getattr(config, "data_assignment", None) is not None)
+        state.rule.load_state_dict(rule_state)
         if state.publishes_diffs:
             state.downlink = ErrorFeedback(config.downlink.build())
         elif config.reencodes:
@@ -155,23 +147,46 @@ class RunState:
         is ``"diff"``), rather than node records whose mean everyone applies (``"mean"``)."""
         return self.config.algorithm_spec.publication == "diff"
 
-    def close(self, updates: Sequence[Update]) -> bytes:
+    @property
+    def norms(self) -> NormHistory | None:
+        """The rule's clip-level history (``None`` for rules without a cap)."""
+        return self.rule.norms
+
+    @property
+    def senders(self) -> SenderHistory | None:
+        """The rule's sender histories (``None`` where the rule keeps none)."""
+        return self.rule.senders
+
+    def close(self, updates: Sequence[Update], score_weights: Mapping[int, float] | None = None) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
-        by the run's publication kind."""
+        by the run's publication kind. ``score_weights``: the validators' weight of each sender in a scored
+        round (:mod:`.scores`), multiplied into each update's weight, the structural down-weighting sitting
+        the round out (:mod:`gradwire.rule`); ``None``: the round was not scored."""
+        self.scored = scored = score_weights is not None
+        updates = score_weighted(updates, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
         with records_parsed_once(close_parses(updates)):
-            return self.close_adamw(updates) if self.publishes_diffs else self.close_average(updates)
+            return self.close_adamw(updates, scored) if self.publishes_diffs else self.close_average(updates, scored)
 
-    def replay(self, updates: Callable[[], Sequence[Update]], published: bytes) -> bool:
+    def replay(
+        self,
+        updates: Callable[[], Sequence[Update]],
+        published: bytes,
+        score_weights: Mapping[int, float] | None = None,
+    ) -> bool:
         """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
         runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
-        if that encoding made other bytes (see :meth:`replay_adamw`)."""
+        if that encoding made other bytes (see :meth:`replay_adamw`). ``score_weights`` as the round's
+        :meth:`close` had them (committed with the version)."""
+        self.scored = scored = score_weights is not None
+        logged = updates
+        updates = lambda: score_weighted(logged(), score_weights)  # noqa: E731
         with records_parsed_once():
             if self.publishes_diffs:
-                return self.replay_adamw(updates(), published)
+                return self.replay_adamw(updates(), published, scored)
             if self.config.reencodes:
-                return self.replay_reencoded(updates(), published)
+                return self.replay_reencoded(updates(), published, scored)
             self.replay_average(published)
             return True
 
@@ -191,20 +206,12 @@ class RunState:
 
     # -- adamw ------------------------------------------------------------------------------------
 
-    def _adamw_frame(self, updates: Sequence[Update]) -> tuple[bytes, dict[str, torch.Tensor]]:
+    def _adamw_frame(self, updates: Sequence[Update], scored: bool = False) -> tuple[bytes, dict[str, torch.Tensor]]:
         """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
-        grads = aggregate(
-            updates,
-            names,
-            cfg.aggregation.rule,
-            cfg.aggregation.trim_fraction,
-            device=self.device,
-            cap=self._cap(),
-            history=self.senders,
-        )
-        self._observe([u.norm for u in updates])
+        grads, coeffs, records = rule_aggregate(updates, names, self.rule, self.device, scored)
+        self._step_rule(updates, records, coeffs)
         clock.lap("aggregate")
         if not self._work:
             self._work = {n: torch.empty_like(t) for n, t in self.master.items()}
@@ -217,18 +224,18 @@ class RunState:
         clock.lap("encode")
         return frame, {n: r for n, (_, r) in done.items()}
 
-    def close_adamw(self, updates: Sequence[Update]) -> bytes:
+    def close_adamw(self, updates: Sequence[Update], scored: bool = False) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted by node id, round): the frame of ``version + 1``."""
-        frame, recon = self._adamw_frame(updates)
+        frame, recon = self._adamw_frame(updates, scored)
         self._apply(recon)
         return frame
 
-    def replay_adamw(self, updates: Sequence[Update], published: bytes) -> bool:
+    def replay_adamw(self, updates: Sequence[Update], published: bytes, scored: bool = False) -> bool:
         """Re-run the step that published ``published`` from the same logged updates. ``True`` if it made
         the same frame (then the moments and the feedback are the uninterrupted run's, bit for bit);
         otherwise (another thread count or BLAS rounded differently) the published frame is applied all
         the same, and its difference from ours is handed back to the feedback."""
-        frame, recon = self._adamw_frame(updates)
+        frame, recon = self._adamw_frame(updates, scored)
         if frame == published:
             self._apply(recon)
             return True
@@ -240,15 +247,15 @@ class RunState:
 
     # -- demo / sparseloco ------------------------------------------------------------------------
 
-    def close_average(self, updates: Sequence[Update]) -> bytes:
+    def close_average(self, updates: Sequence[Update], scored: bool = False) -> bytes:
         """Round ``version`` closed from ``updates`` (sorted): the bytes of ``version + 1`` — the
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
-        agg, clock = self.config.aggregation, _Clock(self.timings)
+        clock = _Clock(self.timings)
         # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
-        self._observe([u.norm for u in updates])
-        clock.lap("aggregate")
+        weights, trim = published_weights(updates, self.rule, scored=scored)
         records = [u.frame.entries for u in updates]
+        self._step_rule(updates, records, weights)
+        clock.lap("aggregate")
         if self.config.reencodes:
             published, recon = self._reencoded_version(records, weights, trim)
             verbatim = self._verbatim_size(updates, weights, trim)
@@ -309,15 +316,14 @@ class RunState:
         clock.lap("encode")
         return published, {n: r for n, (_, r) in done.items()}
 
-    def replay_reencoded(self, updates: Sequence[Update], published: bytes) -> bool:
+    def replay_reencoded(self, updates: Sequence[Update], published: bytes, scored: bool = False) -> bool:
         """Re-run the re-encoding that published ``published`` from the same logged updates, then apply the
         published bytes. ``True`` if it made the same bytes (then the error buffer is the uninterrupted
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
-        agg = self.config.aggregation
-        weights, trim = published_weights(updates, agg.rule, agg.trim_fraction, self._cap(), self.senders)
-        self._observe([u.norm for u in updates])
+        weights, trim = published_weights(updates, self.rule, scored=scored)
         records = [u.frame.entries for u in updates]
+        self._step_rule(updates, records, weights)
         ours, recon = self._reencoded_version(records, weights, trim)
         verbatim = self._verbatim_size(updates, weights, trim)
         if (
@@ -343,12 +349,10 @@ class RunState:
         if version.version != self.version + 1:
             raise ValueError(f"the logged frames publish version {version.version}, not {self.version + 1}")
         records = version.records()
-        if self.norms is not None:
-            # The norms the server's validation computed for these frames, by the same function.
-            self._observe([update_norm(recs) for recs in records])
-        if self.senders is not None:
-            # The trust the round was closed with is in its weights; the histories step by them.
-            self.senders.observe([f.sender for f in version.frames], records, version.weights)
+        # The norms the server's validation computed for these frames, by the same function (only the cap
+        # reads them); the trust the round was closed with is in its weights, and the histories step by them.
+        norms = [update_norm(recs) for recs in records] if self.rule.norms is not None else [0.0] * len(records)
+        self.rule.step([f.sender for f in version.frames], norms, records, version.weights)
         self._average(records, version.weights, version.trim)
 
     def _average(self, records: Sequence[Sequence], weights: Sequence[float], trim: int = 0) -> None:
@@ -367,14 +371,10 @@ class RunState:
 
     # -- shared -----------------------------------------------------------------------------------
 
-    def _cap(self) -> float:
-        """``bounded_mean``'s cap on this round's clip level (``inf`` for other rules)."""
-        return math.inf if self.norms is None else self.norms.cap()
-
-    def _observe(self, norms: Sequence[float]) -> None:
-        """Step ``bounded_mean``'s clip-level history past this round (after its weights were taken)."""
-        if self.norms is not None:
-            self.norms.observe(norms)
+    def _step_rule(self, updates: Sequence[Update], records: Sequence[Sequence], coeffs: Sequence[float]) -> None:
+        """Step the run's rule past the round just closed (after its weights were taken), from what its
+        version records: the one place a closing round changes the rule's state."""
+        self.rule.step([u.node_id for u in updates], [u.norm for u in updates], records, coeffs)
 
     def _apply(self, update: Mapping[str, torch.Tensor]) -> None:
         clock = _Clock(self.timings)
@@ -390,10 +390,7 @@ class RunState:
         server_state = dict(self.algorithm_state)
         if self.downlink is not None:
             server_state["downlink"] = self.downlink.state_dict()
-        if self.norms is not None:
-            server_state["aggregation"] = self.norms.state_dict()
-        if self.senders is not None:
-            server_state["senders"] = self.senders.state_dict()
+        server_state.update(self.rule.state_dict())
         return weights, moments, server_state
 
     def close_memory_bytes(self) -> int:

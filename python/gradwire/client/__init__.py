@@ -4,6 +4,8 @@
   the downlink bodies (:class:`UpdateBatch`, :class:`PublishedBatch`, :func:`split_frames`).
 - :mod:`.errors`: a typed error per way a request fails (:class:`GradwireHTTPError` and its subclasses).
 - :mod:`.node`: :class:`Node`, the per-step helper of a training loop, for every registered algorithm.
+- :mod:`.validator`: :class:`Validator`, the per-round helper of a run's validator: scores each candidate update
+  by the loss change it gives and posts the scores.
 - :mod:`.admin_token`: :func:`read_admin_token`, ``GRADWIRE_ADMIN_TOKEN`` or the file the server generated.
 - :mod:`.object_store`: :class:`StoreClient`, the PUTs and GETs through the presigned (or public) URLs an
   object-store server hands out: plain HTTP, no storage SDK, every object checked against its SHA-256.
@@ -30,6 +32,7 @@ from .errors import (
 from .http_client import GradwireClient, PublishedBatch, UpdateBatch, split_frames
 from .node import Node
 from .object_store import StoreClient
+from .validator import Validator
 
 __all__ = [
     "AdminTokenError",
@@ -51,6 +54,7 @@ __all__ = [
     "StoreClient",
     "TooFarBehindError",
     "UpdateBatch",
+    "Validator",
     "read_admin_token",
     "split_frames",
 ]

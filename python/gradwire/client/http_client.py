@@ -246,6 +246,37 @@ class GradwireClient:
         body = self._request("POST", f"{API_PREFIX}/runs/{run_id}/nodes", idempotent=False, json={"name": name}).json()
         return int(body["node_id"]), str(body["token"])
 
+    def register_validator(self, run_id: str, name: str | None = None) -> tuple[int, str]:
+        """``POST /v1/runs/{run_id}/validators`` (admin); returns ``(validator_id, token)``, the token shown once."""
+        body = self._request(
+            "POST", f"{API_PREFIX}/runs/{run_id}/validators", idempotent=False, json={"name": name}
+        ).json()
+        return int(body["validator_id"]), str(body["token"])
+
+    def candidates(self, run_id: str, round: int, wait: float = 0.0) -> list[bytes] | None:
+        """``GET …/rounds/{round}/candidates`` (a validator's token): the round's candidate update frames once it
+        waits for scores, in node-id order; ``None`` if it is not waiting yet after ``wait`` seconds."""
+        response = self._request(
+            "GET",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{round}/candidates",
+            params={"wait": wait},
+            idempotent=True,
+            extra_timeout=wait,
+        )
+        return None if response.status_code == 204 else split_frames(response.content)
+
+    def post_scores(self, run_id: str, round: int, scores: Mapping[int, float]) -> dict:
+        """``POST …/rounds/{round}/scores`` (a validator's token): one score in [0, 1] per candidate, by node id."""
+        body = {"scores": {str(int(n)): float(s) for n, s in scores.items()}}
+        return self._request(
+            "POST", f"{API_PREFIX}/runs/{run_id}/rounds/{round}/scores", idempotent=True, json=body
+        ).json()
+
+    def scores(self, run_id: str, first: int = 1, last: int | None = None) -> list[dict]:
+        """``GET /v1/runs/{run_id}/scores`` (admin): each version's score weights and validators' scores."""
+        params = {"first": first} | ({} if last is None else {"last": last})
+        return self._request("GET", f"{API_PREFIX}/runs/{run_id}/scores", params=params, idempotent=True).json()
+
     def list_runs(self, limit: int | None = None, after: str | None = None) -> dict:
         """``GET /v1/runs`` (admin): ``{"runs": [status, …], "next": run_id | None}``, oldest first; pass
         ``next`` as ``after`` for the following page (``limit``: the server's default 100, at most 1000)."""

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..algorithms import DEFAULT_ALGORITHM, Algorithm, NodeSide, get_algorithm
+from ..assignment import AssignmentError, DataAssignment, assigned_pages
 from ..binding import binding_entry, strip_binding
 from ..codecs.base import Codec
 from ..frame import SERVER_SENDER, decode_bundle, read_frame, write_frame
@@ -125,6 +126,23 @@ class Node:
         self.side = self.algorithm.node(
             self.algorithm_config, codec, self.params, module=self.module, model_spec=self.model_spec
         )
+
+    @property
+    def data_assignment(self) -> DataAssignment | None:
+        """How the run deals out its data (its config's ``data_assignment``), or None for a run whose nodes
+        read data of their own. Asks the server for the run's config if no :meth:`sync` has read it yet."""
+        config = self.config if self.config is not None else self.client.status(self.run_id)["config"]
+        section = config.get("data_assignment")
+        return None if section is None else DataAssignment(**section)
+
+    def assigned_pages(self, round: int) -> list[int]:
+        """The pages this node reads in round ``round`` (``gradwire.assignment.assigned_pages`` of the run's
+        assignment, this node's id and the round): what the run's validators expect it to train on.
+        Raises ``AssignmentError`` for a run that assigns no data."""
+        assignment = self.data_assignment
+        if assignment is None:
+            raise AssignmentError(f"run {self.run_id!r} assigns no data (its config has no data_assignment)")
+        return assigned_pages(assignment, self.node_id, round)
 
     def sync(self) -> int:
         """Load the server's full state into the replica (at start, or when too far behind)."""

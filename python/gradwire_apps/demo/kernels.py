@@ -1,4 +1,4 @@
-"""The same table on every x86-64 machine: the demo's processes run torch's portable CPU kernels.
+"""Fewer ways to round: the demo's processes run torch's portable CPU kernels.
 
 torch picks its CPU kernels by what the processor offers (AVX2, AVX-512) and MKL and oneDNN do the same;
 the kernels differ in how they round (a sum over 16 lanes is not a sum over 8), so the same seed trained on
@@ -7,7 +7,9 @@ digits (the README's once did). The demo's training is tiny, so it runs every pr
 worker and its own final evaluation — on the kernels every x86-64 processor runs alike: ATen's baseline
 (``ATEN_CPU_CAPABILITY=default``), MKL's conditional numerical reproducibility (``MKL_CBWR=COMPATIBLE``) and
 oneDNN's SSE4.1 code (``ONEDNN_MAX_CPU_ISA=SSE41``). A variable already set is left as it is. The same torch
-version is still needed for the same bits (the README's table names the one it was made with).
+version is still needed for the same bits, and it is not enough: measured on 2026-12-02, one torch and one seed
+gave different tables on two kinds of x86-64 processor, so the README's table names both
+(scripts/docs_tables.py's ``cpu_fingerprint``).
 """
 
 from __future__ import annotations

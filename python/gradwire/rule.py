@@ -1,0 +1,171 @@
+"""The aggregation rule of a run as one object: its name and settings, and all the state it keeps across
+rounds — ``bounded_mean``'s clip-level history (:class:`~gradwire.aggregation.NormHistory`, the cap) and,
+where it is on, its per-sender deviation histories (:class:`~gradwire.sender_history.SenderHistory`, the
+trust). The server keeps one per run: it takes each round's coefficients from it (:meth:`Rule.coefficients`,
+which reads the state and changes nothing), then steps it once, past the closed round (:meth:`Rule.step`),
+from what the round's published version records, so that replaying the versions after a restart steps it
+into the same state, bit for bit. :meth:`Rule.state_dict` is what a checkpoint stores.
+
+What the default (``bounded_mean``) does depends on whether the run's honest nodes are IID by construction
+(``honest_iid``: the run assigns its data, so what an honest node sends is knowable):
+
+- **Without an assignment** (the default): every update is clipped to :data:`HETEROGENEOUS_CLIP_MULTIPLE` (3)
+  × the round's lower median norm, capped by the run's recent clip levels, and an update that points
+  against the rest of its round as an outlier (:func:`~gradwire.aggregation.opposed_senders`, the lenient
+  test) is dropped, at most a minority of the round. Nothing down-weights a node for deviating persistently:
+  an honest node on data of its own deviates persistently too, and no rule that sees only the updates can
+  tell it from a colluder inside the spread (Karimireddy, He & Jaggi, ICLR 2022). Such a colluder is bounded
+  (one node moves a round no more than 3 median updates) but not silenced: a run without an assignment
+  needs validators against it (docs/SERVER.md, "Robust aggregation").
+- **With an assignment**: the same with the clip at :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5), and each
+  sender's weight scaled by its trust from its deviation history,
+  in every mode (AdamW's included), so that a persistent deviation — which an IID honest node does not
+  show — costs the sender its weight.
+- **A round the validators scored** (``scored``): the scores decide; the structural down-weighting (the
+  direction drop and the trust) steps aside, and the norm bound stays. Its histories still step, ready for
+  a round that gets no score.
+
+Every coefficient list is that of a weighted mean of the senders' own records (or a coordinate-wise rule's
+trim), so a version stays bit-exact on every node (:func:`gradwire.aggregation.exact_aggregate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .aggregation import (
+    CLIP_MULTIPLE,
+    DEFAULT_RULE,
+    OPPOSED_MEDIANS,
+    WEIGHTED_RULES,
+    NormHistory,
+    check_rule,
+    rule_weights,
+    trim_count,
+)
+from .frame import Entry
+from .sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory, trusted_weights
+
+__all__ = ["HETEROGENEOUS_CLIP_MULTIPLE", "Rule"]
+
+#: ``bounded_mean``'s clip multiple (of the round's lower median norm) in a run without a data assignment.
+#: An honest node on data of its own sends larger updates than the rest (on bench/heterogeneity.py's
+#: minority row, 2 of 8 nodes on another input region: 3–4× the median norm); clipped at
+#: :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5) they lost half their weight, and their own data's
+#: held-out loss rose 1.26× (DeMo) and 1.31× (AdamW) against the plain mean; at 3 it is 0.95× and 0.97×, and
+#: the mixture's 0.91×, 0.92×. One node then moves a round by at most 3 median updates. With an assignment
+#: (honest nodes IID: a larger update means nothing good) the clip stays at 1.5.
+HETEROGENEOUS_CLIP_MULTIPLE = 3.0
+
+
+class Rule:
+    """A run's aggregation rule and its state (module docstring).
+
+    ``name``: one of :data:`gradwire.aggregation.RULES`; ``trim_fraction``: the coordinate-wise rules';
+    ``cap_factor``, ``cap_rounds``: ``bounded_mean``'s cap (:class:`NormHistory`); ``clip_multiple``: its
+    clip (``None``: :data:`HETEROGENEOUS_CLIP_MULTIPLE` without ``honest_iid``, :data:`CLIP_MULTIPLE` with it);
+    ``history_beta``, ``trust_multiple``: its sender histories (:class:`SenderHistory`), kept only with ``honest_iid``.
+    """
+
+    def __init__(
+        self,
+        name: str = DEFAULT_RULE,
+        *,
+        trim_fraction: float = 0.2,
+        cap_factor: float = 3.0,
+        cap_rounds: int = 8,
+        clip_multiple: float | None = None,
+        history_beta: float = HISTORY_BETA,
+        trust_multiple: float = TRUST_MULTIPLE,
+        honest_iid: bool = False,
+    ):
+        self.name = check_rule(name)
+        self.trim_fraction = float(trim_fraction)
+        self.honest_iid = bool(honest_iid)
+        bounded = self.name == "bounded_mean"
+        if clip_multiple is None:
+            clip_multiple = CLIP_MULTIPLE if self.honest_iid else HETEROGENEOUS_CLIP_MULTIPLE
+        self.clip_multiple = float(clip_multiple)
+        self.norms: NormHistory | None = (
+            NormHistory(cap_factor, cap_rounds, clip_multiple=clip_multiple) if bounded else None
+        )
+        self.senders: SenderHistory | None = (
+            SenderHistory(history_beta, multiple=trust_multiple) if bounded and self.honest_iid else None
+        )
+        #: Closed rounds this rule was stepped past (since it was made or loaded): one per :meth:`step`.
+        self.steps = 0
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the rule is a weighted mean of the records (else coordinate-wise: a trim)."""
+        return self.name in WEIGHTED_RULES
+
+    def cap(self) -> float:
+        """The highest clip level this round may use (``inf`` for rules without a cap, or before any round)."""
+        return math.inf if self.norms is None else self.norms.cap()
+
+    def coefficients(
+        self,
+        senders: Sequence[int],
+        weights: Sequence[float],
+        norms: Sequence[float],
+        records: Sequence[Sequence[Entry]] | None,
+        scored: bool = False,
+    ) -> tuple[list[float], int]:
+        """``(coefficients, trim)`` of the round about to close, from the state of the rounds before it
+        (nothing is stepped). ``senders``: node ids; ``weights``: their (staleness, counted-once) weights;
+        ``norms``: their update norms; ``records``: their records (the direction check reads them;
+        ``None`` skips it). The weighted means give each sender its coefficient and trim 0; the
+        coordinate-wise rules give the plain shares and their trim."""
+        n = len(weights)
+        if len(senders) != n or len(norms) != n:
+            raise ValueError(f"got {len(senders)} senders and {len(norms)} norms for {n} weights")
+        trim = trim_count(self.name, n, self.trim_fraction)
+        if not self.weighted:
+            total = sum(weights)
+            return [w / total for w in weights], trim
+        structural = records if not scored else None
+        coeffs = rule_weights(self.name, weights, norms, self.cap(), structural, OPPOSED_MEDIANS, self.clip_multiple)
+        if self.senders is not None and not scored:
+            coeffs = trusted_weights(coeffs, weights, self.senders.trust(senders))
+        return coeffs, trim
+
+    def step(
+        self,
+        senders: Sequence[int],
+        norms: Sequence[float],
+        records: Sequence[Sequence[Entry]],
+        coeffs: Sequence[float],
+    ) -> None:
+        """Step the state past a closed round: its update ``norms`` (the cap's history) and, where kept, the
+        senders' deviations from the round's reference, the senders its published ``coeffs`` counted. The
+        one place the rule's state changes; once per closed round (closing and replaying alike)."""
+        if self.norms is not None:
+            self.norms.observe(norms)
+        if self.senders is not None:
+            self.senders.observe(senders, records, coeffs)
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The state a checkpoint stores, under the keys a run's server state has always used
+        (``aggregation``: the clip levels; ``senders``: the histories)."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        if self.norms is not None:
+            out["aggregation"] = self.norms.state_dict()
+        if self.senders is not None:
+            out["senders"] = self.senders.state_dict()
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (missing parts: a fresh state)."""
+        if self.norms is not None:
+            self.norms.load_state_dict(state.get("aggregation", {}))
+        if self.senders is not None:
+            self.senders.load_state_dict(state.get("senders", {}))
+
+    def __repr__(self) -> str:
+        return f"Rule({self.name!r}, honest_iid={self.honest_iid}, norms={self.norms!r}, senders={self.senders!r})"
