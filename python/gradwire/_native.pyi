@@ -209,6 +209,7 @@ def dct_decode_folded_mean(
     out: npt.NDArray[np.float32],
     threads: int = 1,
     grid_cols: int = 1,
+    accumulate: bool = False,
 ) -> npt.NDArray[np.float32]:
     """The weighted mean of several senders' records of one tensor, each decoded as
     :func:`dct_decode_folded` decodes it: ``out = d_0 · w_0``, then ``out = out + d_i · w_i`` for each
@@ -216,7 +217,9 @@ def dct_decode_folded_mean(
     each record and combining the tensors elementwise, without writing the decoded tensors out.
     ``senders`` holds ``(positions, levels, k, scales, mins)`` per sender (``k`` may differ, the
     chunk count may not: ``sender_chunks_mismatch``; none: ``no_senders``); ``weights`` one float32
-    per sender. Bad input raises ``WireError`` and writes nothing. GIL released. Returns ``out``.
+    per sender. ``accumulate``: added onto what ``out`` holds, ``out = out + d_i · w_i`` from the first
+    sender on (one sender at weight −1: ``out − d``, error feedback's rest with no decoded tensor).
+    Bad input raises ``WireError`` and writes nothing. GIL released. Returns ``out``.
     """
 
 def scatter_add_rows(

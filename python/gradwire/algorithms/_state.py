@@ -48,16 +48,14 @@ def send_and_keep_rest(
     each buffer keeps what was not sent (``b − reconstruction``). Returns the records in that order.
 
     ``in_place`` (the buffers are the caller's own and :func:`updates_in_place` holds for ``codec``):
-    the subtractions run in place, as one ``_foreach_sub_`` (the same once-rounded subtraction per
-    element, so the same bits), with no new model-sized tensors."""
+    the codec's :meth:`~gradwire.codecs.base.Codec.compress_bundle_keep_rest` leaves the rest in the
+    buffers themselves: the same bits as ``b − reconstruction``, with no new model-sized tensors (the DCT
+    codec decodes straight into the buffers)."""
+    if in_place and names and all(buffers[n].dtype == torch.float32 for n in names):
+        kept = codec.compress_bundle_keep_rest({n: buffers[n] for n in names})
+        return [kept[n] for n in names]
     done = codec.compress_bundle({n: buffers[n] for n in names})
     out = [done[n][0] for n in names]
-    if in_place and names:
-        recons = [done[n][1] for n in names]
-        bufs = [buffers[n] for n in names]
-        if all(r.device == b.device and r.dtype == torch.float32 for r, b in zip(recons, bufs)):
-            torch._foreach_sub_(bufs, recons)
-            return out
     for n in names:
         recon = done[n][1]
         buffers[n] = torch.sub(buffers[n], recon.to(device=buffers[n].device, dtype=torch.float32))

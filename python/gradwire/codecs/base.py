@@ -76,6 +76,27 @@ class Codec:
         """
         return {n: self.compress(t, n) for n, t in tensors.items()}
 
+    def compress_bundle_keep_rest(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, Entry]:
+        """``{name: record}`` for every named tensor, in the mapping's order, each tensor left holding
+        what its record does not carry (``tensor − reconstruction``, in place): error feedback's send in
+        one call, where a codec can form the rest without a decoded temporary (the DCT codec subtracts
+        the kept coefficients in its transform domain). The tensors must be the caller's own float32
+        buffers; a codec whose records may view their input (:meth:`records_copy_input` false) refuses
+        them (``TypeError``), since writing the input would change the records' bytes. The default is
+        :meth:`compress_bundle` and one in-place subtraction."""
+        says = getattr(self, "records_copy_input", None)
+        if not (callable(says) and says()):
+            raise TypeError(
+                f"{type(self).__name__}'s records may view their input: compress_bundle_keep_rest would "
+                "change their bytes (use compress_bundle and subtract into new tensors)"
+            )
+        done = self.compress_bundle(tensors)
+        bufs = list(tensors.values())
+        recons = [done[n][1].to(device=t.device, dtype=t.dtype) for n, t in tensors.items()]
+        if bufs:
+            torch._foreach_sub_(bufs, recons)
+        return {n: done[n][0] for n in tensors}
+
     def state_dict(self) -> dict[str, Any]:
         """What the codec keeps between calls, as a nested dict of tensors (copies) and plain values.
 

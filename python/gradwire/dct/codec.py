@@ -42,7 +42,7 @@ from ..codecs import record as rec
 from ..codecs.base import Codec, TensorPart
 from ..frame import Entry
 from .chunks import MODE_FLAT, MODE_TILES, ChunkPlan, cut_into_chunks, plan_flat, plan_tiles_or_flat, put_back_chunks
-from .decode import decode_level_chunks, decode_levels
+from .decode import decode_level_chunks, decode_levels, subtract_decoded_levels
 from .domain import CoefficientDomain
 from .layout import (
     CODEC_ID,
@@ -380,14 +380,56 @@ class DCTCodec(Codec):
         sides powers of two) runs tensor by tensor, as :meth:`compress` runs it; selection, quantization
         and the exact decode are stacked for every chunk shape.
         """
-        groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, ChunkPlan]]] = {}
         out: dict[str, tuple[Entry, torch.Tensor]] = {}
+        filled = {}
         for name, tensor in tensors.items():
             rec.check_float_input(tensor)
             if tensor.numel() == 0:  # an empty record of its own, written on the host: no data to copy
                 entry, _ = self.compress(torch.empty(tensor.shape, dtype=tensor.dtype), name)
                 out[name] = (entry, torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device))
                 continue
+            filled[name] = tensor
+        coefficient_groups = self._coefficient_groups(filled, exact_only)
+        done, _ = self.compress_coefficient_groups(coefficient_groups)
+        for name, (entry, recon) in done.items():
+            dtype = tensors[name].dtype
+            out[name] = (entry, recon if recon.dtype == dtype else recon.to(dtype))
+        return {name: out[name] for name in tensors}
+
+    def compress_bundle_keep_rest(self, tensors):
+        """As :meth:`Codec.compress_bundle_keep_rest`; on the CPU, for contiguous float32 tensors, the records
+        are :meth:`compress_bundle`'s byte for byte and each tensor's rest is its exact decode subtracted
+        straight into it (:func:`~gradwire.dct.decode.subtract_decoded_levels`, one Rust pass per record
+        where the decode takes the folded route): the bits of ``tensor − reconstruction``, with no
+        reconstruction written out and no pass of its own for the subtraction. Other tensors take
+        :meth:`Codec.compress_bundle_keep_rest`'s default, as one bundle of their own."""
+        native = type(self).compress is DCTCodec.compress and type(self).compress_bundle is DCTCodec.compress_bundle
+        mine, others = {}, {}
+        for name, tensor in tensors.items():
+            cpu = tensor.device.type == "cpu" and tensor.dtype == torch.float32
+            (mine if native and cpu and tensor.is_contiguous() and tensor.numel() > 0 else others)[name] = tensor
+        done = super().compress_bundle_keep_rest(others) if others else {}
+        if mine:
+            coefficient_groups = self._coefficient_groups(mine, exact_only=True)
+            records, kept = self.compress_coefficient_groups(coefficient_groups, decode=False)
+            for (members, _), (idx, levels, scales, mins) in zip(coefficient_groups, kept):
+                row = 0
+                for name, _, plan in members:
+                    rows = slice(row, row + plan.num_chunks)
+                    row += plan.num_chunks
+                    part = (idx[rows], levels[rows], scales[rows], mins[rows])
+                    if not subtract_decoded_levels(mine[name], *part, plan):
+                        mine[name].sub_(decode_levels(*part, plan))
+                done.update((name, records[name][0]) for name, _, _ in members)
+        return {name: done[name] for name in tensors}
+
+    def _coefficient_groups(self, tensors, exact_only: bool) -> list[tuple[list, torch.Tensor]]:
+        """:meth:`compress_batched`'s ``(members, coefficients)`` per chunk shape of ``tensors`` (none empty):
+        the chunks cut by one ``_foreach_copy_`` per shape and transformed together (with ``exact_only``,
+        tensor by tensor where the transform is not the Rust one, as :meth:`compress_batched` says)."""
+        groups: dict[tuple[int, ...], list[tuple[str, torch.Tensor, ChunkPlan]]] = {}
+        for name, tensor in tensors.items():
+            rec.check_float_input(tensor)
             plan = self.plan(tensor.shape)
             groups.setdefault(plan.chunk_shape, []).append((name, tensor, plan))
         coefficient_groups = []
@@ -401,18 +443,15 @@ class DCTCodec(Codec):
                 chunks = cut_into_chunks(members, dims, c)
                 coeffs = dct_chunks(chunks.reshape(-1, *dims), overwrite=True).reshape(-1, c)
             coefficient_groups.append(([(name, t.dtype, plan) for name, t, plan in members], coeffs))
-        done, _ = self.compress_coefficient_groups(coefficient_groups)
-        for name, (entry, recon) in done.items():
-            dtype = tensors[name].dtype
-            out[name] = (entry, recon if recon.dtype == dtype else recon.to(dtype))
-        return {name: out[name] for name in tensors}
+        return coefficient_groups
 
-    def compress_coefficient_groups(self, groups):
+    def compress_coefficient_groups(self, groups, decode: bool = True):
         """The records of tensors whose DCT coefficients are given, many at once: ``groups`` is a list of
         ``(members, coeffs)``, ``members`` ``[(name, dtype, plan)]`` of one chunk shape, each ``plan`` this
         codec's for its tensor, and ``coeffs`` their coefficients stacked in that order ``(rows, C)``
         (float32). Returns ``({name: (record, its exact decode, float32)}, kept)``, ``kept`` per group the
-        stacked ``(idx, levels, scales, mins)`` of what the records keep.
+        stacked ``(idx, levels, scales, mins)`` of what the records keep. ``decode=False``: no exact decode
+        is run and each record's decode is ``None`` (the caller forms what it needs from ``kept``).
 
         One top-k, one quantization, one host copy and (on the CPU, for small records) one exact decode per
         group, where :meth:`compress_coefficients` runs them per tensor: each works row by row (chunk by
@@ -425,7 +464,9 @@ class DCTCodec(Codec):
             k = self.chunk_topk(c)
             idx, top = select_topk(coeffs, k)
             levels, scales, mins = quantize_levels(top, self.value_bits)
-            if coeffs.device.type == "cpu" and coeffs.numel() >= _CPU_STACKED_DECODE_MAX * len(members):
+            if not decode:
+                recons = [None] * len(members)
+            elif coeffs.device.type == "cpu" and coeffs.numel() >= _CPU_STACKED_DECODE_MAX * len(members):
                 # Large records: the Rust decode, record by record as compress runs it, writes a matrix's
                 # tiles in place (no put-back pass over memory) and each call is one native pass.
                 recons, row = [], 0

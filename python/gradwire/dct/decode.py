@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .. import _native
@@ -29,6 +30,7 @@ __all__ = [
     "decode_levels",
     "decode_levels_weighted_sum",
     "fixed_point_bits",
+    "subtract_decoded_levels",
 ]
 
 
@@ -247,6 +249,64 @@ def _decode_rows_cpu(idx, levels, scales, mins, plan: ChunkPlan) -> torch.Tensor
     # Both stages in Rust, the matrix product between them in place.
     _rows_decode_cpu(idx, levels, sc_all, mn_all, dims, bases, _exact_block(device, k, dims), out, grid_cols)
     return out.reshape(plan.shape) if tiled else from_chunks(out, plan)
+
+
+def subtract_decoded_levels(
+    target: torch.Tensor,
+    idx: torch.Tensor,
+    levels: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    plan: ChunkPlan,
+) -> bool:
+    """``target −= decode_levels(idx, levels, scales, mins, plan)`` in place, in one Rust pass that
+    decodes each chunk straight into ``target`` (``_native.dct_decode_folded_mean`` with one sender at
+    weight −1, ``accumulate``): the same bits as decoding and then subtracting, with no decoded tensor
+    written out. Only where :func:`decode_levels` takes the folded route and ``target`` (contiguous
+    float32 on the CPU, of ``plan.shape``) is laid out as the decode writes it (tiles of a matrix, or
+    flat chunks without padding); ``False`` elsewhere, with ``target`` untouched, for the caller to
+    subtract :func:`decode_levels`."""
+    dims = plan.chunk_shape
+    n = plan.num_chunks
+    _check_pairs(idx, levels, n)
+    if len(dims) != 2 or target.device.type != "cpu" or levels.device.type != "cpu":
+        return False
+    if target.dtype != torch.float32 or not target.is_contiguous() or tuple(target.shape) != tuple(plan.shape):
+        return False
+    tiled = plan.mode == MODE_TILES
+    if not tiled and plan.pad_count:
+        return False
+    if _choose_route(idx.shape[1], dims) != "rows":
+        return False
+    s = fixed_point_bits(dims)
+    bases = [fixed_point_basis(size, s, _CPU) for size in dims]
+    if not (basis_folds(dims[0], s) and basis_folds(dims[1], s)):
+        return False
+    sc, mn = _unscaled(scales, mins, dims, _CPU)  # as decode_levels: the power of two folded in exactly
+    sender = (
+        idx.to(torch.int64).contiguous().reshape(-1).numpy(),
+        levels.to(torch.int16).contiguous().reshape(-1).numpy(),
+        idx.shape[1],
+        sc.contiguous().numpy(),
+        mn.contiguous().numpy(),
+    )
+    _native.dct_decode_folded_mean(
+        [sender],
+        _MINUS_ONE,
+        dims[0],
+        dims[1],
+        bases[0].reshape(-1).numpy(),
+        bases[1].reshape(-1).numpy(),
+        target.view(-1).numpy(),
+        torch.get_num_threads(),
+        plan.grid[1] if tiled else 1,
+        accumulate=True,
+    )
+    return True
+
+
+#: The one weight of :func:`subtract_decoded_levels`: ``out + d · (−1)`` is ``out − d``, exactly.
+_MINUS_ONE = np.array([-1.0], dtype=np.float32)
 
 
 def decode_levels_weighted_sum(

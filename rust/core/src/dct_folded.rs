@@ -134,6 +134,7 @@ fn decode_folded_on(
         threads,
         out,
         avx2_fma,
+        false,
     )
 }
 
@@ -243,9 +244,43 @@ pub fn decode_folded_mean(
         threads,
         out,
         crate::simd::has_avx2_fma(),
+        false,
     )
 }
 
+/// [`decode_folded_mean`] added onto what `out` holds: `out = out + float32(d_i · w_i)` for every
+/// sender in order, the first one included — with one sender at weight −1, `out = out − d`, the bits of
+/// decoding the record and subtracting it (error feedback's rest, with no decoded tensor written out).
+/// Arguments, checks and threads as [`decode_folded_mean`]'s; nothing is written unless every check
+/// passes.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_folded_mean_accumulate(
+    senders: &[SenderLevels<'_>],
+    weights: &[f32],
+    rows: usize,
+    last: usize,
+    row_basis: &[f64],
+    col_basis: &[f64],
+    grid_cols: usize,
+    threads: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    decode_folded_mean_on(
+        senders,
+        weights,
+        rows,
+        last,
+        row_basis,
+        col_basis,
+        grid_cols,
+        threads,
+        out,
+        crate::simd::has_avx2_fma(),
+        true,
+    )
+}
+
+/// `accumulate`: the first sender is added onto `out` as the others are, not stored.
 #[allow(clippy::too_many_arguments)]
 fn decode_folded_mean_on(
     senders: &[SenderLevels<'_>],
@@ -258,6 +293,7 @@ fn decode_folded_mean_on(
     threads: usize,
     out: &mut [f32],
     avx2_fma: bool,
+    accumulate: bool,
 ) -> Result<()> {
     if senders.is_empty() {
         return Err(WireError::NoSenders);
@@ -291,7 +327,7 @@ fn decode_folded_mean_on(
         for (c, chunk_rows) in share.iter_mut().enumerate() {
             let chunk = from + c;
             for (i, (sender, &w)) in senders.iter().zip(weights).enumerate() {
-                let sink = if i == 0 {
+                let sink = if i == 0 && !accumulate {
                     Sink::Scale(w)
                 } else {
                     Sink::AddScaled(w)
@@ -1102,8 +1138,23 @@ mod tests {
             for (threads, avx2_fma) in [(1, true), (3, true), (1, false), (2, false)] {
                 let mut got = vec![f32::NAN; chunks * c];
                 decode_folded_mean_on(&views, &weights, rows, last, &row_basis, &col_basis, grid_cols,
-                                      threads, &mut got, avx2_fma).unwrap();
+                                      threads, &mut got, avx2_fma, false).unwrap();
                 prop_assert_eq!(bits(&got), bits(&want), "threads {} avx2_fma {}", threads, avx2_fma);
+                // Accumulated onto a buffer: the bits of adding each weighted decode to it in order.
+                let start: Vec<f32> = (0..chunks * c).map(|j| 0.25 - 0.001 * j as f32).collect();
+                let mut want_acc = start.clone();
+                for (i, (s, &w)) in views.iter().zip(&weights).enumerate() {
+                    let one = mean_one_by_one(std::slice::from_ref(s), &[1.0], rows, last, &row_basis, &col_basis,
+                                              grid_cols, chunks * c);
+                    for (a, &d) in want_acc.iter_mut().zip(&one) {
+                        *a += d * w;
+                    }
+                    let _ = i;
+                }
+                let mut acc = start.clone();
+                decode_folded_mean_on(&views, &weights, rows, last, &row_basis, &col_basis, grid_cols,
+                                      threads, &mut acc, avx2_fma, true).unwrap();
+                prop_assert_eq!(bits(&acc), bits(&want_acc), "accumulate, threads {} avx2_fma {}", threads, avx2_fma);
             }
         }
     }

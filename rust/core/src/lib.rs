@@ -58,7 +58,10 @@ pub use bitpack::{
 };
 pub use checksum::crc32c;
 pub use dct_fast::dct2_chunks;
-pub use dct_folded::{decode_folded, decode_folded_mean, fold_basis_is_exact, SenderLevels};
+pub use dct_folded::{
+    decode_folded, decode_folded_mean, decode_folded_mean_accumulate, fold_basis_is_exact,
+    SenderLevels,
+};
 pub use dct_payload::{
     dct_payloads, index_bits_for, IndexCodingChoice, RecordLayout, RecordPayload,
 };

@@ -353,9 +353,11 @@ type SenderArrays<'py> = (
 /// d_i · w_i` per sender in order, each a correctly rounded float32 operation — the bits of
 /// decoding every record and combining the tensors, without writing the decoded tensors out.
 /// `senders` is a list of `(positions, levels, k, scales, mins)`, every sender with the same number
-/// of chunks; `weights` one float32 per sender. GIL released. Returns `out`.
+/// of chunks; `weights` one float32 per sender. `accumulate`: added onto what `out` holds (`out = out
+/// + d_i · w_i` from the first sender on; one sender at weight −1 subtracts its decode, the bits of
+/// `out − d`). GIL released. Returns `out`.
 #[pyfunction]
-#[pyo3(signature = (senders, weights, rows, last, row_basis, col_basis, out, threads = 1, grid_cols = 1))]
+#[pyo3(signature = (senders, weights, rows, last, row_basis, col_basis, out, threads = 1, grid_cols = 1, accumulate = false))]
 #[allow(clippy::too_many_arguments)]
 fn dct_decode_folded_mean<'py>(
     py: Python<'py>,
@@ -368,6 +370,7 @@ fn dct_decode_folded_mean<'py>(
     out: Bound<'py, PyArray1<f32>>,
     threads: usize,
     grid_cols: usize,
+    accumulate: bool,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let views = senders
         .iter()
@@ -386,7 +389,11 @@ fn dct_decode_folded_mean<'py>(
     let cb = slice(&col_basis, "col_basis")?;
     let len = out.len();
     decode_into(py, out, len, |o| {
-        gw::decode_folded_mean(&views, w, rows, last, rb, cb, grid_cols, threads, o)
+        if accumulate {
+            gw::decode_folded_mean_accumulate(&views, w, rows, last, rb, cb, grid_cols, threads, o)
+        } else {
+            gw::decode_folded_mean(&views, w, rows, last, rb, cb, grid_cols, threads, o)
+        }
     })
 }
 
