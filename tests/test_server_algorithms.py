@@ -16,6 +16,14 @@ from server_helpers import train_together
 CODEC = {"chunk_shape": [64], "topk": 8, "index_coding": "rice", "value_bits": 2}
 
 
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """One server for this module's tests, each on runs of its own (a server's start is most of a small
+    test's time; the tests that kill a server start their own)."""
+    with LiveServer(tmp_path_factory.mktemp("server-data")) as srv:
+        yield srv
+
+
 def _model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))

@@ -21,6 +21,14 @@ GENEROUS_DOWNLINK = {"codec": "dct", "params": {"chunk_shape": [64], "topk": 64,
 REPLAY_ENV = {"GRADWIRE_CHECKPOINT_EVERY": "1000", "GRADWIRE_CHECKPOINT_EVERY_VERSION_BELOW_BYTES": "0"}
 
 
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """One server for this module's tests, each on runs of its own (a server's start is most of a small
+    test's time; the tests that kill a server start their own)."""
+    with LiveServer(tmp_path_factory.mktemp("server-data")) as srv:
+        yield srv
+
+
 def _state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     return {n: torch.randn(s, generator=g) * 0.1 for n, s in SMALL.items()}

@@ -33,6 +33,14 @@ SPARSELOCO = {
 }
 
 
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """One server for this module's tests, each on runs of its own (a server's start is most of a small
+    test's time; the tests that kill a server start their own)."""
+    with LiveServer(tmp_path_factory.mktemp("server-data")) as srv:
+        yield srv
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
