@@ -98,10 +98,6 @@ class RunState:
     #: :mod:`gradwire.rule`), stepped once per version, closing or replaying (:meth:`_step_rule`).
     rule: Rule = field(default_factory=Rule)
     algorithm_state: dict[str, Any] = field(default_factory=dict)
-    #: Whether the round being closed or replayed was scored by the run's validators (docs/SERVER.md,
-    #: "Validators"): its weights are then the score-weighted mean's, and the structural rule and its
-    #: histories sit the round out (they are the fallback of unscored rounds).
-    scored: bool = False
     timings: Timings = field(default_factory=Timings)
     _work: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -162,7 +158,7 @@ class RunState:
         by the run's publication kind. ``score_weights``: the validators' weight of each sender in a scored
         round (:mod:`.scores`), multiplied into each update's weight, the structural down-weighting sitting
         the round out (:mod:`gradwire.rule`); ``None``: the round was not scored."""
-        self.scored = scored = score_weights is not None
+        scored = score_weights is not None
         updates = score_weighted(updates, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
@@ -179,7 +175,7 @@ class RunState:
         runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
         if that encoding made other bytes (see :meth:`replay_adamw`). ``score_weights`` as the round's
         :meth:`close` had them (committed with the version)."""
-        self.scored = scored = score_weights is not None
+        scored = score_weights is not None
         logged = updates
         updates = lambda: score_weighted(logged(), score_weights)  # noqa: E731
         with records_parsed_once():
