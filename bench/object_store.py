@@ -342,13 +342,17 @@ def _metrics(client: httpx.Client) -> dict[str, float]:
 
 def _round_frames(shapes, codec, nodes: list[dict], rnd: int, distinct: int = 4) -> list[bytes]:
     """Every node's frame for ``rnd``: ``distinct`` fresh encodings (new records every round: a round's
-    records repeated later are a replay), re-labelled per sender."""
+    records repeated later are a replay), each node's own by its per-chunk scales (``sr.distinct_records``):
+    no two nodes send the same records, so the server counts and sums every one (a copy counts once)."""
     base = []
     for s in range(distinct):
         g = torch.Generator().manual_seed(1000 * rnd + s)
         grads = {n: torch.randn(sh, generator=g) * 1e-3 for n, sh in shapes.items()}
         base.append(read_frame(codec.encode_bundle(grads, round=rnd, sender=1)).entries)
-    return [write_frame(base[i % distinct], round=rnd, sender=n["node_id"], bundle=True) for i, n in enumerate(nodes)]
+    return [
+        write_frame(sr.distinct_records(base[i % distinct], i), round=rnd, sender=n["node_id"], bundle=True)
+        for i, n in enumerate(nodes)
+    ]
 
 
 class Traffic:

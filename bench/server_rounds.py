@@ -46,6 +46,7 @@ prefer_passive_openmp()
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import math
 import os
@@ -55,6 +56,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import track
@@ -97,13 +99,29 @@ def model_shapes(params: int) -> dict[str, tuple[int, ...]]:
 
 
 def frames_for(shapes, codec, nodes: int, distinct: int = 4) -> list[bytes]:
-    """``nodes`` bundle frames (sender i+1): ``distinct`` real encodings, re-labelled per sender."""
+    """``nodes`` bundle frames (sender i+1): ``distinct`` real encodings, each sender's records its own
+    (:func:`distinct_records`: a copy of another sender's records would count once, and cost nothing)."""
     base = []
     for s in range(distinct):
         g = torch.Generator().manual_seed(s)
         grads = {n: torch.randn(sh, generator=g) * 1e-3 for n, sh in shapes.items()}
         base.append(read_frame(codec.encode_bundle(grads, round=0, sender=1)).entries)
-    return [write_frame(base[i % distinct], round=0, sender=i + 1, bundle=True) for i in range(nodes)]
+    return [
+        write_frame(distinct_records(base[i % distinct], i), round=0, sender=i + 1, bundle=True) for i in range(nodes)
+    ]
+
+
+def distinct_records(entries, i: int):
+    """``entries`` with every DCT record's per-chunk scales multiplied by ``1 + i/1024`` (another record of
+    the same positions, a slightly larger update): node ``i``'s own records at the cost of no encode."""
+    out = []
+    for e in entries:
+        if "scale" in e.sections and i:
+            sections = dict(e.sections)
+            sections["scale"] = (sections["scale"] * np.float32(1.0 + i / 1024)).astype(sections["scale"].dtype)
+            e = dataclasses.replace(e, sections=sections)
+        out.append(e)
+    return out
 
 
 REPEAT = 3

@@ -459,6 +459,7 @@ def rule_weights(
     records: Sequence[Sequence[Entry]] | None = None,
     opposed_medians: float = OPPOSED_MEDIANS,
     clip_multiple: float = CLIP_MULTIPLE,
+    alignment: Callable[[Sequence[float]], list[float]] | None = None,
 ) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
@@ -467,6 +468,8 @@ def rule_weights(
 
     ``bounded_mean`` given the senders' ``records`` also drops the updates that point against the rest
     (:func:`opposed_senders`): their coefficient is 0 and the sum runs over the others' weights only.
+    ``alignment``: how the direction check reads the senders' cosines for given coefficients (default
+    :func:`sender_alignment` of ``records``; the server's large rounds: :func:`gradwire.sketch.sketched_alignment`).
     """
     if check_rule(rule) not in _MEANS:
         raise ValueError(f"rule {rule!r} is no weighted mean")
@@ -487,7 +490,7 @@ def rule_weights(
     if clip_multiple > CLIP_MULTIPLE:
         level = bounded_level(norms, cap, CLIP_MULTIPLE)
         probe = [w * c / total for w, c in zip(weights, clip_factors(norms, level))]
-    opposed = opposed_senders(records, probe, opposed_medians)
+    opposed = opposed_senders(records, probe, opposed_medians, alignment)
     if not any(opposed):
         return coeffs
     kept = sum(w for w, o in zip(weights, opposed) if not o)
@@ -570,7 +573,10 @@ def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]
 
 
 def opposed_senders(
-    records: Sequence[Sequence[Entry]], coeffs: Sequence[float], medians: float = OPPOSED_MEDIANS
+    records: Sequence[Sequence[Entry]],
+    coeffs: Sequence[float],
+    medians: float = OPPOSED_MEDIANS,
+    alignment: Callable[[Sequence[float]], list[float]] | None = None,
 ) -> list[bool]:
     """Which senders ``bounded_mean`` drops: those whose update points against the rest of the round, as an
     outlier among the round's updates.
@@ -580,6 +586,7 @@ def opposed_senders(
     :data:`OPPOSED_MEDIANS` where the server also weighs nodes by their histories; 0, the spread test alone,
     where it does not: AdamW runs), the most opposed first and
     at most a minority, ``(n − 1) // 2`` of ``n`` (with 2 senders nobody can tell who is right, so none is).
+    ``alignment(coeffs)`` gives the cosines (default: :func:`sender_alignment` of ``records``).
 
     A flipped update (``−u``), however scaled, points against the honest ones by about as much as they
     point with each other, far below their spread, and is dropped; so is the negative half of an update
@@ -591,7 +598,7 @@ def opposed_senders(
     limit = (n - 1) // 2
     if limit == 0:
         return [False] * n
-    cos = sender_alignment(records, coeffs)
+    cos = sender_alignment(records, coeffs) if alignment is None else alignment(coeffs)
     mid = statistics.median(cos)
     spread = statistics.median(abs(c - mid) for c in cos)
     # Against the rest OPPOSED_MEDIANS times as strongly as the round's median update points with it: in a

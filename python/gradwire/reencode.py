@@ -45,6 +45,7 @@ import torch
 from .aggregation import _by_name, exact_mean, exact_trimmed_mean, sender_weights
 from .codecs import statedict as sd
 from .codecs.base import Codec
+from .dct.domain import joined
 from .feedback import ErrorFeedback
 from .frame import Entry
 
@@ -121,6 +122,34 @@ class ReencodeFeedback:
         done.update(self.domain.compress(sums) if sums else {})
         return {name: done[name] for name in names}
 
+    def reencode_sums(
+        self,
+        coefficient_sums: Mapping[str, tuple[tuple[int, ...], torch.Tensor]],
+        scale: float,
+        mean: Mapping[str, torch.Tensor],
+        device=None,
+    ) -> dict[str, tuple[Entry, torch.Tensor]]:
+        """:meth:`reencode` of an aggregate summed already: ``scale`` × each of ``coefficient_sums`` (``{name:
+        (tensor shape, its coefficients in this codec's domain, flat float32)}``, a server's running sum of
+        the round: ``gradwire_server.round_sum``) added into its coefficient residual, and ``mean`` (``{name:
+        tensor}``: the tensors summed in parameter space) into the parameter-domain residuals; then both
+        compressed. ``{name: (record, its exact decode)}`` in name order."""
+        if coefficient_sums and self.domain is None:
+            raise ValueError(
+                f"coefficient-domain sums need a downlink codec with a coefficient domain, not {self.codec!r}"
+            )
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        self._pack([(name, tuple(shape)) for name, (shape, _) in coefficient_sums.items()], dev)
+        sums = {}
+        for name, (shape, total) in coefficient_sums.items():
+            buf = self._coefficient_residual(name, tuple(shape), dev)
+            buf.reshape(-1).add_(total.to(dev), alpha=scale)
+            self.domain.project_padding(buf, self.codec.plan(shape))
+            sums[name] = (tuple(shape), buf)
+        done = self.reencode_mean(mean)
+        done.update(self.domain.compress(sums) if sums else {})
+        return {name: done[name] for name in sorted(done)}
+
     def reencode_mean(self, mean: Mapping[str, torch.Tensor]) -> dict[str, tuple[Entry, torch.Tensor]]:
         """An aggregate computed already (``{name: tensor}``) plus the residuals, compressed in parameter
         space
@@ -133,6 +162,22 @@ class ReencodeFeedback:
                 self.feedback.set_residual(name, self._parameter_view(name).to(value.device))
                 del self._coefficients[name]
         return self.feedback.compress_bundle_reconstructed(mean) if mean else {}
+
+    def _pack(self, tensors: Sequence[tuple[str, tuple[int, ...]]], device: torch.device) -> None:
+        """The coefficient residuals of ``tensors`` (``(name, shape)``, in the order the compression groups
+        them), each chunk shape's laid out one after another in one buffer, so that compressing them takes
+        a view of it and not a copy (:func:`gradwire.dct.domain.joined`). A no-op once they are."""
+        groups: dict[tuple[int, ...], list[tuple[str, tuple[int, ...]]]] = {}
+        for name, shape in tensors:
+            groups.setdefault(self.codec.plan(shape).chunk_shape, []).append((name, shape))
+        for members in groups.values():
+            bufs = [self._coefficient_residual(name, shape, device) for name, shape in members]
+            block = joined(bufs)
+            if block.data_ptr() != bufs[0].data_ptr():  # a copy: from now on the residuals' one buffer
+                row = 0
+                for (name, shape), b in zip(members, bufs):
+                    self._coefficients[name] = (shape, block[row : row + b.shape[0]])
+                    row += b.shape[0]
 
     def _coefficient_residual(self, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``name``'s coefficient-domain residual (stored, or the parameter-domain one transformed, or

@@ -32,7 +32,7 @@ trim), so a version stays bit-exact on every node (:func:`gradwire.aggregation.e
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,7 +50,7 @@ from .aggregation import (
 from .frame import Entry
 from .sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory, trusted_weights
 
-__all__ = ["HETEROGENEOUS_CLIP_MULTIPLE", "Rule"]
+__all__ = ["DEFAULT_SKETCH_KEY", "HETEROGENEOUS_CLIP_MULTIPLE", "Rule"]
 
 #: ``bounded_mean``'s clip multiple (of the round's lower median norm) in a run without a data assignment.
 #: An honest node on data of its own sends larger updates than the rest (on bench/heterogeneity.py's
@@ -61,6 +61,9 @@ __all__ = ["HETEROGENEOUS_CLIP_MULTIPLE", "Rule"]
 #: (honest nodes IID: a larger update means nothing good) the clip stays at 1.5.
 HETEROGENEOUS_CLIP_MULTIPLE = 3.0
 
+#: The sketches' key where none is given: public, so only for a rule no untrusted node submits to.
+DEFAULT_SKETCH_KEY = b"gradwire.sketch/1"
+
 
 class Rule:
     """A run's aggregation rule and its state (module docstring).
@@ -69,6 +72,8 @@ class Rule:
     ``cap_factor``, ``cap_rounds``: ``bounded_mean``'s cap (:class:`NormHistory`); ``clip_multiple``: its
     clip (``None``: :data:`HETEROGENEOUS_CLIP_MULTIPLE` without ``honest_iid``, :data:`CLIP_MULTIPLE` with it);
     ``history_beta``, ``trust_multiple``: its sender histories (:class:`SenderHistory`), kept only with ``honest_iid``.
+    ``sketch_key``: the secret that keys the direction check's sketches (:mod:`gradwire.sketch`): a server
+    passes one of its own (``gradwire_server.store.Store.sketch_key``); the default is public.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class Rule:
         history_beta: float = HISTORY_BETA,
         trust_multiple: float = TRUST_MULTIPLE,
         honest_iid: bool = False,
+        sketch_key: bytes | None = None,
     ):
         self.name = check_rule(name)
         self.trim_fraction = float(trim_fraction)
@@ -96,6 +102,8 @@ class Rule:
         self.senders: SenderHistory | None = (
             SenderHistory(history_beta, multiple=trust_multiple) if bounded and self.honest_iid else None
         )
+        #: The key of the direction check's sketches (:mod:`gradwire.sketch`): secret to the server.
+        self.sketch_key = DEFAULT_SKETCH_KEY if sketch_key is None else bytes(sketch_key)
         #: Closed rounds this rule was stepped past (since it was made or loaded): one per :meth:`step`.
         self.steps = 0
 
@@ -115,12 +123,14 @@ class Rule:
         norms: Sequence[float],
         records: Sequence[Sequence[Entry]] | None,
         scored: bool = False,
+        alignment: Callable[[Sequence[float]], list[float]] | None = None,
     ) -> tuple[list[float], int]:
         """``(coefficients, trim)`` of the round about to close, from the state of the rounds before it
         (nothing is stepped). ``senders``: node ids; ``weights``: their (staleness, counted-once) weights;
         ``norms``: their update norms; ``records``: their records (the direction check reads them;
-        ``None`` skips it). The weighted means give each sender its coefficient and trim 0; the
-        coordinate-wise rules give the plain shares and their trim."""
+        ``None`` skips it; ``alignment``: how it reads the cosines, as
+        :func:`~gradwire.aggregation.rule_weights` takes it). The weighted means give each sender its
+        coefficient and trim 0; the coordinate-wise rules give the plain shares and their trim."""
         n = len(weights)
         if len(senders) != n or len(norms) != n:
             raise ValueError(f"got {len(senders)} senders and {len(norms)} norms for {n} weights")
@@ -129,7 +139,9 @@ class Rule:
             total = sum(weights)
             return [w / total for w in weights], trim
         structural = records if not scored else None
-        coeffs = rule_weights(self.name, weights, norms, self.cap(), structural, OPPOSED_MEDIANS, self.clip_multiple)
+        coeffs = rule_weights(
+            self.name, weights, norms, self.cap(), structural, OPPOSED_MEDIANS, self.clip_multiple, alignment
+        )
         if self.senders is not None and not scored:
             coeffs = trusted_weights(coeffs, weights, self.senders.trust(senders))
         return coeffs, trim

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -45,6 +44,7 @@ import torch
 
 from .accumulate import Coefficients, entry_coefficients
 from .frame import Entry
+from .sketch import count_sketch
 
 __all__ = ["HISTORY_BETA", "SKETCH_BUCKETS", "TRUST_MULTIPLE", "SenderHistory", "trusted_weights", "update_sketch"]
 
@@ -56,17 +56,6 @@ SKETCH_BUCKETS = 1024
 #: twice it, none.
 TRUST_MULTIPLE = 1.5
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _positions_hash(name: str, positions: np.ndarray) -> np.ndarray:
-    """A fixed 64-bit hash of each ``(tensor name, position)`` (Fibonacci hashing; uint64 arithmetic wraps)."""
-    seed = np.uint64(zlib.crc32(name.encode("utf-8")) * 0x100000001)
-    with np.errstate(over="ignore"):
-        h = (positions.astype(np.uint64) ^ seed) * _GOLDEN
-        h ^= h >> np.uint64(29)
-        return h * _GOLDEN
-
 
 def update_sketch(records: Sequence[Entry], buckets: int = SKETCH_BUCKETS, dense: bool = False) -> np.ndarray:
     """A count sketch of one sender's update: float64[``buckets``]. Each coefficient (the records' codec
@@ -77,22 +66,9 @@ def update_sketch(records: Sequence[Entry], buckets: int = SKETCH_BUCKETS, dense
 
 
 def _sketch(views: Sequence[tuple[str, Coefficients]], buckets: int) -> np.ndarray:
-    """:func:`update_sketch` of records already read as ``(name, coefficients)``."""
-    out = np.zeros(buckets, dtype=np.float64)
-    for name, view in views:
-        values = np.ascontiguousarray(view.values.detach().cpu().numpy(), dtype=np.float64)
-        if values.size == 0:
-            continue
-        positions = (
-            np.arange(view.size, dtype=np.int64)
-            if view.idx is None
-            else np.ascontiguousarray(view.idx.detach().cpu().numpy(), dtype=np.int64)
-        )
-        h = _positions_hash(name, positions)
-        bucket = (h >> np.uint64(32)) % np.uint64(buckets)
-        sign = np.where((h >> np.uint64(16)) & np.uint64(1), 1.0, -1.0)
-        out += np.bincount(bucket.astype(np.int64), weights=sign * values, minlength=buckets)
-    return out
+    """:func:`update_sketch` of records already read as ``(name, coefficients)``: the unkeyed
+    :func:`gradwire.sketch.count_sketch` (a fixed hash, so a replay steps the histories to the same bits)."""
+    return count_sketch(views, buckets)
 
 
 def _round_views(records: Sequence[Sequence[Entry]]) -> list[list[tuple[str, Coefficients]]]:

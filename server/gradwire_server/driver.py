@@ -225,8 +225,8 @@ class RoundDriver:
         async with rt.lock:
             if not rt.pending or rt.state is None:
                 return None
-            # A fixed order (node id, then round) makes the aggregate independent of arrival order.
-            updates = [rt.pending[k] for k in sorted(rt.pending)]
+            # In commit order: the order the round's running sum added them, and its replay reads them back.
+            updates = list(rt.pending.values())
             t0 = time.perf_counter()
             try:
                 closed = await asyncio.to_thread(self.close_and_publish, rt, updates)
@@ -238,7 +238,7 @@ class RoundDriver:
             rt.version, rt.weights_hash, rt.opened_at = closed.version, closed.weights_hash, closed.opened_at
             if closed.checkpoint:
                 rt.checkpoint = closed.version
-            rt.pending = {}
+            rt.pending, rt.round_sum = {}, None
             rt.scoring_since, rt.round_scores = None, {}
             rt.recent.forget_before(rt.version)
             await asyncio.to_thread(self._prune, rt)
@@ -275,7 +275,7 @@ class RoundDriver:
         assert state is not None
         state.timings = Timings()
         weights = score_weights(rt.round_scores, [u.node_id for u in updates])
-        frame = state.close(updates, score_weights=weights)
+        frame = state.close(updates, score_weights=weights, round_sum=rt.round_sum)
         h = state.weights_hash()
         opened = time.time()
         t0 = time.perf_counter()

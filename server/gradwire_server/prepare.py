@@ -21,10 +21,11 @@ from gradwire.accumulate import entry_coefficients
 from gradwire.capabilities import capabilities_of
 from gradwire.dct import ParseCache, records_parsed_once
 from gradwire.frame import Frame
+from gradwire.sketch import sketch_update
 
 from .aggregate import Update
 
-__all__ = ["close_parses", "parsed_while"]
+__all__ = ["close_parses", "parsed_while", "sketch_of"]
 
 
 def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, float], ParseCache]:
@@ -38,6 +39,13 @@ def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, fl
             if capabilities_of(entry.codec).coefficients is not None:
                 entry_coefficients(entry)
     return (frame, norm), parsed
+
+
+def sketch_of(frame: Frame, parsed: ParseCache, key: bytes) -> tuple[bytes, object]:
+    """``(key, the frame's count sketch under key)`` (:mod:`gradwire.sketch`), read from the parses validation
+    kept: what a large round's direction check reads of this update at its close."""
+    with records_parsed_once(parsed):
+        return key, sketch_update(frame.entries, key)
 
 
 def close_parses(updates: Sequence[Update]) -> ParseCache:

@@ -97,7 +97,15 @@ class Recovery:
         moments = self.store.load_tensors(run_id, "moments", c)
         if config.algorithm_spec.publication == "diff" and moments is None and c > 0:
             raise RuntimeError(f"run {run_id}: the moments of checkpoint {c} are missing")
-        state = RunState.load(config, c, weights, moments, self.store.load_server_state(run_id, c), self.device)
+        state = RunState.load(
+            config,
+            c,
+            weights,
+            moments,
+            self.store.load_server_state(run_id, c),
+            self.device,
+            self.store.sketch_key(run_id),
+        )
         reserve(state.close_memory_bytes())  # before the replays, which are closes too (.memory)
         if rec.version == c:
             return state

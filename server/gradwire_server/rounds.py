@@ -175,7 +175,7 @@ class RoundEngine:
                 await asyncio.to_thread(self.store.record_objects, objs)
                 rt.store_checkpoint = 0
             opened = await asyncio.to_thread(self.store.set_initial_state, run_id, master, h)
-            rt.state = RunState.load(rt.config, 0, master, None, {}, self.device)
+            rt.state = RunState.load(rt.config, 0, master, None, {}, self.device, self.store.sketch_key(run_id))
             # The first close then finds its pages touched (.memory; nothing where malloc is not glibc's).
             await asyncio.to_thread(reserve, rt.state.close_memory_bytes())
             rt.weights_hash, rt.opened_at, rt.checkpoint, rt.dropped_to = h, opened, 0, 0

@@ -17,6 +17,7 @@ from gradwire.frame import Frame
 from .aggregate import Update
 from .config import RunConfig
 from .replays import RecentRecords
+from .round_sum import RoundSum
 from .transition import RunState
 
 __all__ = ["RunRuntime"]
@@ -41,6 +42,9 @@ class RunRuntime:
     #: Rows of updates and versions before this round were deleted (Store.prune_rows), in steps of ROW_PRUNE_EVERY.
     rows_pruned_to: int = 0
     pending: dict[tuple[int, int], Update] = field(default_factory=dict)
+    #: The open round's running sum of ``pending`` in commit order (:mod:`.round_sum`): added to as each
+    #: update is committed, so the close does not start it; ``None``: none kept (the close builds one).
+    round_sum: RoundSum | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     published: asyncio.Event = field(default_factory=asyncio.Event)
@@ -119,3 +123,11 @@ class _Staged:
     digest: bytes | None = None
     #: What validation parsed of its records, kept for the round's close (:mod:`.prepare`).
     parsed: dict = field(default_factory=dict, repr=False)
+    #: ``(key, sketch)`` of its records for the direction check (:mod:`gradwire.sketch`; ``None``: none).
+    sketch: tuple | None = field(default=None, repr=False)
+
+    def update(self) -> Update:
+        """The acknowledged update the open round keeps of it."""
+        return Update(
+            self.frame, self.weight, self.norm, self.node_id, self.body, self.sha, self.parsed, self.digest, self.sketch
+        )

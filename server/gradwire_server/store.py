@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -112,6 +113,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS write_probe (
     id   INTEGER PRIMARY KEY,
     pad  BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS server_secret (
+    id  INTEGER PRIMARY KEY CHECK (id = 0),
+    key BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS submissions (
     run_id       TEXT NOT NULL REFERENCES runs(run_id),
@@ -348,6 +353,9 @@ class Store:
         with self._lock:
             self._db.executescript(_SCHEMA)
             self._migrate()
+            # The server's own secret, made once per data directory (Store.sketch_key).
+            self._db.execute("INSERT OR IGNORE INTO server_secret (id, key) VALUES (0, ?)", (os.urandom(32),))
+            self._secret = bytes(self._db.execute("SELECT key FROM server_secret WHERE id = 0").fetchone()[0])
             rows = self._db.execute(
                 "SELECT token_hash, run_id, node_id, name, created_at FROM nodes WHERE token_hash IS NOT NULL"
             ).fetchall()
@@ -535,6 +543,11 @@ class Store:
                 f"{what} ({nbytes} bytes) would take the stored bytes from {stored} past the cap "
                 f"max_stored_bytes={cap}: delete runs, or raise GRADWIRE_MAX_STORED_BYTES",
             )
+
+    def sketch_key(self, run_id: str) -> bytes:
+        """The key of ``run_id``'s direction-check sketches (:mod:`gradwire.sketch`): derived from this data
+        directory's secret, which no node sees, so the same after every restart."""
+        return hashlib.blake2b(run_id.encode(), key=self._secret, digest_size=16, person=b"gw-sketch").digest()
 
     def _one(self, sql: str, args: tuple = ()):
         with self._lock:
@@ -902,10 +915,10 @@ class Store:
             self._remove(self.submission_path(rec.run_id, rec.round, rec.node_id, rec.sha256))
 
     def submissions_for(self, run_id: str, target_round: int) -> list[SubmissionRecord]:
-        """The updates counted in round ``target_round``, sorted by (node id, round): the order they are
-        aggregated in."""
+        """The updates counted in round ``target_round``, in the order they were committed (their rows'):
+        the order the round's close summed them in (``gradwire_server.round_sum``)."""
         rows = self._all(
-            f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? ORDER BY node_id, round",
+            f"SELECT {self._SUB_COLS} FROM submissions WHERE run_id = ? AND target_round = ? ORDER BY rowid",
             (run_id, target_round),
         )
         return [SubmissionRecord(*r) for r in rows]

@@ -28,7 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
-from .prepare import parsed_while
+from .prepare import parsed_while, sketch_of
 from .replays import update_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
@@ -185,10 +185,11 @@ class Submissions:
         )
         digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
+        sketch = sketch_of(frame, parsed, rt.state.rule.sketch_key) if rt.state is not None else None
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
-        return _Staged(node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed)
+        return _Staged(node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed, sketch=sketch)
 
     async def _commit_with_group(self, rt: RunRuntime, staged: _Staged) -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive
@@ -270,8 +271,10 @@ class Submissions:
                 if not isinstance(exc, Exception):
                     raise
                 return
+        added = []
         for s in accepted.values():
-            rt.pending[(s.node_id, s.round)] = Update(s.frame, s.weight, s.norm, s.node_id, s.body, s.sha, s.parsed)
+            update = rt.pending[(s.node_id, s.round)] = s.update()
+            added.append(update)
             rt.recent.add(s.digest, s.node_id, s.round)
         submitted = len(rt.pending)
         for s in accepted.values():
@@ -282,3 +285,24 @@ class Submissions:
             s.answer.set_result(
                 {"round": s.round, "node_id": s.node_id, "duplicate": True, "submitted": submitted, "sha256": s.sha}
             )
+        # Answered; still under the run's lock, so the round's close finds them summed (.round_sum).
+        await asyncio.to_thread(self._add_to_round_sum, rt, added)
+
+    @staticmethod
+    def _add_to_round_sum(rt: RunRuntime, added: list[Update]) -> None:
+        """Add the updates just committed to the open round's running sum, in their commit order (a sum that
+        fails is dropped: the close builds one from the round's updates)."""
+        if rt.state is None:
+            return
+        if rt.round_sum is None and len(rt.pending) == len(added):
+            rt.round_sum = rt.state.new_round_sum()
+        rs = rt.round_sum
+        if rs is None or rs.spent or len(rs.updates) + len(added) != len(rt.pending):
+            rt.round_sum = None
+            return
+        try:
+            for update in added:
+                rs.add(update)
+        except Exception:
+            log.exception("run %s: the open round's running sum failed; its close sums the round itself", rt.run_id)
+            rt.round_sum = None

@@ -38,9 +38,11 @@ from typing import Any
 import torch
 
 from gradwire import ErrorFeedback, decode_bundle, read_frame
-from gradwire.aggregation import NormHistory, update_norm
+from gradwire.aggregation import NormHistory, exact_mean, update_norm
 from gradwire.algorithms import exact_aggregate
 from gradwire.dct import records_parsed_once
+from gradwire.dct.chunks import from_chunks
+from gradwire.dct.transform import idct_chunks
 from gradwire.frame import SERVER_SENDER, write_frame
 from gradwire.published import apply_mean, read_published, write_published, write_published_aggregate
 from gradwire.reencode import ReencodeFeedback
@@ -48,10 +50,11 @@ from gradwire.rule import Rule
 from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
-from .aggregate import Update, published_weights, rule_aggregate, score_weighted
+from .aggregate import Update, published_weights, round_alignment, rule_aggregate, score_weighted
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
+from .round_sum import RoundSum
 
 __all__ = ["RunState", "Timings"]
 
@@ -110,8 +113,10 @@ class RunState:
         moments: Mapping[str, torch.Tensor] | None,
         server_state: Mapping[str, Any],
         device: torch.device,
+        sketch_key: bytes | None = None,
     ) -> RunState:
-        """The state from a checkpoint's tensors (moments ``None``: zeros, as at version 0)."""
+        """The state from a checkpoint's tensors (moments ``None``: zeros, as at version 0). ``sketch_key``:
+        the server's key for its rule's sketches (:attr:`gradwire.rule.Rule.sketch_key`)."""
         master = {n: weights[n].to(device=device, dtype=torch.float32).contiguous() for n in sorted(weights)}
         state = cls(config, version, master)
         server_state = dict(server_state)
@@ -128,6 +133,8 @@ class RunState:
         # costs a node its weight (gradwire.rule), in every mode.
         state.rule = config.aggregation.rule_object(getattr(config, "data_assignment", None) is not None)
         state.rule.load_state_dict(rule_state)
+        if sketch_key is not None:
+            state.rule.sketch_key = sketch_key
         if state.publishes_diffs:
             state.downlink = ErrorFeedback(config.downlink.build())
         elif config.reencodes:
@@ -153,17 +160,31 @@ class RunState:
         """The rule's sender histories (``None`` where the rule keeps none)."""
         return self.rule.senders
 
-    def close(self, updates: Sequence[Update], score_weights: Mapping[int, float] | None = None) -> bytes:
-        """Round ``version`` closed from ``updates`` (sorted by node id, round): the bytes of ``version + 1``,
-        by the run's publication kind. ``score_weights``: the validators' weight of each sender in a scored
-        round (:mod:`.scores`), multiplied into each update's weight, the structural down-weighting sitting
-        the round out (:mod:`gradwire.rule`); ``None``: the round was not scored."""
+    def close(
+        self,
+        updates: Sequence[Update],
+        score_weights: Mapping[int, float] | None = None,
+        round_sum: RoundSum | None = None,
+    ) -> bytes:
+        """Round ``version`` closed from ``updates`` (in the order they were committed): the bytes of
+        ``version + 1``, by the run's publication kind. ``score_weights``: the validators' weight of each
+        sender in a scored round (:mod:`.scores`), multiplied into each update's weight, the structural
+        down-weighting sitting the round out (:mod:`gradwire.rule`); ``None``: the round was not scored.
+        ``round_sum``: the round's running sum (:meth:`new_round_sum`), kept as its updates were
+        acknowledged; one is built here from ``updates`` where it is missing or holds other updates, with
+        the same operations, so the bytes are the same either way."""
         scored = score_weights is not None
-        updates = score_weighted(updates, score_weights)
+        logged = list(updates)
+        updates = score_weighted(logged, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
         with records_parsed_once(close_parses(updates)):
-            return self.close_adamw(updates, scored) if self.publishes_diffs else self.close_average(updates, scored)
+            rs = self._round_sum(logged, round_sum)
+            return (
+                self.close_adamw(updates, scored, rs)
+                if self.publishes_diffs
+                else self.close_average(updates, scored, rs)
+            )
 
     def replay(
         self,
@@ -171,20 +192,46 @@ class RunState:
         published: bytes,
         score_weights: Mapping[int, float] | None = None,
     ) -> bool:
-        """Re-run the step that published ``published``; ``updates`` gives the round's logged updates (only
-        runs that re-run their own encoding need them: ``"diff"`` and re-encoded ``"mean"`` runs). ``False``
-        if that encoding made other bytes (see :meth:`replay_adamw`). ``score_weights`` as the round's
-        :meth:`close` had them (committed with the version)."""
+        """Re-run the step that published ``published``; ``updates`` gives the round's logged updates in
+        their commit order (only runs that re-run their own encoding need them: ``"diff"`` and re-encoded
+        ``"mean"`` runs). ``False`` if that encoding made other bytes (see :meth:`replay_adamw`).
+        ``score_weights`` as the round's :meth:`close` had them (committed with the version)."""
         scored = score_weights is not None
-        logged = updates
-        updates = lambda: score_weighted(logged(), score_weights)  # noqa: E731
         with records_parsed_once():
+            if not self.publishes_diffs and not self.config.reencodes:
+                self.replay_average(published)
+                return True
+            logged = list(updates())
+            weighted = score_weighted(logged, score_weights)
+            rs = self._round_sum(logged, None)
             if self.publishes_diffs:
-                return self.replay_adamw(updates(), published, scored)
-            if self.config.reencodes:
-                return self.replay_reencoded(updates(), published, scored)
-            self.replay_average(published)
-            return True
+                return self.replay_adamw(weighted, published, scored, rs)
+            return self.replay_reencoded(weighted, published, scored, rs)
+
+    def new_round_sum(self) -> RoundSum | None:
+        """An empty running sum for the open round (:mod:`.round_sum`), or ``None`` where this run's close
+        sums no records itself (a coordinate-wise rule; a run that publishes the node frames, or whose
+        downlink has no coefficient domain)."""
+        if not self.rule.weighted:
+            return None
+        if self.publishes_diffs:
+            return RoundSum()
+        if not self.config.reencodes or not isinstance(self.downlink, ReencodeFeedback):
+            return None
+        domain = self.downlink.domain
+        if domain is None:
+            return None
+        return RoundSum(lambda entry: domain.codec.plan(entry.shape))
+
+    def _round_sum(self, logged: Sequence[Update], given: RoundSum | None) -> RoundSum | None:
+        """``given`` if it holds exactly ``logged``, else a new sum of them (``None`` where the run uses none)."""
+        if given is not None and given.matches(logged):
+            return given
+        rs = self.new_round_sum()
+        if rs is not None:
+            for u in logged:
+                rs.add(u)
+        return rs
 
     @property
     def device(self) -> torch.device:
@@ -202,11 +249,15 @@ class RunState:
 
     # -- adamw ------------------------------------------------------------------------------------
 
-    def _adamw_frame(self, updates: Sequence[Update], scored: bool = False) -> tuple[bytes, dict[str, torch.Tensor]]:
+    def _adamw_frame(
+        self, updates: Sequence[Update], scored: bool = False, rs: RoundSum | None = None
+    ) -> tuple[bytes, dict[str, torch.Tensor]]:
         """Aggregate, step AdamW, compress the diff in the downlink feedback: ``(frame, reconstruction)``."""
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
-        grads, coeffs, records = rule_aggregate(updates, names, self.rule, self.device, scored)
+        summed = None if rs is None else (lambda coeffs: self._summed_gradient(rs, coeffs, updates))
+        alignment = round_alignment(updates, self.rule.sketch_key)
+        grads, coeffs, records = rule_aggregate(updates, names, self.rule, self.device, scored, alignment, summed)
         self._step_rule(updates, records, coeffs)
         clock.lap("aggregate")
         if not self._work:
@@ -220,18 +271,34 @@ class RunState:
         clock.lap("encode")
         return frame, {n: r for n, (_, r) in done.items()}
 
-    def close_adamw(self, updates: Sequence[Update], scored: bool = False) -> bytes:
-        """Round ``version`` closed from ``updates`` (sorted by node id, round): the frame of ``version + 1``."""
-        frame, recon = self._adamw_frame(updates, scored)
+    def _summed_gradient(
+        self, rs: RoundSum, coeffs: Sequence[float], updates: Sequence[Update]
+    ) -> dict[str, torch.Tensor]:
+        """The tensors ``rs`` sums, ``Σ cᵢ uᵢ`` dense: its coefficients corrected and scaled, one inverse
+        transform each (as :class:`gradwire.dct.DCTAccumulator` finishes)."""
+        s, buffers = rs.finish(coeffs, updates)
+        s32 = float(torch.tensor(s, dtype=torch.float32))
+        out = {}
+        for name, buf in buffers.items():
+            c = buf.coeffs if s32 == 1.0 else buf.coeffs.mul_(s32)
+            plan = buf.plan
+            out[name] = from_chunks(idct_chunks(c.reshape(plan.num_chunks, *plan.chunk_shape)), plan).to(self.device)
+        return out
+
+    def close_adamw(self, updates: Sequence[Update], scored: bool = False, rs: RoundSum | None = None) -> bytes:
+        """Round ``version`` closed from ``updates`` (in commit order): the frame of ``version + 1``."""
+        frame, recon = self._adamw_frame(updates, scored, rs)
         self._apply(recon)
         return frame
 
-    def replay_adamw(self, updates: Sequence[Update], published: bytes, scored: bool = False) -> bool:
+    def replay_adamw(
+        self, updates: Sequence[Update], published: bytes, scored: bool = False, rs: RoundSum | None = None
+    ) -> bool:
         """Re-run the step that published ``published`` from the same logged updates. ``True`` if it made
         the same frame (then the moments and the feedback are the uninterrupted run's, bit for bit);
         otherwise (another thread count or BLAS rounded differently) the published frame is applied all
         the same, and its difference from ours is handed back to the feedback."""
-        frame, recon = self._adamw_frame(updates, scored)
+        frame, recon = self._adamw_frame(updates, scored, rs)
         if frame == published:
             self._apply(recon)
             return True
@@ -243,17 +310,18 @@ class RunState:
 
     # -- demo / sparseloco ------------------------------------------------------------------------
 
-    def close_average(self, updates: Sequence[Update], scored: bool = False) -> bytes:
-        """Round ``version`` closed from ``updates`` (sorted): the bytes of ``version + 1`` — the
+    def close_average(self, updates: Sequence[Update], scored: bool = False, rs: RoundSum | None = None) -> bytes:
+        """Round ``version`` closed from ``updates`` (in commit order): the bytes of ``version + 1`` — the
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         clock = _Clock(self.timings)
         # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
-        weights, trim = published_weights(updates, self.rule, scored=scored)
+        alignment = round_alignment(updates, self.rule.sketch_key)
+        weights, trim = published_weights(updates, self.rule, scored=scored, alignment=alignment)
         records = [u.frame.entries for u in updates]
         self._step_rule(updates, records, weights)
         clock.lap("aggregate")
         if self.config.reencodes:
-            published, recon = self._reencoded_version(records, weights, trim)
+            published, recon = self._reencoded_version(records, weights, trim, rs, updates)
             verbatim = self._verbatim_size(updates, weights, trim)
             if verbatim is not None and len(published) > verbatim:
                 return self._publish_verbatim_instead(updates, records, weights, trim, recon)
@@ -297,7 +365,12 @@ class RunState:
         return verbatim
 
     def _reencoded_version(
-        self, records: Sequence[Sequence], weights: Sequence[float], trim: int
+        self,
+        records: Sequence[Sequence],
+        weights: Sequence[float],
+        trim: int,
+        rs: RoundSum | None = None,
+        updates: Sequence[Update] = (),
     ) -> tuple[bytes, dict[str, torch.Tensor]]:
         """The exact (robust) aggregate of ``records``, plus the downlink error buffer, compressed with the
         downlink codec (the buffer keeps the rest): ``(the version's bytes, each record's exact decode)``.
@@ -307,20 +380,34 @@ class RunState:
         decode of the node records, no forward transform."""
         assert isinstance(self.downlink, ReencodeFeedback)
         clock = _Clock(self.timings)
-        done = self.downlink.reencode(records, weights, trim, device=self.device, lap=clock.lap)
+        if rs is not None and not trim:
+            # The round's running sum (.round_sum): corrected and scaled into the residuals; the tensors
+            # it does not hold are summed here.
+            scale, buffers = rs.finish(weights, updates)
+            sums = {name: (buf.shape, buf.coeffs) for name, buf in buffers.items()}
+            per_sender = [{e.name: e for e in recs} for recs in records]
+            rest = sorted(n for n in per_sender[0] if n not in sums)
+            mean = exact_mean([[mine[n] for n in rest] for mine in per_sender], weights, self.device) if rest else {}
+            clock.lap("aggregate")
+            done = self.downlink.reencode_sums(sums, scale, mean, device=self.device)
+        else:
+            done = self.downlink.reencode(records, weights, trim, device=self.device, lap=clock.lap)
         published = write_published_aggregate(self.version + 1, [e for e, _ in done.values()], len(records))
         clock.lap("encode")
         return published, {n: r for n, (_, r) in done.items()}
 
-    def replay_reencoded(self, updates: Sequence[Update], published: bytes, scored: bool = False) -> bool:
+    def replay_reencoded(
+        self, updates: Sequence[Update], published: bytes, scored: bool = False, rs: RoundSum | None = None
+    ) -> bool:
         """Re-run the re-encoding that published ``published`` from the same logged updates, then apply the
         published bytes. ``True`` if it made the same bytes (then the error buffer is the uninterrupted
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
-        weights, trim = published_weights(updates, self.rule, scored=scored)
+        alignment = round_alignment(updates, self.rule.sketch_key)
+        weights, trim = published_weights(updates, self.rule, scored=scored, alignment=alignment)
         records = [u.frame.entries for u in updates]
         self._step_rule(updates, records, weights)
-        ours, recon = self._reencoded_version(records, weights, trim)
+        ours, recon = self._reencoded_version(records, weights, trim, rs, updates)
         verbatim = self._verbatim_size(updates, weights, trim)
         if (
             verbatim is not None

@@ -36,6 +36,7 @@ __all__ = [
     "dct_accumulator",
     "dct_record_coefficients",
     "dct_record_norm",
+    "joined",
 ]
 
 
@@ -157,6 +158,28 @@ def dct_record_coefficients(entry: Entry) -> Coefficients:
     )
 
 
+def joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` of ``(rows, C)`` buffers, as a view where they lie one after another in one
+    storage (:meth:`gradwire.reencode.ReencodeFeedback` keeps a chunk shape's residuals so): no copy of
+    the model's coefficients per round."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    at, rows = first.storage_offset(), 0
+    storage = first.untyped_storage().data_ptr()
+    for p in parts:
+        if (
+            p.dim() != 2
+            or not p.is_contiguous()
+            or p.untyped_storage().data_ptr() != storage
+            or p.storage_offset() != at + rows * first.shape[1]
+            or p.shape[1] != first.shape[1]
+        ):
+            return torch.cat(parts)
+        rows += p.shape[0]
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1), at)
+
+
 class CoefficientDomain:
     """A DCT codec's coefficient domain, where a sender re-encodes a weighted mean of records
     (:class:`gradwire.reencode.ReencodeFeedback`): a tensor of ``shape`` is held as the coefficients of
@@ -208,7 +231,12 @@ class CoefficientDomain:
         last chunk is then projected back onto the tensor (inverse transform, padding zeroed, forward
         transform), so no kept coefficient is spent on the padding no receiver applies."""
         add_records(coeffs.reshape(-1), parsed, weights)
-        plan = parsed[0].plan
+        self.project_padding(coeffs, parsed[0].plan)
+
+    @staticmethod
+    def project_padding(coeffs: torch.Tensor, plan: ChunkPlan) -> None:
+        """A mode-0 tensor's last chunk (of ``coeffs``, ``(num_chunks, C)``) projected back onto the tensor in
+        place: inverse transform, padding zeroed, forward transform (nothing for a plan without padding)."""
         if plan.pad_count:
             c = plan.chunk_numel
             last = idct_chunks(coeffs[-1:].reshape(1, *plan.chunk_shape)).reshape(c)
@@ -227,10 +255,7 @@ class CoefficientDomain:
         for name, (shape, _) in sums.items():
             plan = self.codec.plan(shape)
             groups.setdefault(plan.chunk_shape, []).append((name, torch.float32, plan))
-        items = [
-            (members, torch.cat([sums[n][1] for n, _, _ in members]) if len(members) > 1 else sums[members[0][0]][1])
-            for members in groups.values()
-        ]
+        items = [(members, joined([sums[n][1] for n, _, _ in members])) for members in groups.values()]
         done, kept = self.codec.compress_coefficient_groups(items)
         for (members, _), (idx, levels, scales, mins) in zip(items, kept):
             values = dequantize_levels(levels, scales, mins)
