@@ -6,6 +6,7 @@ cosines the exact pass reads, and drops the same flipped update."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -37,13 +38,13 @@ MODES = {
 }
 
 
-def _round(seed: int = 0) -> list[Update]:
-    """A round of 7: 4 honest updates, a copy of the first (counted once), one 40× larger (clipped) and
-    one flipped and scaled (dropped by the direction check)."""
+def _round(seed: int = 0, big: float = 10.0) -> list[Update]:
+    """A round of 7: 4 honest updates, a copy of the first (counted once), one ``big`` × larger (clipped)
+    and one flipped and scaled (dropped by the direction check)."""
     grads = [random_grads(seed * 10 + i, 1e-2) for i in range(4)]
     honest_sum = {n: sum(g[n] for g in grads) for n in SHAPES}
     grads.append(grads[0])
-    grads.append({n: t * 40 for n, t in random_grads(seed * 10 + 7, 1e-2).items()})
+    grads.append({n: t * big for n, t in random_grads(seed * 10 + 7, 1e-2).items()})
     grads.append({n: -3 * t for n, t in honest_sum.items()})
     updates = []
     for i, g in enumerate(grads):
@@ -103,6 +104,21 @@ def decode_parsed_sum(buf, scale: float) -> torch.Tensor:
 
     plan = buf.plan
     return from_chunks(idct_chunks((buf.coeffs * scale).reshape(plan.num_chunks, *plan.chunk_shape)), plan)
+
+
+@pytest.mark.parametrize("limit", [math.inf, 1.0])
+def test_an_update_1e15_times_larger_is_summed_at_its_share_and_cancels_nothing(limit):
+    """Added and then corrected, a 1e15 × update would leave float32's rounding of it in the sum: without a
+    cap (``inf``: the first rounds) the close sums such a round from zero; with one it is never added."""
+    updates = _round(5, big=1e15)
+    state = _state("adamw")
+    coeffs, _ = published_weights(updates, state.rule)
+    rs = RoundSum.of(updates, limit=limit)
+    assert rs.base[5] == (1.0 if limit == math.inf else 0.0)
+    scale, buffers = rs.finish(coeffs, updates)
+    for name, buf in buffers.items():
+        want = sum(c * decode_parsed(parse_record(u.entries()[name])).double() for c, u in zip(coeffs, updates))
+        torch.testing.assert_close(decode_parsed_sum(buf, scale).double(), want, rtol=1e-4, atol=1e-7)
 
 
 def test_a_tensor_in_another_chunking_is_left_to_the_close_and_the_bytes_still_match():

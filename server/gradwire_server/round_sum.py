@@ -14,6 +14,14 @@ reads back: :meth:`.store.Store.submissions_for`), so a close and its replay aft
 float32 operations in the same order and make the same bytes. A sum is built from the updates at the close
 instead where none was kept (a replay, a restart, a sum broken by an error): the same operations.
 
+A correction cancels what was added: ``(Σ + x) − x`` keeps float32's rounding of ``Σ + x``, which is
+harmless for an update of the round's size and ruins the sum for one a thousand times larger (a node
+sending ``1e15 ×`` an honest update). So an update is added only if its norm is at most
+:data:`ADD_LIMIT_MULTIPLE` × the rule's cap on the clip level from earlier rounds (else it waits for the
+close, which adds it once, at its final share); and a close that finds an added update more than
+:data:`ADD_LIMIT_MULTIPLE` × the largest norm it keeps whole (the first rounds, before there is a cap) sums
+the round again from zero at the final shares — the close of before, for that round only.
+
 Tensors are summed here only where every record of the round is a float32 DCT record in one chunk plan
 (the downlink's, for a run that re-encodes its aggregate in the coefficient domain; else the first
 record's); any other tensor is left to the close's own path, as is every tensor of a coordinate-wise rule.
@@ -21,6 +29,7 @@ record's); any other tensor is left to the close's own path, as is every tensor 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +44,11 @@ from gradwire.frame import Entry
 from .aggregate import Update
 from .replays import update_digest
 
-__all__ = ["RoundSum", "scale_and_corrections"]
+__all__ = ["ADD_LIMIT_MULTIPLE", "RoundSum", "scale_and_corrections"]
+
+#: An update is added as it arrives only up to this multiple of the clip level (module docstring): a
+#: correction then cancels at most 16 × a kept update's size, a float32 rounding of about 10⁻⁶ of one.
+ADD_LIMIT_MULTIPLE = 16.0
 
 
 @dataclass
@@ -68,8 +81,10 @@ class RoundSum:
     ``plan_of(entry)``: the chunk plan a tensor is summed in (a re-encoding run: the downlink codec's plan
     of the record's shape), or ``None`` to sum each tensor in its first record's plan (AdamW runs)."""
 
-    def __init__(self, plan_of: Callable[[Entry], ChunkPlan] | None = None):
+    def __init__(self, plan_of: Callable[[Entry], ChunkPlan] | None = None, limit: float = math.inf):
         self._plan_of = plan_of
+        #: Updates of a larger norm are not added as they arrive (the close adds them at their share).
+        self.limit = float(limit)
         self.buffers: dict[str, _Buffer] = {}
         #: Tensors not summed here: a record in another codec, dtype or plan.
         self.refused: set[str] = set()
@@ -81,9 +96,11 @@ class RoundSum:
         self.spent = False
 
     @classmethod
-    def of(cls, updates: Sequence[Update], plan_of: Callable[[Entry], ChunkPlan] | None = None) -> RoundSum:
+    def of(
+        cls, updates: Sequence[Update], plan_of: Callable[[Entry], ChunkPlan] | None = None, limit: float = math.inf
+    ) -> RoundSum:
         """The sum of ``updates`` added in their order, as a live round adds them."""
-        rs = cls(plan_of)
+        rs = cls(plan_of, limit)
         for u in updates:
             rs.add(u)
         return rs
@@ -102,6 +119,8 @@ class RoundSum:
         weight = 0.0 if digest is not None and digest in self._digests else float(update.weight)
         if digest is not None:
             self._digests.add(digest)
+        if not update.norm <= self.limit:
+            weight = 0.0  # added by the close, once, at its share
         try:
             if weight != 0.0:
                 self._add_records(update, _float32(weight))
@@ -146,7 +165,12 @@ class RoundSum:
         if len(updates) != len(self.updates):
             raise ValueError(f"got {len(updates)} updates for a sum of {len(self.updates)}")
         self.spent = True
-        s, corrections = scale_and_corrections(self.base, coeffs)
+        base = self.base
+        if self._cancels(base, coeffs, updates):
+            for buf in self.buffers.values():
+                buf.coeffs.zero_()
+            base = [0.0] * len(base)
+        s, corrections = scale_and_corrections(base, coeffs)
         if s == 0.0:
             for buf in self.buffers.values():
                 buf.coeffs.zero_()
@@ -156,6 +180,20 @@ class RoundSum:
             if e32 != 0.0:
                 self._add_records_summed(updates[i], e32)
         return s, self.buffers
+
+    @staticmethod
+    def _cancels(base: Sequence[float], coeffs: Sequence[float], updates: Sequence[Update]) -> bool:
+        """Whether a correction would cancel an added update more than :data:`ADD_LIMIT_MULTIPLE` × the
+        largest update the round keeps at its whole share (then the close sums the round from zero)."""
+        ratios = Counter(c / b for b, c in zip(base, coeffs) if b != 0.0)
+        if not ratios:
+            return False
+        s = max(ratios.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        whole = [u.norm for b, c, u in zip(base, coeffs, updates) if b != 0.0 and c == s * b]
+        if not whole:
+            return True
+        bound = ADD_LIMIT_MULTIPLE * max(whole)
+        return any(b != 0.0 and c != s * b and not u.norm <= bound for b, c, u in zip(base, coeffs, updates))
 
     def _add_records_summed(self, update: Update, w32: float) -> None:
         """Add ``update``'s records of the tensors summed here (the others are the close's)."""

@@ -54,7 +54,7 @@ from .aggregate import Update, published_weights, round_alignment, rule_aggregat
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
-from .round_sum import RoundSum
+from .round_sum import ADD_LIMIT_MULTIPLE, RoundSum
 
 __all__ = ["RunState", "Timings"]
 
@@ -214,14 +214,15 @@ class RunState:
         downlink has no coefficient domain)."""
         if not self.rule.weighted:
             return None
+        limit = ADD_LIMIT_MULTIPLE * self.rule.cap()  # the cap from the rounds before this one
         if self.publishes_diffs:
-            return RoundSum()
+            return RoundSum(limit=limit)
         if not self.config.reencodes or not isinstance(self.downlink, ReencodeFeedback):
             return None
         domain = self.downlink.domain
         if domain is None:
             return None
-        return RoundSum(lambda entry: domain.codec.plan(entry.shape))
+        return RoundSum(lambda entry: domain.codec.plan(entry.shape), limit)
 
     def _round_sum(self, logged: Sequence[Update], given: RoundSum | None) -> RoundSum | None:
         """``given`` if it holds exactly ``logged``, else a new sum of them (``None`` where the run uses none)."""
