@@ -241,11 +241,14 @@ class RoundDriver:
             rt.pending, rt.round_sum = {}, None
             rt.scoring_since, rt.round_scores = None, {}
             rt.recent.forget_before(rt.version)
-            await asyncio.to_thread(self._prune, rt)
+            # Readers waiting for the version are woken now; pruning old rows, files and store objects is
+            # housekeeping that no reader waits for (with an object store, its deletes are round trips).
             event, rt.published = rt.published, asyncio.Event()
-        event.set()
+            event.set()
+            published_s = time.perf_counter() - t0
+            await asyncio.to_thread(self._prune, rt)
         m = self.metrics
-        m.publish_seconds.observe(time.perf_counter() - t0)
+        m.publish_seconds.observe(published_s)
         m.aggregate_seconds.observe(closed.timings.aggregate)
         for part, seconds in closed.parts().items():
             m.close_part_seconds.labels(part=part).observe(seconds)

@@ -93,7 +93,7 @@ class Metrics:
         )
         self.publish_seconds = Histogram(
             "gradwire_publish_seconds",
-            "Closing a round: aggregate, AdamW, downlink encode, durable publish.",
+            "Closing a round until readers see its version: aggregate, AdamW, downlink encode, durable publish.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
