@@ -44,10 +44,14 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("g0", "g1", "g2", "g3")
 
 
-def one_run(folder: Path, seed: int, args, faulted: bool) -> dict:
-    run = ReplicaGroups(folder, groups=3, sync_every=8, pause=args.pause, run_seed=seed, width=args.width)
+def one_run(folder: Path, seed: int, args, trace: dict | None) -> dict:
+    """The faulted run (``trace`` None), or the uninterrupted one with ``trace``'s membership (its s1, s2, s3):
+    g1 leaves cleanly after round s1 and a fresh g1 joins for round s2, g3 for round s3, nobody killed."""
+    run = ReplicaGroups(
+        folder, groups=3, sync_every=8, pause=args.pause, run_seed=seed, width=args.width, depth=args.depth
+    )
     try:
-        if faulted:
+        if trace is None:
             run.start("g0")
             run.start("g1", die_at_sync=args.die_at)
             run.start("g2")
@@ -65,9 +69,18 @@ def one_run(folder: Path, seed: int, args, faulted: bool) -> dict:
             run.wait_for(lambda: max((r["step"] for r in run.rows("g0")), default=0) >= args.late, 300, "s3")
             (folder / "go-g3").write_text("")
         else:
-            first_pid = restart = None
-            for n in NAMES:
-                run.start(n, groups=4)
+            restart = None
+            run.start("g0")
+            run.start("g1", process="g1-first", leave_at=trace["s1"])
+            run.start("g2")
+            run.start("g1", wait_for=str(folder / "go-g1"))
+            run.start("g3", groups=4, wait_for=str(folder / "go-g3"))
+            first_pid = run.procs["g1-first"].pid
+            for name, at in (("g1", trace["s2"]), ("g3", trace["s3"])):
+                # told two rounds early: building its Manager takes about one round here
+                run.wait_for(lambda at=at: max((r["step"] for r in run.rows("g0")), default=0) >= at - 2, 300, name)
+                (folder / f"go-{name}").write_text("")
+            assert run.exit_code("g1-first", 300) == 0, run.tails()
         run.stop_at(args.syncs)
         for n in NAMES:
             assert run.exit_code(n, 600) == 0, run.tails()
@@ -91,21 +104,22 @@ def one_run(folder: Path, seed: int, args, faulted: bool) -> dict:
     out["interval"] = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     out["bytes_per_step"] = statistics.mean(r["bytes_sent"] / r["local_steps"] for r in sent)
     out["received_per_step"] = statistics.mean(r["bytes_received"] / r["local_steps"] for r in sent)
-    if faulted:
+    again = [e for e in ev["g1"] if e["pid"] != first_pid]
+    back = [e for e in again if "hash" in e and "final" not in e]
+    out["s2"] = back[0]["step"]
+    out["s3"] = rows["g3"][0]["step"]
+    if trace is not None:
+        out["s1"] = next(e for e in ev["g1"] if "left" in e)["step"]
+    else:
         died = next(e for e in ev["g1"] if "died" in e)
         after = [r for n in ("g0", "g2") for r in rows[n] if r["time"] > died["died"]]
         out["s1"] = died["step"]
         out["fault_to_commit"] = min(r["time"] for r in after) - died["died"]
-        again = [e for e in ev["g1"] if e["pid"] != first_pid]
-        start = restart
-        commits = [e for e in again if "hash" in e and "final" not in e]
-        first = next(i for i, r in enumerate(commits) if r["kept"] == r["groups"] and r["groups"] > 1)
-        out["s2"] = commits[0]["step"]
-        out["restart_to_contrib"] = commits[first]["time"] - start
+        first = next(i for i, r in enumerate(back) if r["kept"] == r["groups"] and r["groups"] > 1)
+        out["restart_to_contrib"] = back[first]["time"] - restart
         out["contrib_sync"] = first + 1
-        out["downloaded"], out["raw_state"] = commits[0]["downloaded"], commits[0]["raw_state"]
+        out["downloaded"], out["raw_state"] = back[0]["downloaded"], back[0]["raw_state"]
         late = rows["g3"]
-        out["s3"] = late[0]["step"]
         out["late_downloaded"], out["late_raw"] = late[0]["downloaded"], late[0]["raw_state"]
     return out
 
@@ -117,7 +131,8 @@ def main(argv=None) -> None:
     p.add_argument("--pause", type=float, default=0.05, help="seconds each group sleeps per step (its compute)")
     p.add_argument("--die-at", type=int, default=4)
     p.add_argument("--late", type=int, default=14)
-    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--width", type=int, default=300)
+    p.add_argument("--depth", type=int, default=2, help="hidden layers (2 × 300 wide: 95,701 parameters)")
     p.add_argument("--out", default=str(ROOT / "docs/results/elastic.md"))
     args = p.parse_args(argv)
     t = ReplicaTimeouts(**FAST_TIMEOUTS)
@@ -126,15 +141,16 @@ def main(argv=None) -> None:
     began = time.time()
     for seed in args.seeds:
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            f = one_run(Path(a), seed, args, faulted=True)
-            u = one_run(Path(b), seed, args, faulted=False)
+            f = one_run(Path(a), seed, args, trace=None)
+            u = one_run(Path(b), seed, args, trace=f)
         rows.append((seed, f, u))
     params = rows[0][1]["model_bytes"] // 4
     ring = 2 * (4 - 1) / 4 * 4 * params
     lines = [
         "| seed | s1 / s2 / s3 | fault → commit (bound; one sync interval) | rejoin → contributes | at its sync "
         "| joiner downloads / state (/ weights) | late group downloads / state | bit-identical "
-        "| held-out loss: trace / uninterrupted (Δ) | DDP fp32 ring / bytes per step: sent, received |",
+        "| held-out loss: trace / uninterrupted, same membership (its s1 / s2 / s3) (Δ) "
+        "| DDP fp32 ring / bytes per step: sent, received |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for seed, f, u in rows:
@@ -143,9 +159,11 @@ def main(argv=None) -> None:
             f"| {seed} | {f['s1']} / {f['s2']} / {f['s3']} | {f['fault_to_commit']:.2f} s ({bound:.2f} s; "
             f"{u['interval']:.2f} s) "
             f"| {f['restart_to_contrib']:.2f} s | {f['contrib_sync']} "
-            f"| {f['downloaded'] / f['raw_state']:.3f}× ({f['downloaded'] / f['model_bytes']:.2f}×) "
-            f"| {f['late_downloaded'] / f['late_raw']:.3f}× | {'yes' if f['identical'] else 'NO'} "
-            f"| {f['held_out']:.4f} / {u['held_out']:.4f} ({d:+.2%}) | {ring / f['bytes_per_step']:.0f}× fewer sent, "
+            f"| {f['downloaded'] / f['raw_state']:.4f}× (+{f['downloaded'] - f['raw_state']:,} B; "
+            f"{f['downloaded'] / f['model_bytes']:.2f}×) "
+            f"| {f['late_downloaded'] / f['late_raw']:.4f}× | {'yes' if f['identical'] else 'NO'} "
+            f"| {f['held_out']:.4f} / {u['held_out']:.4f} ({u['s1']} / {u['s2']} / {u['s3']}) ({d:+.2%}) "
+            f"| {ring / f['bytes_per_step']:.0f}× fewer sent, "
             f"{ring / f['received_per_step']:.0f}× fewer received |"
         )
     table = "\n".join(lines)

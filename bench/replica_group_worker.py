@@ -3,7 +3,9 @@ trained with SparseLoCo under gradwire.torch.FaultTolerant, one JSON line per co
 
 ``python bench/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
 file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
-``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership); counted
+``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership),
+``width``/``depth`` (the MLP's hidden width and layers), ``leave_at`` (leave cleanly once the run has
+committed that many rounds: a membership change without a fault); counted
 in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that
 round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself at that step after the first
 such round), ``hostile_at`` (send garbage instead of its frame in that round); ``wait_for``: a file this
@@ -37,7 +39,10 @@ def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
 def main(cfg: dict) -> None:
     torch.manual_seed(cfg.get("run_seed", 0))  # the same initial model everywhere; torchft's init_sync anyway
     width = cfg.get("width", 32)
-    module = nn.Sequential(nn.Linear(16, width), nn.Tanh(), nn.Linear(width, 1))
+    hidden = [nn.Linear(16, width), nn.Tanh()]
+    for _ in range(cfg.get("depth", 1) - 1):
+        hidden += [nn.Linear(width, width), nn.Tanh()]
+    module = nn.Sequential(*hidden, nn.Linear(width, 1))
     inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
     opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
     if cfg.get("wait_for"):  # a warm standby: imported and built, it joins once the file appears
@@ -104,6 +109,12 @@ def main(cfg: dict) -> None:
             stop = None
         if stop is not None and ft.commits >= stop and opt.local_steps % opt.sync_every == 0:
             break
+        leave = cfg.get("leave_at")
+        if leave is not None and ft.commits >= leave and opt.local_steps % opt.sync_every == 0:
+            write({"left": time.time(), "step": ft.commits})  # between quorums: the others drop it at their next
+            ft.shutdown()
+            log.close()
+            return
         x = torch.randn(8, 16, generator=gen)
         y = target(x, w_true) + 0.01 * torch.randn(8, 1, generator=gen)
         loss = nn.functional.mse_loss(module(x), y)

@@ -29,7 +29,7 @@ FAST_TIMEOUTS = dict(
 class ReplicaGroups:
     """Groups ``g0``.. of one run under a Lighthouse started here; logs and the stop file under ``folder``."""
 
-    def __init__(self, folder: Path, groups: int, **common):
+    def __init__(self, folder: Path, groups: int, worker: Path = WORKER, **common):
         from torchft.coordination import LighthouseServer
 
         t = FAST_TIMEOUTS
@@ -43,6 +43,7 @@ class ReplicaGroups:
         self.address = "http://127.0.0.1:" + self.lighthouse.address().rsplit(":", 1)[1]
         self.folder = Path(folder)
         self.groups = groups
+        self.worker = Path(worker)  # replica_group_worker.py, or diloco_group_worker.py (torchft's DiLoCo)
         self.common = dict(timeouts=t, groups=groups, **common)
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: dict[str, list[float]] = {}
@@ -61,7 +62,7 @@ class ReplicaGroups:
         )
         err = open(self.folder / f"{name}.err", "a")
         key = process or name
-        self.procs[key] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(cfg)], stdout=err, stderr=err)
+        self.procs[key] = subprocess.Popen([sys.executable, str(self.worker), json.dumps(cfg)], stdout=err, stderr=err)
         self.started.setdefault(key, []).append(time.time())
 
     def rows(self, name: str) -> list[dict]:
