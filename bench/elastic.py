@@ -5,9 +5,14 @@
 The membership trace, per seed: groups g0, g1, g2 start; g1 is SIGKILLed inside the exchange of its
 ``--die-at``-th round of three (step s1) and restarted at once (it rejoins at s2); g3 joins late, once the
 run has committed ``--late`` rounds (s3). Every group stops at the ``--syncs``-th committed round. Beside it,
-the uninterrupted run: the same four groups, the same seeds, all present from the start, no fault. Each group
-is a process (bench/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, over a small MLP on
-a nonlinear regression task; its data stream its own). Printed, per seed and over the seeds:
+the uninterrupted run with the same membership trace: the same groups and seeds, g1 leaving cleanly after
+round s1 (no kill: the round it would have died in commits) and a fresh g1 joining for round s2, g3 for round
+s3, as the faulted run measured them (the rounds it got are printed beside it). Each group is a process
+(bench/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, over an MLP of two hidden layers
+of 300 (95,701 parameters) on a nonlinear regression task; its data stream its own). And torchft's own DiLoCo
+(``torchft.local_sgd.DiLoCo``, uncompressed fp32 all-reduce of the pseudo-gradients; bench/diloco_group_worker.py:
+the same model, data, inner AdamW, outer SGD at learning rate 1.0, sync interval) on the faulted trace.
+Printed, per seed, and the mean over the seeds:
 
 - fault → commit: the time from g1's death to the survivors' first committed round after it, against the
   bound ``ReplicaTimeouts.fault_to_commit_bound`` (2 × (heartbeat timeout + quorum tick)), beside one sync
@@ -18,12 +23,12 @@ a nonlinear regression task; its data stream its own). Printed, per seed and ove
 - the bytes the joiner (and the late group) downloaded, against its whole state (weights, anchor, error
   buffers, the inner optimizer's state: the raw tensor bytes) and against the weights alone;
 - bit-identical: every group's weights and anchor hash equal at every step two groups logged;
-- held-out loss at the end (the mean over the groups), against the uninterrupted run;
+- held-out loss at the end (the mean over the groups), against the uninterrupted run with the same trace;
 - bytes per step between groups, against DDP's fp32 ring all-reduce (each rank sends, and receives,
   2 (n-1)/n × 4 bytes per parameter per step): each group's frames sent per local step, and the other groups'
-  frames it received (the all-gather: n - 1 frames per sync).
-
-torchft's own DiLoCo (uncompressed) on the same trace is not run here (not built: docs/FAULT_TOLERANCE.md).
+  frames it received (the all-gather: n - 1 frames per sync);
+- torchft's DiLoCo: its held-out loss against gradwire's on the faulted trace, the ring against its bytes per
+  step (its all-reduce counted as a ring moves it), and whether its groups stayed bit-identical.
 """
 
 from __future__ import annotations
@@ -37,18 +42,26 @@ import time
 from pathlib import Path
 
 from gradwire.torch import ReplicaTimeouts
-from replica_groups import FAST_TIMEOUTS, ReplicaGroups  # bench/'s sibling script
+from replica_groups import FAST_TIMEOUTS, WORKER, ReplicaGroups  # bench/'s sibling script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 NAMES = ("g0", "g1", "g2", "g3")
+DILOCO = Path(__file__).with_name("diloco_group_worker.py")  # torchft's own DiLoCo, uncompressed
 
 
-def one_run(folder: Path, seed: int, args, trace: dict | None) -> dict:
+def one_run(folder: Path, seed: int, args, trace: dict | None, worker: Path = WORKER) -> dict:
     """The faulted run (``trace`` None), or the uninterrupted one with ``trace``'s membership (its s1, s2, s3):
     g1 leaves cleanly after round s1 and a fresh g1 joins for round s2, g3 for round s3, nobody killed."""
     run = ReplicaGroups(
-        folder, groups=3, sync_every=8, pause=args.pause, run_seed=seed, width=args.width, depth=args.depth
+        folder,
+        groups=3,
+        worker=worker,
+        sync_every=8,
+        pause=args.pause,
+        run_seed=seed,
+        width=args.width,
+        depth=args.depth,
     )
     try:
         if trace is None:
@@ -133,6 +146,7 @@ def main(argv=None) -> None:
     p.add_argument("--late", type=int, default=14)
     p.add_argument("--width", type=int, default=300)
     p.add_argument("--depth", type=int, default=2, help="hidden layers (2 × 300 wide: 95,701 parameters)")
+    p.add_argument("--no-diloco", dest="diloco", action="store_false", help="skip torchft's DiLoCo row")
     p.add_argument("--out", default=str(ROOT / "docs/results/elastic.md"))
     args = p.parse_args(argv)
     t = ReplicaTimeouts(**FAST_TIMEOUTS)
@@ -140,20 +154,22 @@ def main(argv=None) -> None:
     rows = []
     began = time.time()
     for seed in args.seeds:
-        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, tempfile.TemporaryDirectory() as c:
             f = one_run(Path(a), seed, args, trace=None)
             u = one_run(Path(b), seed, args, trace=f)
-        rows.append((seed, f, u))
+            t = one_run(Path(c), seed, args, trace=None, worker=DILOCO) if args.diloco else None
+        rows.append((seed, f, u, t))
     params = rows[0][1]["model_bytes"] // 4
     ring = 2 * (4 - 1) / 4 * 4 * params
     lines = [
         "| seed | s1 / s2 / s3 | fault → commit (bound; one sync interval) | rejoin → contributes | at its sync "
         "| joiner downloads / state (/ weights) | late group downloads / state | bit-identical "
         "| held-out loss: trace / uninterrupted, same membership (its s1 / s2 / s3) (Δ) "
-        "| DDP fp32 ring / bytes per step: sent, received |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| DDP fp32 ring / bytes per step: sent, received "
+        "| torchft DiLoCo, same trace: held-out (Δ vs gradwire's trace) · ring / its bytes per step · bit-identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for seed, f, u in rows:
+    for seed, f, u, t in rows:
         d = f["held_out"] / u["held_out"] - 1
         lines.append(
             f"| {seed} | {f['s1']} / {f['s2']} / {f['s3']} | {f['fault_to_commit']:.2f} s ({bound:.2f} s; "
@@ -164,9 +180,21 @@ def main(argv=None) -> None:
             f"| {f['late_downloaded'] / f['late_raw']:.4f}× | {'yes' if f['identical'] else 'NO'} "
             f"| {f['held_out']:.4f} / {u['held_out']:.4f} ({u['s1']} / {u['s2']} / {u['s3']}) ({d:+.2%}) "
             f"| {ring / f['bytes_per_step']:.0f}× fewer sent, "
-            f"{ring / f['received_per_step']:.0f}× fewer received |"
+            f"{ring / f['received_per_step']:.0f}× fewer received "
+            + (
+                f"| {t['held_out']:.4f} ({t['held_out'] / f['held_out'] - 1:+.2%}) · "
+                f"{ring / t['bytes_per_step']:.1f}× · {'yes' if t['identical'] else 'NO'} |"
+                if t is not None
+                else "| not run |"
+            )
         )
-    table = "\n".join(lines)
+    deltas = [f["held_out"] / u["held_out"] - 1 for _, f, u, _ in rows]
+    seeds = " ".join(map(str, args.seeds))
+    summary = f"Mean over seeds {seeds}: held-out Δ trace vs uninterrupted {statistics.mean(deltas):+.2%}"
+    if args.diloco:
+        vs = [t["held_out"] / f["held_out"] - 1 for _, f, _, t in rows]
+        summary += f"; torchft DiLoCo vs gradwire on the trace {statistics.mean(vs):+.2%}"
+    table = "\n".join(lines) + "\n\n" + summary + "."
     print(table)
     took = time.time() - began
     today = dt.date.today().isoformat()
@@ -180,12 +208,15 @@ Written by `bench/elastic.py` on {today} (`{cmd.strip()}`, {took:.0f} s on a sha
 `{FAST_TIMEOUTS}`. The trace: g0–g2 start, g1 is SIGKILLed inside its exchange at step s1 and restarted (a
 fresh process, started beforehand as a warm standby and told to join at once; its first commit: s2), g3 joins
 late at s3; all stop at committed round {args.syncs}.
-The uninterrupted run: the four groups from the start, no fault, the same seeds. Held-out loss: the mean of
-the groups' final MSE on 512 held-out samples. The ring: DDP's fp32 all-reduce among 4, per local step.
+The uninterrupted run: the same membership trace without a fault (g1 leaves cleanly after round s1, a fresh
+g1 joins for round s2 and g3 for s3; the rounds it got in parentheses), the same seeds. Held-out loss: the
+mean of the groups' final MSE on 512 held-out samples. The ring: DDP's fp32 all-reduce among 4, per local
+step. torchft's DiLoCo: `torchft.local_sgd.DiLoCo` (fp32 all-reduce of the pseudo-gradients, the same model,
+data, inner AdamW, outer SGD at 1.0 and interval) on the faulted trace; its bytes counted as a ring moves them.
+The joiner's state crosses as gradwire's state bytes (one safetensors file): the "+ B" is that file's
+header, a fixed cost per tensor, not history.
 
 {table}
-
-Not measured here: torchft's own DiLoCo (uncompressed) on the same trace (not built).
 """
     Path(args.out).write_text(page)
     print(f"wrote {args.out}")
