@@ -66,7 +66,9 @@ class FaultTolerant:
         if optimizer.exchange != "all_gather":
             raise ValueError(
                 f"across replica groups the exchange is the all-gather one; this SparseLoCo has "
-                f"exchange={optimizer.exchange!r}: build it with exchange='all_gather'"
+                f"exchange={optimizer.exchange!r}: build it with exchange='all_gather' (the sharded exchange's "
+                "owners and their residuals are cut for one group size, and re-cutting them at a quorum change "
+                "is not built: docs/FAULT_TOLERANCE.md)"
             )
         if int(min_replicas) < 1:
             raise ValueError(f"min_replicas must be >= 1, got {min_replicas!r}")

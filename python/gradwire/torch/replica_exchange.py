@@ -3,8 +3,10 @@ reconfigurable gloo process group, refused frames left out alike on every group,
 when torchft's ``should_commit`` says so.
 
 Replica groups are sites, not ranks, so the exchange across them is the all-gather one (every group reads
-every frame): torchft's process group carries ``allgather``; the sharded exchange's owners would need a
-re-cut of the pieces at every quorum change, which is not built (docs/FAULT_TOLERANCE.md).
+every frame). torchft's gloo process group carries ``allgather``, ``alltoall_base`` and ``broadcast`` (not
+``reduce_scatter``), so the sharded exchange's collectives would pass; its owners and their downlink
+residuals are cut for one group size, and moving them at a quorum change is not built
+(docs/FAULT_TOLERANCE.md).
 
 A frame another group sent is checked as hostile input before anything of it is used: it must parse under
 ``limits``, be a bundle for this round from that group's rank, and carry records of exactly this group's
