@@ -337,6 +337,8 @@ def _metrics(client: httpx.Client) -> dict[str, float]:
                 out[f"store_{s.labels['direction']}"] = s.value
             elif s.name == "gradwire_publish_seconds_sum":
                 out["close"] = s.value
+            elif s.name == "gradwire_close_part_seconds_sum":
+                out[f"part_{s.labels['part']}"] = s.value
     return out
 
 
@@ -499,10 +501,20 @@ def run_rounds(params: int, nodes_n: int, mode: str, store: LoopbackS3 | None, r
                         "published": out["published"],
                         "close": out["close"],
                         "adamw": adamw,
+                        **{k: v for k, v in d.items() if k.startswith("part_")},
                     }
                 )
                 del frames
     return rows
+
+
+def _parts(rows: list[dict]) -> str:
+    """The close's parts (the server's gradwire_close_part_seconds) ÷ the AdamW step, medians over ``rows``."""
+
+    def part(*names: str) -> str:
+        return f"{statistics.median(sum(r.get(f'part_{n}', 0.0) for n in names) / r['adamw'] for r in rows):.1f}"
+
+    return " / ".join([part("aggregate"), part("adamw"), part("encode"), part("apply", "hash"), part("publish")])
 
 
 def _kb(x: float) -> str:
@@ -520,7 +532,10 @@ def rounds_table(console, params: int, node_counts: list[int], modes: list[str],
         caption="API in/out: the server's own API bytes (headers included) per node per round (target ≤ 8 KB each "
         "way with the store). server→store: what the server read from the store (the acknowledged frames) and "
         "wrote (the version). store in/out: the nodes' PUTs and GETs plus the server's. last upload → published "
-        "and the whole close (the server's gradwire_publish_seconds) ÷ one torch.optim.AdamW step on the same "
+        "and the whole close (the server's gradwire_publish_seconds, to the moment readers are woken), and its parts "
+        "(gradwire_close_part_seconds: aggregate — the rule's weights, the running sum's corrections and, for AdamW "
+        "runs, its inverse transform —, AdamW, the downlink's encode, apply + weights hash, the durable publish) "
+        "÷ one torch.optim.AdamW step on the same "
         f"parameters measured here beside it (the median of 5 steps before the round and 5 after; "
         f"{torch.get_num_threads()} torch threads). Nodes: async httpx, "
         f"{CONCURRENCY} requests at a time, each mode's default node codec.",
@@ -539,6 +554,7 @@ def rounds_table(console, params: int, node_counts: list[int], modes: list[str],
         "last upload → published (s)",
         "÷ AdamW",
         "close ÷ AdamW",
+        "of it ÷ AdamW: aggregate / AdamW / encode / apply + hash / publish",
         "AdamW (s)",
     ):
         table.add_column(col, justify="right")
@@ -578,6 +594,7 @@ def rounds_table(console, params: int, node_counts: list[int], modes: list[str],
                         f"{med['published']:.3f}",
                         f"[bold]{ratio_pub:.1f}×[/bold]",
                         f"{ratio_close:.1f}×",
+                        _parts(kept),
                         f"{med['adamw']:.3f}",
                     )
                     console.print(

@@ -243,3 +243,18 @@ def test_a_reencoding_runs_residuals_share_one_buffer_so_its_compression_copies_
         assert any(len(group) > 1 for group in by_chunk.values())
         for group in by_chunk.values():
             assert joined(group).data_ptr() == group[0].data_ptr()  # a view of one buffer: no copy
+
+
+def test_the_running_sum_keeps_the_updates_sketches_in_one_matrix_the_close_reads_in_place():
+    key = b"0123456789abcdef"
+    updates = _round(2)
+    for u in updates:
+        u.sketch = (key, sketch_update(u.frame.entries, key))
+    rs = RoundSum.of(updates)
+    rows = rs.sketches(key)
+    assert rows.shape[0] == len(updates)
+    assert all((rows[i] == u.sketch[1]).all() for i, u in enumerate(updates))
+    assert rs.sketches(b"another key 0123") is None
+    # One update without its sketch: the close computes them all (no matrix).
+    updates[3].sketch = None
+    assert RoundSum.of(updates).sketches(key) is None

@@ -82,12 +82,17 @@ def update_sketch(update: Update, key: bytes) -> np.ndarray:
     return sketch_update(update.frame.entries, key)
 
 
-def round_alignment(updates: Sequence[Update], key: bytes) -> Callable[[Sequence[float]], list[float]] | None:
+def round_alignment(
+    updates: Sequence[Update], key: bytes, sketches: np.ndarray | None = None
+) -> Callable[[Sequence[float]], list[float]] | None:
     """How the round's direction check reads its cosines: from sketches above :data:`SKETCH_ABOVE_BYTES`
-    (:func:`gradwire.sketch.sketched_alignment`, exact squared norms), else ``None`` (the exact pass)."""
+    (:func:`gradwire.sketch.sketched_alignment`, exact squared norms), else ``None`` (the exact pass).
+    ``sketches``: the updates' sketches under ``key`` as one matrix, kept as they arrived (the round's
+    running sum holds them), else each update's (:func:`update_sketch`)."""
     if sum(e.nbytes() for u in updates for e in u.frame.entries) <= SKETCH_ABOVE_BYTES:
         return None
-    sketches = [update_sketch(u, key) for u in updates]
+    if sketches is None or sketches.shape[0] != len(updates):
+        sketches = [update_sketch(u, key) for u in updates]
     sq = [u.norm * u.norm for u in updates]
     return lambda coeffs: sketched_alignment(sketches, sq, coeffs)
 

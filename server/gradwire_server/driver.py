@@ -241,20 +241,13 @@ class RoundDriver:
             rt.pending, rt.round_sum = {}, None
             rt.scoring_since, rt.round_scores = None, {}
             rt.recent.forget_before(rt.version)
-            # Readers waiting for the version are woken now; pruning old rows, files and store objects is
-            # housekeeping that no reader waits for (with an object store, its deletes are round trips).
+            self._observe(rt, closed, time.perf_counter() - t0, opened_before)
+            # Readers waiting for the version are woken now (its metrics recorded first); pruning old rows,
+            # files and store objects is housekeeping that no reader waits for (with an object store, its
+            # deletes are round trips).
             event, rt.published = rt.published, asyncio.Event()
             event.set()
-            published_s = time.perf_counter() - t0
             await asyncio.to_thread(self._prune, rt)
-        m = self.metrics
-        m.publish_seconds.observe(published_s)
-        m.aggregate_seconds.observe(closed.timings.aggregate)
-        for part, seconds in closed.parts().items():
-            m.close_part_seconds.labels(part=part).observe(seconds)
-        if opened_before is not None:
-            m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
-        m.set_version(rt.run_id, rt.version)
         log.info(
             "run %s: published version %d from %d update(s), %d-byte frame, hash %s; closed in %.3f s (%s)",
             rt.run_id,
@@ -270,6 +263,17 @@ class RoundDriver:
         if self.publisher is not None and rt.version - (rt.store_checkpoint or 0) >= self.settings.checkpoint_every:
             await self.store_checkpoint(rt)
         return closed
+
+    def _observe(self, rt: RunRuntime, closed: Closed, seconds: float, opened_before: float | None) -> None:
+        """A closed round's metrics: the close until its version is readable, its parts, the round's length."""
+        m = self.metrics
+        m.publish_seconds.observe(seconds)
+        m.aggregate_seconds.observe(closed.timings.aggregate)
+        for part, part_seconds in closed.parts().items():
+            m.close_part_seconds.labels(part=part).observe(part_seconds)
+        if opened_before is not None:
+            m.round_duration.observe(max(0.0, closed.opened_at - opened_before))
+        m.set_version(rt.run_id, rt.version)
 
     def close_and_publish(self, rt: RunRuntime, updates: list[Update]) -> Closed:
         """Step ``rt.state`` in place through round ``rt.version`` and durably publish the next version

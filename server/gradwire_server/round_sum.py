@@ -34,12 +34,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gradwire.dct import ChunkPlan, ParseCache, parse_record
 from gradwire.dct.domain import add_records
 from gradwire.dct.layout import CODEC_ID
 from gradwire.frame import Entry
+from gradwire.sketch import SKETCH_DIM
 
 from .aggregate import Update
 from .replays import update_digest
@@ -94,6 +96,10 @@ class RoundSum:
         self._digests: set[bytes] = set()
         #: Set once :meth:`finish` has run or an add failed half-way: the sum is no longer ``Σ bᵢ uᵢ``.
         self.spent = False
+        # The added updates' sketches (gradwire.sketch), one row each in the order added, so that the close
+        # reads them in place; None once an update came without one (or under another key).
+        self._sketch_key: bytes | None = None
+        self._sketch_rows: np.ndarray | None = np.zeros((0, SKETCH_DIM))
 
     @classmethod
     def of(
@@ -129,6 +135,30 @@ class RoundSum:
             raise
         self.updates.append(update)
         self.base.append(weight)
+        self._keep_sketch(update)
+
+    def _keep_sketch(self, update: Update) -> None:
+        rows = self._sketch_rows
+        if rows is None:
+            return
+        if update.sketch is None or self._sketch_key not in (None, update.sketch[0]):
+            self._sketch_rows = None
+            return
+        self._sketch_key, sketch = update.sketch
+        n = len(self.updates)
+        if rows.shape[0] < n:
+            grown = np.empty((max(64, 2 * rows.shape[0]), SKETCH_DIM))
+            grown[: n - 1] = rows[: n - 1]
+            self._sketch_rows = rows = grown
+        rows[n - 1] = sketch
+
+    def sketches(self, key: bytes) -> np.ndarray | None:
+        """The added updates' sketches under ``key`` as one ``(updates, SKETCH_DIM)`` matrix (a view), or
+        ``None`` if one came without a sketch under that key."""
+        rows = self._sketch_rows
+        if rows is None or self._sketch_key != key or not self.updates:
+            return None
+        return rows[: len(self.updates)]
 
     def _add_records(self, update: Update, w32: float, cache: ParseCache | None = None) -> None:
         cache = update.prepared if cache is None else cache

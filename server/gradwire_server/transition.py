@@ -224,6 +224,12 @@ class RunState:
             return None
         return RoundSum(lambda entry: domain.codec.plan(entry.shape), limit)
 
+    def _alignment(self, updates: Sequence[Update], rs: RoundSum | None):
+        """The round's direction-check reading (:func:`.aggregate.round_alignment`), from the sketches its
+        running sum kept where it has them."""
+        key = self.rule.sketch_key
+        return round_alignment(updates, key, None if rs is None else rs.sketches(key))
+
     def _round_sum(self, logged: Sequence[Update], given: RoundSum | None) -> RoundSum | None:
         """``given`` if it holds exactly ``logged``, else a new sum of them (``None`` where the run uses none)."""
         if given is not None and given.matches(logged):
@@ -257,7 +263,7 @@ class RunState:
         assert self.moments is not None and self.downlink is not None
         cfg, names, clock = self.config, self.names, _Clock(self.timings)
         summed = None if rs is None else (lambda coeffs: self._summed_gradient(rs, coeffs, updates))
-        alignment = round_alignment(updates, self.rule.sketch_key)
+        alignment = self._alignment(updates, rs)
         grads, coeffs, records = rule_aggregate(updates, names, self.rule, self.device, scored, alignment, summed)
         self._step_rule(updates, records, coeffs)
         clock.lap("aggregate")
@@ -316,7 +322,7 @@ class RunState:
         re-encoded aggregate (``publish='aggregate'``) or the node frames verbatim."""
         clock = _Clock(self.timings)
         # The rule's weights (bounded_mean's direction check among them) are the aggregation's work.
-        alignment = round_alignment(updates, self.rule.sketch_key)
+        alignment = self._alignment(updates, rs)
         weights, trim = published_weights(updates, self.rule, scored=scored, alignment=alignment)
         records = [u.frame.entries for u in updates]
         self._step_rule(updates, records, weights)
@@ -404,7 +410,7 @@ class RunState:
         published bytes. ``True`` if it made the same bytes (then the error buffer is the uninterrupted
         run's, bit for bit); otherwise the difference between ours and the published reconstruction is
         handed back to the buffer, as :meth:`replay_adamw` does."""
-        alignment = round_alignment(updates, self.rule.sketch_key)
+        alignment = self._alignment(updates, rs)
         weights, trim = published_weights(updates, self.rule, scored=scored, alignment=alignment)
         records = [u.frame.entries for u in updates]
         self._step_rule(updates, records, weights)
