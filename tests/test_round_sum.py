@@ -1,7 +1,8 @@
 """The open round's running sum (gradwire_server.round_sum) and the sketched direction check
-(gradwire.sketch): a round's close that starts from a sum kept as updates were acknowledged publishes the
-bytes of a close that sums everything at the end, and its replay makes them again; the sketch reads the
-cosines the exact pass reads, and drops the same flipped update."""
+(gradwire.sketch): a large round's close that starts from a sum kept as updates were acknowledged publishes
+the bytes of a close that sums everything at the end, and its replay makes them again; the sketch reads the
+cosines the exact pass reads, and drops the same flipped update; a small round's bytes do not depend on the
+order its updates arrived in. The rounds here are small; ``large`` makes every round a large one."""
 
 from __future__ import annotations
 
@@ -55,12 +56,18 @@ def _round(seed: int = 0, big: float = 10.0) -> list[Update]:
     return updates
 
 
+@pytest.fixture
+def large(monkeypatch):
+    """Every round is a large round (aggregate.LARGE_ROUND_BYTES 0): the running sum, commit order, sketches."""
+    monkeypatch.setattr(aggregate, "LARGE_ROUND_BYTES", 0)
+
+
 def _state(mode: str) -> RunState:
     return RunState.load(RunConfig.model_validate(MODES[mode]), 0, tiny_state(), None, {}, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_close_from_the_running_sum_publishes_the_bytes_of_a_close_that_sums_at_the_end(mode):
+def test_a_close_from_the_running_sum_publishes_the_bytes_of_a_close_that_sums_at_the_end(mode, large):
     for seed in range(2):
         updates = _round(seed)
         live, at_end = _state(mode), _state(mode)
@@ -121,7 +128,7 @@ def test_an_update_1e15_times_larger_is_summed_at_its_share_and_cancels_nothing(
         torch.testing.assert_close(decode_parsed_sum(buf, scale).double(), want, rtol=1e-4, atol=1e-7)
 
 
-def test_a_tensor_in_another_chunking_is_left_to_the_close_and_the_bytes_still_match():
+def test_a_tensor_in_another_chunking_is_left_to_the_close_and_the_bytes_still_match(large):
     updates = _round(1)
     # Node 2 cuts every tensor into 32-element chunks: the running sum refuses those tensors.
     other = read_frame(DCTCodec(chunk_shape=(32,), topk=4).encode_bundle(random_grads(99, 1e-2), round=0, sender=2))
@@ -173,15 +180,17 @@ def test_a_large_round_drops_the_flipped_update_by_its_sketch_as_the_exact_pass_
     updates = [Update(type("F", (), {"entries": r})(), 1.0, update_norm(r), i + 1) for i, r in enumerate(records)]
     probe = [1.0 / len(records)] * len(records)
     assert opposed_senders(records, probe) == [False] * 7 + [True]
-    monkeypatch.setattr(aggregate, "SKETCH_ABOVE_BYTES", 0)
+    monkeypatch.setattr(aggregate, "LARGE_ROUND_BYTES", 0)
     alignment = aggregate.round_alignment(updates, b"k" * 16)
     assert alignment is not None
     assert opposed_senders(records, probe, alignment=alignment) == [False] * 7 + [True]
-    monkeypatch.setattr(aggregate, "SKETCH_ABOVE_BYTES", 1 << 40)
+    monkeypatch.setattr(aggregate, "LARGE_ROUND_BYTES", 1 << 40)
     assert aggregate.round_alignment(updates, b"k" * 16) is None
 
 
-def test_the_server_sums_each_update_as_it_is_committed_and_its_restart_replays_the_same_version(tmp_path, caplog):
+def test_the_server_sums_each_update_as_it_is_committed_and_its_restart_replays_the_same_version(
+    tmp_path, caplog, large
+):
     """Through the round engine on a real SQLite store: the open round's running sum holds every
     acknowledged update in commit order; the close publishes from it, and a restart on the same data
     directory replays that version to the same weights hash."""
@@ -227,7 +236,7 @@ def test_the_server_sums_each_update_as_it_is_committed_and_its_restart_replays_
     assert "made frames other than the published ones" not in caplog.text  # the same bytes, not just the weights
 
 
-def test_a_reencoding_runs_residuals_share_one_buffer_so_its_compression_copies_nothing():
+def test_a_reencoding_runs_residuals_share_one_buffer_so_its_compression_copies_nothing(large):
     from gradwire.dct.domain import joined
 
     live, at_end = _state("demo"), _state("demo")
@@ -258,3 +267,22 @@ def test_the_running_sum_keeps_the_updates_sketches_in_one_matrix_the_close_read
     # One update without its sketch: the close computes them all (no matrix).
     updates[3].sketch = None
     assert RoundSum.of(updates).sketches(key) is None
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_small_rounds_bytes_do_not_depend_on_the_order_its_updates_arrived_in(mode):
+    updates = _round(4)
+    assert not aggregate.large_round(updates)
+    first, second = _state(mode), _state(mode)
+    assert first.close(updates) == second.close(list(reversed(updates)))
+    assert first.weights_hash() == second.weights_hash()
+
+
+@pytest.mark.parametrize("mode", ["adamw", "sparseloco"])
+def test_a_large_round_sums_in_commit_order_which_its_replay_follows(mode, large):
+    updates = _round(6)
+    forward, backward = _state(mode), _state(mode)
+    published = backward.close(list(reversed(updates)))
+    assert forward.close(updates) != published  # another order, other float32 roundings
+    replayed = _state(mode)
+    assert replayed.replay(lambda: list(reversed(updates)), published) is True

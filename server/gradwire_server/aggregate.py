@@ -35,6 +35,7 @@ __all__ = [
     "aggregate",
     "clip_factors",
     "counted_once",
+    "large_round",
     "mean_weights",
     "published_weights",
     "round_alignment",
@@ -61,18 +62,28 @@ class Update:
     digest: bytes | None = field(default=None, repr=False)
     #: ``(key, its count sketch under that key)`` (:mod:`gradwire.sketch`), as validation computed it.
     sketch: tuple[bytes, np.ndarray] | None = field(default=None, repr=False)
+    #: The round it was sent for (a stale update's is older than the round it is counted in).
+    round: int = 0
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
 
 
-#: A round whose records take more bytes than this (all senders together) reads its direction check from
-#: the updates' sketches (:mod:`gradwire.sketch`, computed as each arrived) instead of a pass over every
-#: record at the close: at 1 MiB the exact pass costs about as much as one AdamW step of the model (a few
-#: tens of ms on two cores), and above it grows with the round (SparseLoCo, 10 M parameters: 1.9 s at 64
-#: nodes). Smaller rounds keep the exact cosines. A fixed function of the round's records, so a replay
-#: takes the same path.
-SKETCH_ABOVE_BYTES = 1 << 20
+#: A round whose records take more bytes than this (all senders together) is a large round
+#: (:func:`large_round`). Its close starts from what was done as each update arrived: the aggregate is the
+#: round's running sum, in commit order (``gradwire_server.round_sum``), and the direction check reads the
+#: updates' sketches (:mod:`gradwire.sketch`) instead of a pass over every record (at 1 MiB that pass costs
+#: about one AdamW step of the model on two cores, and above it grows with the round: SparseLoCo, 10 M
+#: parameters, 1.9 s at 64 nodes). A smaller round is closed from its records in (node id, round) order,
+#: with the exact cosines: it costs little, and its result does not depend on the order its updates arrived
+#: in, so two runs given the same updates publish the same bytes. A fixed function of the round's records,
+#: so a replay takes the same path.
+LARGE_ROUND_BYTES = 1 << 20
+
+
+def large_round(updates: Sequence[Update]) -> bool:
+    """Whether the round's records take more than :data:`LARGE_ROUND_BYTES` (module constant)."""
+    return sum(e.nbytes() for u in updates for e in u.frame.entries) > LARGE_ROUND_BYTES
 
 
 def update_sketch(update: Update, key: bytes) -> np.ndarray:
@@ -85,11 +96,11 @@ def update_sketch(update: Update, key: bytes) -> np.ndarray:
 def round_alignment(
     updates: Sequence[Update], key: bytes, sketches: np.ndarray | None = None
 ) -> Callable[[Sequence[float]], list[float]] | None:
-    """How the round's direction check reads its cosines: from sketches above :data:`SKETCH_ABOVE_BYTES`
+    """How the round's direction check reads its cosines: from sketches in a :func:`large_round`
     (:func:`gradwire.sketch.sketched_alignment`, exact squared norms), else ``None`` (the exact pass).
     ``sketches``: the updates' sketches under ``key`` as one matrix, kept as they arrived (the round's
     running sum holds them), else each update's (:func:`update_sketch`)."""
-    if sum(e.nbytes() for u in updates for e in u.frame.entries) <= SKETCH_ABOVE_BYTES:
+    if not large_round(updates):
         return None
     if sketches is None or sketches.shape[0] != len(updates):
         sketches = [update_sketch(u, key) for u in updates]

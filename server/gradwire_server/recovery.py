@@ -83,7 +83,7 @@ class Recovery:
             raw = self.store.read_submission(sub)
             # Without its run binding, as validation recorded it (docs/FORMAT.md section 10).
             frame = strip_binding(read_frame(raw))
-            out.append((sub, Update(frame, sub.weight, sub.norm, sub.node_id, raw, sub.sha256)))
+            out.append((sub, Update(frame, sub.weight, sub.norm, sub.node_id, raw, sub.sha256, round=sub.round)))
         return out
 
     def _load_state(self, rec: RunRecord, config: RunConfig) -> RunState:

@@ -129,5 +129,14 @@ class _Staged:
     def update(self) -> Update:
         """The acknowledged update the open round keeps of it."""
         return Update(
-            self.frame, self.weight, self.norm, self.node_id, self.body, self.sha, self.parsed, self.digest, self.sketch
+            self.frame,
+            self.weight,
+            self.norm,
+            self.node_id,
+            self.body,
+            self.sha,
+            self.parsed,
+            self.digest,
+            self.sketch,
+            self.round,
         )

@@ -50,7 +50,7 @@ from gradwire.rule import Rule
 from gradwire.sender_history import SenderHistory
 from gradwire.state import apply_update, state_hash
 
-from .aggregate import Update, published_weights, round_alignment, rule_aggregate, score_weighted
+from .aggregate import Update, large_round, published_weights, round_alignment, rule_aggregate, score_weighted
 from .config import RunConfig
 from .optim import AdamWState, adamw_step_
 from .prepare import close_parses
@@ -174,7 +174,7 @@ class RunState:
         acknowledged; one is built here from ``updates`` where it is missing or holds other updates, with
         the same operations, so the bytes are the same either way."""
         scored = score_weights is not None
-        logged = list(updates)
+        logged = _in_aggregation_order(updates)
         updates = score_weighted(logged, score_weights)
         # The direction check, the norms and the aggregate read each record: parsed once, when it arrived
         # (.prepare), or here.
@@ -201,7 +201,7 @@ class RunState:
             if not self.publishes_diffs and not self.config.reencodes:
                 self.replay_average(published)
                 return True
-            logged = list(updates())
+            logged = _in_aggregation_order(updates())
             weighted = score_weighted(logged, score_weights)
             rs = self._round_sum(logged, None)
             if self.publishes_diffs:
@@ -500,6 +500,15 @@ class RunState:
         if self.publishes_diffs:
             return 4 * weights
         return weights * (2 if self.downlink is not None else 1) + _tensor_bytes(self.algorithm_state)
+
+
+def _in_aggregation_order(updates: Sequence[Update]) -> list[Update]:
+    """A round's updates (given in commit order) in the order its close sums them: commit order in a large
+    round (the order its running sum added them), else (node id, round), independent of arrival
+    (:data:`.aggregate.LARGE_ROUND_BYTES`)."""
+    if large_round(updates):
+        return list(updates)
+    return sorted(updates, key=lambda u: (u.node_id, u.round))
 
 
 def _tensor_bytes(state: Any) -> int:
