@@ -26,7 +26,7 @@ from torch import nn
 from gradwire.torch import ReplicaTimeouts
 from gradwire.torch.state_bytes import state_to_bytes
 from gradwire.torch.state_transport import StateBytesTransport
-from replica_group_worker import raw_state_bytes, target
+from replica_group_worker import batch_loss, build_model, raw_state_bytes, target
 
 
 def model_hash(module: nn.Module) -> str:
@@ -40,12 +40,7 @@ def main(cfg: dict) -> None:
     from torchft import Manager, ProcessGroupGloo
     from torchft.local_sgd import DiLoCo
 
-    torch.manual_seed(cfg.get("run_seed", 0))
-    width = cfg.get("width", 32)
-    hidden = [nn.Linear(16, width), nn.Tanh()]
-    for _ in range(cfg.get("depth", 1) - 1):
-        hidden += [nn.Linear(width, width), nn.Tanh()]
-    module = nn.Sequential(*hidden, nn.Linear(width, 1))
+    module = build_model(cfg)
     inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
     outer = torch.optim.SGD(module.parameters(), lr=1.0)
     sync_every = cfg.get("sync_every", 2)
@@ -142,10 +137,7 @@ def main(cfg: dict) -> None:
                 manager.shutdown(wait=False)
                 log.close()
                 return
-            x = torch.randn(8, 16, generator=gen)
-            y = target(x, w_true) + 0.01 * torch.randn(8, 1, generator=gen)
-            loss = nn.functional.mse_loss(module(x), y)
-            loss.backward()
+            batch_loss(module, gen, w_true).backward()
             inner.step()
             inner.zero_grad()
             local_steps += 1

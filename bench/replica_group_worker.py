@@ -37,12 +37,7 @@ def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
 
 
 def main(cfg: dict) -> None:
-    torch.manual_seed(cfg.get("run_seed", 0))  # the same initial model everywhere; torchft's init_sync anyway
-    width = cfg.get("width", 32)
-    hidden = [nn.Linear(16, width), nn.Tanh()]
-    for _ in range(cfg.get("depth", 1) - 1):
-        hidden += [nn.Linear(width, width), nn.Tanh()]
-    module = nn.Sequential(*hidden, nn.Linear(width, 1))
+    module = build_model(cfg)
     inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
     opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
     if cfg.get("wait_for"):  # a warm standby: imported and built, it joins once the file appears
@@ -115,10 +110,7 @@ def main(cfg: dict) -> None:
             ft.shutdown()
             log.close()
             return
-        x = torch.randn(8, 16, generator=gen)
-        y = target(x, w_true) + 0.01 * torch.randn(8, 1, generator=gen)
-        loss = nn.functional.mse_loss(module(x), y)
-        loss.backward()
+        batch_loss(module, gen, w_true).backward()
         ft.step()
         ft.zero_grad()
         if seen["rounds"] >= 1:
@@ -168,6 +160,24 @@ def raw_state_bytes(state) -> int:
 def target(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """A smooth nonlinear regression target (a linear one is learned in a few steps by anyone)."""
     return (torch.sin(2 * x @ w) + 0.5 * torch.tanh(x[:, :4].sum(1))).unsqueeze(1)
+
+
+def build_model(cfg: dict) -> nn.Module:
+    """The bench's MLP (``width``, ``depth`` hidden layers), the same initial weights on every group (``run_seed``;
+    torchft's init_sync anyway)."""
+    torch.manual_seed(cfg.get("run_seed", 0))
+    width = cfg.get("width", 32)
+    hidden = [nn.Linear(16, width), nn.Tanh()]
+    for _ in range(cfg.get("depth", 1) - 1):
+        hidden += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*hidden, nn.Linear(width, 1))
+
+
+def batch_loss(module: nn.Module, gen: torch.Generator, w_true: torch.Tensor) -> torch.Tensor:
+    """The MSE of ``module`` on one batch of 8 fresh samples of the target, drawn from ``gen``."""
+    x = torch.randn(8, 16, generator=gen)
+    y = target(x, w_true) + 0.01 * torch.randn(8, 1, generator=gen)
+    return nn.functional.mse_loss(module(x), y)
 
 
 if __name__ == "__main__":
