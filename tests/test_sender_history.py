@@ -162,3 +162,38 @@ def test_senders_with_other_chunkings_are_compared_on_their_decoded_values():
     history = SenderHistory()
     history.observe([1, 2, 3], [a, b, a], [1 / 3] * 3)
     assert all(np.isfinite(history.memory[i]).all() for i in (1, 2, 3))
+
+
+def _views(recs):
+    from gradwire.accumulate import entry_coefficients
+
+    return [(e.name, entry_coefficients(e)) for e in recs]
+
+
+def test_sketches_made_as_updates_arrive_fold_the_histories_into_the_same_bits():
+    from gradwire.sender_history import history_sketch
+
+    g = torch.Generator().manual_seed(3)
+    rounds = [[records({"w": torch.randn(8, 16, generator=g)}) for _ in range(5)] for _ in range(3)]
+    at_close, on_arrival = SenderHistory(), SenderHistory()
+    for recs in rounds:
+        coeffs = [0.2] * 5
+        at_close.observe(range(5), recs, coeffs)
+        on_arrival.observe(range(5), recs, coeffs, [history_sketch(_views(r)) for r in recs])
+    for node in range(5):
+        assert (at_close.memory[node] == on_arrival.memory[node]).all()
+
+
+def test_a_round_whose_senders_cut_a_tensor_otherwise_reads_its_records_again():
+    from gradwire.sender_history import history_sketch
+
+    g = torch.Generator().manual_seed(4)
+    ups = [{"w": torch.randn(8, 16, generator=g)} for _ in range(4)]
+    recs = [records(u) for u in ups[:3]] + [records(ups[3], gradwire.DCTCodec(chunk_shape=[32], topk=8))]
+    made = [history_sketch(_views(r)) for r in recs]
+    assert made[0].bases != made[3].bases
+    at_close, on_arrival = SenderHistory(), SenderHistory()
+    at_close.observe(range(4), recs, [0.25] * 4)
+    on_arrival.observe(range(4), recs, [0.25] * 4, made)  # not usable: the dense reading, as at the close
+    for node in range(4):
+        assert (at_close.memory[node] == on_arrival.memory[node]).all()

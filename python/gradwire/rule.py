@@ -152,14 +152,16 @@ class Rule:
         norms: Sequence[float],
         records: Sequence[Sequence[Entry]],
         coeffs: Sequence[float],
+        history_sketches: Sequence | None = None,
     ) -> None:
         """Step the state past a closed round: its update ``norms`` (the cap's history) and, where kept, the
         senders' deviations from the round's reference, the senders its published ``coeffs`` counted. The
-        one place the rule's state changes; once per closed round (closing and replaying alike)."""
+        one place the rule's state changes; once per closed round (closing and replaying alike).
+        ``history_sketches``: each update's :func:`~gradwire.sender_history.history_sketch`, made as it arrived."""
         if self.norms is not None:
             self.norms.observe(norms)
         if self.senders is not None:
-            self.senders.observe(senders, records, coeffs)
+            self.senders.observe(senders, records, coeffs, history_sketches)
         self.steps += 1
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -46,7 +47,16 @@ from .accumulate import Coefficients, entry_coefficients
 from .frame import Entry
 from .sketch import count_sketch
 
-__all__ = ["HISTORY_BETA", "SKETCH_BUCKETS", "TRUST_MULTIPLE", "SenderHistory", "trusted_weights", "update_sketch"]
+__all__ = [
+    "HISTORY_BETA",
+    "SKETCH_BUCKETS",
+    "TRUST_MULTIPLE",
+    "HistorySketch",
+    "SenderHistory",
+    "history_sketch",
+    "trusted_weights",
+    "update_sketch",
+]
 
 #: How much of a sender's past deviations each round keeps (``hᵢ ← β·hᵢ + rᵢ``).
 HISTORY_BETA = 0.9
@@ -69,6 +79,27 @@ def _sketch(views: Sequence[tuple[str, Coefficients]], buckets: int) -> np.ndarr
     """:func:`update_sketch` of records already read as ``(name, coefficients)``: the unkeyed
     :func:`gradwire.sketch.count_sketch` (a fixed hash, so a replay steps the histories to the same bits)."""
     return count_sketch(views, buckets)
+
+
+class HistorySketch(NamedTuple):
+    """An update's sketch for the sender histories, made once as it arrives (:func:`history_sketch`):
+    the sketch of its records in their own coefficient bases, and those bases (``{name: (basis, size)}``),
+    which decide whether a round can use it (every sender's the same: :meth:`SenderHistory.observe`)."""
+
+    sketch: np.ndarray
+    bases: dict
+
+
+def history_sketch(views: Sequence[tuple[str, Coefficients]], buckets: int = SKETCH_BUCKETS) -> HistorySketch:
+    """The :class:`HistorySketch` of an update's records read as ``(name, coefficients)``."""
+    return HistorySketch(_sketch(views, buckets), {name: (v.basis, v.size) for name, v in views})
+
+
+def _sketches_apply(sketches: Sequence[HistorySketch | None] | None, buckets: int, n: int) -> bool:
+    if sketches is None or len(sketches) != n or any(s is None or s.sketch.shape != (buckets,) for s in sketches):
+        return False
+    first = sketches[0].bases
+    return all(s.bases == first for s in sketches[1:])
 
 
 def _round_views(records: Sequence[Sequence[Entry]]) -> list[list[tuple[str, Coefficients]]]:
@@ -132,7 +163,13 @@ class SenderHistory:
             return [1.0] * len(scores)
         return [1.0 if s <= level else max(0.0, 2.0 - s / level) for s in scores]
 
-    def observe(self, senders: Sequence[int], records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> None:
+    def observe(
+        self,
+        senders: Sequence[int],
+        records: Sequence[Sequence[Entry]],
+        coeffs: Sequence[float],
+        sketches: Sequence[HistorySketch | None] | None = None,
+    ) -> None:
         """Fold a closed round into the histories: ``hᵢ ← β·hᵢ + (sketch(uᵢ) − ū)``, with ``ū`` the
         bucket-wise median of the sketches of the senders the round's published coefficients ``coeffs``
         counted (a sender of coefficient 0, dropped or counted once already, still has its deviation
@@ -142,12 +179,17 @@ class SenderHistory:
 
         ``senders``: the node ids, one per sender of ``records``. Only what a published version records is
         used, so a restarted server replays a verbatim version into the same histories. A node id twice in
-        one round (two rounds' updates of one node closing together) folds both, in order."""
+        one round (two rounds' updates of one node closing together) folds both, in order. ``sketches``:
+        each update's :func:`history_sketch`, made as it arrived; used where every sender's records share
+        their bases (else, and where one is missing, the round's records are read here: the same numbers)."""
         if len(senders) != len(records) or len(coeffs) != len(records):
             raise ValueError(f"got {len(senders)} senders, {len(coeffs)} coefficients for {len(records)} updates")
         if not records:
             return
-        sketches = [_sketch(views, self.buckets) for views in _round_views(records)]
+        if _sketches_apply(sketches, self.buckets, len(records)):
+            sketches = [s.sketch for s in sketches]
+        else:
+            sketches = [_sketch(views, self.buckets) for views in _round_views(records)]
         counted = [s for a, s in zip(coeffs, sketches) if a > 0.0] or sketches
         reference = np.median(np.stack(counted), axis=0)
         for node, s in zip(senders, sketches):

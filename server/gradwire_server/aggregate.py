@@ -25,6 +25,7 @@ from gradwire.aggregation import RULES
 from gradwire.dct import ParseCache
 from gradwire.frame import Entry, Frame
 from gradwire.rule import Rule
+from gradwire.sender_history import HistorySketch
 from gradwire.sketch import sketch_update, sketched_alignment
 
 from .replays import update_digest
@@ -64,6 +65,8 @@ class Update:
     sketch: tuple[bytes, np.ndarray] | None = field(default=None, repr=False)
     #: The round it was sent for (a stale update's is older than the round it is counted in).
     round: int = 0
+    #: Its sketch for the sender histories, made as it arrived (``gradwire.sender_history.history_sketch``).
+    history_sketch: HistorySketch | None = field(default=None, repr=False)
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}

@@ -21,11 +21,12 @@ from gradwire.accumulate import entry_coefficients
 from gradwire.capabilities import capabilities_of
 from gradwire.dct import ParseCache, records_parsed_once
 from gradwire.frame import Frame
-from gradwire.sketch import sketch_update
+from gradwire.sender_history import HistorySketch, history_sketch
+from gradwire.sketch import SKETCH_DIM, count_sketch
 
 from .aggregate import Update
 
-__all__ = ["close_parses", "parsed_while", "sketch_of"]
+__all__ = ["close_parses", "parsed_while", "sketches_of"]
 
 
 def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, float], ParseCache]:
@@ -41,11 +42,15 @@ def parsed_while(fn: Callable[[], tuple[Frame, float]]) -> tuple[tuple[Frame, fl
     return (frame, norm), parsed
 
 
-def sketch_of(frame: Frame, parsed: ParseCache, key: bytes) -> tuple[bytes, object]:
-    """``(key, the frame's count sketch under key)`` (:mod:`gradwire.sketch`), read from the parses validation
-    kept: what a large round's direction check reads of this update at its close."""
+def sketches_of(frame: Frame, parsed: ParseCache, key: bytes, histories: bool) -> tuple[tuple, HistorySketch | None]:
+    """``((key, the frame's count sketch under key), its history sketch)``, read from the parses validation
+    kept: what a large round's direction check reads of this update at its close (:mod:`gradwire.sketch`)
+    and, with ``histories`` (the run keeps sender histories; else ``None``), what they fold in
+    (:func:`gradwire.sender_history.history_sketch`), both from one read of its records' coefficients."""
     with records_parsed_once(parsed):
-        return key, sketch_update(frame.entries, key)
+        views = [(e.name, entry_coefficients(e)) for e in frame.entries]
+        keyed = (key, count_sketch(views, SKETCH_DIM, key))
+        return keyed, history_sketch(views) if histories else None
 
 
 def close_parses(updates: Sequence[Update]) -> ParseCache:

@@ -125,6 +125,8 @@ class _Staged:
     parsed: dict = field(default_factory=dict, repr=False)
     #: ``(key, sketch)`` of its records for the direction check (:mod:`gradwire.sketch`; ``None``: none).
     sketch: tuple | None = field(default=None, repr=False)
+    #: Its sketch for the sender histories (:func:`gradwire.sender_history.history_sketch`; ``None``: none).
+    history_sketch: object = field(default=None, repr=False)
 
     def update(self) -> Update:
         """The acknowledged update the open round keeps of it."""
@@ -139,4 +141,5 @@ class _Staged:
             self.digest,
             self.sketch,
             self.round,
+            self.history_sketch,
         )

@@ -28,7 +28,7 @@ from gradwire.model_record import run_spec
 from .aggregate import Update
 from .errors import Reason, Rejected, StorageFailed
 from .metrics import Metrics
-from .prepare import parsed_while, sketch_of
+from .prepare import parsed_while, sketches_of
 from .replays import update_digest
 from .runtime import RunRuntime, _Staged
 from .settings import ServerSettings
@@ -185,11 +185,16 @@ class Submissions:
         )
         digest = update_digest(frame.entries, norm)
         rt.recent.check(digest, node_id, round)  # another node's or round's records: refused before the write
-        sketch = sketch_of(frame, parsed, rt.state.rule.sketch_key) if rt.state is not None else None
+        sketch = history = None
+        if rt.state is not None:
+            rule = rt.state.rule
+            sketch, history = sketches_of(frame, parsed, rule.sketch_key, rule.senders is not None)
         self.metrics.decode_seconds.observe(time.perf_counter() - t0)
         # The name carries the content hash, so concurrent submissions never share a file.
         self.store.write_submission(rt.run_id, round, node_id, sha, body)
-        return _Staged(node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed, sketch=sketch)
+        return _Staged(
+            node_id, round, sha, body, frame, norm, digest=digest, parsed=parsed, sketch=sketch, history_sketch=history
+        )
 
     async def _commit_with_group(self, rt: RunRuntime, staged: _Staged) -> dict:
         """Queue ``staged`` for the run's next group commit and wait for its answer. Updates that arrive

@@ -464,7 +464,8 @@ class RunState:
     def _step_rule(self, updates: Sequence[Update], records: Sequence[Sequence], coeffs: Sequence[float]) -> None:
         """Step the run's rule past the round just closed (after its weights were taken), from what its
         version records: the one place a closing round changes the rule's state."""
-        self.rule.step([u.node_id for u in updates], [u.norm for u in updates], records, coeffs)
+        sketches = [u.history_sketch for u in updates]
+        self.rule.step([u.node_id for u in updates], [u.norm for u in updates], records, coeffs, sketches)
 
     def _apply(self, update: Mapping[str, torch.Tensor]) -> None:
         clock = _Clock(self.timings)
