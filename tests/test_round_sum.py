@@ -286,3 +286,19 @@ def test_a_large_round_sums_in_commit_order_which_its_replay_follows(mode, large
     assert forward.close(updates) != published  # another order, other float32 roundings
     replayed = _state(mode)
     assert replayed.replay(lambda: list(reversed(updates)), published) is True
+
+
+def test_a_large_rounds_updates_let_go_of_their_parses_once_summed_and_the_bytes_stay(large):
+    from gradwire_server.prepare import parsed_while
+
+    updates = []
+    for u in _round(7):
+        (frame, norm), parsed = parsed_while(lambda u=u: (u.frame, u.norm))
+        updates.append(Update(frame, 1.0, norm, u.node_id, prepared=parsed))
+    assert all(u.prepared is not None for u in updates)
+    live, at_end = _state("sparseloco"), _state("sparseloco")
+    rs = live.new_round_sum()
+    for u in updates:
+        rs.add(u)
+    assert all(u.prepared is None for u in updates)  # 6–7 × each frame, no longer held
+    assert live.close(updates, round_sum=rs) == at_end.close(updates)

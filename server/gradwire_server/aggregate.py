@@ -67,9 +67,16 @@ class Update:
     round: int = 0
     #: Its sketch for the sender histories, made as it arrived (``gradwire.sender_history.history_sketch``).
     history_sketch: HistorySketch | None = field(default=None, repr=False)
+    _record_bytes: int | None = field(default=None, repr=False, compare=False)
 
     def entries(self) -> dict[str, Entry]:
         return {e.name: e for e in self.frame.entries}
+
+    def record_bytes(self) -> int:
+        """The bytes of its records (``Entry.nbytes``), counted once."""
+        if self._record_bytes is None:
+            self._record_bytes = sum(e.nbytes() for e in self.frame.entries)
+        return self._record_bytes
 
 
 #: A round whose records take more bytes than this (all senders together) is a large round
@@ -86,7 +93,7 @@ LARGE_ROUND_BYTES = 1 << 20
 
 def large_round(updates: Sequence[Update]) -> bool:
     """Whether the round's records take more than :data:`LARGE_ROUND_BYTES` (module constant)."""
-    return sum(e.nbytes() for u in updates for e in u.frame.entries) > LARGE_ROUND_BYTES
+    return sum(u.record_bytes() for u in updates) > LARGE_ROUND_BYTES
 
 
 def update_sketch(update: Update, key: bytes) -> np.ndarray:

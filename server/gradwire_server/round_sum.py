@@ -43,6 +43,7 @@ from gradwire.dct.layout import CODEC_ID
 from gradwire.frame import Entry
 from gradwire.sketch import SKETCH_DIM
 
+from . import aggregate
 from .aggregate import Update
 from .replays import update_digest
 
@@ -58,6 +59,11 @@ class _Buffer:
     shape: tuple[int, ...]
     plan: ChunkPlan
     coeffs: torch.Tensor  # flat (num_chunks · C,) float32
+
+
+def large_round_bytes() -> int:
+    """:data:`.aggregate.LARGE_ROUND_BYTES`, read when asked (tests change it)."""
+    return aggregate.LARGE_ROUND_BYTES
 
 
 def _float32(w: float) -> float:
@@ -94,6 +100,8 @@ class RoundSum:
         self.updates: list[Update] = []
         self.base: list[float] = []
         self._digests: set[bytes] = set()
+        #: The bytes of the records added (``Entry.nbytes``), which make the round a large one.
+        self.nbytes = 0
         #: Set once :meth:`finish` has run or an add failed half-way: the sum is no longer ``Σ bᵢ uᵢ``.
         self.spent = False
         # The added updates' sketches (gradwire.sketch), one row each in the order added, so that the close
@@ -135,7 +143,13 @@ class RoundSum:
             raise
         self.updates.append(update)
         self.base.append(weight)
+        self.nbytes += update.record_bytes()
         self._keep_sketch(update)
+        if self.nbytes > large_round_bytes():
+            # A large round (its records only grow): its close reads records only to correct a few updates,
+            # so the parses each update kept since validation (6–7 × its frame) go; those few are parsed again.
+            for u in self.updates:
+                u.prepared = None
 
     def _keep_sketch(self, update: Update) -> None:
         rows = self._sketch_rows
