@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradwire.dct import ChunkPlan, ParseCache, parse_record
+from gradwire.dct import ChunkPlan, parse_record
 from gradwire.dct.domain import add_records
 from gradwire.dct.layout import CODEC_ID
 from gradwire.frame import Entry
@@ -76,11 +76,16 @@ def scale_and_corrections(base: Sequence[float], coeffs: Sequence[float]) -> tup
     ``s`` is 0 when no update keeps a share of its own weight; then ``eᵢ = cᵢ`` on a sum started afresh."""
     if len(base) != len(coeffs):
         raise ValueError(f"got {len(coeffs)} coefficients for {len(base)} updates")
-    ratios = Counter(c / b for b, c in zip(base, coeffs) if b != 0.0)
-    s = max(ratios.items(), key=lambda kv: (kv[1], kv[0]))[0] if ratios else 0.0
+    s = _common_ratio(base, coeffs)
     if s == 0.0:
         return 0.0, [(i, float(c)) for i, c in enumerate(coeffs) if c != 0.0]
     return s, [(i, c / s - b) for i, (b, c) in enumerate(zip(base, coeffs)) if c != s * b]
+
+
+def _common_ratio(base: Sequence[float], coeffs: Sequence[float]) -> float:
+    """The most common ``cᵢ / bᵢ`` over the updates added with a weight (ties: the larger; 0 if none)."""
+    ratios = Counter(c / b for b, c in zip(base, coeffs) if b != 0.0)
+    return max(ratios.items(), key=lambda kv: (kv[1], kv[0]))[0] if ratios else 0.0
 
 
 class RoundSum:
@@ -174,8 +179,8 @@ class RoundSum:
             return None
         return rows[: len(self.updates)]
 
-    def _add_records(self, update: Update, w32: float, cache: ParseCache | None = None) -> None:
-        cache = update.prepared if cache is None else cache
+    def _add_records(self, update: Update, w32: float) -> None:
+        cache = update.prepared
         for entry in update.frame.entries:
             name = entry.name
             if name in self.refused:
@@ -229,10 +234,9 @@ class RoundSum:
     def _cancels(base: Sequence[float], coeffs: Sequence[float], updates: Sequence[Update]) -> bool:
         """Whether a correction would cancel an added update more than :data:`ADD_LIMIT_MULTIPLE` × the
         largest update the round keeps at its whole share (then the close sums the round from zero)."""
-        ratios = Counter(c / b for b, c in zip(base, coeffs) if b != 0.0)
-        if not ratios:
+        if not any(b != 0.0 for b in base):
             return False
-        s = max(ratios.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        s = _common_ratio(base, coeffs)
         whole = [u.norm for b, c, u in zip(base, coeffs, updates) if b != 0.0 and c == s * b]
         if not whole:
             return True
