@@ -128,6 +128,17 @@ def dense_frame(grads: dict[str, torch.Tensor], round: int, sender: int) -> byte
     return gradwire.IdentityCodec().encode_bundle(grads, round=round, sender=sender)
 
 
+def eventually(read: Callable[[], object], expected: object, timeout: float = 10.0) -> object:
+    """``read()`` once it returns ``expected``, or its last value after ``timeout`` seconds. For what the
+    server does after a version is readable (pruning old files is housekeeping no reader waits for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read()
+        if got == expected or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
 def metric(client: httpx.Client, name: str, labels: str = "") -> float:
     """The value of one sample in /metrics (0 when absent)."""
     key = f"{name}{{{labels}}}" if labels else name

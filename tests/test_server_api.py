@@ -14,7 +14,7 @@ import gradwire
 from gradwire.client import split_frames
 from gradwire.state import apply_update, state_from_bytes, state_hash, state_to_bytes
 from live_server import LiveServer
-from server_helpers import SHAPES, dct_frame, dense_frame, make_run, metric, random_grads, tiny_state
+from server_helpers import SHAPES, dct_frame, dense_frame, eventually, make_run, metric, random_grads, tiny_state
 
 
 @pytest.fixture(scope="module")
@@ -258,8 +258,9 @@ def test_too_far_behind_after_pruning(server, client):
     assert ok.status_code == 200 and len(split_frames(ok.content)) == 2
     r = client.get(run.url("/updates"), params={"since": 1}, headers=run.admin)
     assert r.status_code == 410 and r.json()["error"] == "too_far_behind"
-    diffs = sorted(p.name for p in (server.data_dir / "runs" / run.run_id / "diffs").iterdir())
-    assert diffs == ["v000000003.gwf", "v000000004.gwf"]
+    diffs_dir = server.data_dir / "runs" / run.run_id / "diffs"
+    expected = ["v000000003.gwf", "v000000004.gwf"]
+    assert eventually(lambda: sorted(p.name for p in diffs_dir.iterdir()), expected) == expected
 
 
 def test_long_poll_waits_for_the_next_version(server, client):

@@ -16,7 +16,7 @@ from gradwire.client import split_frames
 from gradwire.state import apply_update, state_hash
 from gradwire_server.store import atomic_write
 from live_server import LiveServer
-from server_helpers import dct_frame, make_run, random_grads, tiny_state
+from server_helpers import dct_frame, eventually, make_run, random_grads, tiny_state
 
 CONFIG = dict(optimizer={"lr": 0.01}, downlink={"codec": "dct", "params": {"chunk_shape": [64], "topk": 8}})
 
@@ -135,8 +135,9 @@ def test_uncommitted_files_are_ignored_and_removed(server):
         r = run.submit(run.nodes[0], 1, _frame(1, 1))
         assert r.status_code == 202 and r.json()["duplicate"] is False
         run.wait_version(2)
-    names = {p.name for p in (root / "weights").iterdir()}
-    assert names == {"v000000002.safetensors"}  # older states are pruned once a newer one is committed
+    # Older states are pruned once a newer one is committed (just after its readers are woken).
+    names = eventually(lambda: {p.name for p in (root / "weights").iterdir()}, {"v000000002.safetensors"})
+    assert names == {"v000000002.safetensors"}
 
 
 _WRITER = """
