@@ -318,6 +318,32 @@ _SectionView = tuple[str, int, int, int]
 # (name, codec, dtype, shape, (params_start, params_end), sections)
 _EntryView = tuple[str, int, int, tuple[int, ...], tuple[int, int], list[_SectionView]]
 
+# (name, codec, dtype, shape, params, [(section, elem), ...]): a record the reader knows but for its payloads.
+_Template = tuple[str, int, int, list[int], bytes, list[tuple[str, int]]]
+# As _EntryView, but params None when a compact record's params are its template's.
+_LayoutEntryView = tuple[str, int, int, tuple[int, ...], tuple[int, int] | None, list[_SectionView]]
+
+def encode_layout_frame(round: int, sender: int, entries: list[_EntrySpec], templates: list[_Template]) -> bytes:
+    """Write a layout frame (docs/FORMAT.md section 12): a bundle frame with flag bits 0 and 1 whose
+    records matching a template (by name, and codec, dtype, shape and sections' names and elements) are
+    written compact (a LEB128 tag, their params only if they differ from the template's, and a LEB128
+    length before each payload); other records are written full. Raises ``FrameError`` for anything
+    the reader would reject."""
+
+def decode_layout_frame(
+    data: npt.NDArray[np.uint8],
+    templates: list[_Template],
+    max_frame_bytes: int = 2**31,
+    max_entries: int = 2**20,
+    max_tensor_elements: int = 2**31,
+) -> tuple[int, int, bool, list[_LayoutEntryView]]:
+    """Parse and validate a frame that may be a layout frame, given the reader's templates; a frame
+    without flag bit 1 parses as :func:`decode_frame` parses it. A compact record's name, codec, dtype,
+    shape and sections' names and elements are its template's; its params are ``None`` when they are
+    the template's too. Raises ``FrameError`` naming the broken rule (``unknown_template``: a compact
+    record of a template the reader does not hold; ``invalid_varint``: a LEB128 number that is not
+    minimal or exceeds 64 bits)."""
+
 def frame_length(data: npt.NDArray[np.uint8]) -> int:
     """The ``total_len`` of the frame that starts ``data`` (which may run on into more frames).
 

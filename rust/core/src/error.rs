@@ -395,6 +395,24 @@ pub enum WireError {
     /// Bytes between the last record and the checksum.
     #[error("{count} bytes left over between the last record and the checksum")]
     LeftoverBytes { count: usize },
+
+    /// A LEB128 number of a layout frame that is not minimal, runs past 10 bytes or past 64 bits.
+    #[error("entry {entry}: {field} at offset {offset} is not a minimal LEB128 number of at most 64 bits")]
+    InvalidVarint {
+        entry: usize,
+        field: &'static str,
+        offset: usize,
+    },
+
+    /// A compact record of a layout frame names a template the reader does not hold.
+    #[error(
+        "entry {entry}: compact record of template {index}, but the reader holds {count} templates"
+    )]
+    UnknownTemplate {
+        entry: usize,
+        index: u64,
+        count: usize,
+    },
 }
 
 /// Declares, from one table, each variant's stable kind and its group: [`WireError::kind`],
@@ -518,6 +536,8 @@ error_kinds! {
         InvalidDtype => "invalid_dtype",
         SectionLength => "section_length",
         LeftoverBytes => "leftover_bytes",
+        InvalidVarint => "invalid_varint",
+        UnknownTemplate => "unknown_template",
     }
 }
 

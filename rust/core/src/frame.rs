@@ -31,6 +31,9 @@ pub const CRC_LEN: usize = 4;
 pub const MIN_FRAME_LEN: usize = HEADER_LEN + CRC_LEN;
 /// Flag bit 0: bundle frame.
 pub const FLAG_BUNDLE: u16 = 1;
+/// Flag bit 1 (bundle frames only): a layout frame, whose records may be compact
+/// (docs/FORMAT.md section 12, [`crate::layout_frame`]).
+pub const FLAG_LAYOUT: u16 = 2;
 /// Longest tensor name, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 /// Most dimensions.
@@ -173,17 +176,17 @@ pub struct FrameView<'a> {
 // ------------------------------------------------------------------------------------ reader
 
 /// Bounds-checked little-endian reader over the record area (header end to CRC start).
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
+pub(crate) struct Cursor<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
-    fn take(&mut self, n: u64, field: &'static str) -> Result<Range<usize>> {
+    pub(crate) fn take(&mut self, n: u64, field: &'static str) -> Result<Range<usize>> {
         let available = self.remaining();
         let overrun = || WireError::FieldOverrun {
             field,
@@ -200,7 +203,7 @@ impl<'a> Cursor<'a> {
         Ok(start..self.pos)
     }
 
-    fn bytes(&mut self, n: u64, field: &'static str) -> Result<&'a [u8]> {
+    pub(crate) fn bytes(&mut self, n: u64, field: &'static str) -> Result<&'a [u8]> {
         let r = self.take(n, field)?;
         let buf: &'a [u8] = self.buf;
         buf.get(r.clone()).ok_or(WireError::FieldOverrun {
@@ -218,7 +221,7 @@ impl<'a> Cursor<'a> {
         Ok(a)
     }
 
-    fn u8(&mut self, field: &'static str) -> Result<u8> {
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8> {
         Ok(self.array::<1>(field)?[0])
     }
     fn u16(&mut self, field: &'static str) -> Result<u16> {
@@ -298,7 +301,13 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
         return Err(WireError::ChecksumMismatch { stored, computed });
     }
     let flags = le_u16(data, 6);
-    if flags & !FLAG_BUNDLE != 0 {
+    // Bit 1 (a layout frame, crate::layout_frame) is defined for bundle frames only.
+    let known = if flags & FLAG_BUNDLE != 0 {
+        FLAG_BUNDLE | FLAG_LAYOUT
+    } else {
+        0
+    };
+    if flags & !known != 0 {
         return Err(WireError::ReservedFlags { flags });
     }
     let header = FrameHeader {
@@ -308,6 +317,11 @@ pub fn parse_header(data: &[u8], limits: &Limits) -> Result<(FrameHeader, u32)> 
         sender: le_u32(data, 24),
     };
     Ok((header, le_u32(data, 28)))
+}
+
+/// Whether a frame whose header [`parse_header`] accepted is a layout frame (flag bit 1).
+pub fn is_layout(data: &[u8]) -> bool {
+    le_u16(data, 6) & FLAG_LAYOUT != 0
 }
 
 /// The length of the frame that starts `data`, which may run on into further frames (the
@@ -329,6 +343,11 @@ pub fn frame_len_at_start(data: &[u8]) -> Result<usize> {
 /// order.
 pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>> {
     let (header, entry_count) = parse_header(data, limits)?;
+    if is_layout(data) {
+        // Without templates a layout frame parses only if all its records are full ones.
+        return crate::layout_frame::parse_layout_records(data, header, entry_count, limits, &[])?
+            .into_full();
+    }
     if !header.bundle && entry_count != 1 {
         return Err(WireError::TensorFrameEntryCount { count: entry_count });
     }
@@ -365,7 +384,7 @@ pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>>
     Ok(FrameView { header, entries })
 }
 
-fn parse_entry<'a>(
+pub(crate) fn parse_entry<'a>(
     cur: &mut Cursor<'a>,
     e: usize,
     bundle: bool,
@@ -467,7 +486,7 @@ fn parse_entry<'a>(
     })
 }
 
-fn numel_of(e: usize, shape: &[u64], limits: &Limits) -> Result<u64> {
+pub(crate) fn numel_of(e: usize, shape: &[u64], limits: &Limits) -> Result<u64> {
     let numel = shape
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
@@ -578,7 +597,7 @@ pub fn write_frame_into(
     FrameWriter::new(*limits).write_into(header, entries, out)
 }
 
-fn too_large(total: u64, limits: &Limits) -> WireError {
+pub(crate) fn too_large(total: u64, limits: &Limits) -> WireError {
     WireError::FrameTooLarge {
         len: total,
         limit: limits.max_frame_bytes,
@@ -586,7 +605,11 @@ fn too_large(total: u64, limits: &Limits) -> WireError {
 }
 
 /// Applies every reader rule to the input and returns the frame length.
-fn validate(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) -> Result<usize> {
+pub(crate) fn validate(
+    header: &FrameHeader,
+    entries: &[EntrySpec<'_>],
+    limits: &Limits,
+) -> Result<usize> {
     if header.version != VERSION {
         return Err(WireError::UnsupportedVersion {
             version: header.version,
@@ -701,13 +724,13 @@ fn validate(header: &FrameHeader, entries: &[EntrySpec<'_>], limits: &Limits) ->
 }
 
 /// Sequential writer into a pre-sized buffer.
-struct Out<'b> {
-    buf: &'b mut [u8],
-    pos: usize,
+pub(crate) struct Out<'b> {
+    pub(crate) buf: &'b mut [u8],
+    pub(crate) pos: usize,
 }
 
 impl Out<'_> {
-    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn put(&mut self, bytes: &[u8]) -> Result<()> {
         let end = self.pos + bytes.len();
         let needed = end;
         let got = self.buf.len();
@@ -726,33 +749,55 @@ fn emit(header: &FrameHeader, entries: &[EntrySpec<'_>], buf: &mut [u8]) -> Resu
     let total = buf.len();
     let mut o = Out { buf, pos: 0 };
     let flags = if header.bundle { FLAG_BUNDLE } else { 0 };
+    emit_header(&mut o, header, flags, total, entries.len())?;
+    for entry in entries {
+        emit_entry(&mut o, entry)?;
+    }
+    emit_crc(o, total)
+}
+
+/// The 32 header bytes (the counts were validated).
+pub(crate) fn emit_header(
+    o: &mut Out<'_>,
+    header: &FrameHeader,
+    flags: u16,
+    total: usize,
+    count: usize,
+) -> Result<()> {
     o.put(&MAGIC)?;
     o.put(&header.version.to_le_bytes())?;
     o.put(&flags.to_le_bytes())?;
     o.put(&(total as u64).to_le_bytes())?;
     o.put(&header.round.to_le_bytes())?;
     o.put(&header.sender.to_le_bytes())?;
-    o.put(&(entries.len() as u32).to_le_bytes())?;
-    for entry in entries {
-        // Lengths were validated: the casts below cannot truncate.
-        o.put(&(entry.name.len() as u16).to_le_bytes())?;
-        o.put(entry.name.as_bytes())?;
-        o.put(&entry.codec.to_le_bytes())?;
-        o.put(&[entry.dtype, entry.shape.len() as u8])?;
-        for d in entry.shape {
-            o.put(&d.to_le_bytes())?;
-        }
-        o.put(&(entry.params.len() as u32).to_le_bytes())?;
-        o.put(entry.params)?;
-        o.put(&[entry.sections.len() as u8])?;
-        for &(name, elem, payload) in &entry.sections {
-            o.put(&[name.len() as u8])?;
-            o.put(name.as_bytes())?;
-            o.put(&[elem])?;
-            o.put(&(payload.len() as u64).to_le_bytes())?;
-            o.put(payload)?;
-        }
+    o.put(&(count as u32).to_le_bytes())
+}
+
+/// One full record (section 3) of a validated entry.
+pub(crate) fn emit_entry(o: &mut Out<'_>, entry: &EntrySpec<'_>) -> Result<()> {
+    // Lengths were validated: the casts below cannot truncate.
+    o.put(&(entry.name.len() as u16).to_le_bytes())?;
+    o.put(entry.name.as_bytes())?;
+    o.put(&entry.codec.to_le_bytes())?;
+    o.put(&[entry.dtype, entry.shape.len() as u8])?;
+    for d in entry.shape {
+        o.put(&d.to_le_bytes())?;
     }
+    o.put(&(entry.params.len() as u32).to_le_bytes())?;
+    o.put(entry.params)?;
+    o.put(&[entry.sections.len() as u8])?;
+    for &(name, elem, payload) in &entry.sections {
+        o.put(&[name.len() as u8])?;
+        o.put(name.as_bytes())?;
+        o.put(&[elem])?;
+        o.put(&(payload.len() as u64).to_le_bytes())?;
+        o.put(payload)?;
+    }
+    Ok(())
+}
+
+/// The CRC over everything written, which must end exactly 4 bytes before `total`.
+pub(crate) fn emit_crc(mut o: Out<'_>, total: usize) -> Result<()> {
     let body_end = o.pos;
     if body_end + CRC_LEN != total {
         return Err(WireError::OutputSizeMismatch {

@@ -12,7 +12,8 @@
 //! * [`dct_fast`]: the float32 2-D DCT of power-of-two chunks by Lee's recursion (the server's transforms);
 //! * [`topk`]: per-row top-k by magnitude (which DCT coefficients a sender keeps);
 //! * [`scatter`]: sparse rows added into a dense buffer (the transform-domain sum of DCT records);
-//! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md).
+//! * [`frame`]: reader and writer of the frame format v1 (docs/FORMAT.md);
+//! * [`layout_frame`]: layout frames, whose records of a layout both sides hold travel compact (section 12).
 //!
 //! Every function validates its input and reports problems as a [`WireError`]; nothing here
 //! panics on bad input.
@@ -32,6 +33,7 @@ pub mod error;
 pub mod frame;
 pub mod gcomp;
 pub mod huffman;
+pub mod layout_frame;
 pub mod outer_step;
 pub mod quartic;
 pub mod rice;
@@ -46,6 +48,10 @@ pub use elias::{
     elias_omega_encode, sparse_levels_decode, sparse_levels_encode, EliasKind,
 };
 pub use huffman::{byte_counts, HuffmanBook};
+pub use layout_frame::{
+    layout_frame_len, parse_layout_frame, write_layout_frame, write_layout_frame_into, LayoutEntry,
+    LayoutFrameView, RecordTemplate,
+};
 pub use rice::{
     rice_decode, rice_decode_into, rice_encode, rice_encode_into, rice_encoded_len, rice_param,
     rice_param_estimate,

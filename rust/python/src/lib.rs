@@ -757,6 +757,132 @@ fn decode_frame<'py>(
     (h.round, h.sender, h.bundle, entries).into_pyobject(py)
 }
 
+/// A record template: (name, codec, dtype, shape, params, [(section, elem), ...]).
+type TemplateIn = (String, u16, u8, Vec<u64>, Vec<u8>, Vec<(String, u8)>);
+
+fn templates_of(templates: &[TemplateIn]) -> Vec<gw::RecordTemplate<'_>> {
+    templates
+        .iter()
+        .map(
+            |(name, codec, dtype, shape, params, sections)| gw::RecordTemplate {
+                name,
+                codec: *codec,
+                dtype: *dtype,
+                shape,
+                params,
+                sections: sections.iter().map(|(n, e)| (n.as_str(), *e)).collect(),
+            },
+        )
+        .collect()
+}
+
+/// Write a layout frame (docs/FORMAT.md section 12): a bundle whose records matching one of
+/// `templates` (by name, codec, dtype, shape and sections) are written compact. Entries as for
+/// `encode_frame`. Raises FrameError for anything the reader would reject.
+#[pyfunction]
+fn encode_layout_frame<'py>(
+    py: Python<'py>,
+    round: u64,
+    sender: u32,
+    entries: Vec<EntryIn<'py>>,
+    templates: Vec<TemplateIn>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut specs = Vec::with_capacity(entries.len());
+    for (name, codec, dtype, shape, params, sections) in &entries {
+        let mut secs = Vec::with_capacity(sections.len());
+        for (sname, elem, payload) in sections {
+            secs.push((sname.as_str(), *elem, slice(payload, "section payload")?));
+        }
+        specs.push(gw::EntrySpec {
+            name,
+            codec: *codec,
+            dtype: *dtype,
+            shape,
+            params: slice(params, "params")?,
+            sections: secs,
+        });
+    }
+    let t = templates_of(&templates);
+    let header = gw::FrameHeader::new(true, round, sender);
+    let limits = gw::Limits::default();
+    let len = nogil(py, || gw::layout_frame_len(&header, &specs, &t, &limits))?;
+    bytes_filled(py, len, |buf| {
+        gw::write_layout_frame_into(&header, &specs, &t, &limits, buf)
+    })
+}
+
+/// Parse and validate a frame that may be a layout frame, with the reader's `templates`. Returns
+/// what `decode_frame` returns, except that a compact record's params are None when they are its
+/// template's (its name, codec, dtype, shape and sections' names and elements are the template's).
+/// Raises FrameError naming the broken rule (`unknown_template` for a template not held).
+#[pyfunction]
+#[pyo3(
+    text_signature = "(data, templates, max_frame_bytes=2147483648, max_entries=1048576, max_tensor_elements=2147483648)"
+)]
+#[pyo3(signature = (data, templates, max_frame_bytes = 1u64 << 31, max_entries = 1u32 << 20, max_tensor_elements = 1u64 << 31))]
+fn decode_layout_frame<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray1<'py, u8>,
+    templates: Vec<TemplateIn>,
+    max_frame_bytes: u64,
+    max_entries: u32,
+    max_tensor_elements: u64,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let d = slice(&data, "data")?;
+    let limits = gw::Limits {
+        max_frame_bytes,
+        max_entries,
+        max_tensor_elements,
+    };
+    let t = templates_of(&templates);
+    let view = nogil(py, || gw::parse_layout_frame(d, &limits, &t))?;
+    type Out<'a, 'py> = (
+        &'a str,
+        u16,
+        u8,
+        Bound<'py, PyTuple>,
+        Option<(usize, usize)>,
+        Vec<SectionOut<'a>>,
+    );
+    let mut entries: Vec<Out<'_, 'py>> = Vec::with_capacity(view.entries.len());
+    for e in &view.entries {
+        entries.push(match e {
+            gw::LayoutEntry::Full(e) => (
+                e.name,
+                e.codec,
+                e.dtype,
+                PyTuple::new(py, &e.shape)?,
+                Some((e.params.start, e.params.end)),
+                e.sections
+                    .iter()
+                    .map(|s| (s.name, s.elem, s.range.start, s.range.end))
+                    .collect(),
+            ),
+            gw::LayoutEntry::Compact {
+                template,
+                params,
+                sections,
+            } => {
+                let tm = &t[*template];
+                (
+                    tm.name,
+                    tm.codec,
+                    tm.dtype,
+                    PyTuple::new(py, tm.shape)?,
+                    params.as_ref().map(|r| (r.start, r.end)),
+                    tm.sections
+                        .iter()
+                        .zip(sections)
+                        .map(|(&(n, elem), r)| (n, elem, r.start, r.end))
+                        .collect(),
+                )
+            }
+        });
+    }
+    let h = view.header;
+    (h.round, h.sender, h.bundle, entries).into_pyobject(py)
+}
+
 // ------------------------------------------------------------------------------ entropy coders
 
 fn elias_kind(kind: &str) -> PyResult<gw::EliasKind> {
@@ -1207,6 +1333,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(outer_step, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_layout_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_layout_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_length, m)?)?;
     m.add_function(wrap_pyfunction!(rice_param, m)?)?;
     m.add_function(wrap_pyfunction!(rice_param_estimate, m)?)?;
