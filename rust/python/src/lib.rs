@@ -662,19 +662,10 @@ type EntryIn<'py> = (
     Vec<SectionIn<'py>>,
 );
 
-/// Write a version-1 frame. Each entry is (name, codec, dtype, shape, params, sections) with
-/// sections a list of (name, elem, payload). Raises FrameError for anything the reader would
-/// reject.
-#[pyfunction]
-fn encode_frame<'py>(
-    py: Python<'py>,
-    round: u64,
-    sender: u32,
-    bundle: bool,
-    entries: Vec<EntryIn<'py>>,
-) -> PyResult<Bound<'py, PyBytes>> {
+/// The core's view of the entries Python passed (borrowed, nothing copied).
+fn entry_specs<'a>(entries: &'a [EntryIn<'_>]) -> PyResult<Vec<gw::EntrySpec<'a>>> {
     let mut specs = Vec::with_capacity(entries.len());
-    for (name, codec, dtype, shape, params, sections) in &entries {
+    for (name, codec, dtype, shape, params, sections) in entries {
         let mut secs = Vec::with_capacity(sections.len());
         for (sname, elem, payload) in sections {
             secs.push((sname.as_str(), *elem, slice(payload, "section payload")?));
@@ -688,6 +679,21 @@ fn encode_frame<'py>(
             sections: secs,
         });
     }
+    Ok(specs)
+}
+
+/// Write a version-1 frame. Each entry is (name, codec, dtype, shape, params, sections) with
+/// sections a list of (name, elem, payload). Raises FrameError for anything the reader would
+/// reject.
+#[pyfunction]
+fn encode_frame<'py>(
+    py: Python<'py>,
+    round: u64,
+    sender: u32,
+    bundle: bool,
+    entries: Vec<EntryIn<'py>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let specs = entry_specs(&entries)?;
     let header = gw::FrameHeader::new(bundle, round, sender);
     let limits = gw::Limits::default();
     let len = nogil(py, || gw::frame_len(&header, &specs, &limits))?;
@@ -787,21 +793,7 @@ fn encode_layout_frame<'py>(
     entries: Vec<EntryIn<'py>>,
     templates: Vec<TemplateIn>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut specs = Vec::with_capacity(entries.len());
-    for (name, codec, dtype, shape, params, sections) in &entries {
-        let mut secs = Vec::with_capacity(sections.len());
-        for (sname, elem, payload) in sections {
-            secs.push((sname.as_str(), *elem, slice(payload, "section payload")?));
-        }
-        specs.push(gw::EntrySpec {
-            name,
-            codec: *codec,
-            dtype: *dtype,
-            shape,
-            params: slice(params, "params")?,
-            sections: secs,
-        });
-    }
+    let specs = entry_specs(&entries)?;
     let t = templates_of(&templates);
     let header = gw::FrameHeader::new(true, round, sender);
     let limits = gw::Limits::default();
