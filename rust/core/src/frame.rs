@@ -344,9 +344,11 @@ pub fn frame_len_at_start(data: &[u8]) -> Result<usize> {
 pub fn parse_frame<'a>(data: &'a [u8], limits: &Limits) -> Result<FrameView<'a>> {
     let (header, entry_count) = parse_header(data, limits)?;
     if is_layout(data) {
-        // Without templates a layout frame parses only if all its records are full ones.
-        return crate::layout_frame::parse_layout_records(data, header, entry_count, limits, &[])?
-            .into_full();
+        // A layout frame is read by crate::layout_frame::parse_layout_frame only: read here as a plain
+        // bundle it would not write back to its own bytes.
+        return Err(WireError::ReservedFlags {
+            flags: le_u16(data, 6),
+        });
     }
     if !header.bundle && entry_count != 1 {
         return Err(WireError::TensorFrameEntryCount { count: entry_count });

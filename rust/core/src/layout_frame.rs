@@ -524,7 +524,13 @@ mod tests {
             &Limits::default(),
         )
         .unwrap();
-        let err = crate::frame::parse_frame(&f, &Limits::default()).unwrap_err();
+        assert_eq!(
+            crate::frame::parse_frame(&f, &Limits::default()),
+            Err(WireError::ReservedFlags { flags: 3 })
+        );
+        let err = parse_layout_frame(&f, &Limits::default(), &[])
+            .and_then(LayoutFrameView::into_full)
+            .unwrap_err();
         assert_eq!(
             err,
             WireError::UnknownTemplate {
@@ -538,11 +544,13 @@ mod tests {
     }
 
     #[test]
-    fn full_records_only_read_without_templates_as_a_plain_bundle() {
+    fn full_records_only_read_without_templates() {
         let scale = 1.0f32.to_le_bytes();
         let entries = [entry("x", b"pp", &[1, 2], &scale)];
         let f = write_layout_frame(&header(), &entries, &[], &Limits::default()).unwrap();
-        let v = crate::frame::parse_frame(&f, &Limits::default()).unwrap();
+        let v = parse_layout_frame(&f, &Limits::default(), &[])
+            .and_then(LayoutFrameView::into_full)
+            .unwrap();
         assert_eq!(v.entries[0].name, "x");
         assert_eq!(v.entries[0].sections.len(), 2);
     }
