@@ -10,6 +10,8 @@ import torch
 import gradwire.torch as gt
 from bench_modules import load_bench
 from gradwire.algorithms import default_demo_codec, default_sparseloco_codec
+from gradwire.algorithms.demo import demo_codec_params
+from gradwire.dct import DCTCodec
 from gradwire.torch.sharded import Pieces, assign_owners, balanced_piece_numel, cut_tensor
 
 
@@ -52,9 +54,11 @@ def test_busiest_rank_receives_about_what_a_ring_would_and_eight_replicas_stay_b
     assert len({r["weights"] for r in rows}) == 1  # every rank's model hashes the same after the steps
     assert all(r["owned"] > 0 for r in rows)
     busiest = max(rows, key=lambda r: r["received"])
-    # A ring all-reduce receives 2(n − 1)/n = 1.75 times what it sends; measured 1.75–1.84 (headers).
+    # A ring all-reduce receives 2(n − 1)/n = 1.75 times what it sends; measured 1.78–1.80 (headers).
     assert busiest["received"] <= 2.0 * busiest["sent"]
-    assert max(r["received"] for r in rows) <= 1.25 * min(r["received"] for r in rows)
+    # The two weights are 14 blocks of 64 rows (16,384 elements each) for 8 owners: six own two, two own one
+    # and the small tensors (measured: the busiest receives 1.16× the idlest with DeMo, 1.28× SparseLoCo).
+    assert max(r["received"] for r in rows) <= 1.35 * min(r["received"] for r in rows)
 
 
 def _most_owned(pieces: Pieces, world: int) -> int:
@@ -87,11 +91,22 @@ def test_the_cut_is_chosen_for_balance_where_tiles_leave_a_piece_over():
     assert _most_owned(chosen, 8) <= 1.15 * total / 8
 
 
+class _FullRecordsDCT(DCTCodec):
+    """The DeMo codec, its records never compact (no template): each one's ~130 bytes of headers in full."""
+
+    def record_template(self, name, shape, dtype=torch.float32):
+        return None
+
+
 def test_a_small_model_is_not_cut_finer_than_its_headers_are_worth():
-    """On the 236 k-parameter model each extra piece is ~130 bytes in a step of ~3 KB: the cut kept has no more
-    pieces than the first bound's (1.5 shares), whose owners are already within a piece of even."""
+    """On the 236 k-parameter model a full record's headers are ~130 bytes in a step of ~3 KB: the cut kept has
+    no more pieces than the first bound's (1.5 shares), whose owners are already within a piece of even. In
+    layout frames a record's headers are ~12 bytes, and at 3 ranks a finer cut is worth them."""
     tensors = [(f"t{i}", s) for i, s in enumerate(SHAPES)]
-    codec = default_demo_codec()
+    full, compact = _FullRecordsDCT(**demo_codec_params()), default_demo_codec()
+    finer = {}
     for world in (2, 3, 8):
-        first = [p for n, s in tensors for p in cut_tensor(n, s, codec, balanced_piece_numel(SHAPES, 1 << 18, world))]
-        assert len(Pieces(tensors, codec, world=world).pieces) <= len(first)
+        first = [p for n, s in tensors for p in cut_tensor(n, s, full, balanced_piece_numel(SHAPES, 1 << 18, world))]
+        assert len(Pieces(tensors, full, world=world).pieces) <= len(first)
+        finer[world] = len(Pieces(tensors, compact, world=world).pieces) - len(first)
+    assert finer == {2: 0, 3: 1, 8: 0}

@@ -24,7 +24,7 @@ from distributed_toys import CLASSES, IN, all_ranks_equal, checkpoint_roundtrip,
 from gradwire.aggregation import exact_mean
 from gradwire.algorithms import DeMoState, default_demo_codec, default_sparseloco_downlink, demo_update
 from gradwire.errors import FrameError
-from gradwire.frame import Limits, read_frame, write_frame
+from gradwire.frame import MIN_FRAME_BYTES, Limits, read_frame, write_frame
 from gradwire.model_record import model_record_codec
 from gradwire.state import state_hash
 from gradwire.torch.collectives import all_gather_bytes, all_to_all_bytes
@@ -281,20 +281,23 @@ def test_a_ranks_downlink_does_not_grow_with_the_world(trained, which):
         return sum(xs) / len(xs)
 
     # One rank's records of every piece: what a rank sends on 2 ranks (half to the other owner, half as
-    # its re-encoded means). Sharded, a rank receives (world − 1)/world of that in each phase: at most 2
-    # of it whatever the world size (measured: 1.0 on 2 ranks, 1.9 on 8 with the frames' own headers;
-    # the most loaded rank 2.3, as its pieces' records come with more headers per element; OneBit, cut
-    # into column blocks: 1.0, 1.8 and 2.5).
+    # its re-encoded means). Sharded, a rank receives (world − 1)/world of that in each phase: about 2 of
+    # it whatever the world size, plus each frame's own 36 bytes, 2(world − 1) frames, which on this toy
+    # model's 920-byte step (DeMo, layout frames) are a quarter of what a rank receives at 8 ranks
+    # (measured: 1.0 on 2 ranks, 2.17 on 8, the most loaded rank 2.44; SparseLoCo 1.0, 1.94, 2.36;
+    # OneBit, in full records cut into column blocks: 1.0, 1.77, 2.48).
     one = max(per_rank(2, "sharded", "sent"))
     assert max(per_rank(2, "sharded")) < 1.1 * one
-    assert mean(per_rank(8, "sharded")) < 2.1 * one
+    assert mean(per_rank(8, "sharded")) < 2.3 * one
     assert max(per_rank(8, "sharded")) < 2.6 * one
     # the all-gather's grows with the world: world − 1 frames (measured 7.0× from 2 to 8 ranks)
     assert max(per_rank(8, "all_gather")) > 6 * max(per_rank(2, "all_gather"))
     assert mean(per_rank(8, "sharded")) < 0.4 * mean(per_rank(8, "all_gather"))
     assert max(per_rank(8, "sharded")) < 0.5 * min(per_rank(8, "all_gather"))
-    # and what a rank sends stays about one frame's worth (its records to their owners, its means once)
-    assert max(per_rank(8, "sharded", "sent")) < 1.2 * one
+    # and what a rank sends stays about one frame's worth (its records to their owners, its means once),
+    # beside the headers of its 8 frames where it sent 2 (measured with them: DeMo 1.25, SparseLoCo 1.11)
+    headers = MIN_FRAME_BYTES
+    assert max(per_rank(8, "sharded", "sent")) - 8 * headers < 1.2 * (one - 2 * headers)
 
 
 @pytest.mark.parametrize("which", ["demo", "sparseloco", "onebit"])
@@ -524,8 +527,8 @@ def _refusal_run(rank: int, world: int, case: str) -> dict:
     if case == "bad-frame" and rank == 1:
         real = sharded.write_frame
 
-        def wrong_round(entries, *, round=0, sender=0, bundle=False):  # a broken peer: the wrong round
-            return real(entries, round=round + 7, sender=sender, bundle=bundle)
+        def wrong_round(entries, *, round=0, **kw):  # a broken peer: the wrong round
+            return real(entries, round=round + 7, **kw)
 
         sharded.write_frame = wrong_round
     if case == "hostile-record" and rank == 1:

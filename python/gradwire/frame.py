@@ -41,6 +41,7 @@ __all__ = [
     "Entry",
     "Frame",
     "Limits",
+    "RecordTemplate",
     "SERVER_SENDER",
     "decode",
     "decode_bundle",
@@ -182,24 +183,75 @@ def _section_spec(entry: Entry, name: str, arr) -> tuple[str, int, np.ndarray]:
     return name, elem, as_u8(np.ascontiguousarray(arr.reshape(-1)))
 
 
-def write_frame(entries: Sequence[Entry], *, round: int = 0, sender: int = 0, bundle: bool = False) -> bytes:
-    """Serialize records into one frame; a tensor frame (``bundle=False``) takes exactly one."""
+@dataclass(frozen=True)
+class RecordTemplate:
+    """What a reader knows of a record before it arrives (docs/FORMAT.md section 12): everything but its
+    payloads. Between ranks that cut a model into the same pieces, a layout frame (:func:`write_frame`
+    with ``templates``) writes each record that matches its template as a tag and its payloads' lengths,
+    with its params only where they differ from the template's; a record that matches none goes whole.
+
+    ``sections`` are the record's sections' names and element codes (:data:`ELEM_CODES`), in order.
+    """
+
+    name: str
+    codec: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    params: bytes = b""
+    sections: tuple[tuple[str, int], ...] = ()
+
+    def native(self) -> tuple:
+        """The template as ``_native.encode_layout_frame`` and ``decode_layout_frame`` take it."""
+        return (
+            self.name,
+            int(self.codec),
+            dtype_code(self.dtype),
+            [int(d) for d in self.shape],
+            bytes(self.params),
+            [(str(n), int(e)) for n, e in self.sections],
+        )
+
+
+def _native_templates(templates: Sequence[RecordTemplate]) -> list[tuple]:
+    names = [t.name for t in templates]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"templates must have distinct names; {dup!r} is {names.count(dup)} templates' name")
+    return [t.native() for t in templates]
+
+
+def _entry_spec(e: Entry) -> tuple:
+    return (
+        e.name,
+        int(e.codec),
+        dtype_code(e.dtype),
+        [int(d) for d in e.shape],
+        np.frombuffer(bytes(e.params), dtype=np.uint8),
+        [_section_spec(e, n, a) for n, a in e.sections.items()],
+    )
+
+
+def write_frame(
+    entries: Sequence[Entry],
+    *,
+    round: int = 0,
+    sender: int = 0,
+    bundle: bool = False,
+    templates: Sequence[RecordTemplate] | None = None,
+) -> bytes:
+    """Serialize records into one frame; a tensor frame (``bundle=False``) takes exactly one.
+
+    With ``templates`` (a bundle only): a layout frame of docs/FORMAT.md section 12, the records that
+    match a template written compact. Only a reader given the same templates reads it (:func:`read_frame`).
+    """
     if not bundle and len(entries) != 1:
         raise ValueError(f"a tensor frame holds exactly one record, got {len(entries)}")
-    specs = []
-    for e in entries:
-        sections = [_section_spec(e, n, a) for n, a in e.sections.items()]
-        specs.append(
-            (
-                e.name,
-                int(e.codec),
-                dtype_code(e.dtype),
-                [int(d) for d in e.shape],
-                np.frombuffer(bytes(e.params), dtype=np.uint8),
-                sections,
-            )
-        )
-    return _native.encode_frame(int(round), int(sender), bool(bundle), specs)
+    specs = [_entry_spec(e) for e in entries]
+    if templates is None:
+        return _native.encode_frame(int(round), int(sender), bool(bundle), specs)
+    if not bundle:
+        raise ValueError("a layout frame (templates=...) is a bundle frame: pass bundle=True")
+    return _native.encode_layout_frame(int(round), int(sender), specs, _native_templates(templates))
 
 
 def frame_length(data: BytesLike) -> int:
@@ -211,28 +263,43 @@ def frame_length(data: BytesLike) -> int:
     return _native.frame_length(as_u8(data))
 
 
-def read_frame(data: BytesLike, *, limits: Limits | None = None) -> Frame:
-    """Parse and check a frame; sections are zero-copy numpy views into ``data``."""
+def read_frame(
+    data: BytesLike, *, limits: Limits | None = None, templates: Sequence[RecordTemplate] | None = None
+) -> Frame:
+    """Parse and check a frame; sections are zero-copy numpy views into ``data``.
+
+    With ``templates``, a layout frame (docs/FORMAT.md section 12) written with the same templates is read
+    too: a compact record takes its template's name, codec, dtype, shape and section names, and its params
+    unless it carries its own. Without them a layout frame is refused (``reserved_flags``)."""
     lim = limits or DEFAULT_LIMITS
     buf = as_u8(data)
-    round_, sender, bundle, raw = _native.decode_frame(
-        buf, lim.max_frame_bytes, lim.max_entries, lim.max_tensor_elements
-    )
+    if templates is None:
+        round_, sender, bundle, raw = _native.decode_frame(
+            buf, lim.max_frame_bytes, lim.max_entries, lim.max_tensor_elements
+        )
+        by_name: dict[str, RecordTemplate] = {}
+    else:
+        round_, sender, bundle, raw = _native.decode_layout_frame(
+            buf, _native_templates(templates), lim.max_frame_bytes, lim.max_entries, lim.max_tensor_elements
+        )
+        by_name = {t.name: t for t in templates}
     entries = []
-    for name, codec, dtype, shape, (p0, p1), sections in raw:
+    for name, codec, dtype, shape, params, sections in raw:
         secs: dict[str, np.ndarray] = {}
         elems: dict[str, int] = {}
         for sname, elem, s0, s1 in sections:
             secs[sname] = buf[s0:s1].view(_NUMPY_BY_ELEM[elem])
             if elem == ELEM_BF16:
                 elems[sname] = ELEM_BF16
+        # None: a compact record with its template's params (its name is its template's: names are unique).
+        own = by_name[name].params if params is None else buf[params[0] : params[1]].tobytes()
         entries.append(
             Entry(
                 name=name,
                 codec=codec,
                 dtype=_DTYPE_BY_CODE[dtype],
                 shape=tuple(shape),
-                params=buf[p0:p1].tobytes(),
+                params=bytes(own),
                 sections=secs,
                 section_elems=elems,
             )

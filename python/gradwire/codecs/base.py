@@ -20,9 +20,10 @@ The protocol also declares:
   the whole tensor's, for the sharded exchange), :meth:`Codec.bytes_per_element` (about what a record
   costs), :meth:`Codec.flat_vector_codec` (the codec for a model record's flat vector),
   :meth:`Codec.coefficient_domain` (a domain where a weighted mean of its records is re-encoded without
-  decoding them) and :meth:`Codec.own_records` (what it kept of records it wrote, for its readers). The
-  defaults suit any codec: whole tensors, dense float32's cost, itself, no coefficient domain, nothing
-  kept.
+  decoding them), :meth:`Codec.own_records` (what it kept of records it wrote, for its readers) and
+  :meth:`Codec.record_template` (a record's headers, for readers that know its tensor). The defaults suit
+  any codec: whole tensors, dense float32's cost, itself, no coefficient domain, nothing kept, no
+  template.
 """
 
 from __future__ import annotations
@@ -146,6 +147,15 @@ class Codec:
         """What this codec kept of those of ``entries`` it wrote itself (the very objects), in the form its
         readers take in place of parsing them again (the DCT codec's: a :class:`gradwire.dct.ParseCache`);
         ``None`` (the default) when it keeps nothing."""
+        return None
+
+    def record_template(self, name: str, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> Any:
+        """What this codec's record of a tensor ``name`` of ``shape`` and ``dtype`` will hold but its
+        payloads, as a :class:`gradwire.frame.RecordTemplate`, for readers that know the tensor in advance
+        (the sharded exchange's layout frames, docs/FORMAT.md section 12: a record that matches its template
+        travels as its payloads' lengths, about 120 bytes less). ``None`` (the default): the records travel
+        whole. A prediction only: a record that turns out otherwise (other params: the template's are
+        ignored for it) still travels, in full or with its own params."""
         return None
 
     def encode(self, tensor: torch.Tensor, *, name: str = "", round: int = 0, sender: int = 0) -> bytes:

@@ -37,10 +37,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import _native
+from .. import _native, wire
 from ..codecs import record as rec
 from ..codecs.base import Codec, TensorPart
-from ..frame import Entry
+from ..frame import ELEM_F32, ELEM_I8, ELEM_U8, Entry, RecordTemplate
 from .chunks import MODE_FLAT, MODE_TILES, ChunkPlan, cut_into_chunks, plan_flat, plan_tiles_or_flat, put_back_chunks
 from .decode import decode_level_chunks, decode_levels, subtract_decoded_levels
 from .domain import CoefficientDomain
@@ -55,6 +55,7 @@ from .layout import (
     MODES,
     VALUE_BITS,
     VALUE_BITS_CHOICES,
+    index_bits_for,
     pack_params,
 )
 from .parse import ParseCache, ParsedRecord
@@ -296,6 +297,38 @@ class DCTCodec(Codec):
             idx_t = idx[rows].to(device=dev, dtype=torch.int64)
             cache.add(entry, dev, ParsedRecord(plan, k, idx_t, lv, sc, mn))
         return cache
+
+    def record_template(self, name: str, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> RecordTemplate:
+        """The record this codec writes for a tensor ``name`` of ``shape`` and ``dtype``, but its payloads
+        (:meth:`Codec.record_template <gradwire.codecs.base.Codec.record_template>`): its plan's chunks and
+        ``k``, sections ``idx``, ``val``, ``scale``, ``min``. Exact with ``index_coding="fixed"``. Rice's
+        parameter is the data's best one, so it is predicted: the parameter
+        :func:`~gradwire.wire.rice_param_estimate` gives for ``k`` random positions of ``C`` (where the
+        search for the best parameter starts, and stays on a tie), and with ``"auto"`` Rice only where its
+        expected bits per position, ``p + 1 + gap / 2^p``, are below the packed width. A record whose
+        parameter turns out otherwise carries its own params (about 27 bytes more, still no name or
+        shape)."""
+        plan = self.plan(shape)
+        c = plan.chunk_numel
+        k = self.chunk_topk(c)
+        coding, param = INDEX_CODING_FIXED, None
+        if self.index_coding != "fixed" and k > 0:
+            p = wire.rice_param_estimate(k, c)
+            rice_bits = p + 1 + (c - k) / (k + 1) / 2**p
+            if self.index_coding == "rice" or rice_bits < index_bits_for(c):
+                coding, param = INDEX_CODING_RICE, p
+        params = pack_params(
+            plan.mode,
+            plan.chunk_shape,
+            k,
+            plan.pad_count,
+            index_coding=coding,
+            index_param=param,
+            value_bits=self.value_bits,
+        )
+        val = ELEM_U8 if self.value_bits != VALUE_BITS else ELEM_I8
+        sections = (("idx", ELEM_U8), ("val", val), ("scale", ELEM_F32), ("min", ELEM_F32))
+        return RecordTemplate(name, self.codec_id, dtype, plan.shape, params, sections)
 
     # -- encoding ---------------------------------------------------------------------------------
 

@@ -24,6 +24,12 @@ of re-encoded means, like a ring all-reduce made of frames:
 4. **Phase 2, means to everyone.** The owners' frames are all-gathered and every rank, the owner too,
    decodes those exact bytes, so every rank applies the same mean and holds bit-identical weights.
 
+Every rank knows every piece's name and shape, and the codecs know the rest of a record's headers
+(:meth:`~gradwire.codecs.base.Codec.record_template`), so both phases' frames are layout frames
+(docs/FORMAT.md section 12): a record is its payloads and their lengths, about 9 bytes of headers where
+a full record spends 110–140 (its params too, about 27 more, in the rare step whose Rice parameter is
+not the predicted one). On a small model's 3 KB step those headers were a third of the bytes.
+
 Per rank that is about one frame's worth of records out and in per phase, whatever the world size: a
 rank receives ``(world − 1)/world`` of the model's records in each phase, under 2 frames in all, where
 the all-gather receives ``world − 1`` frames.
@@ -43,7 +49,7 @@ import torch.distributed as dist
 from ..aggregation import exact_mean
 from ..codecs.base import Codec, TensorPart
 from ..errors import FrameError, error
-from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, read_frame, write_frame
+from ..frame import DEFAULT_LIMITS, MIN_FRAME_BYTES, Entry, Limits, RecordTemplate, read_frame, write_frame
 from ..reencode import ReencodeFeedback
 from .collectives import GroupMember, all_gather_bytes, all_to_all_bytes, comm_device, gather_rows
 
@@ -149,9 +155,12 @@ def balanced_piece_numel(
 
 #: The piece bounds :func:`balanced_cut` tries, as fractions of one rank's share of the model.
 _SHARE_FRACTIONS = (1.5, 1.25, 1.0, 0.75, 0.5)
-#: About what a record costs beyond its payload (name, shape, codec parameters, section headers: docs/FORMAT.md
-#: section 3; 120–140 bytes for the DCT codec's pieces).
+#: About what a record costs beyond its payload: in full (name, shape, codec parameters, section headers:
+#: docs/FORMAT.md section 3; 120–140 bytes for the DCT codec's pieces), and compact in a layout frame (its tag
+#: and its sections' lengths, section 12: 5–9 bytes, and now and then its own params), where its codec gives
+#: a template (:meth:`~gradwire.codecs.base.Codec.record_template`).
 _RECORD_BYTES = 130
+_COMPACT_RECORD_BYTES = 12
 
 
 def balanced_cut(
@@ -162,14 +171,14 @@ def balanced_cut(
     A piece is cut at chunk boundaries only (a 64-row tile's rows at least), so a bound of one rank's share
     can leave a piece over for one rank: a 2048×256 embedding and a 1536×256 weight at 8 ranks, cut at 1.5
     shares, gave one rank 1.39 shares and another 0.22, and the busiest rank then received 2.2× what it
-    sent, where a ring all-reduce receives 1.75×. And every piece is a record with its own ~130 bytes of
-    headers in both phases, which on a small model outweigh a better balance. So each bound of
-    :data:`_SHARE_FRACTIONS` of a share (at most ``piece_numel``; the first is :func:`balanced_piece_numel`)
-    is tried: the tensors cut, the owners assigned (:func:`assign_owners`), and each rank's bytes received
-    per step estimated (phase 1: its pieces' records from the ``world − 1`` others; phase 2: every other
-    owner's records, each record its elements times the codec's bytes per element plus its headers). The
-    cut whose busiest rank receives least wins, the one with fewer pieces on a tie. Deterministic: every
-    rank cuts the same."""
+    sent, where a ring all-reduce receives 1.75×. And every piece is a record with headers of its own in
+    both phases (about 130 bytes in full, about 12 compact), which on a small model may outweigh a better
+    balance. So each bound of :data:`_SHARE_FRACTIONS` of a share (at most ``piece_numel``; the first is
+    :func:`balanced_piece_numel`) is tried: the tensors cut, the owners assigned (:func:`assign_owners`),
+    and each rank's bytes received per step estimated (phase 1: its pieces' records from the ``world − 1``
+    others; phase 2: every other owner's records, each record its elements times the codec's bytes per
+    element plus its headers). The cut whose busiest rank receives least wins, the one with fewer pieces
+    on a tie. Deterministic: every rank cuts the same."""
     shapes = [tuple(int(d) for d in s) for _, s in tensors]
     first = balanced_piece_numel(shapes, piece_numel, world)
 
@@ -180,6 +189,8 @@ def balanced_cut(
         return first, cut(first)
     total = sum(_numel(s) for s in shapes)
     per_element = codec.bytes_per_element()
+    compact = bool(tensors) and codec.record_template(tensors[0][0], shapes[0]) is not None
+    record_bytes = _COMPACT_RECORD_BYTES if compact else _RECORD_BYTES
     bounds = [first] + [max(1, min(int(piece_numel), -(-int(total * f) // world))) for f in _SHARE_FRACTIONS[1:]]
     best = None
     for bound in dict.fromkeys(bounds):  # distinct, in order: largest first
@@ -187,7 +198,7 @@ def balanced_cut(
         pieces = [p for n, _ in tensors for p in by_tensor[n]]
         owned = [0.0] * world
         for p, o in zip(pieces, assign_owners(pieces, world)):
-            owned[o] += p.numel * per_element + _RECORD_BYTES
+            owned[o] += p.numel * per_element + record_bytes
         everything = sum(owned)
         busiest = max((world - 1) * mine + everything - mine for mine in owned)
         key = (busiest, len(pieces))
@@ -304,6 +315,7 @@ class ShardedExchange(GroupMember):
         self._owners: list[int] | None = None
         self._owners_world = 0
         self._checked = False
+        self._templates: dict[int, dict[str, RecordTemplate] | None] = {}
 
     # -- the group -------------------------------------------------------------------------------
 
@@ -319,9 +331,32 @@ class ShardedExchange(GroupMember):
         """The pieces ``rank`` owns, in piece order."""
         return [p for p, o in zip(self.pieces.pieces, self.owners()) if o == rank]
 
+    def templates(self, phase: int) -> dict[str, RecordTemplate] | None:
+        """``{piece name: template}`` of phase 1's records (the uplink codec's) or phase 2's (the
+        downlink's), or ``None`` where the codec gives none (its frames are then plain bundles). The
+        same on every rank: from the pieces and the codec alone."""
+        if phase not in self._templates:
+            codec = self.pieces.codec if phase == 1 else self.downlink
+            got = {p.name: codec.record_template(p.name, p.shape) for p in self.pieces.pieces}
+            self._templates[phase] = None if any(t is None for t in got.values()) else got
+        return self._templates[phase]
+
+    def _frame_templates(self, phase: int, pieces: Sequence[Piece]) -> list[RecordTemplate] | None:
+        """The templates of one frame of ``phase`` holding ``pieces``' records: writer and reader pass the
+        same list (a compact record names its template by its place in it)."""
+        by_name = self.templates(phase)
+        return None if by_name is None else [by_name[p.name] for p in pieces]
+
     def _digest(self) -> bytes:
         layout = [[p.name, list(p.shape)] for p in self.pieces.pieces]
-        blob = json.dumps([self.world(), self.pieces.piece_numel, layout]).encode()
+        # The templates too: a compact record's headers are the reader's, so every rank must hold the same.
+        heads = [
+            None
+            if (t := self.templates(phase)) is None
+            else [[*x.native()[:4], x.params.hex(), x.sections] for x in t.values()]
+            for phase in (1, 2)
+        ]
+        blob = json.dumps([self.world(), self.pieces.piece_numel, layout, heads]).encode()
         return hashlib.blake2b(blob, digest_size=16).digest()
 
     def _check_layout(self) -> None:
@@ -335,9 +370,9 @@ class ShardedExchange(GroupMember):
             differ = [r for r in range(rows.shape[0]) if not torch.equal(rows[r], rows[0])]
             if differ:
                 msg = (
-                    f"ranks {differ} cut the parameters into other pieces than rank 0 (different tensor "
-                    "shapes, codec chunks or piece_numel): every rank must build the optimizer over the same "
-                    "parameter shapes"
+                    f"ranks {differ} cut the parameters into other pieces than rank 0, or write other records "
+                    "of them (different tensor shapes, codec settings or piece_numel): every rank must build "
+                    "the optimizer over the same parameter shapes, with the same codecs"
                 )
                 if self.model_record:
                     raise error("model_spec_mismatch", "model record: " + msg)
@@ -371,7 +406,13 @@ class ShardedExchange(GroupMember):
         # Phase 1: one bundle frame per owner, holding this rank's records of its pieces (its own pieces'
         # records stay in memory: they are not sent, and the owner takes them as they are below).
         payloads = [
-            write_frame([mine[p.name] for p in owned[r]], round=round, sender=me, bundle=True)
+            write_frame(
+                [mine[p.name] for p in owned[r]],
+                round=round,
+                sender=me,
+                bundle=True,
+                templates=self._frame_templates(1, owned[r]),
+            )
             if owned[r] and r != me
             else b""
             for r in range(world)
@@ -393,7 +434,7 @@ class ShardedExchange(GroupMember):
                 records = [
                     [mine[p.name] for p in owned[me]]
                     if s == me
-                    else self._read(got[s], round, s, owned[me], "records for its pieces")
+                    else self._read(got[s], round, s, owned[me], "records for its pieces", phase=1)
                     for s in range(world)
                 ]
                 # The mean of every rank's records (1/world each, in rank order) plus the owner's residual,
@@ -411,7 +452,13 @@ class ShardedExchange(GroupMember):
                 else:
                     mean = exact_mean(records, device=device)
                     done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
-                out_frame = write_frame([done[p.name][0] for p in owned[me]], round=round, sender=me, bundle=True)
+                out_frame = write_frame(
+                    [done[p.name][0] for p in owned[me]],
+                    round=round,
+                    sender=me,
+                    bundle=True,
+                    templates=self._frame_templates(2, owned[me]),
+                )
                 # What every rank decodes from this frame, bit for bit (the codec's reconstruction): the
                 # owner need not decode its own frame in phase 2.
                 mine_decoded = {
@@ -446,7 +493,7 @@ class ShardedExchange(GroupMember):
                 # own frame, written above, needs no reading back).
                 parts.update(mine_decoded)
                 continue
-            theirs += self._read(data, round, r, owned[r], "its re-encoded mean")
+            theirs += self._read(data, round, r, owned[r], "its re-encoded mean", phase=2)
         if theirs:
             # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
             # at weight 1, the same bits as owner by owner.
@@ -457,12 +504,12 @@ class ShardedExchange(GroupMember):
         self.bytes_received += received
         return self.pieces.join(parts, tensors)
 
-    def _read(self, data, round: int, sender: int, pieces: Sequence[Piece], what: str) -> list[Entry]:
-        """The records of a frame from ``sender``, checked: a bundle of ``round`` from ``sender`` holding
-        exactly ``pieces`` (names, shapes, order)."""
+    def _read(self, data, round: int, sender: int, pieces: Sequence[Piece], what: str, phase: int) -> list[Entry]:
+        """The records of a frame of ``phase`` from ``sender``, checked: a bundle of ``round`` from ``sender``
+        holding exactly ``pieces`` (names, shapes, order)."""
         if len(data) == 0:
             raise FrameError(f"rank {sender} sent no frame; expected {what} ({len(pieces)} pieces)")
-        got = read_frame(data, limits=self.limits)
+        got = read_frame(data, limits=self.limits, templates=self._frame_templates(phase, pieces))
         if not got.bundle or got.round != round or got.sender != sender:
             raise FrameError(
                 f"rank {sender} sent a {'bundle' if got.bundle else 'tensor'} frame for round {got.round} from"
