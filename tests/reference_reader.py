@@ -61,40 +61,140 @@ class Reader:
     def u(self, fmt: str) -> int:
         return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
 
+    def leb128(self) -> int:
+        """§12: unsigned LEB128, 7 bits a byte, low group first; minimal (no trailing zero group), at most
+        64 bits."""
+        value, shift = 0, 0
+        while True:
+            b = self.u("B")
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+            if shift >= 70:  # ten groups already hold 70 bits
+                raise ValueError("LEB128 number longer than 64 bits")
+        if b == 0 and shift > 7:
+            raise ValueError("LEB128 number not minimal (a trailing zero group)")
+        if value >> 64:
+            raise ValueError("LEB128 number longer than 64 bits")
+        return value
+
 
 def _values(elem: int, payload: bytes) -> list:
+    if elem not in ELEM:
+        raise ValueError(f"unknown element code {elem}")
     fmt, size = ELEM[elem]
+    if len(payload) % size:
+        raise ValueError(f"section of {len(payload)} bytes is not whole elements of {size} bytes")
     n = len(payload) // size
     if elem == 9:  # bf16: the high half of an f32
         return [struct.unpack("<f", b"\0\0" + payload[2 * i : 2 * i + 2])[0] for i in range(n)]
     return list(struct.unpack(f"<{n}{fmt}", payload))
 
 
-def parse(data: bytes) -> dict:
-    """The frame as plain Python: header fields and records with their sections as value lists."""
+#: Flag bits of the header (§2): a bundle frame; with it, a layout frame (§12).
+BUNDLE_FLAG, LAYOUT_FLAG = 1, 2
+MAX_PARAMS = 4096
+SECTION_NAME_CHARS = set(b"abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def template(t) -> dict:
+    """§12: a template the reader holds, from a dict (or a tuple in this order) of ``name``, ``codec``,
+    ``dtype`` (code, table 4.1), ``shape``, ``params`` (bytes, or their hex digits) and ``sections``
+    ((name, elem code) pairs, in order)."""
+    if isinstance(t, dict):
+        t = tuple(t[k] for k in ("name", "codec", "dtype", "shape", "params", "sections"))
+    name, codec, dtype, shape, params, sections = t
+    params = bytes.fromhex(params) if isinstance(params, str) else bytes(params)
+    sections = [(str(n), int(e)) for n, e in sections]
+    if int(dtype) not in (8, 9, 10, 11) or len(shape) > 8 or len(params) > MAX_PARAMS or len(sections) > 32:
+        raise ValueError(f"template {name!r} breaks the rules of a record (§3)")
+    for n, e in sections:
+        if not 1 <= len(n) <= 32 or set(n.encode()) - SECTION_NAME_CHARS or e not in ELEM:
+            raise ValueError(f"template {name!r}: bad section {n!r}")
+    if len({n for n, _ in sections}) != len(sections):
+        raise ValueError(f"template {name!r}: section names repeat")
+    return dict(
+        name=str(name),
+        codec=int(codec),
+        dtype=int(dtype),
+        shape=[int(d) for d in shape],
+        params=params,
+        sections=sections,
+    )
+
+
+def _full_record(r: Reader) -> dict:
+    """§3."""
+    name = r.take(r.u("H")).decode("utf-8")
+    codec, dtype, ndim = r.u("H"), r.u("B"), r.u("B")
+    shape = [r.u("Q") for _ in range(ndim)]
+    params = r.take(r.u("I"))
+    sections = {}
+    for _ in range(r.u("B")):
+        sname = r.take(r.u("B")).decode("ascii")
+        elem = r.u("B")
+        if sname in sections:
+            raise ValueError(f"section {sname!r} twice in record {name!r}")
+        sections[sname] = _values(elem, r.take(r.u("Q")))
+    return dict(name=name, codec=codec, dtype=dtype, shape=shape, params=params, sections=sections)
+
+
+def _compact_record(r: Reader, t: dict, own_params: bool) -> dict:
+    """§12: a compact record of template ``t`` — the very structure a full record of the same bytes gives."""
+    params = t["params"]
+    if own_params:
+        n = r.leb128()
+        if n > MAX_PARAMS:
+            raise ValueError(f"params_len {n} above {MAX_PARAMS}")
+        params = r.take(n)
+    sections = {sname: _values(elem, r.take(r.leb128())) for sname, elem in t["sections"]}
+    return dict(
+        name=t["name"], codec=t["codec"], dtype=t["dtype"], shape=list(t["shape"]), params=params, sections=sections
+    )
+
+
+def parse(data: bytes, templates=None) -> dict:
+    """The frame as plain Python: header fields and records with their sections as value lists.
+
+    ``templates`` (a list of what :func:`template` takes) are those a layout frame (§12) may refer to;
+    without them a layout frame is rejected, as flag bit 1 is reserved to a reader of §1–§11. ``forms``
+    says how each record came: ``"full"``, ``"compact"`` (its template's params) or ``"compact_params"``.
+    """
     if len(data) < 36 or data[:4] != MAGIC:
         raise ValueError("not a gradwire frame")
     r = Reader(data, 4)
     version, flags, total_len, rnd, sender, count = (r.u("H"), r.u("H"), r.u("Q"), r.u("Q"), r.u("I"), r.u("I"))
-    if version != 1 or flags & ~1 or total_len != len(data):
+    if version != 1 or total_len != len(data):
         raise ValueError("bad header")
+    layout = flags == BUNDLE_FLAG | LAYOUT_FLAG
+    if flags & ~BUNDLE_FLAG and not layout:
+        raise ValueError("bad header: reserved flags")
+    if layout and templates is None:
+        raise ValueError("bad header: reserved flags (a layout frame, section 12, and no templates to read it)")
     if crc32c(data[:-4]) != struct.unpack("<I", data[-4:])[0]:
         raise ValueError("crc mismatch")
-    entries = []
+    if not flags & BUNDLE_FLAG and count != 1:
+        raise ValueError("a tensor frame holds exactly one record")
+    held = [template(t) for t in templates] if layout else []
+    entries, forms = [], []
     for _ in range(count):
-        name = r.take(r.u("H")).decode("utf-8")
-        codec, dtype, ndim = r.u("H"), r.u("B"), r.u("B")
-        shape = [r.u("Q") for _ in range(ndim)]
-        params = r.take(r.u("I"))
-        sections = {}
-        for _ in range(r.u("B")):
-            sname = r.take(r.u("B")).decode("ascii")
-            elem = r.u("B")
-            sections[sname] = _values(elem, r.take(r.u("Q")))
-        entries.append(dict(name=name, codec=codec, dtype=dtype, shape=shape, params=params, sections=sections))
+        tag = r.leb128() if layout else 0
+        if tag == 0:
+            entries.append(_full_record(r))
+            forms.append("full")
+            continue
+        i, own_params = divmod(tag - 1, 2)
+        if i >= len(held):
+            raise ValueError(f"unknown template {i} (the reader holds {len(held)})")
+        entries.append(_compact_record(r, held[i], bool(own_params)))
+        forms.append("compact_params" if own_params else "compact")
     if r.pos != len(data) - 4:
         raise ValueError("bytes left before the crc")
-    return dict(bundle=bool(flags & 1), round=rnd, sender=sender, entries=entries)
+    names = [e["name"] for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate name: record names repeat within the frame")
+    return dict(bundle=bool(flags & BUNDLE_FLAG), layout=layout, round=rnd, sender=sender, entries=entries, forms=forms)
 
 
 def unpack_bits(data: bytes, bits: int, count: int) -> list[int]:
@@ -270,15 +370,82 @@ def largest_divisor(n: int, cap: int = 64) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def decode_entry(e: dict) -> list[float]:
-    """The record's tensor, flattened in row-major order."""
+def exact_basis(n: int, s: int) -> list[list[int]]:
+    """§5.2 bit-identical decoding: ``E = round(D_n · 2^s)``, D computed in f64, rounded half to even."""
+    return [[round(v * 2.0**s) for v in row] for row in dct_matrix(n)]
+
+
+def _exact_chunk(positions: list[int], levels: list[int], scale: float, mn: float, dims: list[int]) -> list[float]:
+    """§5.2 bit-identical decoding of one chunk: integer sums ``L`` (of ``u_j`` times the tensor product of
+    the ``E_i`` rows of position j's frequencies) and ``P`` (of the products alone), then
+    ``f32(((L · scale) + (P · min)) · 2^(−s·d))`` in f64."""
+    d, c = len(dims), math.prod(dims)
+    s = max(1, min(24, (44 - c.bit_length()) // d))
+    bases = [exact_basis(n, s) for n in dims]
+    lsum, psum = [0] * c, [0] * c
+    for pos, u in zip(positions, levels):
+        freqs = []
+        for n in reversed(dims):  # the position unravelled in row-major order
+            pos, f = divmod(pos, n)
+            freqs.append(f)
+        w = [1]
+        for basis, f in zip(bases, reversed(freqs)):
+            w = [x * y for x in w for y in basis[f]]
+        for i, x in enumerate(w):
+            lsum[i] += u * x
+            psum[i] += x
+    unit = 2.0 ** (-s * d)
+    return [f32((float(lv) * scale + float(pv) * mn) * unit) for lv, pv in zip(lsum, psum)]
+
+
+def _finite_f32(x: float) -> bool:
+    try:
+        return math.isfinite(f32(x))
+    except OverflowError:  # beyond f32's range
+        return False
+
+
+def cast(values: list[float], dtype: int) -> list[float]:
+    """Values rounded to ``dtype`` (table 4.1 code) as a conversion from f32 or f64 rounds: to nearest, ties
+    to even."""
+    if dtype == 11:
+        return list(values)
+    if dtype == 10:
+        return [f32(v) for v in values]
+    if dtype == 9:  # bf16: the f32's high half, rounded to nearest even on the low half
+        out = []
+        for v in values:
+            bits = struct.unpack("<I", struct.pack("<f", f32(v)))[0]
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            out.append(struct.unpack("<f", struct.pack("<I", bits))[0])
+        return out
+    if dtype == 8:
+        out = []
+        for v in values:
+            try:
+                out.append(struct.unpack("<e", struct.pack("<e", v))[0])
+            except OverflowError:
+                out.append(math.copysign(math.inf, v))
+        return out
+    raise ValueError(f"dtype {dtype} is not a floating point code")
+
+
+def decode_entry(e: dict, exact: bool = False) -> list[float]:
+    """The record's tensor, flattened in row-major order.
+
+    ``exact``: bit for bit what §5.2's integer decoding gives for a DCT record (the transform with the
+    rounded basis, in integers), and every codec's values cast to the record's dtype; else the DCT record's
+    values by the plain inverse transform in f64 (about 1e-4 apart)."""
     numel = math.prod(e["shape"])
     if e["codec"] == 0:
-        return [float(v) for v in e["sections"]["data"]]
+        values = [float(v) for v in e["sections"]["data"]]
+        return cast(values, e["dtype"]) if exact else values
     if e["codec"] == 3:
-        return decode_gcomp(e, numel)
+        values = decode_gcomp(e, numel)
+        return cast(values, e["dtype"]) if exact else values
     if e["codec"] == 4:
-        return decode_qsgd(e, numel)
+        values = decode_qsgd(e, numel)
+        return cast(values, e["dtype"]) if exact else values
     if e["codec"] != 1:
         raise ValueError("codec not in this reader")
     p = Reader(e["params"])
@@ -297,27 +464,38 @@ def decode_entry(e: dict) -> list[float]:
     else:
         levels = unpack_bits(bytes(e["sections"]["val"]), value_bits, n_chunks * k)
     scale, mn = e["sections"]["scale"], e["sections"]["min"]
+    top = (1 << value_bits) - 1
+    for sc, m in zip(scale, mn):
+        if not (math.isfinite(sc) and sc > 0 and math.isfinite(m)):
+            raise ValueError("a chunk's scale is not finite and > 0, or its min not finite")
+        if not (_finite_f32(top * sc) and _finite_f32(f32(top * sc) + m)):
+            raise ValueError("a chunk's largest coefficient is not finite in f32")
     chunks = []
     for j in range(n_chunks):
+        ts = range(j * k, (j + 1) * k)
+        if exact:
+            chunks.append(_exact_chunk([idx[t] for t in ts], [levels[t] for t in ts], scale[j], mn[j], chunk))
+            continue
         coeffs = [0.0] * c
-        for t in range(j * k, (j + 1) * k):
+        for t in ts:
             coeffs[idx[t]] = levels[t] * scale[j] + mn[j]
         chunks.append(_inverse_nd(coeffs, chunk))
     if mode == 0:
         flat = [v for ch in chunks for v in ch]
-        return flat[:numel]
-    # tiles: the tensor viewed as a matrix (rows, cols), or as a vector
-    shape = e["shape"]
-    rows, cols = (shape[0], numel // shape[0]) if len(shape) >= 2 else (1, numel)
-    a, b = (chunk[0], chunk[1]) if cnd == 2 else (1, chunk[0])
-    out = [0.0] * numel
-    tiles_per_row = cols // b
-    for j, ch in enumerate(chunks):
-        u, v = divmod(j, tiles_per_row)
-        for r_ in range(a):
-            for s in range(b):
-                out[(u * a + r_) * cols + v * b + s] = ch[r_ * b + s]
-    return out
+        out = flat[:numel]
+    else:
+        # tiles: the tensor viewed as a matrix (rows, cols), or as a vector
+        shape = e["shape"]
+        rows, cols = (shape[0], numel // shape[0]) if len(shape) >= 2 else (1, numel)
+        a, b = (chunk[0], chunk[1]) if cnd == 2 else (1, chunk[0])
+        out = [0.0] * numel
+        tiles_per_row = cols // b
+        for j, ch in enumerate(chunks):
+            u, v = divmod(j, tiles_per_row)
+            for r_ in range(a):
+                for s in range(b):
+                    out[(u * a + r_) * cols + v * b + s] = ch[r_ * b + s]
+    return cast(out, e["dtype"]) if exact else out
 
 
 # Whole-model records (section 9).

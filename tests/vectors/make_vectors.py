@@ -14,6 +14,10 @@ Whole-model vectors (FORMAT.md section 9) also list their ``model_spec`` in the 
 its table 4.1 name, shape; in the spec's order); their one record is named ``@model:<hash>``, its input
 is the flat vector, and ``model/<tensor>`` holds each tensor as ``gradwire.decode_model`` returns it.
 
+Layout frames (FORMAT.md section 12) also list their ``templates`` in the manifest, in the order the frame
+refers to them, each as plain data a reader without gradwire takes: ``name``, ``codec`` (id), ``dtype``
+(code, table 4.1), ``shape``, ``params`` (hex digits) and ``sections`` ([name, element code] pairs).
+
 Usage: python tests/vectors/make_vectors.py [NAME ...]   (only the named vectors, others untouched)
 """
 
@@ -28,17 +32,22 @@ from safetensors.torch import save_file
 
 import gradwire
 from gradwire import dct as D
+from gradwire.algorithms import default_demo_codec
+from gradwire.algorithms.demo import demo_codec_params
 from gradwire.codecs import DCTCodec, make_codec
+from gradwire.frame import RecordTemplate, dtype_code
 
 HERE = Path(__file__).parent
 #: dtypes by their FORMAT.md table 4.1 names, as a manifest's ``model_spec`` writes them.
 SPEC_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+#: dtypes by their FORMAT.md table 4.1 codes, as a manifest's ``templates`` write them.
+CODE_DTYPES = {8: torch.float16, 9: torch.bfloat16, 10: torch.float32, 11: torch.float64}
 
 
 def designed_dct_input(shape, codec: DCTCodec, seed: int) -> torch.Tensor:
     plan = codec.plan(shape)
     n, c = plan.num_chunks, plan.chunk_numel
-    k = min(codec.topk, c)
+    k = codec.chunk_topk(c)
     top = (1 << getattr(codec, "value_bits", 8)) - 1  # the grid's last level: 255 for int8
     g = torch.Generator().manual_seed(seed)
     coeffs = torch.zeros(n, c, dtype=torch.float64)
@@ -83,6 +92,33 @@ def model_vector(listed: list[dict], config: dict, make_flat):
     """The manifest fields and the one record of a whole-model vector: ``make_flat(spec, codec)``."""
     spec = model_spec(listed)
     return dict(model_spec=listed), [(spec.record_name, config, make_flat(spec, build(config)))]
+
+
+def template_fields(t: RecordTemplate) -> dict:
+    """A template as a manifest's ``templates`` list it (plain data: FORMAT.md section 12's fields)."""
+    return dict(
+        name=t.name,
+        codec=int(t.codec),
+        dtype=dtype_code(t.dtype),
+        shape=[int(d) for d in t.shape],
+        params=bytes(t.params).hex(),
+        sections=[[n, int(e)] for n, e in t.sections],
+    )
+
+
+def layout_templates(listed: list[dict]) -> list[RecordTemplate]:
+    """The templates a manifest's ``templates`` lists, as gradwire's ``write_frame``/``read_frame`` take them."""
+    return [
+        RecordTemplate(
+            t["name"],
+            t["codec"],
+            CODE_DTYPES[t["dtype"]],
+            tuple(t["shape"]),
+            bytes.fromhex(t["params"]),
+            tuple((n, e) for n, e in t["sections"]),
+        )
+        for t in listed
+    ]
 
 
 def vectors():
@@ -180,6 +216,29 @@ def vectors():
         spec_listed, rice_model, lambda spec, codec: designed_dct_input((spec.numel,), codec, 9)
     )
     yield "model_dct_rice", dict(round=12, sender=13, bundle=True, stable=True, **fields), records
+    # A layout frame (FORMAT.md section 12) of DeMo's codec: records of templates the reader holds. The
+    # embedding and the bias match their templates (compact records); the attention weight's template is a
+    # fixed-coding codec's, so its Rice-coded record carries its own params; the conv weight has no
+    # template (a full record). The templates are listed in another order than the records.
+    demo = {"codec": "dct", **demo_codec_params()}
+    shapes = {
+        "embed.weight": (128, 64),
+        "blocks.0.attn.weight": (32, 48),
+        "blocks.0.bias": (96,),
+        "conv.weight": (4, 2, 3, 3),
+    }
+    for n, shape in shapes.items():
+        assert build(demo).record_template(n, shape) == default_demo_codec().record_template(n, shape)
+    templates = [
+        build(demo).record_template("blocks.0.bias", shapes["blocks.0.bias"]),
+        build(dict(demo, index_coding="fixed")).record_template("blocks.0.attn.weight", shapes["blocks.0.attn.weight"]),
+        build(demo).record_template("embed.weight", shapes["embed.weight"]),
+    ]
+    yield (
+        "dct_layout_bundle",
+        dict(round=13, sender=14, bundle=True, stable=True, templates=[template_fields(t) for t in templates]),
+        [(n, demo, designed_dct_input(shape, build(demo), seed)) for seed, (n, shape) in enumerate(shapes.items(), 20)],
+    )
     # GComp (FORMAT.md §5.4, §6.4) and QSGD (§5.5, §6.3). Deterministic, but their re-encoding is
     # checked in their own tests (test_codec_gcomp.py, test_codec_qsgd.py), not by the DCT-specific one.
     g2 = torch.Generator().manual_seed(99)
@@ -220,8 +279,11 @@ def main(names: list[str]) -> None:
         if names and name not in names:
             continue
         entries = [build(config).compress(t, rec)[0] for rec, config, t in records]
-        frame = gradwire.write_frame(entries, round=meta["round"], sender=meta["sender"], bundle=meta["bundle"])
-        decoded = gradwire.decode_bundle(frame)
+        templates = layout_templates(meta["templates"]) if "templates" in meta else None
+        frame = gradwire.write_frame(
+            entries, round=meta["round"], sender=meta["sender"], bundle=meta["bundle"], templates=templates
+        )
+        decoded = gradwire.decode_bundle(gradwire.read_frame(frame, templates=templates))
         tensors = {}
         if "model_spec" in meta:
             spec = model_spec(meta["model_spec"])
