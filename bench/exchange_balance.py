@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import gradwire.torch as gt
+from gradwire.algorithms.sparseloco import DEFAULT_SYNC_EVERY
 from gradwire.state import state_hash
 
 
@@ -132,12 +133,19 @@ def main() -> None:
             f"- target {which}: the busiest rank's bytes received, {hi} ranks / {lo}: {ratio:.2f}× "
             f"(≤ 2.0×; a ring all-reduce {2 * (hi - 1) / hi / (2 * (lo - 1) / lo):.2f}×) — {verdict}"
         )
-        if (which, 4) in fewer:
+        if (which, 4) in fewer and which == "demo":
             up, down = fewer[(which, 4)]
             verdict = "met" if min(up, down) >= 300 else "missed"
             say(
                 f"- target {which}: at 4 ranks the busiest rank sends {up:,.0f}× and receives {down:,.0f}× fewer "
                 f"bytes than DDP's fp32 ring (≥ 300× both ways) — {verdict}"
+            )
+        elif (which, 4) in fewer:
+            up, down = fewer[(which, 4)]
+            say(
+                f"- {which} syncs every step here (`sync_every=1`); at 4 ranks its busiest rank sends {up:,.0f}× and "
+                f"receives {down:,.0f}× fewer bytes per sync than DDP's fp32 ring moves per step (its default, a "
+                f"sync every {DEFAULT_SYNC_EVERY} steps, spreads a sync's bytes over those steps)"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
