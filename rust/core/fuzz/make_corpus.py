@@ -3,9 +3,9 @@
 Every seed is an input the target's decoder accepts, laid out as that target reads its input (the
 leading parameter bytes each fuzz_targets/<target>.rs takes apart, then the encoded bytes): the golden
 frames of tests/vectors and a frame of every wire codec for the frame targets, published versions and
-catch-ups for the frame stream, and for the section decoders what gradwire's encoders write at a spread of
-widths, counts and parameters. The fuzzer starts from valid inputs and mutates inward instead of having
-to discover the layouts first.
+catch-ups for the frame stream, layout frames of its templates for the layout frame target, and for the
+section decoders what gradwire's encoders write at a spread of widths, counts and parameters. The fuzzer
+starts from valid inputs and mutates inward instead of having to discover the layouts first.
 
 The corpora are checked in minimized (`make fuzz-cmin` after a campaign); run this only to re-seed, then
 minimize: ``.venv/bin/python rust/core/fuzz/make_corpus.py && make fuzz-cmin``.
@@ -24,6 +24,7 @@ import torch
 import gradwire
 from gradwire import wire
 from gradwire.codecs import CODECS, make_codec
+from gradwire.frame import RecordTemplate
 from gradwire.published import write_published, write_published_aggregate
 
 HERE = Path(__file__).resolve().parent
@@ -82,6 +83,45 @@ def frame_stream_seeds(frames: list[bytes]) -> list[bytes]:
     reencoded = write_published_aggregate(6, [identity.compress(torch.ones(5), "x")[0]], senders=3)
     streams = [verbatim, trimmed, reencoded, verbatim + reencoded, b"".join(frames[:4]), b"".join(frames[4:])]
     return [mode + s for s in streams for mode in (b"\x00", b"\x01")]
+
+
+#: The layout_frame target's templates (fuzz_targets/layout_frame.rs holds the same): the default DCT codec's
+#: records of a 24×20 and of a 37-element float32 tensor, and an identity record of 8×4 bf16 values.
+DCT_SECTIONS = (("idx", 0), ("val", 1), ("scale", 10), ("min", 10))
+WEIGHT_PARAMS = bytes.fromhex("00024000000040000000200000000c0800200e000000000000")  # 64×64 chunks, k 32, pad 3616
+BIAS_PARAMS = bytes.fromhex("00024000000040000000200000000c0800db0f000000000000")  # the same, pad 4059
+LAYOUT_TEMPLATES = (
+    RecordTemplate("layers.0.weight", 1, torch.float32, (24, 20), WEIGHT_PARAMS, DCT_SECTIONS),
+    RecordTemplate("layers.0.bias", 1, torch.float32, (37,), BIAS_PARAMS, DCT_SECTIONS),
+    RecordTemplate("embed", 0, torch.bfloat16, (8, 4), b"", (("data", 9),)),
+)
+
+
+def layout_frame_seeds() -> list[bytes]:
+    """Layout frames of the target's templates: compact records with the template's params and with their
+    own, full ones (no template, another shape), an empty frame; a full record that matches its template
+    (the writer writes it compact: the rewrite is shorter); a plain bundle (flag bit 1 clear)."""
+    g = torch.Generator().manual_seed(11)
+    dct, few, identity = make_codec("dct"), make_codec("dct", topk=8), make_codec("identity")
+    w = dct.compress(torch.randn(24, 20, generator=g), "layers.0.weight")[0]
+    w8 = few.compress(torch.randn(24, 20, generator=g), "layers.0.weight")[0]  # its own params
+    b = dct.compress(torch.randn(37, generator=g), "layers.0.bias")[0]
+    b36 = dct.compress(torch.randn(36, generator=g), "layers.0.bias")[0]  # not the template's shape: full
+    emb = identity.compress(torch.randn(8, 4, generator=g).to(torch.bfloat16), "embed")[0]
+    head = identity.compress(torch.randn(5, generator=g), "head")[0]  # no template: full
+
+    def layout(entries: list, round: int, sender: int) -> bytes:
+        return gradwire.write_frame(entries, round=round, sender=sender, bundle=True, templates=LAYOUT_TEMPLATES)
+
+    frames = [layout([w, b, emb], 3, 1), layout([emb, w8, head, b36], 9, 4), layout([], 1, 2)]
+    # even first byte: the frame as is; odd: magic, version, length and CRC put around bytes 6..-4 of it,
+    # the flags set to a layout bundle (first byte 7 mod 8: the flags' bits 0 and 1 kept)
+    seeds = [b"\x00" + f for f in frames] + [b"\x01" + f[6:-4] for f in frames]
+    one = gradwire.write_frame([w], round=3, sender=1, bundle=True)
+    seeds.append(b"\x01" + b"\x03\x00" + one[8:32] + b"\x00" + one[32:-4])  # the record behind tag 0
+    plain = gradwire.write_frame([b, head], round=2, sender=5, bundle=True)
+    seeds += [b"\x00" + plain, b"\x07" + plain[6:-4]]
+    return seeds
 
 
 def unpack_bits_seeds() -> list[bytes]:
@@ -213,6 +253,7 @@ def main() -> None:
     frames = golden_frames() + codec_frames()
     write("parse_frame", parse_frame_seeds(frames))
     write("frame_stream", frame_stream_seeds(frames))
+    write("layout_frame", layout_frame_seeds())
     write("unpack_bits", unpack_bits_seeds())
     write("quartic_decode", quartic_seeds())
     write("zero_run_decode", zero_run_seeds())

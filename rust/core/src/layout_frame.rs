@@ -39,6 +39,9 @@ pub struct RecordTemplate<'t> {
     pub sections: Vec<(&'t str, u8)>,
 }
 
+/// Records a parse reserves room for before any has parsed.
+const RESERVED_ENTRIES: usize = 1024;
+
 /// One record of a parsed layout frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LayoutEntry<'a> {
@@ -181,8 +184,12 @@ pub(crate) fn parse_layout_records<'a>(
         buf: &data[..body_end],
         pos: HEADER_LEN,
     };
-    // A compact record takes at least one byte: never trust entry_count for the allocation.
-    let cap = (entry_count as usize).min(cur.remaining());
+    // Never trust entry_count for the allocation. A compact record may take a single byte, so the
+    // bytes bound the count only loosely (a parsed record is ~100 bytes of view): reserve a little and
+    // grow with the records that actually parse.
+    let cap = (entry_count as usize)
+        .min(cur.remaining())
+        .min(RESERVED_ENTRIES);
     let mut entries = Vec::with_capacity(cap);
     let mut names: HashSet<&str> = HashSet::new();
     for e in 0..entry_count as usize {

@@ -54,6 +54,7 @@ fn check(frame: &[u8]) {
 fuzz_target!(|input: &[u8]| {
     match input.split_first() {
         Some((m, rest)) if m % 2 == 1 => check(&with_envelope(rest)),
-        _ => check(input),
+        Some((_, rest)) => check(rest),
+        None => {}
     }
 });
