@@ -1,10 +1,12 @@
 """One replica group of the fault-tolerant tests and bench (a process of its own): a small regression model
-trained with SparseLoCo under gradwire.torch.FaultTolerant, one JSON line per committed round.
+trained with SparseLoCo (or, with ``algorithm`` ``"demo"``, DeMo: a round every step) under
+gradwire.torch.FaultTolerant, one JSON line per committed round.
 
 ``python bench/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
 file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
 ``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership),
-``width``/``depth`` (the MLP's hidden width and layers), ``leave_at`` (leave cleanly once the run has
+``width``/``depth`` (the MLP's hidden width and layers), ``algorithm`` (``"sparseloco"``, the default, or ``"demo"``,
+with ``lr`` its learning rate), ``leave_at`` (leave cleanly once the run has
 committed that many rounds: a membership change without a fault); counted
 in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that
 round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself at that step after the first
@@ -25,21 +27,26 @@ import torch
 from torch import nn
 from torch.distributed.distributed_c10d import AllgatherOptions
 
-from gradwire.torch import FaultTolerant, ReplicaTimeouts, SparseLoCo
+from gradwire.torch import DeMo, FaultTolerant, ReplicaTimeouts, SparseLoCo
 from gradwire.torch.state_bytes import state_to_bytes
 
 
-def model_hash(module: nn.Module, opt: SparseLoCo) -> str:
+def model_hash(module: nn.Module, opt: SparseLoCo | DeMo) -> str:
+    """The weights' hash, with SparseLoCo's anchor (DeMo's momenta are each group's own: not hashed)."""
     h = hashlib.sha256()
-    for t in list(module.state_dict().values()) + list(opt.node.anchor.values()):
+    anchor = list(opt.node.anchor.values()) if isinstance(opt, SparseLoCo) else []
+    for t in list(module.state_dict().values()) + anchor:
         h.update(t.detach().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 def main(cfg: dict) -> None:
     module = build_model(cfg)
-    inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
+    if cfg.get("algorithm", "sparseloco") == "demo":
+        opt = DeMo(module.parameters(), lr=cfg.get("lr", 3e-3), exchange="all_gather")
+    else:
+        inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
+        opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
     if cfg.get("wait_for"):  # a warm standby: imported and built, it joins once the file appears
         with open(cfg["log"], "a") as log:
             log.write(json.dumps({"replica": cfg["replica_id"], "pid": os.getpid(), "standby": time.time()}) + "\n")
@@ -102,10 +109,10 @@ def main(cfg: dict) -> None:
             stop = int(open(cfg["stop"]).read())
         except (OSError, ValueError):
             stop = None
-        if stop is not None and ft.commits >= stop and opt.local_steps % opt.sync_every == 0:
+        if stop is not None and ft.commits >= stop and ft.at_interval_start():
             break
         leave = cfg.get("leave_at")
-        if leave is not None and ft.commits >= leave and opt.local_steps % opt.sync_every == 0:
+        if leave is not None and ft.commits >= leave and ft.at_interval_start():
             write({"left": time.time(), "step": ft.commits})  # between quorums: the others drop it at their next
             ft.shutdown()
             log.close()
@@ -118,7 +125,7 @@ def main(cfg: dict) -> None:
             if seen["steps"] == cfg.get("die_at_step"):  # between syncs (a step that does not send)
                 write({"died": time.time(), "step": ft.commits})
                 os.kill(os.getpid(), signal.SIGKILL)
-        if ft.commits != last and opt.local_steps % opt.sync_every == 0:
+        if ft.commits != last and ft.at_interval_start():
             last = ft.commits
             row = {
                 "step": ft.commits,
@@ -133,7 +140,7 @@ def main(cfg: dict) -> None:
                 "downloaded": ft.transport.bytes_downloaded,
                 "bytes_sent": ex.bytes_sent,
                 "bytes_received": ex.bytes_received,
-                "local_steps": opt.local_steps,
+                "local_steps": opt.steps,
                 "raw_state": raw_state_bytes(ft._state()),
             }
             write(row)

@@ -81,3 +81,47 @@ def test_groups_survive_kills_rejoin_bit_identical_and_refuse_a_hostile_frame(tm
         assert rows["g2"][-1]["step"] > hostile
     finally:
         run.close()
+
+
+def test_demo_groups_survive_a_kill_inside_a_round_and_the_restart_rejoins_bit_identical(tmp_path):
+    """DeMo sends every step, so every step is a round with its own quorum: a group SIGKILLed inside a round's
+    exchange leaves the survivors committing, and its restart heals at a step's start (the weights and the
+    healthy group's momenta) and contributes at that step."""
+    run = ReplicaGroups(tmp_path, groups=3, algorithm="demo", pause=0.02)
+    try:
+        run.start("g0")
+        run.start("g1", die_at_sync=4)  # SIGKILL inside the exchange of its fourth full round
+        run.start("g2")
+        run.start("g1", process="g1-restart", wait_for=str(tmp_path / "go-g1"))
+        assert run.exit_code("g1", 120) == -signal.SIGKILL
+        first_pid = run.procs["g1"].pid
+        death = max((r["step"] for r in run.rows("g1")), default=0)
+        (tmp_path / "go-g1").write_text("")
+
+        def restarted() -> list[dict]:
+            return [r for r in run.rows("g1") if r["pid"] != first_pid]
+
+        run.wait_for(lambda: any(r["groups"] == 3 for r in restarted()), 120, "the restarted g1 in a round of 3")
+        last = max(r["step"] for n in ("g0", "g1", "g2") for r in run.rows(n))
+        run.stop_at(last + 3)
+        for process in ("g0", "g1-restart", "g2"):
+            assert run.exit_code(process, 120) == 0, run.tails()
+        rows = {n: run.rows(n) for n in ("g0", "g1", "g2")}
+        died = [e for e in run.events("g1") if "died" in e]
+        assert len(died) == 1
+        for survivor in ("g0", "g2"):  # every step once, in order, and rounds after the death
+            steps = [r["step"] for r in rows[survivor]]
+            assert steps == list(range(steps[0], steps[0] + len(steps))), steps
+            assert any(r["time"] > died[0]["died"] and r["step"] > died[0]["step"] for r in rows[survivor])
+        first = restarted()[0]
+        assert first["healed"] == 1 and first["groups"] >= 2 and first["kept"] == first["groups"], restarted()[:3]
+        assert first["step"] > death
+        by_step: dict[int, set[str]] = {}
+        for rs in rows.values():
+            for r in rs:
+                if r["groups"] > 1:
+                    by_step.setdefault(r["step"], set()).add(r["hash"])
+        assert by_step and all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
+        assert len({r["hash"] for rs in rows.values() for r in rs if r["step"] == last + 3}) == 1
+    finally:
+        run.close()

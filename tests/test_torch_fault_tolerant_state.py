@@ -88,10 +88,12 @@ def test_bytes_that_are_no_state_are_refused_not_unpickled():
         joiner.shutdown()
 
 
-def test_demo_and_the_sharded_exchange_are_refused_before_torchft_is_touched():
+def test_other_optimizers_and_the_sharded_exchange_are_refused_before_torchft_is_touched():
     m = nn.Linear(4, 2)
-    with pytest.raises(TypeError, match="wraps a gradwire.torch.SparseLoCo, got DeMo"):
-        FaultTolerant(DeMo(m.parameters(), lr=1e-3, exchange="all_gather"), m, lighthouse="x", replica_id="g0")
+    with pytest.raises(TypeError, match="wraps a gradwire.torch.SparseLoCo or DeMo, got AdamW"):
+        FaultTolerant(torch.optim.AdamW(m.parameters()), m, lighthouse="x", replica_id="g0")
+    with pytest.raises(ValueError, match="this DeMo has exchange='sharded'"):
+        FaultTolerant(DeMo(m.parameters(), lr=1e-3), m, lighthouse="x", replica_id="g0")
     sharded = SparseLoCo(m, torch.optim.AdamW(m.parameters()), exchange="sharded")
     with pytest.raises(ValueError, match="exchange='sharded': build it with exchange='all_gather'"):
         FaultTolerant(sharded, m, lighthouse="x", replica_id="g0")

@@ -1,18 +1,19 @@
 """A gradwire optimizer across torchft's fault-tolerant replica groups: sites that fail and come back
 without stopping the others (docs/FAULT_TOLERANCE.md).
 
-:class:`FaultTolerant` wraps a :class:`~gradwire.torch.SparseLoCo` (``exchange="all_gather"``). Each sync
-interval begins with a torchft quorum through the Lighthouse (who is in, and a joiner healed); the interval's
-sync exchanges one frame per group over torchft's managed gloo process group
+:class:`FaultTolerant` wraps a :class:`~gradwire.torch.SparseLoCo` or a :class:`~gradwire.torch.DeMo`
+(``exchange="all_gather"``). Each sync interval (SparseLoCo's ``sync_every`` local steps; DeMo's every step,
+since each of its steps sends) begins with a torchft quorum through the Lighthouse (who is in, and a joiner
+healed); the interval's sync exchanges one frame per group over torchft's managed gloo process group
 (:class:`~gradwire.torch.replica_exchange.ReplicaExchange`) and counts only when ``should_commit`` says so; a
 round that does not count goes back to the node side and the replica to its last synced version. A group
 that joins (a restart, a late site) downloads the whole state from a healthy group at that quorum — weights,
-anchor, error buffers, the inner and outer optimizers' state — as gradwire's state bytes
+anchor, error buffers or momenta, the inner and outer optimizers' state — as gradwire's state bytes
 (:class:`~gradwire.torch.state_transport.StateBytesTransport`, never pickled) and contributes at that
-interval's sync. Within a group, FSDP2/HSDP runs as without torchft (``rank``/``world_size`` there).
-
-DeMo is refused: its node side sends every step, so a join between two steps has no synced version to take,
-and its restore across groups is untested.
+interval's sync. A round that does not commit is given back to the node side (what its frame carried is
+added back to the error buffers or momenta) and applies nothing. DeMo's quorum is at every step, so a joiner
+heals at a step's start and contributes at that step: its momenta are the healthy group's, its weights the
+same bits as every group's. Within a group, FSDP2/HSDP runs as without torchft (``rank``/``world_size`` there).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ..frame import Limits
+from .demo_optimizer import DeMo
 from .replica_exchange import ReplicaExchange
 from .replica_timeouts import ReplicaTimeouts
 from .sparseloco_optimizer import SparseLoCo
@@ -34,7 +36,8 @@ __all__ = ["FaultTolerant"]
 
 
 class FaultTolerant:
-    """``optimizer`` (a :class:`~gradwire.torch.SparseLoCo` over ``module``, ``exchange="all_gather"``) as one
+    """``optimizer`` (a :class:`~gradwire.torch.SparseLoCo` or :class:`~gradwire.torch.DeMo` over ``module``,
+    ``exchange="all_gather"``) as one
     replica group ``replica_id`` of a run whose quorum the torchft Lighthouse at ``lighthouse``
     (``host:port``) keeps. ``timeouts``: :class:`~gradwire.torch.replica_timeouts.ReplicaTimeouts` (checked:
     ``TimeoutOrderError``); ``min_replicas``: the fewest groups a round commits with; ``limits`` bound a
@@ -44,7 +47,7 @@ class FaultTolerant:
 
     def __init__(
         self,
-        optimizer: SparseLoCo,
+        optimizer: SparseLoCo | DeMo,
         module: nn.Module,
         *,
         lighthouse: str,
@@ -58,14 +61,14 @@ class FaultTolerant:
         store_addr: str | None = None,
         store_port: int | None = None,
     ):
-        if not isinstance(optimizer, SparseLoCo):
+        if not isinstance(optimizer, (SparseLoCo, DeMo)):
             raise TypeError(
-                f"FaultTolerant wraps a gradwire.torch.SparseLoCo, got {type(optimizer).__name__} (DeMo sends every "
-                "step and its restore across replica groups is not supported: docs/FAULT_TOLERANCE.md)"
+                f"FaultTolerant wraps a gradwire.torch.SparseLoCo or DeMo, got {type(optimizer).__name__} "
+                "(docs/FAULT_TOLERANCE.md)"
             )
         if optimizer.exchange != "all_gather":
             raise ValueError(
-                f"across replica groups the exchange is the all-gather one; this SparseLoCo has "
+                f"across replica groups the exchange is the all-gather one; this {type(optimizer).__name__} has "
                 f"exchange={optimizer.exchange!r}: build it with exchange='all_gather' (the sharded exchange's "
                 "owners and their residuals are cut for one group size, and re-cutting them at a quorum change "
                 "is not built: docs/FAULT_TOLERANCE.md)"
@@ -108,14 +111,22 @@ class FaultTolerant:
         optimizer.use_round_transport(self.exchange)
         self.healed = 0  # the states this group loaded from a healthy one
 
+    @property
+    def sync_every(self) -> int:
+        """Local steps per sync interval: SparseLoCo's ``sync_every``; 1 for DeMo, whose every step sends."""
+        return int(getattr(self.optimizer, "sync_every", 1))
+
+    def at_interval_start(self) -> bool:
+        """Whether the next :meth:`step` starts a sync interval (and a quorum)."""
+        return self.optimizer.steps % self.sync_every == 0
+
     def step(self) -> None:
         """One optimizer step; at the first step of a sync interval, the quorum first (a joiner heals)."""
-        opt = self.optimizer
-        if opt.local_steps % opt.sync_every == 0:
+        if self.at_interval_start():
             self.manager.start_quorum()
             if self.manager.errored() is not None:
                 raise RuntimeError(f"torchft quorum failed: {self.manager.errored()}")
-        opt.step()
+        self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
