@@ -43,6 +43,10 @@ Downlink (a suffix on a DeMo or SparseLoCo row, ``KIND@R/DOWN``; the bare row ke
   Bytes down per node per step are the whole version (header and frame) / ``H`` for SparseLoCo.
   docs/results/reencode.md measures these options at 16 and 64 nodes (its command lines are there).
 
+The nodes' value bits (a suffix on a DeMo or SparseLoCo row's kind, ``KIND+bN@R``: ``demo+b2@300``): ``N`` bits
+per kept coefficient (1, 2, 4 or 8) instead of the kind's own (DeMo 1, SparseLoCo 2), ``k`` calibrated to ``R``
+at those bits: the bits-against-``k`` trade at one budget.
+
 ``--mults`` and ``--outers`` narrow the grid of the compressed rows (SparseLoCo's inner lr as multiples of
 the task's base lr, DeMo's as multiples of the middle of its grid, and SparseLoCo's outer optimizers); the
 dense row keeps its own grid.
@@ -502,11 +506,11 @@ def calibrate_row(row: RowSpec, sample: Mapping[str, torch.Tensor], settings: Se
     """A compressed row's codecs: ``(k, uplink ratio)``, and for a re-encoded row (``/agg``) also the
     server's downlink ``(k, value bits)``: ``(k, ratio, down_k, down_bits)``."""
     per = settings.H if row.kind == "sparseloco" else 1
-    calib = calibrate(row.kind, sample, row.target, per)
+    calib = calibrate(row.kind, sample, row.target, per, row.bits)
     o = row.down_opts
     if not o:
         return calib
-    bits = o.get("b", CODING[row.kind][0])
+    bits = o.get("b", CODING[row.kind][0] if row.bits is None else row.bits)
     if "d" in o:  # the whole version (its header frame too) at dR× per local step
         head = version_overhead(dct_codec(row.kind, 1, bits), sample, settings.nodes)
         dk = calibrate(row.kind, sample, o["d"], per, bits, head)[0]
@@ -526,11 +530,13 @@ class RowSpec:
     down: str | None = None  # the downlink: None (the old rows), "frames", or "agg[:options]"
     noise: float = 1.0  # ``+nD`` after a local kind: the inner optimizer is LocalAdamW(noise_divisor=D)
     muon: bool = False  # ``+muon`` after dense or a local kind: Muon on the hidden matrices, AdamW on the rest
+    bits: int | None = None  # ``+bN`` after a DCT kind: the nodes' value bits (default: the kind's, CODING)
 
     @property
     def key(self) -> str:
         kind = self.kind if self.noise == 1.0 else f"{self.kind}+n{self.noise:g}"
         kind = kind + "+muon" if self.muon else kind
+        kind = kind if self.bits is None else f"{kind}+b{self.bits}"
         base = kind if self.target is None else f"{kind}@{self.target}"
         return base if self.down is None else f"{base}/{self.down}"
 
@@ -549,6 +555,8 @@ class RowSpec:
             base += f", LocalAdamW n{self.noise:g}"
         if self.muon:
             base = "dense Muon" if self.kind == "dense" else base + ", Muon inner"
+        if self.bits is not None:
+            base += f", {self.bits}-bit values"
         if self.down is None:
             return base
         if self.down == "frames":
@@ -576,7 +584,11 @@ class RowSpec:
         s, _, down = s.partition("/")
         kind, _, r = s.partition("@")
         kind, plus, n = kind.partition("+")
-        noise, muon = 1.0, False
+        noise, muon, bits = 1.0, False, None
+        if plus and n.startswith("b"):
+            if kind not in ("demo", "sparseloco") or n[1:] not in ("1", "2", "4", "8"):
+                raise ValueError(f"bad row {s!r}: +bN (N = 1, 2, 4 or 8 value bits) follows demo or sparseloco")
+            bits, plus = int(n[1:]), ""
         if n == "muon":
             if kind not in LOCAL_KINDS + ("dense",):
                 raise ValueError(f"bad row {s!r}: +muon follows dense or a local kind ({', '.join(LOCAL_KINDS)})")
@@ -608,7 +620,7 @@ class RowSpec:
             opts = parse_down(down)  # raises on a bad option
             if opts.get("srv") and kind != "sparseloco":
                 raise ValueError(f"bad row {s!r}: srv (the outer step on the server) is SparseLoCo's")
-        return RowSpec(kind, int(r) if r else None, down or None, noise, muon)
+        return RowSpec(kind, int(r) if r else None, down or None, noise, muon, bits)
 
 
 def kind_of(row_key: str) -> str:
@@ -863,7 +875,7 @@ def run_one(
     H = settings.H
     evals = eval_steps(steps, settings)
     k = calib[0] if calib else None
-    vb = CODING[row.kind][0] if calib else None
+    vb = (CODING[row.kind][0] if row.bits is None else row.bits) if calib else None
     down_k = calib[2] if calib and len(calib) > 2 else None
     down_bits = calib[3] if calib and len(calib) > 2 else None
     downlink = None
@@ -907,7 +919,7 @@ def run_one(
     elif row.kind == "demo":
         from gradwire.algorithms import DeMoState, demo_update
 
-        states = [DeMoState(dct_codec("demo", k)) for _ in range(n)]
+        states = [DeMoState(dct_codec("demo", k, row.bits)) for _ in range(n)]
         if row.down:
             downlink = Downlink(row, n, down_k, down_bits)
     else:
@@ -924,7 +936,7 @@ def run_one(
 
             states = [SparseLoCoState(OneBit(), error_decay=1.0) for _ in range(n)]
         else:
-            states = [SparseLoCoState(dct_codec("sparseloco", k)) for _ in range(n)]
+            states = [SparseLoCoState(dct_codec("sparseloco", k, row.bits)) for _ in range(n)]
         anchor = {nm: p.detach().clone() for nm, p in packer.pack(_params(model)).items()}
         if batched:  # one set of optimizers steps every node's stacks: ``inner[0]``
             nodes = []

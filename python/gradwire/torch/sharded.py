@@ -364,9 +364,7 @@ class ShardedExchange(GroupMember):
         if self._checked:
             return
         if self._distributed():
-            g = self.process_group
-            mine = torch.tensor(list(self._digest()), dtype=torch.uint8, device=comm_device(g))
-            rows = gather_rows(mine, g).cpu()
+            rows = self._gather_digests(torch.tensor(list(self._digest()), dtype=torch.uint8))
             differ = [r for r in range(rows.shape[0]) if not torch.equal(rows[r], rows[0])]
             if differ:
                 msg = (
@@ -378,6 +376,56 @@ class ShardedExchange(GroupMember):
                     raise error("model_spec_mismatch", "model record: " + msg)
                 raise ValueError(msg)
         self._checked = True
+
+    # -- the collectives: a subclass carries them over another transport (torchft's replica groups) --
+
+    def _gather_digests(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's layout digest, ``(world, 16)`` uint8 on the host."""
+        g = self.process_group
+        return gather_rows(mine.to(comm_device(g)), g).cpu()
+
+    def _all_to_all(self, payloads: Sequence[bytes]) -> Sequence:
+        """Phase 1's collective: ``payloads[r]`` to rank ``r``; what each rank sent this one, in rank order."""
+        if self._distributed() and self.world() > 1:
+            g = self.process_group
+            return all_to_all_bytes(payloads, g, device=comm_device(g), limits=self.limits)
+        return [payloads[self.rank()]]
+
+    def _all_gather(self, frame: bytes) -> Sequence:
+        """Phase 2's collective: every rank's frame, in rank order."""
+        if self._distributed() and self.world() > 1:
+            g = self.process_group
+            return all_gather_bytes(frame, g, device=comm_device(g), limits=self.limits)
+        return [frame]
+
+    def _senders(self, got: Sequence, round: int, me: int, pieces: Sequence[Piece], mine: Mapping[str, Entry]):
+        """The owner's inputs: every rank's records of its ``pieces`` in rank order (its own as they are, the
+        others' read from ``got`` as hostile input) and their weights (``None``: ``1/world`` each). A frame
+        that does not read raises: the owner refuses the round (a subclass may leave the sender out)."""
+        records = [
+            [mine[p.name] for p in pieces]
+            if s == me
+            else self._read(got[s], round, s, pieces, "records for its pieces", phase=1)
+            for s in range(self.world())
+        ]
+        return records, None
+
+    def _owners_means(self, frames: Sequence, round: int, me: int, owned: Sequence[Sequence[Piece]]) -> list[Entry]:
+        """Every other owner's records of its re-encoded mean, read from phase 2's ``frames`` (a refusal
+        marker or a frame that does not read raises on every rank alike; a subclass may leave an owner's
+        pieces out)."""
+        for r, data in enumerate(frames):
+            if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
+                raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
+        theirs: list[Entry] = []
+        for r, data in enumerate(frames):
+            if not owned[r]:
+                if len(data):
+                    raise FrameError(f"rank {r} owns no piece but sent {len(data)} bytes")
+                continue
+            if r != me:
+                theirs += self._read(data, round, r, owned[r], "its re-encoded mean", phase=2)
+        return theirs
 
     # -- one exchange ----------------------------------------------------------------------------
 
@@ -417,11 +465,7 @@ class ShardedExchange(GroupMember):
             else b""
             for r in range(world)
         ]
-        if self._distributed() and world > 1:
-            g = self.process_group
-            got = all_to_all_bytes(payloads, g, device=comm_device(g), limits=self.limits)
-        else:
-            got = [payloads[me]]
+        got = self._all_to_all(payloads)
         sent = sum(len(p) for r, p in enumerate(payloads) if r != me)
         received = sum(len(f) for s, f in enumerate(got) if s != me)
 
@@ -431,12 +475,7 @@ class ShardedExchange(GroupMember):
         mine_decoded: dict[str, torch.Tensor] = {}
         try:
             if owned[me]:
-                records = [
-                    [mine[p.name] for p in owned[me]]
-                    if s == me
-                    else self._read(got[s], round, s, owned[me], "records for its pieces", phase=1)
-                    for s in range(world)
-                ]
+                records, weights = self._senders(got, round, me, owned[me], mine)
                 # The mean of every rank's records (1/world each, in rank order) plus the owner's residual,
                 # re-encoded. On the CPU in the DCT coefficient domain where the records are cut as the
                 # downlink cuts (gradwire.reencode: no decode of the records, no forward transform; a DeMo
@@ -447,10 +486,10 @@ class ShardedExchange(GroupMember):
                 # codec hands over what it kept of them, own_records); every other rank's are parsed as
                 # hostile input.
                 if torch.device("cpu" if device is None else device).type == "cpu":
-                    own = self.pieces.codec.own_records(records[me], device)
-                    done = self.feedback.reencode(records, device=device, own_records=own)
+                    own = self.pieces.codec.own_records([mine[p.name] for p in owned[me]], device)
+                    done = self.feedback.reencode(records, weights, device=device, own_records=own)
                 else:
-                    mean = exact_mean(records, device=device)
+                    mean = exact_mean(records, weights, device=device)
                     done = self.feedback.reencode_mean({p.name: mean[p.name] for p in owned[me]})
                 out_frame = write_frame(
                     [done[p.name][0] for p in owned[me]],
@@ -471,29 +510,13 @@ class ShardedExchange(GroupMember):
             refusal, out_frame = exc, _REFUSED
 
         # Phase 2: every owner's frame to every rank; every rank decodes the same bytes.
-        if self._distributed() and world > 1:
-            g = self.process_group
-            frames = all_gather_bytes(out_frame, g, device=comm_device(g), limits=self.limits)
-        else:
-            frames = [out_frame]
+        frames = self._all_gather(out_frame)
         if refusal is not None:
             raise refusal
-        for r, data in enumerate(frames):
-            if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
-                raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
-        parts: dict[str, torch.Tensor] = {}
-        theirs: list[Entry] = []
-        for r, data in enumerate(frames):
-            if not owned[r]:
-                if len(data):
-                    raise FrameError(f"rank {r} owns no piece but sent {len(data)} bytes")
-                continue
-            if r == me and mine_decoded:
-                # exact_mean of one record at weight 1 is its decode, which this rank holds already (its
-                # own frame, written above, needs no reading back).
-                parts.update(mine_decoded)
-                continue
-            theirs += self._read(data, round, r, owned[r], "its re-encoded mean", phase=2)
+        # exact_mean of one record at weight 1 is its decode, which this rank holds already (its own frame,
+        # written above, needs no reading back).
+        parts: dict[str, torch.Tensor] = dict(mine_decoded)
+        theirs = self._owners_means(frames, round, me, owned)
         if theirs:
             # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
             # at weight 1, the same bits as owner by owner.
