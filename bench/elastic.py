@@ -1,6 +1,6 @@
 """Sites that fail and come back: gradwire.torch.FaultTolerant on a real torchft Lighthouse, 4 replica groups.
 
-``python bench/elastic.py [--seeds 0 1] [--syncs 30] [--out docs/results/elastic.md]``
+``python bench/elastic.py [--seeds 0 1] [--syncs 30] [--exchange sharded|all_gather] [--out docs/results/elastic.md]``
 
 The membership trace, per seed: groups g0, g1, g2 start; g1 is SIGKILLed inside the exchange of its
 ``--die-at``-th round of three (step s1) and restarted at once (it rejoins at s2); g3 joins late, once the
@@ -8,7 +8,9 @@ run has committed ``--late`` rounds (s3). Every group stops at the ``--syncs``-t
 the uninterrupted run with the same membership trace: the same groups and seeds, g1 leaving cleanly after
 round s1 (no kill: the round it would have died in commits) and a fresh g1 joining for round s2, g3 for round
 s3, as the faulted run measured them (the rounds it got are printed beside it). Each group is a process
-(bench/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, over an MLP of two hidden layers
+(bench/replica_group_worker.py: SparseLoCo, sync_every 8, its default codec, ``--exchange`` across the groups
+— the sharded exchange by default, its pieces cut for 4 groups and their owners re-cut from each quorum, or the
+all-gather —, over an MLP of two hidden layers
 of 300 (95,701 parameters) on a nonlinear regression task; its data stream its own). And torchft's own DiLoCo
 (``torchft.local_sgd.DiLoCo``, uncompressed fp32 all-reduce of the pseudo-gradients; bench/diloco_group_worker.py:
 the same model, data, inner AdamW, outer SGD at learning rate 1.0, sync interval) on the faulted trace.
@@ -26,7 +28,7 @@ Printed, per seed, and the mean over the seeds:
 - held-out loss at the end (the mean over the groups), against the uninterrupted run with the same trace;
 - bytes per step between groups, against DDP's fp32 ring all-reduce (each rank sends, and receives,
   2 (n-1)/n × 4 bytes per parameter per step): each group's frames sent per local step, and the other groups'
-  frames it received (the all-gather: n - 1 frames per sync);
+  frames it received (the all-gather: n - 1 frames per sync; sharded: about (n - 1)/n of a frame per phase);
 - torchft's DiLoCo: its held-out loss against gradwire's on the faulted trace, the ring against its bytes per
   step (its all-reduce counted as a ring moves it), and whether its groups stayed bit-identical.
 """
@@ -58,6 +60,8 @@ def one_run(folder: Path, seed: int, args, trace: dict | None, worker: Path = WO
         groups=3,
         worker=worker,
         sync_every=8,
+        exchange=args.exchange,
+        cut_for=4,  # every group cuts the pieces for the trace's 4 groups (the owners follow each quorum)
         pause=args.pause,
         run_seed=seed,
         width=args.width,
@@ -146,6 +150,12 @@ def main(argv=None) -> None:
     p.add_argument("--late", type=int, default=14)
     p.add_argument("--width", type=int, default=300)
     p.add_argument("--depth", type=int, default=2, help="hidden layers (2 × 300 wide: 95,701 parameters)")
+    p.add_argument(
+        "--exchange",
+        choices=("sharded", "all_gather"),
+        default="sharded",
+        help="gradwire's exchange across the groups (sharded: owners re-cut from each quorum)",
+    )
     p.add_argument("--no-diloco", dest="diloco", action="store_false", help="skip torchft's DiLoCo row")
     p.add_argument("--out", default=str(ROOT / "docs/results/elastic.md"))
     args = p.parse_args(argv)
@@ -204,7 +214,7 @@ def main(argv=None) -> None:
 Written by `bench/elastic.py` on {today} (`{cmd.strip()}`, {took:.0f} s on a shared 2-core CPU).
 
 4 replica groups as processes on one machine (gloo on loopback), a real torchft Lighthouse, SparseLoCo
-(`sync_every=8`, its default codec, `exchange="all_gather"`) over an MLP of {params:,} parameters; timeouts
+(`sync_every=8`, its default codec, `exchange="{args.exchange}"`) over an MLP of {params:,} parameters; timeouts
 `{FAST_TIMEOUTS}`. The trace: g0–g2 start, g1 is SIGKILLed inside its exchange at step s1 and restarted (a
 fresh process, started beforehand as a warm standby and told to join at once; its first commit: s2), g3 joins
 late at s3; all stop at committed round {args.syncs}.

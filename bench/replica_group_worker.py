@@ -5,8 +5,9 @@ gradwire.torch.FaultTolerant, one JSON line per committed round.
 ``python bench/replica_group_worker.py '<json>'``: ``lighthouse``, ``replica_id``, ``log`` (the JSON-lines
 file), ``stop`` (a file holding the step to stop at), ``timeouts`` (ReplicaTimeouts fields), ``sync_every``,
 ``pause`` (seconds slept per step), ``seed`` (this group's data), ``groups`` (the full membership),
-``width``/``depth`` (the MLP's hidden width and layers), ``algorithm`` (``"sparseloco"``, the default, or ``"demo"``,
-with ``lr`` its learning rate), ``leave_at`` (leave cleanly once the run has
+``width``/``depth`` (the MLP's hidden width and layers), ``exchange`` (``"all_gather"``, the default, or
+``"sharded"``, its pieces cut for ``cut_for`` groups, default ``groups``), ``algorithm`` (``"sparseloco"``,
+the default, or ``"demo"``, with ``lr`` its learning rate), ``leave_at`` (leave cleanly once the run has
 committed that many rounds: a membership change without a fault); counted
 in rounds of the full membership from this process's start: ``die_at_sync`` (SIGKILL itself inside that
 round's exchange, after the lengths went out), ``die_at_step`` (SIGKILL itself at that step after the first
@@ -42,11 +43,12 @@ def model_hash(module: nn.Module, opt: SparseLoCo | DeMo) -> str:
 
 def main(cfg: dict) -> None:
     module = build_model(cfg)
+    exchange = cfg.get("exchange", "all_gather")
     if cfg.get("algorithm", "sparseloco") == "demo":
-        opt = DeMo(module.parameters(), lr=cfg.get("lr", 3e-3), exchange="all_gather")
+        opt = DeMo(module.parameters(), lr=cfg.get("lr", 3e-3), exchange=exchange)
     else:
         inner = torch.optim.AdamW(module.parameters(), lr=1e-2)
-        opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange="all_gather")
+        opt = SparseLoCo(module, inner, sync_every=cfg.get("sync_every", 2), exchange=exchange)
     if cfg.get("wait_for"):  # a warm standby: imported and built, it joins once the file appears
         with open(cfg["log"], "a") as log:
             log.write(json.dumps({"replica": cfg["replica_id"], "pid": os.getpid(), "standby": time.time()}) + "\n")
@@ -59,6 +61,7 @@ def main(cfg: dict) -> None:
         replica_id=cfg["replica_id"],
         timeouts=ReplicaTimeouts(**cfg["timeouts"]),
         min_replicas=cfg.get("min_replicas", 1),
+        groups=cfg.get("cut_for", cfg.get("groups")) if exchange == "sharded" else None,
     )
     ex = ft.exchange
     log = open(cfg["log"], "a")
@@ -78,28 +81,10 @@ def main(cfg: dict) -> None:
     # late process heals to the others' step, so the step itself says nothing about when it is.
     full = cfg.get("groups", 1)
     seen = {"rounds": 0, "steps": 0, "hostile": None}
-    gather, own = ex._all_gather, ex._own_frame
-
-    def all_gather(frame: bytes) -> list[bytes]:
-        if ex.world() >= full:
-            seen["rounds"] += 1
-            if seen["rounds"] == cfg.get("die_at_sync"):
-                ex.pg.allgather(  # the lengths go out, then this group dies inside the round
-                    [[torch.zeros(1, dtype=torch.int64) for _ in range(ex.world())]],
-                    [torch.tensor([len(frame)], dtype=torch.int64)],
-                    AllgatherOptions(),
-                )
-                write({"died": time.time(), "step": ft.commits})
-                os.kill(os.getpid(), signal.SIGKILL)
-        return gather(frame)
-
-    def own_frame(entries, step, rank):
-        if ex.world() >= full and seen["rounds"] + 1 == cfg.get("hostile_at") and seen["hostile"] is None:
-            seen["hostile"] = step
-            return b"\x00hostile" * 64
-        return own(entries, step, rank)
-
-    ex._all_gather, ex._own_frame = all_gather, own_frame
+    if exchange == "sharded":
+        hook_sharded(ex, cfg, full, seen, write, ft)
+    else:
+        hook_all_gather(ex, cfg, full, seen, write, ft)
     gen = torch.Generator().manual_seed(1000 + 10 * cfg.get("run_seed", 0) + cfg.get("seed", 0))
     w_true = torch.linspace(-1, 1, 16)
     started = time.time()
@@ -151,6 +136,52 @@ def main(cfg: dict) -> None:
         held_out = nn.functional.mse_loss(module(hx), target(hx, w_true)).item()
     write({"final": True, "step": ft.commits, "held_out": held_out, "hash": model_hash(module, opt)})
     ft.shutdown()
+
+
+def hook_all_gather(ex, cfg: dict, full: int, seen: dict, write, ft) -> None:
+    """The faults of ``cfg`` in the all-gather exchange: death inside a round, a garbage frame."""
+    gather, own = ex._all_gather, ex._own_frame
+
+    def all_gather(frame: bytes) -> list[bytes]:
+        if ex.world() >= full:
+            seen["rounds"] += 1
+            if seen["rounds"] == cfg.get("die_at_sync"):
+                ex.pg.allgather(  # the lengths go out, then this group dies inside the round
+                    [[torch.zeros(1, dtype=torch.int64) for _ in range(ex.world())]],
+                    [torch.tensor([len(frame)], dtype=torch.int64)],
+                    AllgatherOptions(),
+                )
+                write({"died": time.time(), "step": ft.commits})
+                os.kill(os.getpid(), signal.SIGKILL)
+        return gather(frame)
+
+    def own_frame(entries, step, rank):
+        if ex.world() >= full and seen["rounds"] + 1 == cfg.get("hostile_at") and seen["hostile"] is None:
+            seen["hostile"] = step
+            return b"\x00hostile" * 64
+        return own(entries, step, rank)
+
+    ex._all_gather, ex._own_frame = all_gather, own_frame
+
+
+def hook_sharded(ex, cfg: dict, full: int, seen: dict, write, ft) -> None:
+    """The same faults in the sharded exchange: death inside a round's phase 1 (after the lengths went
+    out), garbage in place of its records to every other owner."""
+    to_all = ex._all_to_all
+
+    def all_to_all(payloads):
+        if ex.world() >= full:
+            seen["rounds"] += 1
+            if seen["rounds"] == cfg.get("die_at_sync"):
+                ex._allgather(torch.tensor([len(p) for p in payloads], dtype=torch.int64))
+                write({"died": time.time(), "step": ft.commits})
+                os.kill(os.getpid(), signal.SIGKILL)
+            if seen["rounds"] == cfg.get("hostile_at") and seen["hostile"] is None:
+                seen["hostile"] = int(ex.manager.current_step())
+                payloads = [b"\x00hostile" * 64 if p else p for p in payloads]
+        return to_all(payloads)
+
+    ex._all_to_all = all_to_all
 
 
 def raw_state_bytes(state) -> int:

@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from gradwire.algorithms import default_sparseloco_codec
 from gradwire.torch import DeMo, FaultTolerant, SparseLoCo
+from gradwire.torch.all_gather_exchange import AllGatherExchange
+from gradwire.torch.sharded import Pieces, assign_owners
 from gradwire.torch.state_bytes import StateBytesError
 from gradwire.torch.state_transport import StateBytesTransport, StateDownloadError
 from gradwire.torch.torchft_extra import torchft_modules
@@ -88,17 +91,45 @@ def test_bytes_that_are_no_state_are_refused_not_unpickled():
         joiner.shutdown()
 
 
-def test_other_optimizers_and_the_sharded_exchange_are_refused_before_torchft_is_touched():
+def test_other_optimizers_and_a_sharded_exchange_without_groups_are_refused_before_torchft_is_touched():
     m = nn.Linear(4, 2)
     with pytest.raises(TypeError, match="wraps a gradwire.torch.SparseLoCo or DeMo, got AdamW"):
         FaultTolerant(torch.optim.AdamW(m.parameters()), m, lighthouse="x", replica_id="g0")
-    with pytest.raises(ValueError, match="this DeMo has exchange='sharded'"):
+    with pytest.raises(ValueError, match="this DeMo has exchange='sharded': pass groups="):
         FaultTolerant(DeMo(m.parameters(), lr=1e-3), m, lighthouse="x", replica_id="g0")
     sharded = SparseLoCo(m, torch.optim.AdamW(m.parameters()), exchange="sharded")
-    with pytest.raises(ValueError, match="exchange='sharded': build it with exchange='all_gather'"):
+    with pytest.raises(ValueError, match="this SparseLoCo has exchange='sharded': pass groups="):
         FaultTolerant(sharded, m, lighthouse="x", replica_id="g0")
+    with pytest.raises(ValueError, match="groups must be >= 1"):
+        FaultTolerant(sharded, m, lighthouse="x", replica_id="g0", groups=0)
     with pytest.raises(ValueError, match="round transport carries the all-gather exchange"):
-        sharded.use_round_transport(None)
+        sharded.use_round_transport(AllGatherExchange(None, None))
+    gathered = SparseLoCo(m, torch.optim.AdamW(m.parameters()), exchange="all_gather")
+    with pytest.raises(ValueError, match="exchange='all_gather' cuts no pieces"):
+        gathered.cut_pieces_for(4)
+
+
+def test_the_pieces_are_cut_for_the_runs_groups_before_the_first_step_only():
+    m = nn.Sequential(nn.Linear(16, 300), nn.Tanh(), nn.Linear(300, 300), nn.Tanh(), nn.Linear(300, 1))
+    opt = SparseLoCo(m, torch.optim.AdamW(m.parameters()), sync_every=2)  # a group of one process: no cut
+    assert len(opt._pieces) == 6
+    exchange = opt.cut_pieces_for(4)  # the 300×300 weight cut so that 4 owners get about a quarter each
+    assert exchange.pieces is opt._pieces and len(opt._pieces) > 6
+    total = sum(p.numel() for p in m.parameters())
+
+    def busiest(pieces: Pieces) -> float:
+        loads = [0] * 4
+        for p, owner in zip(pieces.pieces, assign_owners(pieces.pieces, 4)):
+            loads[owner] += p.numel
+        return max(loads) / total
+
+    uncut = Pieces([(n, tuple(p.shape)) for n, p in m.named_parameters()], default_sparseloco_codec(2), world=1)
+    assert busiest(uncut) > 0.9  # one owner would hold the 300×300 weight: 94 % of the model
+    assert busiest(opt._pieces) < 0.4  # measured 0.376 (the tiles' rows: 5 blocks of 60 for 4 owners)
+    m(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match="before the first step"):
+        opt.cut_pieces_for(2)
 
 
 def test_without_torchft_the_error_names_the_extra(monkeypatch):

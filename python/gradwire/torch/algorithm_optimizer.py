@@ -52,7 +52,7 @@ from .outer import OuterOptimizerFactory, TorchOuterStep
 from .overlap import DEFAULT_BUCKET_NUMEL, GradientBuckets
 from .reshard import reshard_share
 from .round_outcome import RoundNotCommitted
-from .sharded import DEFAULT_PIECE_NUMEL
+from .sharded import DEFAULT_PIECE_NUMEL, ShardedExchange
 from .state_bytes import state_from_bytes, state_to_bytes
 
 __all__ = ["AlgorithmOptimizer", "codec_arg"]
@@ -376,19 +376,38 @@ class AlgorithmOptimizer(ReportsFrameBytes, torch.optim.Optimizer):
             return
         self._commit(mean)
 
-    def use_round_transport(self, transport: AllGatherExchange) -> None:
-        """Exchange every later round through ``transport`` (an :class:`AllGatherExchange`: every replica's
-        records, in replica order) in place of the all-gather over ``process_group``; a round it refuses with
+    def use_round_transport(self, transport: AllGatherExchange | ShardedExchange) -> None:
+        """Exchange every later round through ``transport`` in place of the exchange over ``process_group``:
+        an :class:`AllGatherExchange` (every replica's records, in replica order) with
+        ``exchange="all_gather"``, or a :class:`~gradwire.torch.sharded.ShardedExchange` over this optimizer's
+        pieces with ``exchange="sharded"``; a round it refuses with
         :class:`~gradwire.torch.round_outcome.RoundNotCommitted` is given back to the node side. What
         :class:`gradwire.torch.FaultTolerant` sets: torchft's managed replica groups. Only with
-        ``exchange="all_gather"`` and ``overlap=False``."""
-        if self._pieces is not None or self._buckets is not None:
+        ``overlap=False``."""
+        sharded = isinstance(transport, ShardedExchange)
+        if self._buckets is not None or sharded != (self._pieces is not None):
             raise ValueError(
-                f"a round transport carries the all-gather exchange of whole rounds; this optimizer has "
-                f"exchange={self.exchange!r}, overlap={self._buckets is not None}: build it with "
-                "exchange='all_gather' and overlap=False"
+                f"a round transport carries the {'sharded' if sharded else 'all-gather'} exchange of whole rounds; "
+                f"this optimizer has exchange={self.exchange!r}, overlap={self._buckets is not None}: build it "
+                f"with exchange={'sharded' if sharded else 'all_gather'!r} and overlap=False"
             )
+        if sharded and [p.name for p in transport.pieces.pieces] != [p.name for p in self._pieces.pieces]:
+            raise ValueError("a sharded round transport must carry this optimizer's pieces (cut_pieces_for)")
         self._route.exchange = self._exchange = transport
+
+    def cut_pieces_for(self, world: int) -> ShardedExchange:
+        """Cut the sharded exchange's pieces for ``world`` owners (instead of the process group's size), before
+        the first step: what :class:`gradwire.torch.FaultTolerant` does for a run of ``world`` replica groups,
+        whose owners then follow each quorum. Returns the sharded exchange of the new pieces (over the process
+        group, until :meth:`use_round_transport`). ``ValueError`` with ``exchange="all_gather"`` or after a step."""
+        route = self._route
+        if route.pieces is None:
+            raise ValueError("exchange='all_gather' cuts no pieces")
+        if self.steps or self.rounds or any(len(b) for b in self.node.buffers().values()):
+            raise ValueError("the pieces are cut before the first step: the node's buffers are keyed by them")
+        route.recut(int(world))
+        self._pieces, self._exchange = route.pieces, route.exchange
+        return route.exchange
 
     def _commit(self, mean: Mapping[str, torch.Tensor]) -> None:
         """The commit point of a round: the exchanged mean applied to the node side's target — by the

@@ -130,6 +130,16 @@ class ExchangeRoute:
         tensors, codec, piece_numel = self._cut
         return Pieces(tensors, codec, piece_numel, world)
 
+    def recut(self, world: int) -> None:
+        """The pieces cut anew for ``world`` owners, and a sharded exchange of them (the same downlink codec,
+        group and limits): before the node side holds buffers keyed by the old pieces."""
+        old = self.exchange
+        self.pieces = self.pieces_for(world)
+        self._record_names = None
+        self.exchange = ShardedExchange(
+            self.pieces, old.downlink, old.process_group, old.limits, model_record=old.model_record
+        )
+
     def cut(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What the node compresses for these per-parameter tensors: as they are, the model flattened
         into one vector, cut into the sharded exchange's pieces (views), or both. The node side's layout

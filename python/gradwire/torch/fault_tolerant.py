@@ -26,6 +26,7 @@ from torch import nn
 from ..frame import Limits
 from .demo_optimizer import DeMo
 from .replica_exchange import ReplicaExchange
+from .replica_sharded import ReplicaShardedExchange
 from .replica_timeouts import ReplicaTimeouts
 from .sparseloco_optimizer import SparseLoCo
 from .state_bytes import StateBytesError
@@ -37,13 +38,16 @@ __all__ = ["FaultTolerant"]
 
 class FaultTolerant:
     """``optimizer`` (a :class:`~gradwire.torch.SparseLoCo` or :class:`~gradwire.torch.DeMo` over ``module``,
-    ``exchange="all_gather"``) as one
-    replica group ``replica_id`` of a run whose quorum the torchft Lighthouse at ``lighthouse``
-    (``host:port``) keeps. ``timeouts``: :class:`~gradwire.torch.replica_timeouts.ReplicaTimeouts` (checked:
-    ``TimeoutOrderError``); ``min_replicas``: the fewest groups a round commits with; ``limits`` bound a
-    peer's frame; ``host``: the address this group serves its state at. ``rank``/``world_size``: this
-    process within its group; ``store_addr``/``store_port``: the group's TCPStore (made here for a group of
-    one process). Call :meth:`step` where the loop called ``optimizer.step()``."""
+    ``overlap=False``) as one replica group ``replica_id`` of a run whose quorum the torchft Lighthouse at
+    ``lighthouse`` (``host:port``) keeps. ``timeouts``: :class:`~gradwire.torch.replica_timeouts.ReplicaTimeouts`
+    (checked: ``TimeoutOrderError``); ``min_replicas``: the fewest groups a round commits with; ``limits``
+    bound a peer's frame; ``host``: the address this group serves its state at. ``groups``: with
+    ``exchange="sharded"``, the number of replica groups the run expects (the pieces are cut for that many
+    owners once; the owners follow each quorum: :mod:`gradwire.torch.replica_sharded`); with
+    ``exchange="all_gather"`` every group reads every frame (:mod:`gradwire.torch.replica_exchange`).
+    ``rank``/``world_size``: this process within its group; ``store_addr``/``store_port``: the group's
+    TCPStore (made here for a group of one process). Call :meth:`step` where the loop called
+    ``optimizer.step()``."""
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class FaultTolerant:
         min_replicas: int = 1,
         limits: Limits | None = None,
         host: str = "127.0.0.1",
+        groups: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         store_addr: str | None = None,
@@ -66,13 +71,14 @@ class FaultTolerant:
                 f"FaultTolerant wraps a gradwire.torch.SparseLoCo or DeMo, got {type(optimizer).__name__} "
                 "(docs/FAULT_TOLERANCE.md)"
             )
-        if optimizer.exchange != "all_gather":
+        if optimizer.exchange == "sharded" and groups is None:
             raise ValueError(
-                f"across replica groups the exchange is the all-gather one; this {type(optimizer).__name__} has "
-                f"exchange={optimizer.exchange!r}: build it with exchange='all_gather' (the sharded exchange's "
-                "owners and their residuals are cut for one group size, and re-cutting them at a quorum change "
-                "is not built: docs/FAULT_TOLERANCE.md)"
+                f"this {type(optimizer).__name__} has exchange='sharded': pass groups=, the number of replica groups "
+                "the run expects (its pieces are cut for that many owners; the owners then follow each quorum), "
+                "or build it with exchange='all_gather'"
             )
+        if groups is not None and int(groups) < 1:
+            raise ValueError(f"groups must be >= 1, got {groups!r}")
         if int(min_replicas) < 1:
             raise ValueError(f"min_replicas must be >= 1, got {min_replicas!r}")
         ft = torchft_modules("gradwire.torch.FaultTolerant")
@@ -107,7 +113,12 @@ class FaultTolerant:
             checkpoint_transport=self.transport,
             init_sync=True,
         )
-        self.exchange = ReplicaExchange(self.manager, self.pg, limits)
+        self.exchange: ReplicaExchange | ReplicaShardedExchange
+        if optimizer.exchange == "sharded":
+            pieces = optimizer.cut_pieces_for(int(groups))
+            self.exchange = ReplicaShardedExchange(pieces, self.manager, self.pg, limits)
+        else:
+            self.exchange = ReplicaExchange(self.manager, self.pg, limits)
         optimizer.use_round_transport(self.exchange)
         self.healed = 0  # the states this group loaded from a healthy one
 

@@ -410,12 +410,19 @@ class ShardedExchange(GroupMember):
         ]
         return records, None
 
-    def _owners_means(self, frames: Sequence, round: int, me: int, owned: Sequence[Sequence[Piece]]) -> list[Entry]:
-        """Every other owner's records of its re-encoded mean, read from phase 2's ``frames`` (a refusal
-        marker or a frame that does not read raises on every rank alike; a subclass may leave an owner's
-        pieces out)."""
+    @staticmethod
+    def _is_refusal(data) -> bool:
+        """Whether an owner's phase-2 bytes are the refusal marker (one byte: never a frame)."""
+        return len(data) == len(_REFUSED) and bytes(data[: len(_REFUSED)]) == _REFUSED
+
+    def _owners_means(
+        self, frames: Sequence, round: int, me: int, owned: Sequence[Sequence[Piece]]
+    ) -> tuple[list[Entry], list[Piece]]:
+        """Every other owner's records of its re-encoded mean, read from phase 2's ``frames``, and the pieces
+        left without a mean (none here: a refusal marker or a frame that does not read raises on every rank
+        alike; a subclass may leave an owner out, its pieces' mean then zero on every rank)."""
         for r, data in enumerate(frames):
-            if bytes(data[: len(_REFUSED)]) == _REFUSED and len(data) == len(_REFUSED):
+            if self._is_refusal(data):
                 raise FrameError(f"rank {r} refused the records it was sent for its pieces (round {round})")
         theirs: list[Entry] = []
         for r, data in enumerate(frames):
@@ -425,7 +432,7 @@ class ShardedExchange(GroupMember):
                 continue
             if r != me:
                 theirs += self._read(data, round, r, owned[r], "its re-encoded mean", phase=2)
-        return theirs
+        return theirs, []
 
     # -- one exchange ----------------------------------------------------------------------------
 
@@ -516,7 +523,9 @@ class ShardedExchange(GroupMember):
         # exact_mean of one record at weight 1 is its decode, which this rank holds already (its own frame,
         # written above, needs no reading back).
         parts: dict[str, torch.Tensor] = dict(mine_decoded)
-        theirs = self._owners_means(frames, round, me, owned)
+        theirs, left_out = self._owners_means(frames, round, me, owned)
+        for p in left_out:
+            parts[p.name] = torch.zeros(p.shape, dtype=torch.float32, device=device)
         if theirs:
             # Every owner's records decoded in one batch (their pieces' names are distinct): one "sender"
             # at weight 1, the same bits as owner by owner.
