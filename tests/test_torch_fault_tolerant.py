@@ -18,6 +18,17 @@ from bench_modules import load_bench  # noqa: E402
 ReplicaGroups = load_bench("replica_groups").ReplicaGroups
 
 
+def assert_bit_identical(rows: dict[str, list[dict]], final_step: int) -> None:
+    """At every step two or more groups logged, and at the last, every group's hash is the same."""
+    by_step: dict[int, set[str]] = {}
+    for rs in rows.values():
+        for r in rs:
+            if r["groups"] > 1:
+                by_step.setdefault(r["step"], set()).add(r["hash"])
+    assert by_step and all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
+    assert len({r["hash"] for rs in rows.values() for r in rs if r["step"] == final_step}) == 1
+
+
 @pytest.mark.parametrize("exchange", ["all_gather", "sharded"])
 def test_groups_survive_kills_rejoin_bit_identical_and_refuse_a_hostile_frame(tmp_path, exchange):
     run = ReplicaGroups(tmp_path, groups=4, sync_every=2, pause=0.02, exchange=exchange)
@@ -66,13 +77,7 @@ def test_groups_survive_kills_rejoin_bit_identical_and_refuse_a_hostile_frame(tm
             assert first["healed"] == 1 and first["groups"] >= 2 and first["kept"] == first["groups"], after[:3]
             assert first["step"] > deaths[name]
         # Bit-identical: at every step two groups logged, the same weights and anchor.
-        by_step: dict[int, set[str]] = {}
-        for rs in rows.values():
-            for r in rs:
-                if r["groups"] > 1:
-                    by_step.setdefault(r["step"], set()).add(r["hash"])
-        assert by_step and all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
-        assert len({r["hash"] for rs in rows.values() for r in rs if r["step"] == last + 3}) == 1
+        assert_bit_identical(rows, last + 3)
         # The hostile frame: every other group refused it at that step, and g2 itself went on committing (the
         # all-gather reads its own frame back and refuses it too; sharded, only its records' owners read them).
         hostile = next(r["hostile_step"] for r in rows["g2"] if r["hostile_step"] is not None)
@@ -118,12 +123,33 @@ def test_demo_groups_survive_a_kill_inside_a_round_and_the_restart_rejoins_bit_i
         first = restarted()[0]
         assert first["healed"] == 1 and first["groups"] >= 2 and first["kept"] == first["groups"], restarted()[:3]
         assert first["step"] > death
-        by_step: dict[int, set[str]] = {}
-        for rs in rows.values():
-            for r in rs:
-                if r["groups"] > 1:
-                    by_step.setdefault(r["step"], set()).add(r["hash"])
-        assert by_step and all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
-        assert len({r["hash"] for rs in rows.values() for r in rs if r["step"] == last + 3}) == 1
+        assert_bit_identical(rows, last + 3)
+    finally:
+        run.close()
+
+
+def test_a_group_whose_pieces_differ_is_left_out_and_the_others_keep_committing(tmp_path):
+    """Sharded across groups, the groups compare their layout digests every round: g2 cut its pieces for 2
+    owners where the others cut them for 3, so its compact records would be read under the others' headers.
+    It is left out (and raises in its own step; or, joining late, refuses the state it would heal from); g0
+    and g1 keep committing, with the same weights."""
+    run = ReplicaGroups(tmp_path, groups=3, sync_every=2, pause=0.02, exchange="sharded")
+    try:
+        run.start("g0")
+        run.start("g1")
+        run.start("g2", cut_for=2)
+        assert run.exit_code("g2", 120) != 0
+        # refused by the digests, or, if it joined after g0 and g1 had committed, by the state it heals from
+        err = (tmp_path / "g2.err").read_text()
+        assert "than the quorum's other groups" in err or "pieces are cut otherwise" in err, err[-2000:]
+        run.wait_for(lambda: len(run.rows("g0")) >= 4 and len(run.rows("g1")) >= 4, 120, "g0 and g1 to commit")
+        last = max(r["step"] for n in ("g0", "g1") for r in run.rows(n))
+        run.stop_at(last + 2)
+        for process in ("g0", "g1"):
+            assert run.exit_code(process, 120) == 0, run.tails()
+        rows = {n: run.rows(n) for n in ("g0", "g1")}
+        assert not run.rows("g2")  # it never committed a round
+        assert all(r["groups"] <= 2 for rs in rows.values() for r in rs[-2:])  # the quorum went on without it
+        assert_bit_identical(rows, last + 2)
     finally:
         run.close()

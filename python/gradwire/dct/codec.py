@@ -298,6 +298,19 @@ class DCTCodec(Codec):
             cache.add(entry, dev, ParsedRecord(plan, k, idx_t, lv, sc, mn))
         return cache
 
+    def _record_params(self, plan: ChunkPlan, k: int, coding: int, param: int | None) -> bytes:
+        """The ``params`` of this codec's record of a tensor cut by ``plan``, keeping ``k`` per chunk, its positions
+        coded by ``coding`` with ``param``."""
+        return pack_params(
+            plan.mode,
+            plan.chunk_shape,
+            k,
+            plan.pad_count,
+            index_coding=coding,
+            index_param=param,
+            value_bits=self.value_bits,
+        )
+
     def record_template(self, name: str, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> RecordTemplate:
         """The record this codec writes for a tensor ``name`` of ``shape`` and ``dtype``, but its payloads
         (:meth:`Codec.record_template <gradwire.codecs.base.Codec.record_template>`): its plan's chunks and
@@ -317,15 +330,7 @@ class DCTCodec(Codec):
             rice_bits = p + 1 + (c - k) / (k + 1) / 2**p
             if self.index_coding == "rice" or rice_bits < index_bits_for(c):
                 coding, param = INDEX_CODING_RICE, p
-        params = pack_params(
-            plan.mode,
-            plan.chunk_shape,
-            k,
-            plan.pad_count,
-            index_coding=coding,
-            index_param=param,
-            value_bits=self.value_bits,
-        )
+        params = self._record_params(plan, k, coding, param)
         val = ELEM_U8 if self.value_bits != VALUE_BITS else ELEM_I8
         sections = (("idx", ELEM_U8), ("val", val), ("scale", ELEM_F32), ("min", ELEM_F32))
         return RecordTemplate(name, self.codec_id, dtype, plan.shape, params, sections)
@@ -610,15 +615,7 @@ class DCTCodec(Codec):
                     codec=self.codec_id,
                     dtype=dtype,
                     shape=plan.shape,
-                    params=pack_params(
-                        plan.mode,
-                        plan.chunk_shape,
-                        k,
-                        plan.pad_count,
-                        index_coding=coding,
-                        index_param=param,
-                        value_bits=self.value_bits,
-                    ),
+                    params=self._record_params(plan, k, coding, param),
                     sections={
                         "idx": np.frombuffer(idx_bytes, dtype=np.uint8),
                         "val": np.frombuffer(val, dtype=np.uint8) if packs else values,
