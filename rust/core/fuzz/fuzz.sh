@@ -67,6 +67,12 @@ build() {
     out="$(mktemp)"
     if ! cargo "$toolchain" fuzz build -O --sanitizer "$sanitizer" >"$out" 2>&1; then
         cat "$out" >&2
+        # A compile error in the project's own code (a fuzz target or the core) is a failure, not a
+        # machine without the tools: the smoke must not pass over a target that no longer builds.
+        if grep -qE "could not compile \`gradwire-core(-fuzz)?\`" "$out"; then
+            rm -f "$out"
+            return 2
+        fi
         rm -f "$out"
         return 1
     fi
@@ -133,7 +139,12 @@ case "$mode" in
             exit 0
         fi
         choose_toolchain
-        if ! build; then
+        built=0
+        build || built=$?
+        if [ "$built" -eq 2 ]; then
+            log "FAILED: the fuzz targets do not compile (the errors above)"
+            exit 1
+        elif [ "$built" -ne 0 ]; then
             log "SKIPPED: the fuzz targets do not build with $toolchain on this machine; the smoke did not run"
             exit 0
         fi

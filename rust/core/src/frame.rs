@@ -164,6 +164,27 @@ impl<'a> EntryView<'a> {
     pub fn section(&self, name: &str) -> Option<&SectionView<'a>> {
         self.sections.iter().find(|s| s.name == name)
     }
+
+    /// The record as a writer takes it, its params and payloads borrowed from `frame`, the bytes it was
+    /// parsed from (what rewriting a parsed frame needs); `None` if `frame` does not hold those ranges.
+    pub fn spec<'f>(&'f self, frame: &'f [u8]) -> Option<EntrySpec<'f>>
+    where
+        'a: 'f,
+    {
+        let sections = self
+            .sections
+            .iter()
+            .map(|s| Some((s.name, s.elem, frame.get(s.range.clone())?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(EntrySpec {
+            name: self.name,
+            codec: self.codec,
+            dtype: self.dtype,
+            shape: &self.shape,
+            params: frame.get(self.params.clone())?,
+            sections,
+        })
+    }
 }
 
 /// A parsed frame, borrowing from the bytes it was parsed from.
@@ -1038,6 +1059,15 @@ mod tests {
         hand.0[16..24].copy_from_slice(&42u64.to_le_bytes());
         hand.0[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(hand.finish(), f);
+    }
+
+    #[test]
+    fn a_parsed_frames_specs_rewrite_it_and_a_short_buffer_gives_none() {
+        let f = sample();
+        let v = parse(&f).unwrap();
+        let specs: Vec<EntrySpec> = v.entries.iter().map(|e| e.spec(&f).unwrap()).collect();
+        assert_eq!(write_frame(&v.header, &specs).unwrap(), f);
+        assert_eq!(v.entries[1].spec(&f[..40]), None);
     }
 
     #[test]

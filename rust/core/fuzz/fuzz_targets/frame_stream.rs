@@ -19,17 +19,9 @@ fn check(frame: &[u8]) {
     let specs: Vec<EntrySpec> = view
         .entries
         .iter()
-        .map(|e| EntrySpec {
-            name: e.name,
-            codec: e.codec,
-            dtype: e.dtype,
-            shape: &e.shape,
-            params: &frame[e.params.clone()],
-            sections: e
-                .sections
-                .iter()
-                .map(|s| (s.name, s.elem, &frame[s.range.clone()]))
-                .collect(),
+        .map(|e| {
+            e.spec(frame)
+                .expect("a parsed record lies within its frame")
         })
         .collect();
     assert_eq!(

@@ -182,18 +182,9 @@ fn check_positions(frame: &[u8], view: &LayoutFrameView<'_>, layout: bool) {
 fn spec_of<'a>(frame: &'a [u8], entry: &'a LayoutEntry<'a>) -> EntrySpec<'a> {
     let bytes = |r: &Range<usize>| &frame[r.clone()];
     match entry {
-        LayoutEntry::Full(e) => EntrySpec {
-            name: e.name,
-            codec: e.codec,
-            dtype: e.dtype,
-            shape: &e.shape,
-            params: bytes(&e.params),
-            sections: e
-                .sections
-                .iter()
-                .map(|s| (s.name, s.elem, bytes(&s.range)))
-                .collect(),
-        },
+        LayoutEntry::Full(e) => e
+            .spec(frame)
+            .expect("a parsed record lies within its frame"),
         LayoutEntry::Compact {
             template,
             params,
@@ -363,17 +354,9 @@ fn check(frame: &[u8]) {
         let back_specs: Vec<EntrySpec> = back
             .entries
             .iter()
-            .map(|e| EntrySpec {
-                name: e.name,
-                codec: e.codec,
-                dtype: e.dtype,
-                shape: &e.shape,
-                params: &plain[e.params.clone()],
-                sections: e
-                    .sections
-                    .iter()
-                    .map(|s| (s.name, s.elem, &plain[s.range.clone()]))
-                    .collect(),
+            .map(|e| {
+                e.spec(&plain)
+                    .expect("a parsed record lies within its frame")
             })
             .collect();
         assert_eq!(back_specs, specs);
