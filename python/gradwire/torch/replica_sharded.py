@@ -86,9 +86,7 @@ class ReplicaShardedExchange(ShardedExchange):
         mean = None
         try:
             mean = super().__call__(entries, step, device, tensors)
-        except _LeftOut:
-            raise
-        except (FrameError, ValueError):
+        except (FrameError, ValueError):  # this group's own refusal (_LeftOut among them): not a peer's fault
             raise
         except Exception as exc:  # a peer died or hung in a collective: this round does not count
             self.manager.report_error(exc)
@@ -137,10 +135,10 @@ class ReplicaShardedExchange(ShardedExchange):
             return [payloads[me]]
         row = torch.tensor([0 if r == me else len(p) for r, p in enumerate(payloads)], dtype=torch.int64)
         rows = self._allgather(row)  # every group checks every announced length before receiving anything
-        incoming = [self._checked_length(int(rows[s][me]), str(s)) for s in range(world)]
         for s in range(world):
             for r in range(world):
                 self._checked_length(int(rows[s][r]), str(s))
+        incoming = [int(rows[s][me]) for s in range(world)]
         send = b"".join(b"" if r == me else bytes(p) for r, p in enumerate(payloads))
         out = torch.empty(sum(incoming), dtype=torch.uint8)
         inp = torch.frombuffer(bytearray(send), dtype=torch.uint8) if send else torch.zeros(0, dtype=torch.uint8)

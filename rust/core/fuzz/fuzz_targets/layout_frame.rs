@@ -32,11 +32,15 @@ use std::sync::OnceLock;
 
 use gradwire_core::frame::{codes, is_layout, CRC_LEN, HEADER_LEN};
 use gradwire_core::{
-    crc32c, elem_size, layout_frame_len, parse_frame, parse_layout_frame, write_frame,
-    write_layout_frame, write_layout_frame_into, EntrySpec, EntryView, LayoutEntry,
-    LayoutFrameView, Limits, RecordTemplate, WireError,
+    elem_size, layout_frame_len, parse_frame, parse_layout_frame, write_frame, write_layout_frame,
+    write_layout_frame_into, EntrySpec, EntryView, LayoutEntry, LayoutFrameView, Limits,
+    RecordTemplate, WireError,
 };
 use libfuzzer_sys::fuzz_target;
+
+#[path = "envelope.rs"]
+mod envelope;
+use envelope::with_envelope;
 
 /// A DCT record's params (mode 0, 64×64 chunks, k = 32, 12 index bits, 8 value bits, packed indices)
 /// of a 24×20 tensor (pad 3616) and of a 37-element one (pad 4059), as gradwire's DCT codec writes them.
@@ -87,24 +91,6 @@ fn templates() -> &'static [RecordTemplate<'static>] {
             },
         ]
     })
-}
-
-fn with_envelope(input: &[u8], keep_flags: bool) -> Vec<u8> {
-    let mut f = Vec::with_capacity(input.len() + 36);
-    f.extend_from_slice(b"GWIR");
-    f.extend_from_slice(&1u16.to_le_bytes());
-    let (head, records) = input.split_at(input.len().min(26));
-    f.extend_from_slice(head); // flags, total_len (overwritten), round, sender, entry_count
-    f.resize(32, 0);
-    f[6] = if keep_flags { f[6] & 3 } else { 3 };
-    f[7] = 0;
-    f.extend_from_slice(records);
-    f.extend_from_slice(&[0; 4]);
-    let n = f.len();
-    f[8..16].copy_from_slice(&(n as u64).to_le_bytes());
-    let crc = crc32c(&f[..n - 4], 0);
-    f[n - 4..].copy_from_slice(&crc.to_le_bytes());
-    f
 }
 
 fn varint_len(mut v: u64) -> usize {
@@ -368,7 +354,11 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     if mode % 2 == 1 {
-        check(&with_envelope(rest, mode % 8 == 7));
+        let keep = mode % 8 == 7;
+        check(&with_envelope(
+            rest,
+            |flags| if keep { flags & 3 } else { 3 },
+        ));
     } else {
         check(rest);
     }
