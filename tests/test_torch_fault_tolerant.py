@@ -148,7 +148,9 @@ def test_a_group_whose_pieces_differ_is_left_out_and_the_others_keep_committing(
         for process in ("g0", "g1"):
             assert run.exit_code(process, 120) == 0, run.tails()
         rows = {n: run.rows(n) for n in ("g0", "g1")}
-        assert not run.rows("g2")  # it never committed a round
+        # it never committed a round with the others (started first, it may commit alone, in a quorum of one,
+        # before g0 and g1 reach the Lighthouse; they then refuse the state it offers and go on without it)
+        assert not [r for r in run.rows("g2") if r["groups"] > 1], run.rows("g2")
         assert all(r["groups"] <= 2 for rs in rows.values() for r in rs[-2:])  # the quorum went on without it
         assert_bit_identical(rows, last + 2)
     finally:
