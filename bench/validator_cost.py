@@ -3,10 +3,18 @@ latency it adds to a round, at 8, 64 and 256 nodes, side by side with an unscore
 
 A real server on loopback (``python -m gradwire_server``), a small MLP (32 → 64 → 10, about 2.8 k parameters)
 in a demo run publishing its frames. Per node count, two runs alike but for ``validation``: nodes submit
-dense frames concurrently (16 client threads); the round's latency is from the quorum's last 202 to the
-published version (a long poll). In the scored run one :class:`gradwire.client.Validator` (harm-only, its own
-batch of 256 samples) reads the candidates, scores each and posts the scores; the round closes when it has.
-Each figure is the median over ``--rounds`` rounds.
+dense frames concurrently (16 client threads); the round's fill is from its first submission to the quorum's
+last 202, its latency from that 202 to the published version (a long poll). In the scored run one
+:class:`gradwire.client.Validator` (harm-only, its own batch of 256 samples) reads the candidates as they
+arrive, measures each at once, and once the round waits for scores measures the last few and posts the scores;
+the round closes when it has. The validator's time per candidate is its decode and probes (mostly while the
+round fills); "after ready" is from the answer saying the round waits for scores to its scores posted. Each
+figure is the median over ``--rounds`` rounds.
+
+This process runs the validator beside the server on the same cores: like the server
+(:mod:`gradwire_server.openmp`) it lets OpenMP's idle workers sleep (``OMP_WAIT_POLICY=PASSIVE``; set the
+variable to measure another policy). With spinning workers (the default policy) on a shared 2-core machine each
+of the probe's tiny torch operations waited for a descheduled worker: 14–21 ms per candidate instead of 0.5.
 
 Then whether harm-only scoring keeps an honest minority (issue 43: "measure that it keeps the minority"): 8
 nodes training one MLP (16 → 64 → 4) through an adamw run with gradwire's ``Node``, 6 on one distribution and 2
@@ -16,9 +24,15 @@ rule with the validator. Held-out loss on each group's data and on the 75/25 mix
 of the weights in the scored run (2/8 = 25 % is an equal voice).
 
 Usage: python bench/validator_cost.py [--nodes 8 64 256] [--rounds 5] [--minority-rounds 30] [--no-write]
+                                     [--out PATH] [--validator-threads N]
 """
 
 from __future__ import annotations
+
+# As `python -m gradwire_server` runs: OpenMP workers that sleep when idle (gradwire_server.openmp).
+from gradwire_server.openmp import prefer_passive_openmp
+
+OMP_POLICY = prefer_passive_openmp()
 
 import argparse
 import datetime
@@ -66,8 +80,9 @@ def frames(names_shapes: dict, n: int, rnd: int) -> list[bytes]:
     return out
 
 
-def one_run(srv: LoopbackServer, n: int, rounds: int, scored: bool) -> tuple[float, float | None]:
-    """Median round latency (s) and, scored, the validator's median seconds per candidate."""
+def one_run(srv: LoopbackServer, n: int, rounds: int, scored: bool, threads: int | None = None) -> dict[str, float]:
+    """Median seconds of the round's fill and latency and, scored, the validator's per candidate and after the
+    round was ready (``threads``: the validator's torch threads, None for torch's)."""
     admin = {"Authorization": f"Bearer {srv.admin_token}"}
     m = model()
     state = {k: p.detach().clone() for k, p in m.named_parameters()}
@@ -80,15 +95,16 @@ def one_run(srv: LoopbackServer, n: int, rounds: int, scored: bool) -> tuple[flo
         tokens = [c.post(f"/v1/runs/{run_id}/nodes", json={}, headers=admin).json()["token"] for _ in range(n)]
         c.put(f"/v1/runs/{run_id}/state", content=state_to_bytes(state), headers=admin).raise_for_status()
         vtoken = c.post(f"/v1/runs/{run_id}/validators", json={}, headers=admin).json()["token"] if scored else None
-    latencies, per_candidate, errors = [], [], []
+    fills, latencies, per_candidate, after_ready, errors = [], [], [], [], []
 
     def validate() -> None:
         try:
             with GradwireClient(srv.url, vtoken, timeout=120) as gw:
-                v = Validator(gw, run_id, model(), loss, batch=batch)
+                v = Validator(gw, run_id, model(), loss, batch=batch, threads=threads)
                 for rnd in range(rounds):
                     v.score_round(rnd, wait=60)
                     per_candidate.append(v.seconds_per_candidate)
+                    after_ready.append(v.seconds_after_ready)
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
 
@@ -110,8 +126,10 @@ def one_run(srv: LoopbackServer, n: int, rounds: int, scored: bool) -> tuple[flo
                 )
                 assert r.status_code == 202, r.text
 
+            started = time.perf_counter()
             list(pool.map(send, range(n)))
             t0 = time.perf_counter()
+            fills.append(t0 - started)
             r = c.get(f"/v1/runs/{run_id}/updates", params={"since": rnd, "wait": 60}, headers=admin)
             assert r.status_code == 200 and int(r.headers["X-Gradwire-Version"]) == rnd + 1, r.text
             latencies.append(time.perf_counter() - t0)
@@ -119,7 +137,10 @@ def one_run(srv: LoopbackServer, n: int, rounds: int, scored: bool) -> tuple[flo
         thread.join(timeout=120)
     if errors:
         raise errors[0]
-    return statistics.median(latencies), statistics.median(per_candidate) if per_candidate else None
+    out = {"fill": statistics.median(fills), "latency": statistics.median(latencies)}
+    if per_candidate:
+        out |= {"per_candidate": statistics.median(per_candidate), "after_ready": statistics.median(after_ready)}
+    return out
 
 
 def group_data(minority: bool, seed: int, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,14 +230,20 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--minority-rounds", type=int, default=30)
-    ap.add_argument("--no-write", action="store_true", help=f"do not rewrite {REPORT.relative_to(ROOT)}")
+    ap.add_argument("--no-write", action="store_true", help="write no report (print the tables only)")
+    ap.add_argument(
+        "--out", type=Path, default=REPORT, help=f"the report to write (default {REPORT.relative_to(ROOT)})"
+    )
+    ap.add_argument(
+        "--validator-threads", type=int, default=None, help="the validator's torch threads (default: torch's)"
+    )
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as data_dir, LoopbackServer(data_dir) as srv:
         for n in args.nodes:
-            plain, _ = one_run(srv, n, args.rounds, scored=False)
-            scored, per = one_run(srv, n, args.rounds, scored=True)
-            rows.append((n, plain, scored, per))
+            plain = one_run(srv, n, args.rounds, scored=False)
+            scored = one_run(srv, n, args.rounds, scored=True, threads=args.validator_threads)
+            rows.append((n, plain, scored))
             print(f"{n} nodes done", file=sys.stderr)
         runs = {
             "mean": minority_run(srv, args.minority_rounds, "mean", False),
@@ -225,11 +252,14 @@ def main() -> int:
         }
     header = (
         "| nodes | unscored round (ms) | scored round (ms) | extra latency (ms) | scored ÷ unscored "
-        "| validator per candidate (ms) |\n|---:|---:|---:|---:|---:|---:|"
+        "| validator per candidate (ms) | validator after ready (ms) | fill unscored / scored (ms) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [
-        f"| {n} | {1e3 * p:.1f} | {1e3 * s:.1f} | {1e3 * (s - p):.1f} | {s / p:.2f}× | {1e3 * c:.2f} |"
-        for n, p, s, c in rows
+        f"| {n} | {1e3 * p['latency']:.1f} | {1e3 * s['latency']:.1f} | {1e3 * (s['latency'] - p['latency']):.1f} "
+        f"| {s['latency'] / p['latency']:.2f}× | {1e3 * s['per_candidate']:.2f} | {1e3 * s['after_ready']:.1f} "
+        f"| {1e3 * p['fill']:.0f} / {1e3 * s['fill']:.0f} |"
+        for n, p, s in rows
     ]
     table = "\n".join([header, *lines])
     print(table)
@@ -252,12 +282,17 @@ def main() -> int:
     if not args.no_write:
         today = datetime.date.today().isoformat()
         cmd = "python bench/validator_cost.py " + " ".join(sys.argv[1:])
-        REPORT.write_text(
+        args.out.write_text(
             f"# What a validator costs\n\nWritten by `{cmd.strip()}` on {today}.\n\n"
             "A real server on loopback, a demo run publishing its frames, a small MLP (32 → 64 → 10, about "
-            "2.8 k parameters), dense frames from every node; the round's latency is from the quorum's last 202 "
-            "to the published version; one harm-only validator (a batch of 256 samples) scores every candidate "
-            f"and posts its scores before the scored round closes. Medians over {args.rounds} rounds.\n\n"
+            "2.8 k parameters), dense frames from every node (16 client threads); the round's fill is from its "
+            "first submission to the quorum's last 202, its latency from that 202 to the published version. One "
+            "harm-only validator (a batch of 256 samples) reads the candidates as they arrive and measures each "
+            "at once; once the round waits for scores it measures the last few and posts its scores, and the "
+            "round closes. Per candidate: the validator's decode and probes (mostly while the round fills); after "
+            "ready: from the answer saying the round waits for scores to the scores posted. The validator runs "
+            f"beside the server on the same cores (OpenMP policy {OMP_POLICY}, validator torch threads "
+            f"{args.validator_threads or 'torch default'}). Medians over {args.rounds} rounds.\n\n"
             f"{table}\n\n"
             "## Does harm-only scoring keep an honest minority?\n\n"
             f"8 nodes, {args.minority_rounds} versions of an adamw run (lr 0.01, dense frames, gradwire's `Node`), "

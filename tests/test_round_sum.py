@@ -41,7 +41,7 @@ MODES = {
 
 def _round(seed: int = 0, big: float = 10.0) -> list[Update]:
     """A round of 7: 4 honest updates, a copy of the first (counted once), one ``big`` × larger (clipped)
-    and one flipped and scaled (dropped by the direction check)."""
+    and one flipped and scaled (caught by the direction check)."""
     grads = [random_grads(seed * 10 + i, 1e-2) for i in range(4)]
     honest_sum = {n: sum(g[n] for g in grads) for n in SHAPES}
     grads.append(grads[0])
@@ -90,7 +90,9 @@ def test_the_running_sum_corrected_and_scaled_is_the_weighted_sum_of_the_rules_c
     updates = _round(3)
     state = _state("adamw")
     coeffs, _ = published_weights(updates, state.rule)
-    assert coeffs[4] == 0.0 and coeffs[6] == 0.0  # the copy, the flipped one
+    # The copy counts once; the flipped one, past the direction test, keeps at most part of its weight (without
+    # a data assignment an outlier is bounded, not zeroed: gradwire.aggregation.opposed_factors).
+    assert coeffs[4] == 0.0 and coeffs[6] < 0.5 * coeffs[0]
     assert 0.0 < coeffs[5] < coeffs[0]  # the large one clipped
     s, corrections = scale_and_corrections([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0], coeffs)
     assert s == coeffs[0]

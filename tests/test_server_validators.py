@@ -1,7 +1,9 @@
 """Validators through a real server (uvicorn on loopback, SQLite): their scores decide the weights, the median of
 three ignores one liar, a node can neither post scores nor raise its own weight, a round with no score by its
 deadline closes with the structural rule, and a kill -9 during a scored round loses nothing and replays bit for
-bit (docs/SERVER.md, "Validators")."""
+bit; a validator reads a round as it fills (a long poll answered at each arrival), a candidate arriving after
+the round became ready does not hold it, and the ``Validator`` helper measures candidates before the quorum and
+waits for a round that is not open yet (docs/SERVER.md, "Validators")."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from gradwire.assignment import DataAssignment, assigned_pages
 from gradwire.client import GradwireClient, Validator, split_frames
+from gradwire.frame import read_frame
 from gradwire.published import read_published
 from gradwire_server.app import create_app
 from gradwire_server.settings import ServerSettings
@@ -338,3 +341,170 @@ def test_harm_only_scores_keep_a_minority_on_other_data_and_drop_an_attacker(cli
             assert run.submit(node, 0, dense_frame(sent[node.node_id], 0, node.node_id)).status_code == 202
         t.join(timeout=60)
     assert out == [{1: 1.0, 2: 1.0, 3: 1.0, 4: 0.0}], out
+
+
+# -- reading a round as it fills -------------------------------------------------------------------------------
+
+
+def read_as_it_fills(run, validator: Node, rnd: int, **params) -> httpx.Response:
+    return run.client.get(run.url(f"/rounds/{rnd}/candidates"), params=params, headers=validator.headers)
+
+
+def senders(r: httpx.Response) -> list[tuple[int, int]]:
+    return [(f.sender, f.round) for f in map(read_frame, split_frames(r.content))]
+
+
+def counts(r: httpx.Response) -> tuple[int, int]:
+    return int(r.headers["X-Gradwire-Candidates"]), int(r.headers["X-Gradwire-Scoring"])
+
+
+def in_thread(call) -> tuple[threading.Thread, list]:
+    """``call()`` in a thread: its result (or exception) and the seconds it took land in the list."""
+    out: list = []
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            out.append(call())
+        except BaseException as exc:  # surfaced by the test
+            out.append(exc)
+        out.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_a_validator_reads_the_round_as_it_fills_each_long_poll_answered_at_an_arrival(client):
+    run = make_run(client, ADMIN, n_nodes=4, **FRAMES_RUN, validation={"score_deadline_s": 30})
+    (validator,) = register(client, run, 1)
+    one, two, three, four = run.nodes
+    assert read_as_it_fills(run, validator, 0, since=0, wait=0.2).status_code == 204  # nothing yet
+    for node in (one, two):
+        assert run.submit(node, 0, frame(0, node.node_id)).status_code == 202
+    r = read_as_it_fills(run, validator, 0, since=0)
+    assert r.status_code == 200 and counts(r) == (2, 0) and senders(r) == [(1, 0), (2, 0)], r.text
+    assert read_as_it_fills(run, validator, 0, since=2, wait=0.2).status_code == 204
+    # A long poll answers at the next arrival, not at the end of its wait.
+    with httpx.Client(base_url=client.base_url, timeout=30) as other:
+        t, out = in_thread(
+            lambda: other.get(
+                run.url("/rounds/0/candidates"), params={"since": 2, "wait": 20}, headers=validator.headers
+            )
+        )
+        time.sleep(0.3)
+        assert run.submit(three, 0, frame(0, 3)).status_code == 202
+        t.join(timeout=30)
+    r, seconds = out
+    assert r.status_code == 200 and counts(r) == (3, 0) and senders(r) == [(3, 0)] and seconds < 5, (r, seconds)
+    # The quorum: the last candidate (its 202 may come before the round says it waits), then the round waits for
+    # scores: an answer with nothing left to read, as soon as it does.
+    assert run.submit(four, 0, frame(0, 4)).status_code == 202
+    r = read_as_it_fills(run, validator, 0, since=3, wait=20)
+    assert r.status_code == 200 and counts(r)[0] == 4 and senders(r) == [(4, 0)], r.text
+    t0 = time.monotonic()
+    r = read_as_it_fills(run, validator, 0, since=4, wait=20)
+    assert r.status_code == 200 and r.content == b"" and counts(r) == (4, 1) and time.monotonic() - t0 < 5
+    r = read_as_it_fills(run, validator, 0, since=9, wait=20)  # a count the round does not hold: at once
+    assert r.status_code == 200 and r.content == b"" and counts(r) == (4, 1)
+    # Without since, every candidate in node-id order, as before; a node's token reads nothing either way.
+    assert split_frames(read_as_it_fills(run, validator, 0).content) == [frame(0, n) for n in (1, 2, 3, 4)]
+    assert read_as_it_fills(run, one, 0, since=0).status_code == 403
+    # A round not open yet is waited for: its first candidate answers.
+    with httpx.Client(base_url=client.base_url, timeout=30) as other:
+        t, out = in_thread(
+            lambda: other.get(
+                run.url("/rounds/1/candidates"), params={"since": 0, "wait": 20}, headers=validator.headers
+            )
+        )
+        time.sleep(0.3)
+        assert post(run, validator, 0, {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}).status_code == 200
+        run.wait_version(1)
+        assert run.submit(two, 1, frame(1, 2)).status_code == 202
+        t.join(timeout=30)
+    r, seconds = out
+    assert r.status_code == 200 and counts(r) == (1, 0) and senders(r) == [(2, 1)] and seconds < 10, (r, seconds)
+    r = read_as_it_fills(run, validator, 0, since=0)
+    assert r.status_code == 410 and r.json()["error"] == "round_closed", r.text
+
+
+def test_a_candidate_arriving_once_the_round_waits_for_scores_does_not_hold_it(client):
+    """Quorum 3 of 4 nodes: the round is ready at the third; the fourth arrives while it waits for scores. The
+    validator scores the three it read; the round closes at once (not at its 30 s deadline), the late one
+    weighing 0 as no validator scored it."""
+    config = {**FRAMES_RUN, "quorum": 3}
+    run = make_run(client, ADMIN, n_nodes=4, **config, validation={"score_deadline_s": 30})
+    (validator,) = register(client, run, 1)
+    for node in run.nodes[:3]:
+        assert run.submit(node, 0, frame(0, node.node_id)).status_code == 202
+    assert len(candidates(run, validator, 0)) == 3
+    assert run.submit(run.nodes[3], 0, frame(0, 4)).status_code == 202
+    t0 = time.monotonic()
+    assert post(run, validator, 0, {1: 1.0, 2: 1.0, 3: 1.0}).status_code == 200
+    run.wait_version(1)
+    assert time.monotonic() - t0 < 5
+    (weights,) = published_weights(client, run)
+    assert weights[4] == 0.0 and weights[1] == weights[2] == weights[3] == pytest.approx(1 / 3)
+    (entry,) = client.get(run.url("/scores"), headers=run.admin).json()
+    assert entry["scored"] is True and entry["weights"] == {"1": 1.0, "2": 1.0, "3": 1.0, "4": 0.0}
+
+
+class CountingValidator(Validator):
+    """A :class:`Validator` that counts the candidates it measured."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.measured = 0
+
+    def loss_change(self, update, round):
+        self.measured += 1
+        return super().loss_change(update, round)
+
+
+def test_the_validator_measures_candidates_before_the_quorum_and_waits_for_a_round_not_open_yet(client):
+    """Two validators: the helper (``CountingValidator``) and one over plain HTTP. The helper measures three
+    candidates of four while the round fills (it is still at version 0 and not ready); at the quorum only the
+    fourth remains. Then it asks for round 1 while round 0 still waits for the other validator's scores: it
+    waits for round 1 to open and scores it with round 1's weights, where asking too early used to fail."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run = make_run(client, ADMIN, n_nodes=4, state=state, **FRAMES_RUN, validation={"score_deadline_s": 30})
+    helper, other = register(client, run, 2)
+    data = torch.randn(64, 16, generator=torch.Generator().manual_seed(5))
+    batch = (data, data.sum(dim=1, keepdim=True))
+
+    def grads(rnd: int, node: int) -> bytes:
+        g = torch.Generator().manual_seed(100 * rnd + node)
+        return dense_frame({n: 0.1 * torch.randn(p.shape, generator=g) for n, p in state.items()}, rnd, node)
+
+    with GradwireClient(str(client.base_url), helper.token) as gw:
+        validator = CountingValidator(gw, run.run_id, torch.nn.Linear(16, 1), mse, batch=lambda rnd: batch)
+        out: list = []
+        t = _serve_validator(validator, 2, out)
+        for node in run.nodes[:3]:
+            assert run.submit(node, 0, grads(0, node.node_id)).status_code == 202
+        deadline = time.monotonic() + 20
+        while validator.measured < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert validator.measured == 3 and run.status()["version"] == 0 and not out
+        assert run.submit(run.nodes[3], 0, grads(0, 4)).status_code == 202
+        deadline = time.monotonic() + 20
+        while not out and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(out) == 1 and set(out[0]) == {1, 2, 3, 4} and validator.measured == 4, out
+        time.sleep(0.3)  # the helper now asks for round 1, which is not open: round 0 waits for the other's scores
+        assert t.is_alive() and len(out) == 1, out
+        candidates(run, other, 0)
+        assert post(run, other, 0, out[0]).status_code == 200
+        run.wait_version(1)
+        for node in run.nodes:
+            assert run.submit(node, 1, grads(1, node.node_id)).status_code == 202
+        candidates(run, other, 1)
+        t.join(timeout=30)
+        assert len(out) == 2 and set(out[1]) == {1, 2, 3, 4} and validator.measured == 8, out
+        assert validator.version == 1
+        assert post(run, other, 1, out[1]).status_code == 200
+        run.wait_version(2)
+    log = client.get(run.url("/scores"), headers=run.admin).json()
+    assert [e["scores"][str(helper.node_id)] for e in log] == [{str(k): v for k, v in o.items()} for o in out]

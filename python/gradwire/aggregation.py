@@ -416,10 +416,10 @@ class NormHistory:
         """The highest clip level the next round may use (``inf`` while no level is remembered)."""
         return self.factor * statistics.median(self.levels) if self.levels else math.inf
 
-    def observe(self, norms: Sequence[float]) -> float:
+    def observe(self, norms: Sequence[float], multiple: float | None = None) -> float:
         """Remember the clip level of a round with update ``norms`` (call after :meth:`cap` was used for
-        its weights); returns that level."""
-        level = bounded_level(norms, self.cap(), self.clip_multiple)
+        its weights; ``multiple``: the round's clip multiple, default this history's); returns that level."""
+        level = bounded_level(norms, self.cap(), self.clip_multiple if multiple is None else multiple)
         if level > 0.0 and math.isfinite(level):
             self.levels = (self.levels + [level])[-self.rounds :]
         return level
@@ -460,14 +460,16 @@ def rule_weights(
     opposed_medians: float = OPPOSED_MEDIANS,
     clip_multiple: float = CLIP_MULTIPLE,
     alignment: Callable[[Sequence[float]], list[float]] | None = None,
+    opposed_ramp: float = 1.0,
 ) -> list[float]:
     """Each sender's coefficient in a weighted-mean rule: ``wᵢ cᵢ / Σ wᵢ``, from the senders'
     (staleness) ``weights`` and, for ``clipped_mean`` and ``bounded_mean``, their update ``norms``
     (``cᵢ`` from :func:`clip_factors`: to the median norm, or to :func:`bounded_level` with ``cap``;
     1 for ``mean``). ``ValueError`` for a coordinate-wise rule.
 
-    ``bounded_mean`` given the senders' ``records`` also drops the updates that point against the rest
-    (:func:`opposed_senders`): their coefficient is 0 and the sum runs over the others' weights only.
+    ``bounded_mean`` given the senders' ``records`` also bounds the updates that point against the rest
+    (:func:`opposed_senders`): each keeps the share of its weight :func:`opposed_factors` gives it with
+    ``opposed_ramp`` (1, the default: none, the drop), and the sum runs over the weights kept.
     ``alignment``: how the direction check reads the senders' cosines for given coefficients (default
     :func:`sender_alignment` of ``records``; the server's large rounds: :func:`gradwire.sketch.sketched_alignment`).
     """
@@ -490,11 +492,11 @@ def rule_weights(
     if clip_multiple > CLIP_MULTIPLE:
         level = bounded_level(norms, cap, CLIP_MULTIPLE)
         probe = [w * c / total for w, c in zip(weights, clip_factors(norms, level))]
-    opposed = opposed_senders(records, probe, opposed_medians, alignment)
-    if not any(opposed):
+    kept = opposed_factors(records, probe, opposed_medians, alignment, opposed_ramp)
+    if all(f == 1.0 for f in kept):
         return coeffs
-    kept = sum(w for w, o in zip(weights, opposed) if not o)
-    return [0.0 if o else w * c / kept for w, c, o in zip(weights, clip, opposed)]
+    total = sum(w * f for w, f in zip(weights, kept))
+    return [w * c * f / total for w, c, f in zip(weights, clip, kept)]
 
 
 def sender_alignment(records: Sequence[Sequence[Entry]], coeffs: Sequence[float]) -> list[float]:
@@ -594,10 +596,31 @@ def opposed_senders(
     updates' cosines, often below 0, which is why the test is against the round's spread and not the
     sign of the median.) Honest updates that are mostly noise point every way, within the spread.
     """
+    return [f < 1.0 for f in opposed_factors(records, coeffs, medians, alignment)]
+
+
+def opposed_factors(
+    records: Sequence[Sequence[Entry]],
+    coeffs: Sequence[float],
+    medians: float = OPPOSED_MEDIANS,
+    alignment: Callable[[Sequence[float]], list[float]] | None = None,
+    ramp: float = 1.0,
+) -> list[float]:
+    """The share of its weight each sender keeps against :func:`opposed_senders`' test: 1 for the senders it
+    does not catch; for those it does (cosine ``cᵢ`` below the threshold ``b < 0``), ``(ramp − cᵢ/b) / (ramp − 1)``
+    clamped to [0, 1], so an update just past the threshold keeps most of its weight and one ``ramp`` times as
+    opposed keeps none; ``ramp`` 1: none at all (the drop).
+
+    A flipped update points against the rest 1.2–4× as strongly as the threshold (22 rounds of
+    tests/test_rogue_nodes.py's flipped SparseLoCo rogue in a round of 4: twice it in the median round); an
+    honest node of two or three classes past it in some rounds (bench/heterogeneity.py's Dirichlet α = 0.1
+    row), 1.06–1.28×."""
+    if ramp < 1.0 or not math.isfinite(ramp):
+        raise ValueError(f"opposed ramp must be a finite number >= 1, got {ramp!r}")
     n = len(records)
     limit = (n - 1) // 2
     if limit == 0:
-        return [False] * n
+        return [1.0] * n
     cos = sender_alignment(records, coeffs) if alignment is None else alignment(coeffs)
     mid = statistics.median(cos)
     spread = statistics.median(abs(c - mid) for c in cos)
@@ -606,8 +629,10 @@ def opposed_senders(
     # noise (its cosine a little below 0) would otherwise be an outlier (bench/convergence.py's digits).
     below = min(0.0, mid - OPPOSED_MADS * spread, -medians * abs(mid))
     worst = sorted((c, i) for i, c in enumerate(cos) if c < below)[:limit]
-    dropped = {i for _, i in worst}
-    return [i in dropped for i in range(n)]
+    out = [1.0] * n
+    for c, i in worst:
+        out[i] = 0.0 if ramp == 1.0 or below == 0.0 else min(1.0, max(0.0, (ramp - c / below) / (ramp - 1.0)))
+    return out
 
 
 def weights_and_trim(

@@ -9,16 +9,19 @@ into the same state, bit for bit. :meth:`Rule.state_dict` is what a checkpoint s
 What the default (``bounded_mean``) does depends on whether the run's honest nodes are IID by construction
 (``honest_iid``: the run assigns its data, so what an honest node sends is knowable):
 
-- **Without an assignment** (the default): every update is clipped to :data:`HETEROGENEOUS_CLIP_MULTIPLE` (3)
-  × the round's lower median norm, capped by the run's recent clip levels, and an update that points
-  against the rest of its round as an outlier (:func:`~gradwire.aggregation.opposed_senders`, the lenient
-  test) is dropped, at most a minority of the round. Nothing down-weights a node for deviating persistently:
-  an honest node on data of its own deviates persistently too, and no rule that sees only the updates can
-  tell it from a colluder inside the spread (Karimireddy, He & Jaggi, ICLR 2022). Such a colluder is bounded
-  (one node moves a round no more than 3 median updates) but not silenced: a run without an assignment
-  needs validators against it (docs/SERVER.md, "Robust aggregation").
-- **With an assignment**: the same with the clip at :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5), and each
-  sender's weight scaled by its trust from its deviation history,
+- **Without an assignment** (the default): every update is clipped to :func:`heterogeneous_clip_multiple`
+  (``0.75 n`` for a round of ``n``, between 1.5 and 6) × the round's lower median norm, capped by the run's
+  recent clip levels, and an update that points against the rest of its round as an outlier
+  (:func:`~gradwire.aggregation.opposed_senders`, the lenient test), at most a minority of the round, keeps
+  a share of its weight that falls from 1 just past the test's threshold to 0 at
+  :data:`HETEROGENEOUS_OPPOSED_RAMP` (1.5) times it (:func:`~gradwire.aggregation.opposed_factors`): an honest
+  node a little past it keeps its voice, a flip does not. Nothing down-weights a node for deviating
+  persistently: an honest node on data of its own deviates persistently too, and no rule that sees only the
+  updates can tell it from a colluder inside the spread (Karimireddy, He & Jaggi, ICLR 2022). Such a colluder
+  is bounded (one node holds at most 3/7 of a round's clipped mass) but not silenced: a run without an
+  assignment needs validators against it (docs/SERVER.md, "Robust aggregation").
+- **With an assignment**: the clip at :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5), direction outliers
+  dropped, and each sender's weight scaled by its trust from its deviation history,
   in every mode (AdamW's included), so that a persistent deviation — which an IID honest node does not
   show — costs the sender its weight.
 - **A round the validators scored** (``scored``): the scores decide; the structural down-weighting (the
@@ -50,16 +53,41 @@ from .aggregation import (
 from .frame import Entry
 from .sender_history import HISTORY_BETA, TRUST_MULTIPLE, SenderHistory, trusted_weights
 
-__all__ = ["DEFAULT_SKETCH_KEY", "HETEROGENEOUS_CLIP_MULTIPLE", "Rule"]
+__all__ = [
+    "DEFAULT_SKETCH_KEY",
+    "HETEROGENEOUS_CLIP_MULTIPLE",
+    "HETEROGENEOUS_OPPOSED_RAMP",
+    "Rule",
+    "heterogeneous_clip_multiple",
+]
 
 #: ``bounded_mean``'s clip multiple (of the round's lower median norm) in a run without a data assignment.
 #: An honest node on data of its own sends larger updates than the rest (on bench/heterogeneity.py's
-#: minority row, 2 of 8 nodes on another input region: 3–4× the median norm); clipped at
-#: :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5) they lost half their weight, and their own data's
-#: held-out loss rose 1.26× (DeMo) and 1.31× (AdamW) against the plain mean; at 3 it is 0.95× and 0.97×, and
-#: the mixture's 0.91×, 0.92×. One node then moves a round by at most 3 median updates. With an assignment
-#: (honest nodes IID: a larger update means nothing good) the clip stays at 1.5.
-HETEROGENEOUS_CLIP_MULTIPLE = 3.0
+#: minority row, 2 of 8 nodes on another input region: 3–4× the median norm, more in some rounds). Clipped
+#: at :data:`~gradwire.aggregation.CLIP_MULTIPLE` (1.5) they lost half their weight, and their own data's
+#: held-out loss rose 1.26× (DeMo) and 1.31× (AdamW) against the plain mean; at 3 DeMo's minority still got
+#: 0.165 of the weight (its share: 0.25) and 1.12× the plain mean's loss on its data (6 seeds); at 6, 0.235
+#: and 1.01×. The multiple for a round of ``n`` is ``0.75 n`` up to this (:func:`heterogeneous_clip_multiple`),
+#: so that in every round one node holds at most 3/7 of its clipped mass (m / (m + n − 1)): at 6 in a round
+#: of 4 a scaled rogue (tests/test_rogue_nodes.py) cost 6.5–10 % of held-out loss, at 3 under 5 %. With an
+#: assignment (honest nodes IID: a larger update means nothing good) the clip stays at 1.5.
+HETEROGENEOUS_CLIP_MULTIPLE = 6.0
+
+#: Without a data assignment an update that points against the rest of its round keeps a share of its
+#: weight that falls from 1 at the test's threshold to 0 at this many times it
+#: (:func:`~gradwire.aggregation.opposed_factors`). On bench/heterogeneity.py's Dirichlet α = 0.1 row (nodes
+#: of two or three classes: 1.06–1.28× the threshold in the rounds they are caught) the drop cost a node's
+#: own data 1.12× (DeMo) and 1.16× (DeMo/agg) the plain mean's held-out loss (3 seeds); a flipped update is
+#: twice the threshold in the median round, and bounded rather than dropped (at 1 median update) it cost a
+#: SparseLoCo round of 4 4.3× the clean run's loss.
+HETEROGENEOUS_OPPOSED_RAMP = 1.5
+
+
+def heterogeneous_clip_multiple(n: int, most: float = HETEROGENEOUS_CLIP_MULTIPLE) -> float:
+    """``bounded_mean``'s clip multiple for a round of ``n`` updates without a data assignment: ``0.75 n``,
+    at least :data:`~gradwire.aggregation.CLIP_MULTIPLE` and at most ``most``."""
+    return min(float(most), max(CLIP_MULTIPLE, 0.75 * n))
+
 
 #: The sketches' key where none is given: public, so only for a rule no untrusted node submits to.
 DEFAULT_SKETCH_KEY = b"gradwire.sketch/1"
@@ -70,7 +98,10 @@ class Rule:
 
     ``name``: one of :data:`gradwire.aggregation.RULES`; ``trim_fraction``: the coordinate-wise rules';
     ``cap_factor``, ``cap_rounds``: ``bounded_mean``'s cap (:class:`NormHistory`); ``clip_multiple``: its
-    clip (``None``: :data:`HETEROGENEOUS_CLIP_MULTIPLE` without ``honest_iid``, :data:`CLIP_MULTIPLE` with it);
+    clip (``None``: :func:`heterogeneous_clip_multiple` of each round's size without ``honest_iid``,
+    :data:`CLIP_MULTIPLE` with it; a number: that, every round); ``opposed_ramp``: how a direction outlier
+    loses its weight (:func:`~gradwire.aggregation.opposed_factors`; ``None``: :data:`HETEROGENEOUS_OPPOSED_RAMP`
+    without ``honest_iid``, 1 (dropped) with it);
     ``history_beta``, ``trust_multiple``: its sender histories (:class:`SenderHistory`), kept only with ``honest_iid``.
     ``sketch_key``: the secret that keys the direction check's sketches (:mod:`gradwire.sketch`): a server
     passes one of its own (``gradwire_server.store.Store.sketch_key``); the default is public.
@@ -84,6 +115,7 @@ class Rule:
         cap_factor: float = 3.0,
         cap_rounds: int = 8,
         clip_multiple: float | None = None,
+        opposed_ramp: float | None = None,
         history_beta: float = HISTORY_BETA,
         trust_multiple: float = TRUST_MULTIPLE,
         honest_iid: bool = False,
@@ -93,9 +125,16 @@ class Rule:
         self.trim_fraction = float(trim_fraction)
         self.honest_iid = bool(honest_iid)
         bounded = self.name == "bounded_mean"
+        #: Whether the clip multiple follows each round's size (:func:`heterogeneous_clip_multiple`).
+        self.clip_by_size = clip_multiple is None and not self.honest_iid
         if clip_multiple is None:
             clip_multiple = CLIP_MULTIPLE if self.honest_iid else HETEROGENEOUS_CLIP_MULTIPLE
         self.clip_multiple = float(clip_multiple)
+        if opposed_ramp is None:
+            opposed_ramp = 1.0 if self.honest_iid else HETEROGENEOUS_OPPOSED_RAMP
+        if not (math.isfinite(opposed_ramp) and opposed_ramp >= 1.0):
+            raise ValueError(f"opposed ramp must be a finite number >= 1, got {opposed_ramp!r}")
+        self.opposed_ramp = float(opposed_ramp)
         self.norms: NormHistory | None = (
             NormHistory(cap_factor, cap_rounds, clip_multiple=clip_multiple) if bounded else None
         )
@@ -111,6 +150,10 @@ class Rule:
     def weighted(self) -> bool:
         """Whether the rule is a weighted mean of the records (else coordinate-wise: a trim)."""
         return self.name in WEIGHTED_RULES
+
+    def round_clip_multiple(self, n: int) -> float:
+        """The clip multiple of a round of ``n`` updates (module docstring)."""
+        return heterogeneous_clip_multiple(n, self.clip_multiple) if self.clip_by_size else self.clip_multiple
 
     def cap(self) -> float:
         """The highest clip level this round may use (``inf`` for rules without a cap, or before any round)."""
@@ -140,7 +183,15 @@ class Rule:
             return [w / total for w in weights], trim
         structural = records if not scored else None
         coeffs = rule_weights(
-            self.name, weights, norms, self.cap(), structural, OPPOSED_MEDIANS, self.clip_multiple, alignment
+            self.name,
+            weights,
+            norms,
+            self.cap(),
+            structural,
+            OPPOSED_MEDIANS,
+            self.round_clip_multiple(n),
+            alignment,
+            self.opposed_ramp,
         )
         if self.senders is not None and not scored:
             coeffs = trusted_weights(coeffs, weights, self.senders.trust(senders))
@@ -159,7 +210,7 @@ class Rule:
         one place the rule's state changes; once per closed round (closing and replaying alike).
         ``history_sketches``: each update's :func:`~gradwire.sender_history.history_sketch`, made as it arrived."""
         if self.norms is not None:
-            self.norms.observe(norms)
+            self.norms.observe(norms, self.round_clip_multiple(len(norms)))
         if self.senders is not None:
             self.senders.observe(senders, records, coeffs, history_sketches)
         self.steps += 1

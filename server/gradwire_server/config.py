@@ -96,9 +96,10 @@ class AggregationConfig(BaseModel):
     rule: Literal[RULES] = Field(  # type: ignore[valid-type]
         DEFAULT_RULE,
         description="bounded_mean (the default): each update clipped to clip_multiple × the round's lower median "
-        "norm (3 without a data assignment, 1.5 with one), capped at cap_factor × the median clip level of the "
-        "last cap_rounds rounds, then averaged; an update pointing against the rest of its round (an outlier "
-        "cosine) is dropped, at most a minority of the round; where the honest nodes are IID (honest_iid), a "
+        "norm (0.75 × the round's size, between 1.5 and 6, without a data assignment; 1.5 with one), capped at "
+        "cap_factor × the median clip level of the last cap_rounds rounds, then averaged; an update pointing "
+        "against the rest of its round (an outlier cosine), at most a minority of the round, loses weight "
+        "(opposed_ramp; all of it with a data assignment); where the honest nodes are IID (honest_iid), a "
         "node that deviates persistently loses weight. "
         "mean: no bound (the run's status says so). clipped_mean: clipped to the round's median norm. "
         "trimmed_mean, median: coordinate-wise.",
@@ -139,8 +140,18 @@ class AggregationConfig(BaseModel):
         gt=0.0,
         allow_inf_nan=False,
         description="bounded_mean: each update is clipped to this multiple of the round's lower median norm "
-        "(one node moves a round by at most this many median updates). None (the default): 3 without a data "
-        "assignment (an honest node on data of its own sends larger updates), 1.5 with one (gradwire.rule).",
+        "(one node moves a round by at most this many median updates). None (the default): 0.75 × the round's "
+        "size, between 1.5 and 6, without a data assignment (an honest node on data of its own sends larger "
+        "updates), 1.5 with one (gradwire.rule).",
+    )
+    opposed_ramp: float | None = Field(
+        None,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="bounded_mean: an update pointing against the rest of its round past the direction test's "
+        "threshold keeps a share of its weight falling from 1 at the threshold to 0 at opposed_ramp times it "
+        "(gradwire.aggregation.opposed_factors); 1 drops it. None (the default): 1.5 without a data assignment "
+        "(an honest node on data of its own is a little past it in some rounds), 1 with one (gradwire.rule).",
     )
     honest_iid: bool | None = Field(
         None,
@@ -161,6 +172,7 @@ class AggregationConfig(BaseModel):
             cap_factor=self.cap_factor,
             cap_rounds=self.cap_rounds,
             clip_multiple=self.clip_multiple,
+            opposed_ramp=self.opposed_ramp,
             history_beta=self.history_beta,
             trust_multiple=self.trust_multiple,
             honest_iid=honest_iid,

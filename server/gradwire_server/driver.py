@@ -120,6 +120,7 @@ class RoundDriver:
         """Stop ``rt``'s driver (marked ``deleted`` by the caller) after any round close in flight."""
         task = self._drivers.pop(rt.run_id, None)
         rt.wake.set()
+        rt.tell_validators()  # their long polls answer 404 at once
         if task is not None:
             await asyncio.wait([task], timeout=60)
             task.cancel()
@@ -136,18 +137,28 @@ class RoundDriver:
         if not ready or rt.config.validation is None:
             return ready
         # A run with validators: the ready round waits for their scores, until every validator scored every
-        # candidate or its score deadline passed (then it closes with what it got, or the structural rule).
+        # candidate it held when it became ready, or its score deadline passed (then it closes with what it
+        # got, or the structural rule). A candidate arriving later does not hold it: it weighs 0 unless a
+        # validator scored it too before the close.
         if rt.scoring_since is None:
             rt.scoring_since = now
+            rt.scoring_senders = frozenset(node for node, _ in rt.pending)
         validators = [v.validator_id for v in self.store.validators_of(rt.run_id)]
-        senders = {node for node, _ in rt.pending}
-        return not validators or scores_complete(rt.round_scores, validators, senders) or now >= rt.score_deadline()
+        return (
+            not validators
+            or scores_complete(rt.round_scores, validators, rt.scoring_senders)
+            or now >= rt.score_deadline()
+        )
 
     async def _drive(self, rt: RunRuntime) -> None:
         while not self._stopping and not rt.deleted:
             rt.wake.clear()
             now = time.time()
-            if self._ready(rt, now):
+            ready = self._ready(rt, now)
+            # Whatever woke the driver (an update committed, scores posted, a round closed, a deadline) may be
+            # news to a validator's candidates long poll: it looks again at once.
+            rt.tell_validators()
+            if ready:
                 try:
                     await self.close_round(rt)
                 except Exception as exc:
@@ -232,14 +243,17 @@ class RoundDriver:
                 closed = await asyncio.to_thread(self.close_and_publish, rt, updates)
             except BaseException:
                 # The state was stepped in place up to wherever it failed: back to the committed version.
+                before = rt.version
                 await asyncio.to_thread(self._reload, rt)
+                if rt.version != before:  # the commit went through after all: the next round scores afresh
+                    rt.reset_scoring()
                 raise
             opened_before = rt.opened_at
             rt.version, rt.weights_hash, rt.opened_at = closed.version, closed.weights_hash, closed.opened_at
             if closed.checkpoint:
                 rt.checkpoint = closed.version
             rt.pending, rt.round_sum = {}, None
-            rt.scoring_since, rt.round_scores = None, {}
+            rt.reset_scoring()
             rt.recent.forget_before(rt.version)
             self._observe(rt, closed, time.perf_counter() - t0, opened_before)
             # Readers waiting for the version are woken now (its metrics recorded first); pruning old rows,

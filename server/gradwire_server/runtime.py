@@ -68,9 +68,25 @@ class RunRuntime:
     close_cause: str | None = None
     retry_at: float | None = None
     #: Runs with validators (``config.validation``): when the open round became ready and began waiting for
-    #: its scores (``None``: not yet), and the scores posted for it, ``{validator_id: {node_id: score}}``.
+    #: its scores (``None``: not yet), the senders it held then (the candidates whose scores it waits for:
+    #: one arriving later does not hold the round), and the scores posted for it,
+    #: ``{validator_id: {node_id: score}}``.
     scoring_since: float | None = None
+    scoring_senders: frozenset[int] = frozenset()
     round_scores: dict[int, dict[int, float]] = field(default_factory=dict)
+    #: Set (and replaced by a fresh one) by the driver whenever the open round may have changed for its
+    #: validators: an update committed, the round began waiting for scores, a round closed. A candidates
+    #: long poll waits on it instead of polling.
+    round_news: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def tell_validators(self) -> None:
+        """Wake every candidates long poll of the run (they look again)."""
+        event, self.round_news = self.round_news, asyncio.Event()
+        event.set()
+
+    def reset_scoring(self) -> None:
+        """The open round waits for no scores any more (it closed): the next one starts afresh."""
+        self.scoring_since, self.scoring_senders, self.round_scores = None, frozenset(), {}
 
     def reset_retries(self) -> None:
         """Forget failed closes: the next one is tried as soon as the round is ready."""

@@ -6,9 +6,11 @@ that one lying validator of three moves nothing. :func:`score_weights` computes 
 each update's weight by it at the round's close (:meth:`.transition.RunState.close`), and the weights are
 committed with the version (:meth:`.store.Store.publish`) and replayed from there after a restart.
 
-A round counts as scored when at least one validator posted scores for it before its score deadline; a
-candidate no validator scored (it arrived after they read the round) weighs 0 in a scored round; a round whose
-every candidate weighs 0 closes with the structural rule, as an unscored one. Nothing here
+A round counts as scored when at least one validator posted scores for it before its score deadline; it closes
+as soon as every validator scored every candidate it held when it became ready (:func:`scores_complete`; the
+driver, :meth:`.driver.RoundDriver._ready`), so a candidate arriving later does not hold it, and one no
+validator scored weighs 0 in a scored round; a round whose every candidate weighs 0 closes with the structural
+rule, as an unscored one. Nothing here
 reads anything a node sent: a node cannot raise its own weight.
 """
 
@@ -55,6 +57,7 @@ def score_weights(by_validator: Mapping[int, Mapping[int, float]], senders: Iter
 def scores_complete(
     by_validator: Mapping[int, Mapping[int, float]], validators: Iterable[int], senders: Iterable[int]
 ) -> bool:
-    """Whether every validator of the run scored every candidate of the round (it can close at once)."""
+    """Whether every validator of the run scored every one of ``senders`` (the candidates the round held when it
+    became ready): the round can close at once."""
     validators, senders = list(validators), set(senders)
     return bool(validators) and all(senders <= set(by_validator.get(v, ())) for v in validators)

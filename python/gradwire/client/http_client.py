@@ -30,7 +30,7 @@ from ..published import Published, read_published
 from ..state import state_from_bytes, state_hash, state_to_bytes, unpack_state_dict
 from .errors import OutOfSyncError, ProtocolError, connection_error, http_error
 
-__all__ = ["GradwireClient", "PublishedBatch", "UpdateBatch", "split_frames"]
+__all__ = ["CandidateBatch", "GradwireClient", "PublishedBatch", "UpdateBatch", "split_frames"]
 
 _OCTET = {"Content-Type": OCTET_STREAM}
 
@@ -56,6 +56,22 @@ class PublishedBatch:
     version: int
     weights_hash: str
     nbytes: int
+
+
+@dataclass
+class CandidateBatch:
+    """The answer to ``candidates_since(round, since=k)``: the round's candidate frames after the first ``k``
+    (in commit order), how many it holds (``total``: the next ``since``), and whether it waits for scores."""
+
+    frames: list[bytes]
+    total: int
+    scoring: bool
+    round: int
+
+
+#: The headers of a candidates answer: how many candidates the round holds, and whether it waits for scores.
+CANDIDATES_HEADER = "X-Gradwire-Candidates"
+SCORING_HEADER = "X-Gradwire-Scoring"
 
 
 def split_frames(body: bytes, *, limits: Limits | None = None) -> list[bytes]:
@@ -264,6 +280,27 @@ class GradwireClient:
             extra_timeout=wait,
         )
         return None if response.status_code == 204 else split_frames(response.content)
+
+    def candidates_since(self, run_id: str, round: int, since: int = 0, wait: float = 0.0) -> CandidateBatch | None:
+        """``GET …/rounds/{round}/candidates?since=`` (a validator's token): the round read as it fills. Answers
+        as soon as the round holds a candidate after the first ``since`` (commit order), or waits for scores;
+        a round not open yet is waited for too. ``None`` if nothing came within ``wait`` seconds. Pass the
+        answer's ``total`` as the next ``since``; once ``scoring`` and nothing is left, score and post."""
+        response = self._request(
+            "GET",
+            f"{API_PREFIX}/runs/{run_id}/rounds/{round}/candidates",
+            params={"wait": wait, "since": int(since)},
+            idempotent=True,
+            extra_timeout=wait,
+        )
+        if response.status_code == 204:
+            return None
+        return CandidateBatch(
+            frames=split_frames(response.content),
+            total=_header_int(response, CANDIDATES_HEADER),
+            scoring=_header_int(response, SCORING_HEADER) == 1,
+            round=int(round),
+        )
 
     def post_scores(self, run_id: str, round: int, scores: Mapping[int, float]) -> dict:
         """``POST …/rounds/{round}/scores`` (a validator's token): one score in [0, 1] per candidate, by node id."""

@@ -1,11 +1,13 @@
 """The helper a validator of a server run calls each round, beside :class:`~gradwire.client.node.Node`.
 
 A validator (docs/SERVER.md, "Validators") runs the same model code as a node. Each round,
-:meth:`Validator.score_round` loads the run's weights, reads the round's candidate updates once the round waits for
-scores, scores each by the loss change it gives on a small batch, and posts the scores; the server weighs each
-update by the median of its validators' scores. A candidate's effect is measured by one probing step:
-``θ' = θ − step_size · direction(update)`` (``direction``: the identity for gradients and pseudo-gradients,
-``torch.sign`` for DeMo's sign-applied records).
+:meth:`Validator.score_round` loads the run's weights, reads the round's candidate updates as they arrive
+(:meth:`~.http_client.GradwireClient.candidates_since`), measures each by the loss change it gives on a small batch
+while the round is still filling, and once the round waits for scores measures the last few and posts the
+scores; the server weighs each update by the median of its validators' scores. A candidate's effect is measured
+by one probing step: ``θ' = θ − step_size · direction(update)`` (``direction``: the identity for gradients and
+pseudo-gradients, ``torch.sign`` for DeMo's sign-applied records), written straight into the model's parameters
+from the loaded weights (no copy per probe; the weights are put back once, at the end).
 
 - **A run that assigns its data** (``data_assignment``): Templar's "Gauntlet". The batch is the node's own pages
   (:func:`gradwire.assignment.assigned_pages`) and random pages (:func:`gradwire.assignment.random_pages`, the
@@ -32,7 +34,7 @@ import torch
 from ..assignment import DataAssignment, assigned_pages, random_pages
 from ..binding import strip_binding
 from ..frame import decode_bundle, read_frame
-from .http_client import GradwireClient
+from .http_client import MAX_WAIT_S, GradwireClient  # the longest long poll (gradwire.protocol)
 
 __all__ = ["Validator"]
 
@@ -43,6 +45,12 @@ class Validator:
     ``model``: the run's model (its float32 named parameters are loaded with the server's weights each round);
     ``loss(model, batch)``: the training loss of a batch. With a data assignment, ``pages(list_of_pages)`` gives the
     batch of those pages; without one, ``batch(round)`` gives a batch of the validator's own data.
+
+    ``threads``: torch's intra-op threads while a round is scored (``torch.set_num_threads``, process-wide, put
+    back after; ``None``: torch's as they are). A small model's probe is a few tiny operations, each an OpenMP
+    parallel region: on cores shared with other work (the server, nodes) and OpenMP's default (spinning) wait
+    policy each waits for a descheduled worker. ``threads=1``, or ``OMP_WAIT_POLICY=PASSIVE`` set before torch
+    loads, keeps such a probe at its arithmetic (bench/validator_cost.py).
     """
 
     def __init__(
@@ -59,7 +67,10 @@ class Validator:
         allowance: float = 1.0,
         salt: int = 0,
         direction: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        threads: int | None = None,
     ):
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1 or None; got {threads}")
         if step_size <= 0 or tolerance < 0 or allowance < 0:
             raise ValueError(
                 f"step_size must be > 0, tolerance and allowance >= 0; got {step_size}, {tolerance}, {allowance}"
@@ -69,12 +80,23 @@ class Validator:
         self.step_size, self.tolerance, self.allowance = float(step_size), float(tolerance), float(allowance)
         self.salt = int(salt)
         self.direction = direction or (lambda t: t)
+        self.threads = threads
         self.params = {n: p for n, p in model.named_parameters()}
         self.assignment: DataAssignment | None = None
         self._configured = False
         self.version: int | None = None
-        #: Seconds spent scoring a candidate in the last round (decode and probes), for bench/validator_cost.py.
+        #: The weights the probes start from (loaded each round), the parameters a probe left changed, and the
+        #: batches and losses of the loaded weights kept for the round (the validator's batch and its loss; a
+        #: control batch and its loss), by key.
+        self._base: dict[str, torch.Tensor] | None = None
+        self._dirty: set[str] = set()
+        self._kept: dict[tuple, tuple[Any, float]] = {}
+        #: Seconds spent scoring a candidate in the last round (decode and probes, most of them while the round
+        #: was still filling), for bench/validator_cost.py.
         self.seconds_per_candidate = 0.0
+        #: Seconds from the answer saying the last round waits for scores to its scores posted: what this
+        #: validator adds to the round's latency beside the network.
+        self.seconds_after_ready = 0.0
 
     def _configure(self) -> None:
         config = self.client.status(self.run_id)["config"]
@@ -93,62 +115,164 @@ class Validator:
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(state[name])
+            self._base = {n: p.detach().clone() for n, p in self.params.items()}
+        self._dirty, self._kept = set(), {}
         self.version = version
         return version
 
+    # -- probes: the loaded weights θ, or θ − step_size · direction(update), in the model's parameters ----------
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        if self._base is None:  # probed before any round was loaded: from the model's weights as they are
+            self._base = {n: p.detach().clone() for n, p in self.params.items()}
+        return self._base
+
     @torch.no_grad()
+    def _restore(self) -> None:
+        """The model's parameters back to the loaded weights (those a probe changed)."""
+        base = self._weights()
+        for n in self._dirty:
+            self.params[n].copy_(base[n])
+        self._dirty = set()
+
+    @torch.no_grad()
+    def _apply(self, update: Mapping[str, torch.Tensor]) -> None:
+        """Set the model's parameters to ``θ − step_size · direction(update)``: each tensor written once from
+        the loaded weights, no copy kept (``θ − s·d`` as ``θ.sub_(d, alpha=s)`` computes it, to the bit)."""
+        base = self._weights()
+        for n in self._dirty - update.keys():
+            self.params[n].copy_(base[n])
+        for n, d in update.items():
+            p = self.params[n]
+            torch.sub(base[n], self.direction(d.to(p.device)), alpha=self.step_size, out=p)
+        self._dirty = set(update)
+
+    @torch.no_grad()
+    def _loss(self, batch: Any) -> float:
+        return float(self.loss(self.model, batch))
+
     def _loss_at(self, batch: Any, update: dict[str, torch.Tensor] | None) -> float:
+        """The loss of ``batch`` at the loaded weights (``update`` None) or after the probing step."""
         if update is None:
-            return float(self.loss(self.model, batch))
-        saved = {n: p.clone() for n, p in self.params.items() if n in update}
-        try:
-            for n, d in update.items():
-                self.params[n].sub_(self.direction(d.to(self.params[n].device)), alpha=self.step_size)
-            return float(self.loss(self.model, batch))
-        finally:
-            for n, t in saved.items():
-                self.params[n].copy_(t)
+            self._restore()
+        else:
+            self._apply(update)
+        return self._loss(batch)
+
+    def _kept_loss(self, key: tuple, make: Callable[[], Any]) -> tuple[Any, float]:
+        """``(batch, loss at the loaded weights)`` of the batch ``make()`` gives, made once per round and key."""
+        if key not in self._kept:
+            data = make()
+            self._kept[key] = (data, self._loss_at(data, None))
+        return self._kept[key]
+
+    # -- scores --------------------------------------------------------------------------------------------------
 
     def gauntlet(self, update: dict[str, torch.Tensor], sender: int, round: int) -> float:
         """The score of ``sender``'s ``update`` in ``round`` of a run that assigns its data (module docstring)."""
         if self.assignment is None:
             raise ValueError(f"run {self.run_id!r} assigns no data: its rounds are scored harm-only")
-        own_pages = assigned_pages(self.assignment, sender, round)
+        assignment = self.assignment
+        own_pages = assigned_pages(assignment, sender, round)
+        count = len(own_pages)
+        control, ctrl_before = self._kept_loss(
+            ("control", round, count),
+            lambda: self.pages_batch(random_pages(assignment, round, count, self.salt)),
+        )
         own = self.pages_batch(own_pages)
-        control = self.pages_batch(random_pages(self.assignment, round, len(own_pages), self.salt))
-        own_before, own_after = self._loss_at(own, None), self._loss_at(own, update)
-        ctrl_before, ctrl_after = self._loss_at(control, None), self._loss_at(control, update)
+        own_before = self._loss_at(own, None)
+        self._apply(update)
+        own_after, ctrl_after = self._loss(own), self._loss(control)
         helps = own_after < own_before
         harms = ctrl_after - ctrl_before > self.tolerance * abs(ctrl_before)
         return 1.0 if helps and not harms else 0.0
 
-    def harm_only(self, updates: Mapping[int, dict[str, torch.Tensor]], round: int) -> dict[int, float]:
-        """The scores of a round's ``updates`` (by sender) on the validator's own data (module docstring)."""
-        data = self.own_batch(round)
-        before = self._loss_at(data, None)
-        change = {sender: self._loss_at(data, u) - before for sender, u in updates.items()}
+    def loss_change(self, update: dict[str, torch.Tensor], round: int) -> float:
+        """How much ``update``'s probing step changes the loss of the validator's own batch of ``round`` (a run
+        that assigns no data); the loss at the loaded weights is computed once per round."""
+        data, before = self._kept_loss(("own", round), lambda: self.own_batch(round))
+        self._apply(update)
+        return self._loss(data) - before
+
+    def harm_scores(self, change: Mapping[int, float]) -> dict[int, float]:
+        """Harm-only scores from each sender's :meth:`loss_change` (module docstring)."""
         allowed = self.allowance * max(0.0, -statistics.median(change.values())) if change else 0.0
         return {sender: 0.0 if c > allowed else 1.0 for sender, c in change.items()}
 
+    def harm_only(self, updates: Mapping[int, dict[str, torch.Tensor]], round: int) -> dict[int, float]:
+        """The scores of a round's ``updates`` (by sender) on the validator's own data (module docstring)."""
+        return self.harm_scores({sender: self.loss_change(u, round) for sender, u in updates.items()})
+
     def score_round(self, round: int | None = None, wait: float = 30.0) -> dict[int, float] | None:
         """Score round ``round`` (default: the run's open round) and post the scores; ``None`` if the round was
-        not waiting for scores within ``wait`` seconds. Returns ``{node_id: score}``."""
+        not waiting for scores within ``wait`` seconds. Returns ``{node_id: score}``.
+
+        The candidates are read as they arrive and each is measured at once, so that when the round waits for
+        scores only those of the last moments remain; a round not open yet is waited for (within ``wait``)."""
         if not self._configured:
             self._configure()
+        before = torch.get_num_threads()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        try:
+            return self._score_round(round, wait)
+        finally:
+            self._restore()  # the model holds the loaded weights, whatever happened
+            if self.threads is not None:
+                torch.set_num_threads(before)
+
+    def _score_round(self, round: int | None, wait: float) -> dict[int, float] | None:
+        end = time.monotonic() + wait
         version = self._load()
-        round = version if round is None else round
-        frames = self.client.candidates(self.run_id, round, wait=wait)
-        if frames is None:
-            return None
+        round = version if round is None else int(round)
+        # A subclass that scores the round's updates together (its own harm_only) is handed them all at the end;
+        # otherwise each is measured on arrival and only its loss change (or its score) is kept.
+        together = self.assignment is None and type(self).harm_only is not Validator.harm_only
+        measured: dict[int, tuple[int, Any]] = {}  # sender -> (its frame's round, its score, loss change or update)
+        since, spent = 0, 0.0
+        while True:
+            left = end - time.monotonic()
+            batch = self.client.candidates_since(self.run_id, round, since, wait=min(MAX_WAIT_S, max(0.0, left)))
+            if batch is None:
+                if time.monotonic() >= end:
+                    return None
+                continue
+            ready_at = time.perf_counter()
+            if self.version != round:
+                # The round opened after the weights were loaded: its own weights. (Loaded past it, the round
+                # closed meanwhile: the next read says so.)
+                self._load()
+                if self.version != round:
+                    continue
+            if batch.total < since + len(batch.frames):  # a count the server no longer holds: read afresh
+                since, measured = 0, {}
+                continue
+            t0 = time.perf_counter()
+            for raw in batch.frames:
+                frame = strip_binding(read_frame(raw))
+                if frame.sender in measured and measured[frame.sender][0] >= frame.round:
+                    continue  # a sender's latest round counts (a late update beside its current one)
+                update = decode_bundle(frame)
+                if self.assignment is not None:
+                    measured[frame.sender] = (frame.round, self.gauntlet(update, frame.sender, round))
+                elif together:
+                    measured[frame.sender] = (frame.round, update)
+                else:
+                    measured[frame.sender] = (frame.round, self.loss_change(update, round))
+            spent += time.perf_counter() - t0
+            since = batch.total
+            if batch.scoring:
+                break
         t0 = time.perf_counter()
-        updates = {}
-        for raw in frames:
-            frame = strip_binding(read_frame(raw))
-            updates[frame.sender] = decode_bundle(frame)
+        got = {sender: m for sender, (_, m) in sorted(measured.items())}
         if self.assignment is not None:
-            scores = {sender: self.gauntlet(u, sender, round) for sender, u in updates.items()}
+            scores = got
+        elif together:
+            scores = self.harm_only(got, round)
         else:
-            scores = self.harm_only(updates, round)
-        self.seconds_per_candidate = (time.perf_counter() - t0) / max(1, len(updates))
+            scores = self.harm_scores(got)
+        spent += time.perf_counter() - t0
+        self.seconds_per_candidate = spent / max(1, len(measured))
         self.client.post_scores(self.run_id, round, scores)
+        self.seconds_after_ready = time.perf_counter() - ready_at
         return scores

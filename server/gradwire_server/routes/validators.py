@@ -1,13 +1,14 @@
 """A run's validators (docs/SERVER.md, "Validators"): the admin registers one (``POST /v1/runs/{run_id}/validators``,
 its token shown once) and lists them; a validator reads a round's candidate updates
-(``GET …/rounds/{round}/candidates``) and posts its scores (``POST …/rounds/{round}/scores``); the admin reads every
-round's scores and weights (``GET /v1/runs/{run_id}/scores``). A node's token gets 403 on the last three: nothing
-a node sends can raise its own weight."""
+(``GET …/rounds/{round}/candidates``: every one once the round waits for scores, or with ``since`` as they arrive,
+so that it scores while the round fills and only the last few remain at its quorum) and posts its scores
+(``POST …/rounds/{round}/scores``); the admin reads every round's scores and weights
+(``GET /v1/runs/{run_id}/scores``). A node's token gets 403 on the last three: nothing a node sends can raise its
+own weight."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
@@ -21,8 +22,11 @@ from .common import ERROR, octet_response, server
 
 router = APIRouter(prefix=f"{API_PREFIX}/runs/{{run_id}}", tags=["validators"])
 
-#: The header of a candidates body: the round whose candidate updates it holds.
+#: The headers of a candidates body: the round whose candidate updates it holds, how many candidates the round
+#: holds, and whether it waits for scores (1) or is still filling (0).
 ROUND_HEADER = "X-Gradwire-Round"
+CANDIDATES_HEADER = "X-Gradwire-Candidates"
+SCORING_HEADER = "X-Gradwire-Scoring"
 #: Versions per answer of ``GET …/scores``, at most, and the largest version it takes (SQLite's integers).
 PAGE, MAX_VERSION = 1000, 2**62
 #: How long a candidates request may wait for its round to become ready, at most.
@@ -113,13 +117,19 @@ def _open_round(rt, round: int) -> None:
 
 @router.get(
     "/rounds/{round}/candidates",
-    summary="The round's candidate updates, once it waits for scores (validators)",
+    summary="The round's candidate updates: once it waits for scores, or as they arrive (validators)",
     responses={
         200: octet_response(
-            "The round's update frames, concatenated in node-id order (split them with split_frames)",
-            {ROUND_HEADER: "the round"},
+            "The round's update frames, concatenated (split them with split_frames): without ``since``, every "
+            "candidate in node-id order once the round waits for scores; with ``since``, the candidates after "
+            "the first ``since`` in commit order",
+            {
+                ROUND_HEADER: "the round",
+                CANDIDATES_HEADER: "how many candidates the round holds (pass it as the next since)",
+                SCORING_HEADER: "1 once the round waits for scores (score and post), else 0",
+            },
         ),
-        204: {"description": "The round is not waiting for scores yet: ask again."},
+        204: {"description": "Nothing to read yet after wait seconds (not waiting for scores; no new candidate)."},
         401: ERROR,
         403: ERROR,
         404: ERROR,
@@ -131,19 +141,54 @@ async def candidates(
     run_id: str,
     round: int,
     request: Request,
-    wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait for the round to be ready."),
+    wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, description="Seconds to wait for something to read."),
+    since: int | None = Query(
+        None,
+        ge=0,
+        le=MAX_VERSION,
+        description="Read the round as it fills: the candidates after the first since (in commit order), "
+        "as soon as there is one, or none once the round waits for scores; the round not open yet is waited "
+        "for too. Without it: every candidate, once the round waits for scores.",
+    ),
     who: Principal = Depends(validator),
 ) -> Response:
     rt = server(request).engine.runtime(run_id)
-    end = time.monotonic() + wait
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait
     while True:
-        _open_round(rt, round)
-        if rt.scoring_since is not None:
-            frames = [rt.pending[k].raw for k in sorted(rt.pending)]
-            return Response(b"".join(frames), media_type=OCTET_STREAM, headers={ROUND_HEADER: str(round)})
-        if time.monotonic() >= end:
+        news = rt.round_news  # taken before looking: anything that changes after it wakes the wait below
+        if rt.deleted:
+            raise Rejected(Reason.UNKNOWN_RUN, f"run {run_id} was deleted")
+        answer = _candidates_now(rt, round, since)
+        if answer is not None:
+            return answer
+        remaining = end - loop.time()
+        if remaining <= 0:
             return Response(status_code=204, headers={ROUND_HEADER: str(round)})
-        await asyncio.sleep(0.02)
+        try:
+            await asyncio.wait_for(news.wait(), timeout=remaining)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _candidates_now(rt, round: int, since: int | None) -> Response | None:
+    """The answer of a candidates request now, or ``None`` if it has nothing to read yet."""
+    if since is not None and round > rt.version:
+        return None  # read as it fills: the round opens later, wait for it
+    _open_round(rt, round)
+    scoring = rt.scoring_since is not None
+    if since is None:
+        if not scoring:
+            return None
+        updates = [rt.pending[k] for k in sorted(rt.pending)]
+    else:
+        held = list(rt.pending.values())  # commit order: only ever appended to while the round is open
+        if len(held) == since and not scoring:
+            return None
+        # A since beyond what the round holds (a stale count) answers at once with the count, and no frame.
+        updates = held[since:]
+    headers = {ROUND_HEADER: str(round), CANDIDATES_HEADER: str(len(rt.pending)), SCORING_HEADER: str(int(scoring))}
+    return Response(b"".join(u.raw for u in updates), media_type=OCTET_STREAM, headers=headers)
 
 
 @router.post(
