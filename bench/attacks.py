@@ -43,6 +43,14 @@ with the run's uplink codec and bound to the run:
   ``mean − z·std`` keep their histories under the level at which the server starts to take weight away
   (95 % of it). Each colluder adds its own tiny noise, so that their updates are not counted once as copies.
 
+An attack aimed at validators (:data:`AIMED_AT_VALIDATORS`, ``bench/heterogeneity.py``'s colluder grid):
+
+- ``good_own``: each colluder sends its own genuine update (good on its own data, or its own assigned pages)
+  plus ``κ = 4`` times its norm along the honest mean's part orthogonal to it, reversed: first order, it still
+  lowers the loss of the data it was computed on (the added part is orthogonal to it), and it raises the loss
+  elsewhere (it points against what the honest nodes' data agree on). A validator that judges a node on its
+  own pages alone passes it; one that also measures random pages (the Gauntlet) or its own data should not.
+
 Modes: ``adamw`` (the server's AdamW, compressed diff published), ``demo`` and ``sparseloco`` publishing
 the node frames verbatim (``publish="frames"``), and ``demo/agg`` and ``sparseloco/agg``: the re-encoded
 downlink (``publish="aggregate"``, the server's error feedback). Each row: the held-out loss of the run's
@@ -112,6 +120,10 @@ MODES: dict[str, dict] = {
 ATTACKS = ("clean", "x1000", "x1e15", "flip", "flip_x1e15", "ef_poison", "copy", "replay", "other_run")
 #: Attacks by colluding nodes that craft one update from the honest ones (``--rogues`` of ``--nodes``).
 COLLUDING = ("alie", "alie_own", "ipm_small", "ipm_large", "minmax", "minsum", "mimic", "adaptive")
+#: Colluding attacks aimed at validators (module docstring), run like :data:`COLLUDING`'s.
+AIMED_AT_VALIDATORS = ("good_own",)
+#: ``good_own``'s reversed honest direction, in multiples of the colluder's own update norm.
+GOOD_OWN_KAPPA = 4.0
 
 
 def model(seed: int = 0) -> nn.Module:
@@ -345,12 +357,35 @@ class AdaptiveColluders:
         return best[2]
 
 
+def good_own(own: torch.Tensor, honest: torch.Tensor, kappa: float = GOOD_OWN_KAPPA) -> torch.Tensor:
+    """``good_own``'s update (module docstring): ``own`` plus ``kappa·‖own‖`` along the reversed part of the
+    honest mean (``honest``: rows) orthogonal to ``own``."""
+    mu = honest.mean(0)
+    sq = float(own.dot(own))
+    perp = mu - (float(mu.dot(own)) / sq) * own if sq > 0 else mu
+    size = float(perp.norm())
+    if size == 0.0:
+        return own
+    return own - kappa * sq**0.5 * perp / size
+
+
 def colluding_fn(name: str, honest_ids: Sequence[int], rogue_ids: Sequence[int]):
     """A colluder's frame: it waits for the round's honest frames (and its fellows' genuine ones: the
     colluders see every frame before it is sent), crafts the update and re-encodes it as its own."""
     if name == "adaptive":
         shared = AdaptiveColluders(honest_ids, rogue_ids)
         return lambda node, rnd, frame: shared.frame(node, rnd)
+    if name == "good_own":
+
+        def aimed(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
+            got = [node.frames.wait(rnd, i, timeout=60) for i in honest_ids]
+            if any(f is None for f in got):
+                return None
+            own, layout = _flat_update(frame)
+            honest = torch.stack([_flat_update(f)[0] for f in got])
+            return _encoded(good_own(own, honest), layout, rnd, node.node_id, node.run_id)
+
+        return aimed
 
     def attack(node: RunNode, rnd: int, frame: bytes) -> bytes | None:
         got = [node.frames.wait(rnd, i, timeout=60) for i in (*honest_ids, *rogue_ids)]
@@ -419,6 +454,8 @@ class Outcome:
     run_id: str = ""
     #: The run's final weights (the server's).
     state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: A run with validators: the server's scores log (``GET /v1/runs/{run_id}/scores``), one entry per version.
+    scores: list[dict] = field(default_factory=list, repr=False)
 
 
 def published_max(admin: GradwireClient, run_id: str, diff: bool) -> float:
@@ -462,17 +499,22 @@ def run_one(
     nodes: int = N_NODES,
     rogues: int = 1,
     data: DataSpec | None = None,
+    config: dict | None = None,
+    validators: Sequence[Callable[[GradwireClient, str], None]] = (),
 ) -> Outcome:
     """One run of ``mode`` under ``rule`` (``"default"``: the run's default) with ``attack``, ``rounds``
     versions long, on ``nodes`` nodes; the rogues are the last ``rogues`` node ids (:data:`ROGUE` alone by
     default). ``data``: the model, each node's batches and the held-out loss (default: this bench's
-    regression, every node on its own stream of one distribution, :data:`REGRESSION`)."""
+    regression, every node on its own stream of one distribution, :data:`REGRESSION`). ``config``: more run
+    settings (``validation``, ``data_assignment``). ``validators``: one function per validator of the run,
+    ``serve(client, run_id)``, run on a thread of its own with a client holding the validator's token (it
+    scores the run's rounds, and returns when it is done); the outcome then carries the server's scores log."""
     data = data or REGRESSION
     t0 = time.perf_counter()
     n_nodes = nodes
     rogue_ids = list(range(n_nodes - rogues + 1, n_nodes + 1))
     honest_ids = list(range(1, n_nodes - rogues + 1))
-    config = dict(MODES[mode], quorum=n_nodes, uplink={"codec": "dct", "params": CODEC})
+    config = dict(MODES[mode], quorum=n_nodes, uplink={"codec": "dct", "params": CODEC}, **(config or {}))
     settings = aggregation_settings(rule)
     if settings is not None:
         config["aggregation"] = settings
@@ -481,7 +523,8 @@ def run_one(
     admin.put_state(run_id, {n: p.detach() for n, p in data.model().named_parameters()})
     frames = Frames()
     nodes: list[RunNode] = []
-    colluders = colluding_fn(attack, honest_ids, rogue_ids) if attack in COLLUDING else None
+    colluding = attack in COLLUDING or attack in AIMED_AT_VALIDATORS
+    colluders = colluding_fn(attack, honest_ids, rogue_ids) if colluding else None
     for _ in range(n_nodes):
         node_id, token = admin.register_node(run_id)
         if node_id not in rogue_ids:
@@ -505,6 +548,20 @@ def run_one(
     sync_every = MODES[mode].get("sparseloco", {}).get("sync_every", 1)
     steps = rounds * sync_every
     errors: list[BaseException] = []
+    validator_tokens = [admin.register_validator(run_id, f"v{i + 1}")[1] for i in range(len(validators))]
+
+    def validate(serve: Callable[[GradwireClient, str], None], token: str) -> None:
+        try:
+            with GradwireClient(server.url, token, timeout=60) as client:
+                serve(client, run_id)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    validator_threads = [
+        threading.Thread(target=validate, args=(v, t), daemon=True) for v, t in zip(validators, validator_tokens)
+    ]
+    for t in validator_threads:
+        t.start()
 
     def train(node: RunNode) -> None:
         try:
@@ -520,6 +577,8 @@ def run_one(
         t.start()
     for t in threads:
         t.join(timeout=600)
+    for t in validator_threads:
+        t.join(timeout=120)
     if errors:
         raise RuntimeError(f"{mode}/{attack}/{rule}: a node failed: {errors[0]!r}") from errors[0]
     state, version, _ = admin.state(run_id)
@@ -539,6 +598,7 @@ def run_one(
         time.perf_counter() - t0,
         run_id,
         state,
+        admin.scores(run_id) if validators else [],
     )
     for n in nodes:
         n.client.close()
@@ -635,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=40, help="versions per run")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS) + list(COLLUDING))
+    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=[*ATTACKS, *COLLUDING, *AIMED_AT_VALIDATORS])
     p.add_argument("--nodes", type=int, default=N_NODES, help="nodes per run (quorum: all of them)")
     p.add_argument("--rogues", type=int, default=1, help="how many of them attack (the last node ids)")
     p.add_argument(
