@@ -24,9 +24,9 @@ What the default (``bounded_mean``) does depends on whether the run's honest nod
   dropped, and each sender's weight scaled by its trust from its deviation history,
   in every mode (AdamW's included), so that a persistent deviation — which an IID honest node does not
   show — costs the sender its weight.
-- **A round the validators scored** (``scored``): the scores decide; the structural down-weighting (the
-  direction drop and the trust) steps aside, and the norm bound stays. Its histories still step, ready for
-  a round that gets no score.
+- **A round the validators scored** (``scored``): the scores weigh the updates; the trust steps aside, and the
+  norm bound and the direction test stay (an update aimed at the validators — good on their data, against
+  the rest of the round — is caught by both). Its histories still step, ready for a round that gets no score.
 
 Every coefficient list is that of a weighted mean of the senders' own records (or a coordinate-wise rule's
 trim), so a version stays bit-exact on every node (:func:`gradwire.aggregation.exact_aggregate`).
@@ -181,13 +181,12 @@ class Rule:
         if not self.weighted:
             total = sum(weights)
             return [w / total for w in weights], trim
-        structural = records if not scored else None
         coeffs = rule_weights(
             self.name,
             weights,
             norms,
             self.cap(),
-            structural,
+            records,
             OPPOSED_MEDIANS,
             self.round_clip_multiple(n),
             alignment,

@@ -168,7 +168,7 @@ class RunState:
     ) -> bytes:
         """Round ``version`` closed from ``updates`` (in the order they were committed): the bytes of
         ``version + 1``, by the run's publication kind. ``score_weights``: the validators' weight of each
-        sender in a scored round (:mod:`.scores`), multiplied into each update's weight, the structural
+        sender in a scored round (:mod:`.scores`), multiplied into each update's weight, the trust
         down-weighting sitting the round out (:mod:`gradwire.rule`); ``None``: the round was not scored.
         ``round_sum``: the round's running sum (:meth:`new_round_sum`), kept as its updates were
         acknowledged; one is built here from ``updates`` where it is missing or holds other updates, with

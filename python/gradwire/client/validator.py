@@ -17,9 +17,12 @@ from the loaded weights (no copy per probe; the weights are put back once, at th
 - **A run that does not**: the validator's own data (``batch(round)``), scored harm-only: 1 unless the update
   raises the loss by more than ``allowance`` times the good the round's median candidate does there (its loss
   decrease; 0 when the median candidate does none), else 0. An update loses weight for the harm it does, not for
-  the help it fails to give, so a minority whose data the validator lacks keeps its weight (its update may move
-  shared parameters a little against the validator's data: that is allowed up to the typical update's help).
-  Colluders below half the round do not move the median.
+  the help it fails to give; a minority whose data the validator lacks moves shared parameters against the
+  validator's data too, which is allowed up to :data:`HARM_ALLOWANCE` (3) times the typical update's help.
+  Colluders below half the round do not move the median. What this cannot do: late in a run, when the typical
+  update helps the validator's data little, a minority whose objective conflicts with it harms that data 10–100
+  times as much as the median candidate helps it (bench/heterogeneity.py's SparseLoCo minority row), as much as
+  an inner-product attack does, and loses its score: a run that must keep such a minority assigns its data.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from ..binding import strip_binding
 from ..frame import decode_bundle, read_frame
 from .http_client import MAX_WAIT_S, GradwireClient  # the longest long poll (gradwire.protocol)
 
-__all__ = ["Validator"]
+__all__ = ["HARM_ALLOWANCE", "Validator"]
+
+#: Harm-only scoring: an update keeps its score while its probe raises the validator's loss by at most this many
+#: times the loss decrease of the round's median candidate. On bench/heterogeneity.py's minority row (2 of 8
+#: nodes on data of their own, the validator holding the majority's), at 1 the minority lost a third of its
+#: weight under AdamW and DeMo and its own data's held-out loss rose 1.47× and 1.15× the plain mean's; at 3,
+#: 1.00× and 1.04× (2 seeds), while IPM and the validator-aimed ``good_own`` still harm 5–30× the median help.
+HARM_ALLOWANCE = 3.0
 
 
 class Validator:
@@ -64,7 +74,7 @@ class Validator:
         batch: Callable[[int], Any] | None = None,
         step_size: float = 1e-2,
         tolerance: float = 0.0,
-        allowance: float = 1.0,
+        allowance: float = HARM_ALLOWANCE,
         salt: int = 0,
         direction: Callable[[torch.Tensor], torch.Tensor] | None = None,
         threads: int | None = None,
