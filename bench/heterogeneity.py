@@ -5,8 +5,9 @@ whose honest nodes hold data of their own, and what it holds against colluders.
 [--grid-modes ...] [--grid-attacks ...] [--no-validators]``
 
 Every run is ``bench/attacks.py``'s ``run_one``: a real ``gradwire_server`` on loopback and real
-:class:`gradwire.client.Node` clients on threads, one small MLP, quorum = every node. Ratios are held-out
-losses of the final weights, same seeds and samples, measured in this one run of the bench.
+:class:`gradwire.client.Node` clients on threads, one small MLP (``chars16``: a small char model), quorum = every
+node. Ratios are held-out losses of the final weights, same seeds and samples, measured in this one run of the
+bench.
 
 **Honest rows** (0 attackers; ``--rows``; ``iid``, every node on the majority's data, only where asked),
 each under the default rule (``default``: ``bounded_mean``, no data assignment), the plain ``mean`` and
@@ -14,7 +15,8 @@ each under the default rule (``default``: ``bounded_mean``, no data assignment),
 :class:`gradwire.client.Validator` (no data assignment: docs/SERVER.md, "Validators") whose own data is the
 majority's distribution only, the hard case of issue 43 ("a minority whose data the validator lacks would be
 judged on data it never saw"): for ``minority``, the majority's regression; for the Dirichlet rows, the pooled
-label shares of nodes 1–6 (nodes 7 and 8's classes are rare or absent there). The run waits for its score
+label shares of nodes 1–6 (nodes 7 and 8's classes are rare or absent there); for ``chars16``, the text of the
+first group's parts only (nodes 1–4). The run waits for its score
 (``validation.score_deadline_s``); the validator probes each candidate by one step (:func:`probe`: the
 identity for AdamW's gradients and SparseLoCo's pseudo-gradients at their outer step, ``torch.sign`` at DeMo's
 ``lr`` for DeMo's sign-applied records):
@@ -26,6 +28,16 @@ identity for AdamW's gradients and SparseLoCo's pseudo-gradients at their outer 
   over 8 nodes by Dirichlet label proportions (α = 0.1: most nodes see two or three classes; α = 1: every
   class, in skewed shares). Held-out loss on the mixture (every class in the nodes' pooled shares) and on
   each node's own distribution (the worst node's ratio is printed).
+- ``chars16``: 16 nodes of a char-level language model
+  (:class:`CharMLP`, 13.7 k parameters: 12 characters of context, each embedded in 8 dimensions, one tanh layer
+  of 64, next-character cross-entropy) on the chars task's corpus (``bench/convergence.py``'s ``CharsTask``:
+  Python's bundled ``pydoc_data`` text, no download), cut into 16 contiguous parts, node ``i`` on part ``i``
+  (random windows of its first 90 %; its last 10 % held out). 4 groups of 4 consecutive nodes (parts far apart
+  in the corpus differ most); each group's held-out loss on every window of its nodes' tails, the mixture the
+  groups' mean (the worst group's ratio is printed). Each run has 16 nodes (the other rows 8): the full row
+  (5 modes × 2 seeds × 3 rules, 30 versions: 30 runs of 6–21 s, DeMo and SparseLoCo publishing frames the
+  slowest) took 194 s for seed 0 on 2 cores shared with other jobs (so about 6.5 minutes for both seeds), so
+  it is one of the default rows (alone: ``--rows chars16``).
 
 For each row and mode: mixture ÷ mean and the worst group's own ÷ mean, for ``default`` and for ``default +
 validators``; and the weight each group received under each: its mean share of a round, over all rounds, as the
@@ -58,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import statistics
 import sys
@@ -139,6 +152,8 @@ class Groups:
     members: dict[str, list[int]]
     losses: dict[str, Callable[[dict[str, torch.Tensor]], float]]
     validator_data: ValidatorData = majority_batch
+    #: How many nodes a run of this layout has (ids 1..nodes).
+    nodes: int = N
 
     def mixture(self, state: dict[str, torch.Tensor]) -> float:
         total = sum(len(m) for m in self.members.values())
@@ -234,11 +249,112 @@ def dirichlet_groups(alpha: float, nodes: int = N) -> Groups:
     )
 
 
+#: ``chars16``: its nodes, its groups (of consecutive nodes), the characters a window's next one is predicted from,
+#: the share of each node's part held out (its tail) and a node's batch (windows).
+CHAR_NODES = 16
+CHAR_GROUPS = 4
+CHAR_CONTEXT = 12
+CHAR_HELD_OUT = 0.1
+CHAR_BATCH = 64
+
+
+@functools.lru_cache(maxsize=1)
+def char_parts() -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], int]:
+    """The chars task's corpus (``bench/convergence.py``'s ``CharsTask``: Python's bundled ``pydoc_data`` text,
+    no download) as token ids, cut into :data:`CHAR_NODES` contiguous parts, one per node: each part's head
+    (its training data) and its tail (:data:`CHAR_HELD_OUT` of it, held out), and the vocabulary's size."""
+    from gradwire_apps.demo.tasks import CharVocab, load_pydoc_text
+
+    text = load_pydoc_text()
+    vocab = CharVocab.of(text)
+    tokens = vocab.encode(text)
+    size = tokens.numel() // CHAR_NODES
+    parts = [tokens[i * size : (i + 1) * size] for i in range(CHAR_NODES)]
+    cuts = [int(part.numel() * (1 - CHAR_HELD_OUT)) for part in parts]
+    return tuple(p[:c] for p, c in zip(parts, cuts)), tuple(p[c:] for p, c in zip(parts, cuts)), len(vocab)
+
+
+class CharMLP(nn.Module):
+    """A char-level language model: the last :data:`CHAR_CONTEXT` characters, each embedded in ``width``
+    dimensions, through one tanh layer to the next character's logits (about 13 k parameters)."""
+
+    def __init__(self, vocab: int, context: int = CHAR_CONTEXT, width: int = 8, hidden: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.hidden = nn.Linear(context * width, hidden)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(self.embed(x).flatten(1))))
+
+
+def _char_model(seed: int = 0) -> nn.Module:
+    vocab = char_parts()[2]
+    torch.manual_seed(seed)
+    return CharMLP(vocab)
+
+
+def _windows(tokens: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows of ``tokens`` at ``starts``: :data:`CHAR_CONTEXT` characters and the one after them."""
+    w = tokens[starts[:, None] + torch.arange(CHAR_CONTEXT + 1)]
+    return w[:, :-1], w[:, -1]
+
+
+def _char_batch(parts: Sequence[torch.Tensor], stream: int, step: int, size: int = CHAR_BATCH):
+    """``size`` random windows of ``parts`` (each window inside one part, parts drawn uniformly)."""
+    g = torch.Generator().manual_seed(104723 * stream + step)
+    which = torch.randint(0, len(parts), (size,), generator=g)
+    xs, ys = [], []
+    for i, part in enumerate(parts):
+        n = int((which == i).sum())
+        if n:
+            x, y = _windows(part, torch.randint(0, part.numel() - CHAR_CONTEXT, (n,), generator=g))
+            xs.append(x)
+            ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def chars_groups(nodes: int = CHAR_NODES, groups: int = CHAR_GROUPS) -> Groups:
+    """``chars16``: :func:`char_parts`' parts, node ``i`` on part ``i`` (random windows of its head), in
+    ``groups`` groups of consecutive nodes (parts far apart in the corpus differ most); a group's held-out
+    loss is the cross-entropy on every window of its nodes' tails, the mixture the groups' mean. A
+    validator's data: the first group's parts only (it lacks the other groups' text)."""
+    train, held, _ = char_parts()
+    assert len(train) == nodes and nodes % groups == 0, (len(train), nodes, groups)
+    per = nodes // groups
+    ids = [list(range(g * per + 1, (g + 1) * per + 1)) for g in range(groups)]
+    members = {f"nodes{m[0]}-{m[-1]}": m for m in ids}
+    tails = [_windows(t, torch.arange(t.numel() - CHAR_CONTEXT)) for t in held]  # every window of each tail
+    held_out = {
+        g: (torch.cat([tails[i - 1][0] for i in m]), torch.cat([tails[i - 1][1] for i in m]))
+        for g, m in members.items()
+    }
+    first = [train[i - 1] for i in next(iter(members.values()))]
+
+    def batch(node: int, step: int, task: float):
+        return _char_batch([train[node - 1]], node, step)
+
+    def loss_of(xy):
+        def loss(state):
+            with torch.no_grad():
+                return float(_ce(_load(_char_model, state), xy))
+
+        return loss
+
+    def validator_data(stream: int, rnd: int):
+        return _char_batch(first, VALIDATOR_STREAM + stream, rnd, size=VALIDATOR_BATCH)
+
+    losses = {g: loss_of(held_out[g]) for g in members}
+    mixture = Groups(attacks.DataSpec(_char_model, batch, lambda state: 0.0, _ce), members, losses).mixture
+    return Groups(attacks.DataSpec(_char_model, batch, mixture, _ce), members, losses, validator_data, nodes)
+
+
 ROWS: dict[str, Callable[[], Groups]] = {
     "iid": lambda: minority_groups(minority=()),
     "minority": minority_groups,
     "dirichlet0.1": lambda: dirichlet_groups(0.1),
     "dirichlet1": lambda: dirichlet_groups(1.0),
+    "chars16": chars_groups,
 }
 
 
@@ -446,7 +562,7 @@ def honest_cell(server, row: str, mode: str, rule: str, seed: int, rounds: int) 
             config=VALIDATION, validators=harm_only_validators(mode, data, groups.validator_data, rounds, seed=seed)
         )
     base = "default" if rule == VALIDATED else rule
-    out = attacks.run_one(server, mode, "clean", base, rounds, nodes=N, rogues=0, data=data, **extra)
+    out = attacks.run_one(server, mode, "clean", base, rounds, nodes=groups.nodes, rogues=0, data=data, **extra)
     return HonestCell(
         row,
         mode,
@@ -677,16 +793,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 def write_page(path: Path, honest: str, grid: str, command: str, seconds: float, args) -> None:
     today = datetime.date.today().isoformat()
     validated = getattr(args, "validators", True)
+    nodes = "8 real nodes per run (16 in chars16)" if "chars16" in getattr(args, "rows", ()) else "8 real nodes per run"
     left_out = "" if validated else " This run left the validators out (`--no-validators`): their cells are –."
     text = f"""# Heterogeneity: the default rule against the plain mean, honest nodes on data of their own
 
 Measured {today} by `python bench/heterogeneity.py {command}` ({seconds:.0f} s on 2 shared cores): a real
-server on loopback, 8 real nodes per run, {args.rounds} versions, seeds {", ".join(map(str, args.seeds))}
+server on loopback, {nodes}, {args.rounds} versions, seeds {", ".join(map(str, args.seeds))}
 (bench/heterogeneity.py says what each row is). Every figure is a ratio of held-out losses measured side by
 side in that run. "default" is `bounded_mean` without a data assignment (gradwire.rule). "default +
 validators" is the same run with one harm-only validator (`gradwire.client.Validator`, no data assignment:
 docs/SERVER.md, "Validators") whose own data is the majority's distribution only (the minority row: the
-majority's regression; the Dirichlet rows: the pooled label shares of nodes 1–6), so that a minority is judged
+majority's regression; the Dirichlet rows: the pooled label shares of nodes 1–6; chars16: the text of nodes
+1–4), so that a minority is judged
 on data the validator never saw; its weights are the server's, from the score weights of every scored round
 (`GET /v1/runs/{{run_id}}/scores`).{left_out}
 

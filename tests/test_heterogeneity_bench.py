@@ -6,7 +6,10 @@ that posts inverted scores."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 
 from bench_modules import load_bench
 from gradwire_server.launcher import LoopbackServer
@@ -30,7 +33,9 @@ def server():
 
 def test_the_validators_column_is_filled_and_the_validators_scores_set_the_weights(het, server):
     rounds = HONEST_ROUNDS
-    cells = [het.honest_cell(server, "minority", "sparseloco", r, 0, rounds) for r in ("default", "mean", het.VALIDATED)]
+    cells = [
+        het.honest_cell(server, "minority", "sparseloco", r, 0, rounds) for r in ("default", "mean", het.VALIDATED)
+    ]
     default, _, validated = cells
     assert default.scored == 0 and validated.scored == rounds
     row = [c.strip() for c in het.honest_table(cells, rounds).splitlines()[2].strip("|").split("|")]
@@ -63,3 +68,23 @@ def test_the_gauntlet_drops_colluders_good_on_their_own_pages_and_a_lying_valida
             assert liar[7] == liar[8] == 1.0 and all(liar[i] == 0.0 for i in range(1, 7)), entry
     assert het.score_log(lying) == het.score_log(honest)
     assert lying.held_out / honest.held_out == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_chars16_row_is_16_nodes_on_contiguous_parts_of_the_corpus_and_its_loss_goes_down(het, server):
+    groups = het.ROWS["chars16"]()
+    assert groups.nodes == 16 and list(groups.members.values()) == [list(range(g, g + 4)) for g in (1, 5, 9, 13)]
+    from gradwire_apps.demo.tasks import CharVocab, load_pydoc_text
+
+    train, held, vocab = het.char_parts()
+    # Node i's part: a head it trains on, then its held-out tail (a tenth), the parts in the corpus' order.
+    text = load_pydoc_text()
+    parts = torch.cat([x for t, h in zip(train, held) for x in (t, h)])
+    assert len(train) == 16 and torch.equal(parts, CharVocab.of(text).encode(text)[: parts.numel()])
+    assert all(abs(h.numel() / (t.numel() + h.numel()) - 0.1) < 1e-3 for t, h in zip(train, held))
+    x, y = groups.data.batch(3, 0, 1.0)
+    assert x.shape == (het.CHAR_BATCH, het.CHAR_CONTEXT) and y.shape == (het.CHAR_BATCH,)
+    start = groups.data.held_out_loss({n: p.detach() for n, p in groups.data.model().named_parameters()})
+    assert abs(start - math.log(vocab)) < 0.2, start
+    cell = het.honest_cell(server, "chars16", "adamw", "default", 0, 4)
+    assert cell.outcome.versions == 4 and cell.mixture < start - 0.5, (start, cell.mixture)
+    assert set(cell.weights) == set(groups.members) and sum(cell.weights.values()) == pytest.approx(1.0)
