@@ -168,6 +168,16 @@ def _load(make: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.M
     return m
 
 
+def held_out_loss(make: Callable[[], nn.Module], loss_fn, xy) -> Callable[[dict[str, torch.Tensor]], float]:
+    """The held-out loss ``loss_fn`` of batch ``xy`` under a state's weights (a model from ``make``)."""
+
+    def loss(state: dict[str, torch.Tensor]) -> float:
+        with torch.no_grad():
+            return float(loss_fn(_load(make, state), xy))
+
+    return loss
+
+
 def minority_groups(minority: Sequence[int] = MINORITY, nodes: int = N) -> Groups:
     """``minority``'s nodes on data of their own, the rest on the majority's."""
     held = {g: _regression_batch(g, 10_000, 0, size=1024) for g in ("majority", "minority")}
@@ -176,20 +186,13 @@ def minority_groups(minority: Sequence[int] = MINORITY, nodes: int = N) -> Group
         x, y = _regression_batch("minority" if node in minority else "majority", node, step)
         return x, task * y
 
-    def loss_of(group: str):
-        def loss(state):
-            with torch.no_grad():
-                return float(attacks.mse(_load(attacks.model, state), held[group]))
-
-        return loss
-
     data = attacks.DataSpec(attacks.model, batch, lambda state: 0.0)
     members = {
         "majority": [i for i in range(1, nodes + 1) if i not in minority],
         "minority": [i for i in range(1, nodes + 1) if i in minority],
     }
     members = {g: m for g, m in members.items() if m}
-    groups = Groups(data, members, {g: loss_of(g) for g in members})
+    groups = Groups(data, members, {g: held_out_loss(attacks.model, attacks.mse, held[g]) for g in members})
     return Groups(attacks.DataSpec(attacks.model, batch, groups.mixture), members, groups.losses, majority_batch)
 
 
@@ -230,21 +233,14 @@ def dirichlet_groups(alpha: float, nodes: int = N) -> Groups:
     def batch(node: int, step: int, task: float):
         return _class_batch(shares[node], node, step)
 
-    def loss_of(xy):
-        def loss(state):
-            with torch.no_grad():
-                return float(_ce(_load(_classifier, state), xy))
-
-        return loss
-
     def validator_data(stream: int, rnd: int):
         return _class_batch(majority, VALIDATOR_STREAM + stream, rnd, size=VALIDATOR_BATCH)
 
     members = {f"node{i}": [i] for i in shares}
     return Groups(
-        attacks.DataSpec(_classifier, batch, loss_of(mix), _ce),
+        attacks.DataSpec(_classifier, batch, held_out_loss(_classifier, _ce, mix), _ce),
         members,
-        {g: loss_of(held[g]) for g in members},
+        {g: held_out_loss(_classifier, _ce, held[g]) for g in members},
         validator_data,
     )
 
@@ -334,17 +330,10 @@ def chars_groups(nodes: int = CHAR_NODES, groups: int = CHAR_GROUPS) -> Groups:
     def batch(node: int, step: int, task: float):
         return _char_batch([train[node - 1]], node, step)
 
-    def loss_of(xy):
-        def loss(state):
-            with torch.no_grad():
-                return float(_ce(_load(_char_model, state), xy))
-
-        return loss
-
     def validator_data(stream: int, rnd: int):
         return _char_batch(first, VALIDATOR_STREAM + stream, rnd, size=VALIDATOR_BATCH)
 
-    losses = {g: loss_of(held_out[g]) for g in members}
+    losses = {g: held_out_loss(_char_model, _ce, held_out[g]) for g in members}
     mixture = Groups(attacks.DataSpec(_char_model, batch, lambda state: 0.0, _ce), members, losses).mixture
     return Groups(attacks.DataSpec(_char_model, batch, mixture, _ce), members, losses, validator_data, nodes)
 
